@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs every Debian package Viper needs. Idempotent: when everything is already installed it
+# prints nothing and touches no package index.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential g++ cmake pkg-config git
+  googletest libgtest-dev libgmock-dev libbenchmark-dev
+  libucx-dev ucx-utils
+  nlohmann-json3-dev libxxhash-dev libzstd-dev
+  libhiredis-dev redis-server
+  libcli11-dev libfmt-dev libspdlog-dev
+  pybind11-dev python3-dev python3-numpy python3-torch python3-pytest python3-venv python3-pip
+  clang libclang-rt-14-dev
+  iproute2 iputils-ping procps psmisc
+)
+
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$pkg")
+  fi
+done
+
+if ((${#missing[@]} == 0)); then
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}" >&2
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq >/dev/null
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# redis-server's package starts a system instance; Viper's tests start their own on other ports.

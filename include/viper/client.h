@@ -1,0 +1,75 @@
+// Client: one connection from a process to a node, used by Subscriber and the CLI.
+//
+// Owns its own UCX engine. Requests (FETCH, LIST, PUBLISH) are matched to replies by request id
+// and block the calling thread until the reply, an ERROR, the connection's loss or the timeout.
+// NOTIFY messages are handed to `on_notify` on the engine's progress thread (must not block).
+//
+// Thread-safety: all methods are thread-safe and may run concurrently.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "viper/protocol.h"
+#include "viper/status.h"
+
+namespace viper {
+
+struct ClientOptions {
+  std::string connect = "127.0.0.1:7300";  // node address "host:port"
+  std::string token;                       // sent in HELLO; empty = none
+  std::string name;                        // default "client-<pid>"
+  std::chrono::milliseconds timeout{30000};  // per request
+  uint32_t chunk_bytes = 4u << 20;         // bulk chunk size asked of the node
+};
+
+struct ClientHandlers {
+  std::function<void(const proto::VersionInfo&)> on_notify;
+  std::function<void(const Status&)> on_disconnect;  // the node went away
+};
+
+// Where the bytes of a fetched version go: given the version's info, returns a buffer of at
+// least info.size bytes (or an error to abort).
+using BufferProvider = std::function<Result<std::span<std::byte>>(const proto::VersionInfo&)>;
+// Bytes received so far, total.
+using ProgressFn = std::function<void(uint64_t done, uint64_t total)>;
+
+class Client {
+ public:
+  static Result<std::unique_ptr<Client>> Connect(const ClientOptions& options, ClientHandlers handlers = {});
+  ~Client();
+
+  const proto::HelloOk& node() const { return node_; }
+  // True if the node runs on this host (its segments can be mapped).
+  bool same_host() const;
+  bool connected() const;
+
+  Status Subscribe(const std::string& model);
+  // Asks for a lease on (model, version; 0 = latest): reply carries the segment name.
+  Result<proto::FetchOk> FetchLease(const std::string& model, uint64_t version);
+  // Ends a lease (asynchronous; safe from any thread, a no-op once disconnected).
+  void Release(const std::string& model, uint64_t version);
+  // A callable that releases the lease later, even after this Client is gone (then it does nothing).
+  std::function<void()> Releaser(const std::string& model, uint64_t version) const;
+  // Receives (model, version; 0 = latest) over UCX into the buffer `provide` returns.
+  Result<proto::FetchOk> FetchSend(const std::string& model, uint64_t version, const BufferProvider& provide,
+                                   const ProgressFn& progress = {});
+  void Ack(const std::string& model, uint64_t version);
+  Result<std::vector<proto::VersionInfo>> List();
+  // Hands a complete snapshot buffer to the node, which verifies it and assigns the version.
+  Result<uint64_t> Publish(const std::string& model, std::span<const std::byte> snapshot, uint64_t step,
+                           int64_t publish_ns);
+
+ private:
+  struct Impl;
+  explicit Client(std::shared_ptr<Impl> impl);
+  std::shared_ptr<Impl> impl_;
+  proto::HelloOk node_;
+};
+
+}  // namespace viper

@@ -1,0 +1,104 @@
+// Node: a Viper server. Owns a host tier (shared-memory segments), an optional file tier, a UCX
+// engine with a listener, and the embedded registry (catalog of models, versions and replicas,
+// plus pub/sub). Runs embedded in a Publisher or standalone (`viper serve`).
+//
+// Announce after complete: a version is registered and NOTIFY goes to subscribers only after every
+// byte is in the host tier and its checksum is computed. Subscribers are sent each new version as
+// it completes; a slow subscriber coalesces them (it loads only the newest, see Subscriber).
+// A peer's leases are dropped when it releases them or when its connection dies.
+//
+// Thread-safety: all public methods are thread-safe. Message handling runs on the engine's progress
+// thread; verification of client publishes and file flushes run on the node's own worker threads.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "viper/file_tier.h"
+#include "viper/host_tier.h"
+#include "viper/protocol.h"
+#include "viper/status.h"
+
+namespace viper {
+
+struct NodeOptions {
+  std::string listen = "127.0.0.1:0";  // loopback unless told otherwise; port 0 = any free port
+  std::string name;                    // shown to peers; default "node-<pid>"
+  std::filesystem::path store_dir;     // file tier directory; empty = no file tier
+  size_t keep_host_versions = 2;       // versions per model kept in shared memory
+  size_t keep_file_versions = 3;       // versions per model kept on the file tier
+  mode_t segment_mode = 0600;          // owner-only unless configured
+  mode_t file_mode = 0600;
+  std::string token;                   // when set, every peer's HELLO must carry it
+  bool recover = true;                 // on start, load each model's latest file into memory
+  uint32_t chunk_bytes = 4u << 20;     // bulk transfer chunk size (a client may ask for another)
+  uint32_t chunks_in_flight = 8;       // bulk sends outstanding per transfer
+  std::string segment_prefix = "viper";
+};
+
+// Identity of this host for "is shared memory reachable": boot id + network and mount namespaces
+// (network namespaces stand in for separate hosts in tests).
+std::string LocalHostKey();
+// CLOCK_REALTIME in nanoseconds: comparable across processes on one host.
+int64_t WallClockNs();
+
+struct NodeStats {
+  uint64_t versions_committed = 0;
+  uint64_t notifies_sent = 0;
+  uint64_t leases_granted = 0;
+  uint64_t leases_active = 0;
+  uint64_t peers = 0;
+  uint64_t peers_refused = 0;     // wrong token, wrong protocol version, too many bad messages
+  uint64_t malformed_messages = 0;
+  uint64_t files_flushed = 0;
+  uint64_t flush_errors = 0;
+};
+
+class Node {
+ public:
+  static Result<std::unique_ptr<Node>> Start(const NodeOptions& options);
+  ~Node();  // stops the engine first (no more handlers), then drains flushes, then releases tiers
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
+  std::string address() const;   // "host:port" peers connect to
+  const std::string& host_key() const { return host_key_; }
+  const NodeOptions& options() const { return options_; }
+
+  // --- Local publishing (used by the embedded Publisher) ---
+  // Reserves the next version number of `model` (greater than any in memory or on file).
+  Result<uint64_t> ReserveVersion(const std::string& model);
+  // A writable segment of `size` bytes (recycled when one fits).
+  Result<WriteLease> Allocate(uint64_t size);
+  // Registers a complete, sealed version and announces it. `info` must carry model, version,
+  // size, checksum, step and publish_ns; completed_ns and replicas are filled in here.
+  // REQUIRES: the bytes in `lease` are a sealed snapshot of info.size bytes.
+  Result<proto::VersionInfo> Commit(WriteLease lease, proto::VersionInfo info);
+
+  // --- Catalog ---
+  std::optional<proto::VersionInfo> Latest(const std::string& model) const;
+  std::vector<proto::VersionInfo> List() const;
+  // Blocks until every queued file-tier flush is done (or the timeout expires).
+  Status WaitFlushed(std::chrono::milliseconds timeout = std::chrono::minutes(10));
+  NodeStats stats() const;
+
+  HostTier& host_tier();
+  FileTier* file_tier();  // nullptr without store_dir
+
+ private:
+  struct Impl;
+  explicit Node(const NodeOptions& options);
+  NodeOptions options_;
+  std::string host_key_;
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace viper

@@ -1,0 +1,164 @@
+// The control protocol between Viper processes: small, versioned, length-checked messages carried
+// as UCX active messages (docs/PROTOCOL.md is the reference for every field).
+//
+// Frame: u32 magic 'VIPR' | u16 protocol version | u16 type | u32 payload length | payload.
+// Integers little-endian; strings and byte arrays are u32 length + bytes; maps and lists are u32
+// count + entries. Decode() accepts only a frame whose every length is consistent with the buffer,
+// whose counts are within kLimits, and whose payload is consumed exactly; anything else is an
+// error naming the first fault. Decode never reads past the buffer and never allocates more than
+// the buffer's size justifies. Thread-safety: pure functions.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "viper/status.h"
+
+namespace viper::proto {
+
+inline constexpr uint32_t kMagic = 0x52504956;  // "VIPR" as little-endian bytes
+inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr size_t kFrameHeaderBytes = 12;
+inline constexpr uint32_t kMaxStringBytes = 64 * 1024;
+inline constexpr uint32_t kMaxMetadataEntries = 4096;
+inline constexpr uint32_t kMaxReplicas = 256;
+inline constexpr uint32_t kMaxListEntries = 65536;
+inline constexpr uint32_t kMaxFrameBytes = 64 * 1024 * 1024;
+
+enum class MessageType : uint16_t {
+  kHello = 1, kHelloOk = 2, kSubscribe = 3, kUnsubscribe = 4, kNotify = 5, kFetch = 6, kFetchOk = 7,
+  kRelease = 8, kAck = 9, kError = 10, kPublish = 11, kPublishReady = 12, kPublishOk = 13,
+  kList = 14, kListReply = 15,
+};
+std::string_view message_type_name(MessageType type);
+
+enum class ReplicaKind : uint8_t { kHostSegment = 1, kNode = 2, kFile = 3 };
+
+// One copy of a version: a shared-memory segment on host `host_key`, a node reachable at
+// `locator` = "host:port" that sends it over UCX, or a file at `locator` (a path).
+struct Replica {
+  ReplicaKind kind = ReplicaKind::kNode;
+  std::string host_key;
+  std::string locator;
+  bool operator==(const Replica&) const = default;
+};
+
+struct VersionInfo {
+  std::string model;
+  uint64_t version = 0;
+  uint64_t size = 0;         // bytes of the whole snapshot buffer
+  uint64_t checksum = 0;     // xxh3-64 of the data region
+  uint64_t step = 0;
+  int64_t publish_ns = 0;    // CLOCK_REALTIME when the producer called publish
+  int64_t completed_ns = 0;  // CLOCK_REALTIME when the version was complete in the host tier
+  std::map<std::string, std::string> metadata;
+  std::vector<Replica> replicas;
+  bool operator==(const VersionInfo&) const = default;
+};
+
+struct Hello {
+  std::string token;        // empty if the client has none
+  std::string client_name;
+  std::string host_key;     // identifies the client's host (same key = shared memory reachable)
+  uint32_t pid = 0;
+  bool operator==(const Hello&) const = default;
+};
+struct HelloOk {
+  std::string node_name;
+  std::string host_key;
+  uint32_t pid = 0;
+  bool operator==(const HelloOk&) const = default;
+};
+struct Subscribe { std::string model; bool operator==(const Subscribe&) const = default; };
+struct Unsubscribe { std::string model; bool operator==(const Unsubscribe&) const = default; };
+struct Notify { VersionInfo info; bool operator==(const Notify&) const = default; };
+
+enum class FetchMode : uint8_t {
+  kLease = 1,  // grant a lease on the node's segment; the client maps it (same host only)
+  kSend = 2,   // send the bytes over UCX in tagged chunks starting at `tag`
+};
+struct Fetch {
+  uint64_t request_id = 0;
+  std::string model;
+  uint64_t version = 0;      // 0 = the latest
+  FetchMode mode = FetchMode::kLease;
+  uint64_t tag = 0;          // kSend: chunk i is sent with tag + i
+  uint32_t chunk_bytes = 0;  // kSend: requested chunk size
+  bool operator==(const Fetch&) const = default;
+};
+struct FetchOk {
+  uint64_t request_id = 0;
+  FetchMode mode = FetchMode::kLease;
+  VersionInfo info;
+  std::string segment;       // kLease: the segment to map read-only
+  uint32_t chunk_bytes = 0;  // kSend: chunk size used
+  uint32_t chunks = 0;       // kSend: number of chunks that follow
+  bool operator==(const FetchOk&) const = default;
+};
+struct Release {
+  std::string model;
+  uint64_t version = 0;
+  bool operator==(const Release&) const = default;
+};
+struct Ack {
+  std::string model;
+  uint64_t version = 0;
+  bool operator==(const Ack&) const = default;
+};
+enum class ErrorCode : uint16_t {
+  kMalformed = 1, kBadVersion = 2, kUnauthorized = 3, kNotFound = 4, kBadRequest = 5, kInternal = 6,
+  kBusy = 7,
+};
+struct Error {
+  uint64_t request_id = 0;  // 0 if not about a request
+  ErrorCode code = ErrorCode::kInternal;
+  std::string text;
+  bool operator==(const Error&) const = default;
+};
+// A client hands a complete snapshot buffer to the node: the node answers PublishReady with the
+// tag base, the client sends `size` bytes in chunks of chunk_bytes, the node verifies and answers
+// PublishOk with the version it assigned.
+struct Publish {
+  uint64_t request_id = 0;
+  std::string model;
+  uint64_t size = 0;
+  uint64_t step = 0;
+  int64_t publish_ns = 0;
+  uint32_t chunk_bytes = 0;
+  bool operator==(const Publish&) const = default;
+};
+struct PublishReady {
+  uint64_t request_id = 0;
+  uint64_t tag = 0;
+  bool operator==(const PublishReady&) const = default;
+};
+struct PublishOk {
+  uint64_t request_id = 0;
+  uint64_t version = 0;
+  bool operator==(const PublishOk&) const = default;
+};
+struct List {
+  uint64_t request_id = 0;
+  bool operator==(const List&) const = default;
+};
+struct ListReply {
+  uint64_t request_id = 0;
+  std::vector<VersionInfo> versions;  // every version the node holds, by model then version
+  bool operator==(const ListReply&) const = default;
+};
+
+using Message = std::variant<Hello, HelloOk, Subscribe, Unsubscribe, Notify, Fetch, FetchOk, Release,
+                             Ack, Error, Publish, PublishReady, PublishOk, List, ListReply>;
+
+MessageType type_of(const Message& message);
+std::vector<std::byte> Encode(const Message& message);
+// Errors: kInvalidArgument with "malformed message: <fault>", or kFailedPrecondition with
+// "protocol version N not supported (this side speaks 1)" for a well-framed message of another version.
+Result<Message> Decode(std::span<const std::byte> frame);
+
+}  // namespace viper::proto

@@ -1,0 +1,106 @@
+// Publisher: the producer-side API. Embeds a Node and publishes versions of one model.
+//
+// Modes (PublisherOptions::mode):
+//  - kSync: Publish() returns when the version is in the host tier, sealed and announced.
+//  - kAsync (default): Publish() copies the tensors into a (recycled) segment and returns; sealing
+//    (checksum + header), announcing and the file flush run on a background thread in publish
+//    order. Publishing again while earlier versions are in flight queues them (FIFO, at most
+//    max_in_flight; beyond that Publish() waits). Wait() joins everything queued.
+//  - zero-copy: Begin() hands out writable views of each tensor inside a segment; Commit() seals
+//    and announces (sync or async as the mode says). The stall is then only the seal.
+// Every Publish/Commit reports the producer stall it caused (the time the caller was blocked).
+//
+// Thread-safety: Publish/Begin/Commit/Wait may be called from any thread; versions are numbered
+// in the order Publish/Commit is called.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "viper/node.h"
+#include "viper/snapshot.h"
+#include "viper/status.h"
+
+namespace viper {
+
+enum class PublishMode { kSync, kAsync };
+Result<PublishMode> ParsePublishMode(std::string_view name);  // "sync" | "async"
+
+struct PublisherOptions {
+  std::string model;               // REQUIRED: see ValidateModelName
+  NodeOptions node;                // the embedded node (listen address, store_dir, token, ...)
+  PublishMode mode = PublishMode::kAsync;
+  uint64_t alignment = 64;         // tensor alignment in the snapshot (1 = gap-free safetensors)
+  size_t max_in_flight = 2;        // async versions queued before Publish() blocks
+};
+
+struct PublishInfo {
+  uint64_t step = 0;
+  std::optional<double> loss;
+  std::map<std::string, std::string> metadata;  // user keys (not "viper.*")
+};
+
+struct PublishResult {
+  uint64_t version = 0;
+  int64_t stall_ns = 0;     // how long the caller was blocked
+  int64_t copy_ns = 0;      // of which copying tensors into the segment
+  bool recycled = false;    // the segment was recycled (fast path)
+  uint64_t bytes = 0;       // snapshot size
+};
+
+// A version being written in place (zero-copy mode). Move-only; destroying it without Commit
+// abandons the version (nothing is announced; the segment returns to the pool).
+class Draft {
+ public:
+  Draft() = default;
+  Draft(Draft&&) noexcept = default;
+  Draft& operator=(Draft&&) noexcept = default;
+  // Writable bytes of tensor `name` (empty span if unknown).
+  std::span<std::byte> tensor(std::string_view name) const;
+  const SnapshotLayout& layout() const { return *layout_; }
+  uint64_t version() const { return version_; }
+
+ private:
+  friend class Publisher;
+  std::shared_ptr<const SnapshotLayout> layout_;
+  WriteLease lease_;
+  uint64_t version_ = 0;
+  int64_t publish_ns = 0;
+};
+
+class Publisher {
+ public:
+  static Result<std::unique_ptr<Publisher>> Start(const PublisherOptions& options);
+  ~Publisher();  // waits for queued publishes, then stops the node
+
+  // Publishes one version made of `tensors` (copied once, into the segment).
+  Result<PublishResult> Publish(const std::vector<TensorData>& tensors, const PublishInfo& info = {});
+  // Zero-copy: a version laid out for `tensors`, to be filled in place and committed.
+  Result<Draft> Begin(const std::vector<TensorSpec>& tensors, const std::map<std::string, std::string>& metadata = {});
+  Result<PublishResult> Commit(Draft draft, const PublishInfo& info = {});
+  // Waits until every queued version is announced; returns the first background error since the
+  // last Wait (or OK).
+  Status Wait(std::chrono::milliseconds timeout = std::chrono::minutes(10));
+
+  std::string address() const { return node_->address(); }
+  Node& node() { return *node_; }
+  const PublisherOptions& options() const { return options_; }
+  // Latest version announced so far (0 if none).
+  uint64_t announced_version() const;
+
+ private:
+  struct Impl;
+  Publisher(const PublisherOptions& options, std::unique_ptr<Node> node);
+  Result<PublishResult> Enqueue(Draft draft, const PublishInfo& info, int64_t started_ns, int64_t copy_ns);
+  PublisherOptions options_;
+  std::unique_ptr<Node> node_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace viper

@@ -1,0 +1,102 @@
+// Subscriber: the consumer-side API. Connects to a node, subscribes to one model, and keeps the
+// newest complete version live behind an atomic shared_ptr swap.
+//
+// On NOTIFY a loader thread fetches the version by the cheapest path (see FetchPath), verifies its
+// checksum, and swaps it in with one atomic store. A reader that took latest() holds one whole
+// version for as long as it keeps the pointer; versions it sees never go backwards. If versions
+// arrive faster than they load, only the newest is loaded (no backlog). No polling: the loader
+// sleeps until a NOTIFY arrives.
+//
+// Thread-safety: all methods are thread-safe. OnUpdate callbacks run on the loader thread, one at
+// a time, after the swap; they must not call Close() on the same Subscriber.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "viper/client.h"
+#include "viper/protocol.h"
+#include "viper/snapshot.h"
+#include "viper/status.h"
+
+namespace viper {
+
+enum class FetchPath {
+  kAuto,    // same host: map; otherwise remote; file when no memory replica answers
+  kMap,     // map the node's segment read-only under a lease (zero copy; same host only)
+  kCopy,    // copy from the node's segment into our own reused buffer (same host only)
+  kRemote,  // chunked UCX transfer into our own reused buffer
+  kFile,    // read <file_dir>/<model>/<version>.safetensors
+};
+Result<FetchPath> ParseFetchPath(std::string_view name);  // "auto" | "map" | "copy" | "remote" | "file"
+std::string_view fetch_path_name(FetchPath path);
+
+struct SubscriberOptions {
+  std::string model;                    // REQUIRED
+  std::string connect = "127.0.0.1:7300";
+  std::string token;
+  std::string name;
+  FetchPath path = FetchPath::kAuto;
+  bool verify_checksum = true;          // verify every version before it goes live
+  std::filesystem::path file_dir;       // the node's store dir as seen from here (fallback)
+  uint32_t chunk_bytes = 4u << 20;
+  std::chrono::milliseconds request_timeout{30000};
+  size_t buffers = 3;                   // reused receive buffers kept (copy/remote/file paths)
+};
+
+// Per-update timings, CLOCK_REALTIME ns (comparable with the producer's on one host).
+struct UpdateTimings {
+  int64_t publish_ns = 0;    // producer called publish
+  int64_t completed_ns = 0;  // version complete in the producer node's host tier
+  int64_t notified_ns = 0;   // NOTIFY received here
+  int64_t fetched_ns = 0;    // bytes available here
+  int64_t verified_ns = 0;   // checksum verified
+  int64_t live_ns = 0;       // swapped in
+};
+
+// One whole version as the consumer holds it. Immutable.
+struct ModelVersion {
+  proto::VersionInfo info;
+  Snapshot snapshot;
+  UpdateTimings timings;
+  FetchPath path = FetchPath::kAuto;  // the path that delivered it
+  std::string reason;                 // why that path (e.g. "same host: map")
+  uint64_t version() const { return info.version; }
+};
+
+struct SubscriberStats {
+  uint64_t notifies = 0;
+  uint64_t updates = 0;        // versions swapped in
+  uint64_t skipped = 0;        // announced versions never loaded because a newer one came
+  uint64_t fetch_failures = 0;
+};
+
+class Subscriber {
+ public:
+  static Result<std::unique_ptr<Subscriber>> Start(const SubscriberOptions& options);
+  ~Subscriber();  // Close()
+
+  // The live version, or nullptr before the first one.
+  std::shared_ptr<const ModelVersion> latest() const;
+  // Blocks until a version >= min_version is live (Timeout otherwise).
+  Result<std::shared_ptr<const ModelVersion>> WaitFor(uint64_t min_version, std::chrono::milliseconds timeout);
+  // Called after each swap, on the loader thread.
+  void OnUpdate(std::function<void(const std::shared_ptr<const ModelVersion>&)> callback);
+  SubscriberStats stats() const;
+  // The last error of a failed update (OK if none).
+  Status last_error() const;
+  // Stops the loader and disconnects. Versions already handed out stay valid.
+  void Close();
+
+ private:
+  struct Impl;
+  explicit Subscriber(std::shared_ptr<Impl> impl);
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace viper

@@ -1,0 +1,301 @@
+#include "viper/client.h"
+
+#include <unistd.h>
+
+#include <condition_variable>
+#include <future>
+#include <map>
+#include <mutex>
+#include <random>
+
+#include "viper/engine.h"
+#include "viper/log.h"
+#include "viper/node.h"
+
+namespace viper {
+
+namespace {
+constexpr std::string_view kLog = "client";
+
+Status FromError(const proto::Error& e) {
+  switch (e.code) {
+    case proto::ErrorCode::kNotFound: return Status::NotFound(e.text);
+    case proto::ErrorCode::kUnauthorized: return Status::PermissionDenied(e.text);
+    case proto::ErrorCode::kBadVersion: return Status::FailedPrecondition(e.text);
+    case proto::ErrorCode::kMalformed:
+    case proto::ErrorCode::kBadRequest: return Status::InvalidArgument(e.text);
+    case proto::ErrorCode::kBusy: return Status::Unavailable(e.text);
+    case proto::ErrorCode::kInternal: break;
+  }
+  return Status::Internal(e.text);
+}
+
+uint64_t RequestIdOf(const proto::Message& m) {
+  return std::visit(
+      [](const auto& x) -> uint64_t {
+        if constexpr (requires { x.request_id; }) return x.request_id;
+        return 0;
+      },
+      m);
+}
+}  // namespace
+
+struct Client::Impl {
+  ClientOptions options;
+  ClientHandlers handlers;
+  std::unique_ptr<net::Engine> engine;
+  net::PeerId node = 0;
+  std::string host_key = LocalHostKey();
+
+  std::mutex mu;
+  std::condition_variable cv;
+  bool closed = false;
+  Status close_reason;
+  uint64_t next_request = 1;
+  std::map<uint64_t, std::shared_ptr<std::promise<proto::Message>>> pending;  // request id -> reply
+  std::shared_ptr<std::promise<proto::Message>> hello_reply;                  // HELLO has no request id
+  std::atomic<uint64_t> next_tag{0};
+
+  void OnMessage(std::span<const std::byte> bytes);
+  void OnClosed(const Status& reason);
+  std::pair<uint64_t, std::future<proto::Message>> NewRequest();
+  Result<proto::Message> Await(uint64_t id, std::future<proto::Message>& reply);
+  Status SendMessage(const proto::Message& m) { return engine->Send(node, proto::Encode(m)); }
+};
+
+void Client::Impl::OnMessage(std::span<const std::byte> bytes) {
+  auto decoded = proto::Decode(bytes);
+  if (!decoded.ok()) {
+    log(LogLevel::kWarn, kLog, "node sent a bad message: {}", decoded.status().message());
+    return;
+  }
+  if (auto* n = std::get_if<proto::Notify>(&*decoded)) {
+    if (handlers.on_notify) handlers.on_notify(n->info);
+    return;
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  if (std::holds_alternative<proto::HelloOk>(*decoded) ||
+      (std::holds_alternative<proto::Error>(*decoded) && RequestIdOf(*decoded) == 0 && hello_reply)) {
+    if (hello_reply) {
+      hello_reply->set_value(std::move(*decoded));
+      hello_reply.reset();
+    } else if (auto* e = std::get_if<proto::Error>(&*decoded)) {
+      log(LogLevel::kWarn, kLog, "node: {}", e->text);
+    }
+    return;
+  }
+  uint64_t id = RequestIdOf(*decoded);
+  auto it = pending.find(id);
+  if (it == pending.end()) {
+    if (auto* e = std::get_if<proto::Error>(&*decoded)) log(LogLevel::kWarn, kLog, "node: {}", e->text);
+    return;
+  }
+  it->second->set_value(std::move(*decoded));
+  pending.erase(it);
+}
+
+void Client::Impl::OnClosed(const Status& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    closed = true;
+    close_reason = Status::Unavailable("connection to node " + options.connect + " lost: " + reason.message());
+    for (auto& [id, p] : pending) p->set_value(proto::Error{id, proto::ErrorCode::kInternal, close_reason.message()});
+    pending.clear();
+    if (hello_reply) hello_reply->set_value(proto::Error{0, proto::ErrorCode::kInternal, close_reason.message()});
+    hello_reply.reset();
+  }
+  if (handlers.on_disconnect) handlers.on_disconnect(close_reason);
+}
+
+std::pair<uint64_t, std::future<proto::Message>> Client::Impl::NewRequest() {
+  std::lock_guard<std::mutex> lock(mu);
+  uint64_t id = next_request++;
+  auto p = std::make_shared<std::promise<proto::Message>>();
+  pending[id] = p;
+  return {id, p->get_future()};
+}
+
+Result<proto::Message> Client::Impl::Await(uint64_t id, std::future<proto::Message>& reply) {
+  if (reply.wait_for(options.timeout) != std::future_status::ready) {
+    std::lock_guard<std::mutex> lock(mu);
+    pending.erase(id);
+    return Status::Timeout("no reply from node " + options.connect + " within " +
+                           std::to_string(options.timeout.count()) + " ms");
+  }
+  proto::Message m = reply.get();
+  if (auto* e = std::get_if<proto::Error>(&m)) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (closed) return close_reason;
+    return FromError(*e);
+  }
+  return m;
+}
+
+Client::Client(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Client::~Client() {
+  if (impl_) impl_->engine.reset();  // stops the progress thread: no handler runs after this
+}
+
+Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options, ClientHandlers handlers) {
+  auto impl = std::make_shared<Impl>();
+  impl->options = options;
+  if (impl->options.name.empty()) impl->options.name = "client-" + std::to_string(::getpid());
+  impl->handlers = std::move(handlers);
+  std::random_device rd;
+  impl->next_tag = (static_cast<uint64_t>(rd()) & 0xffffff) << 36;  // receiver-chosen, unique per engine
+
+  Impl* raw = impl.get();  // the engine dies before the Impl (~Client)
+  net::EngineHandlers eh;
+  eh.on_message = [raw](net::PeerId, std::span<const std::byte> bytes) { raw->OnMessage(bytes); };
+  eh.on_peer_closed = [raw](net::PeerId, const Status& why) { raw->OnClosed(why); };
+  net::EngineOptions eo;  // no listener
+  VIPER_ASSIGN_OR_RETURN(impl->engine, net::Engine::Start(eo, std::move(eh)));
+  auto peer = impl->engine->Connect(options.connect);
+  if (!peer.ok()) return peer.status().WithContext("cannot connect to node " + options.connect);
+  impl->node = *peer;
+
+  std::future<proto::Message> hello;
+  {
+    std::lock_guard<std::mutex> lock(impl->mu);
+    impl->hello_reply = std::make_shared<std::promise<proto::Message>>();
+    hello = impl->hello_reply->get_future();
+  }
+  VIPER_RETURN_IF_ERROR(impl->SendMessage(
+      proto::Hello{options.token, impl->options.name, impl->host_key, static_cast<uint32_t>(::getpid())}));
+  if (hello.wait_for(options.timeout) != std::future_status::ready)
+    return Status::Timeout("node " + options.connect + " did not answer HELLO");
+  proto::Message reply = hello.get();
+  if (auto* e = std::get_if<proto::Error>(&reply)) return FromError(*e).WithContext("node " + options.connect + " refused us");
+  std::unique_ptr<Client> client(new Client(impl));
+  client->node_ = std::get<proto::HelloOk>(reply);
+  return client;
+}
+
+bool Client::same_host() const { return node_.host_key == impl_->host_key; }
+
+bool Client::connected() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return !impl_->closed;
+}
+
+Status Client::Subscribe(const std::string& model) { return impl_->SendMessage(proto::Subscribe{model}); }
+
+Result<proto::FetchOk> Client::FetchLease(const std::string& model, uint64_t version) {
+  auto [id, reply] = impl_->NewRequest();
+  VIPER_RETURN_IF_ERROR(impl_->SendMessage(proto::Fetch{id, model, version, proto::FetchMode::kLease, 0, 0}));
+  VIPER_ASSIGN_OR_RETURN(proto::Message m, impl_->Await(id, reply));
+  if (!std::holds_alternative<proto::FetchOk>(m)) return Status::Internal("unexpected reply to FETCH");
+  return std::get<proto::FetchOk>(std::move(m));
+}
+
+void Client::Release(const std::string& model, uint64_t version) {
+  (void)impl_->SendMessage(proto::Release{model, version});
+}
+
+std::function<void()> Client::Releaser(const std::string& model, uint64_t version) const {
+  std::weak_ptr<Impl> weak = impl_;
+  return [weak, model, version] {
+    auto impl = weak.lock();
+    if (!impl || !impl->engine) return;
+    (void)impl->SendMessage(proto::Release{model, version});
+  };
+}
+
+void Client::Ack(const std::string& model, uint64_t version) { (void)impl_->SendMessage(proto::Ack{model, version}); }
+
+// Posts one receive per chunk into the provided buffer, then waits for all of them.
+Result<proto::FetchOk> Client::FetchSend(const std::string& model, uint64_t version, const BufferProvider& provide,
+                                         const ProgressFn& progress) {
+  uint64_t tag = impl_->next_tag.fetch_add(1ull << 24);
+  auto [id, reply] = impl_->NewRequest();
+  VIPER_RETURN_IF_ERROR(
+      impl_->SendMessage(proto::Fetch{id, model, version, proto::FetchMode::kSend, tag, impl_->options.chunk_bytes}));
+  VIPER_ASSIGN_OR_RETURN(proto::Message m, impl_->Await(id, reply));
+  if (!std::holds_alternative<proto::FetchOk>(m)) return Status::Internal("unexpected reply to FETCH");
+  auto ok = std::get<proto::FetchOk>(std::move(m));
+  const uint64_t size = ok.info.size;
+  if (ok.chunk_bytes == 0 || ok.chunks != (size + ok.chunk_bytes - 1) / ok.chunk_bytes || ok.chunks >= (1u << 24))
+    return Status::InvalidArgument("node announced an inconsistent transfer (" + std::to_string(ok.chunks) +
+                                   " chunks of " + std::to_string(ok.chunk_bytes) + " for " + std::to_string(size) + " bytes)");
+  auto buffer = provide(ok.info);
+  if (!buffer.ok()) return buffer.status();  // the node's sends fail when we disconnect or time out
+  if (buffer->size() < size) return Status::Internal("receive buffer smaller than the version");
+
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    uint32_t remaining;
+    uint64_t received = 0;
+    Status first_error;
+  };
+  auto state = std::make_shared<State>();
+  state->remaining = ok.chunks;
+  for (uint32_t i = 0; i < ok.chunks; ++i) {
+    uint64_t begin = static_cast<uint64_t>(i) * ok.chunk_bytes;
+    uint64_t len = std::min<uint64_t>(ok.chunk_bytes, size - begin);
+    impl_->engine->RecvBulk(impl_->node, tag + i, buffer->subspan(begin, len), [state, len](const Status& st) {
+      std::lock_guard<std::mutex> lock(state->mu);
+      if (!st.ok() && state->first_error.ok()) state->first_error = st;
+      state->received += st.ok() ? len : 0;
+      state->remaining--;
+      state->cv.notify_all();
+    });
+  }
+  std::unique_lock<std::mutex> lock(state->mu);
+  auto deadline = std::chrono::steady_clock::now() + impl_->options.timeout;
+  uint64_t last = 0;
+  while (state->remaining > 0) {
+    if (state->cv.wait_until(lock, deadline) == std::cv_status::timeout && state->remaining > 0) {
+      // Abandon: receives stay posted into `buffer`, so the buffer must not be reused. The caller
+      // treats a timed-out transfer's buffer as poisoned; disconnecting cancels the receives.
+      return Status::Timeout("transfer of " + model + " version " + std::to_string(ok.info.version) + " stalled at " +
+                             std::to_string(state->received) + " of " + std::to_string(size) + " bytes");
+    }
+    if (state->received != last) {
+      deadline = std::chrono::steady_clock::now() + impl_->options.timeout;  // progress resets the timer
+      last = state->received;
+      if (progress) progress(last, size);
+    }
+  }
+  if (!state->first_error.ok()) return state->first_error.WithContext("transfer of " + model + " failed");
+  return ok;
+}
+
+Result<std::vector<proto::VersionInfo>> Client::List() {
+  auto [id, reply] = impl_->NewRequest();
+  VIPER_RETURN_IF_ERROR(impl_->SendMessage(proto::List{id}));
+  VIPER_ASSIGN_OR_RETURN(proto::Message m, impl_->Await(id, reply));
+  if (!std::holds_alternative<proto::ListReply>(m)) return Status::Internal("unexpected reply to LIST");
+  return std::get<proto::ListReply>(std::move(m)).versions;
+}
+
+Result<uint64_t> Client::Publish(const std::string& model, std::span<const std::byte> snapshot, uint64_t step,
+                                 int64_t publish_ns) {
+  auto [id, reply] = impl_->NewRequest();
+  VIPER_RETURN_IF_ERROR(impl_->SendMessage(
+      proto::Publish{id, model, snapshot.size(), step, publish_ns, impl_->options.chunk_bytes}));
+  VIPER_ASSIGN_OR_RETURN(proto::Message m, impl_->Await(id, reply));
+  if (!std::holds_alternative<proto::PublishReady>(m)) return Status::Internal("unexpected reply to PUBLISH");
+  uint64_t tag = std::get<proto::PublishReady>(m).tag;
+  // The final reply (PublishOk or Error) reuses the request id.
+  auto [id2, final_reply] = [&] {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    auto p = std::make_shared<std::promise<proto::Message>>();
+    impl_->pending[id] = p;
+    return std::make_pair(id, p->get_future());
+  }();
+  const uint32_t chunk = impl_->options.chunk_bytes;
+  uint32_t chunks = static_cast<uint32_t>((snapshot.size() + chunk - 1) / chunk);
+  auto failures = std::make_shared<std::atomic<int>>(0);
+  for (uint32_t i = 0; i < chunks; ++i) {
+    uint64_t begin = static_cast<uint64_t>(i) * chunk;
+    impl_->engine->SendBulk(impl_->node, tag + i, snapshot.subspan(begin, std::min<uint64_t>(chunk, snapshot.size() - begin)),
+                            [failures](const Status& st) { if (!st.ok()) failures->fetch_add(1); });
+  }
+  VIPER_ASSIGN_OR_RETURN(proto::Message done, impl_->Await(id2, final_reply));
+  if (!std::holds_alternative<proto::PublishOk>(done)) return Status::Internal("unexpected reply to PUBLISH");
+  return std::get<proto::PublishOk>(done).version;
+}
+
+}  // namespace viper

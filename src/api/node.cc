@@ -1,0 +1,591 @@
+#include "viper/node.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <ctime>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <set>
+
+#include "task_queue.h"
+#include "viper/engine.h"
+#include "viper/log.h"
+#include "viper/snapshot.h"
+
+namespace viper {
+
+namespace {
+
+constexpr std::string_view kLog = "node";
+constexpr int kMaxStrikes = 3;                   // malformed messages before a peer is dropped
+constexpr uint64_t kMaxPublishBytes = 1ull << 40;
+
+std::string ReadFirstLine(const char* path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+std::string NamespaceInode(const char* path) {
+  struct stat st{};
+  return ::stat(path, &st) == 0 ? std::to_string(st.st_ino) : "?";
+}
+
+bool TokensEqual(const std::string& a, const std::string& b) {  // constant time in the length of b
+  unsigned diff = a.size() != b.size();
+  for (size_t i = 0; i < b.size(); ++i) diff |= static_cast<unsigned>(b[i] ^ (i < a.size() ? a[i] : 0));
+  return diff == 0;
+}
+
+uint32_t ClampChunk(uint32_t asked, uint32_t fallback) {
+  uint32_t chunk = asked == 0 ? fallback : asked;
+  return std::clamp<uint32_t>(chunk, 64u << 10, 256u << 20);
+}
+
+}  // namespace
+
+std::string LocalHostKey() {
+  return ReadFirstLine("/proc/sys/kernel/random/boot_id") + ":" + NamespaceInode("/proc/self/ns/net") + ":" +
+         NamespaceInode("/proc/self/ns/mnt");
+}
+
+int64_t WallClockNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+// Bytes being sent to a peer in chunks, with a window of sends in flight. Lives until the last
+// chunk completes; holds what keeps the bytes valid (a lease or a file mapping).
+struct BulkSend {
+  std::shared_ptr<const void> hold;
+  std::span<const std::byte> bytes;
+  net::PeerId peer = 0;
+  uint64_t tag = 0;
+  uint32_t chunk = 0;
+  uint32_t chunks = 0;
+  uint32_t next = 0;
+  uint32_t done = 0;
+  bool failed = false;
+};
+
+struct Node::Impl {
+  NodeOptions options;
+  std::string host_key;
+  std::string address;
+  std::unique_ptr<HostTier> host;
+  std::unique_ptr<FileTier> files;
+  std::unique_ptr<internal::TaskQueue> worker;   // verifies client publishes
+  std::unique_ptr<internal::TaskQueue> flusher;  // writes versions to the file tier
+  std::unique_ptr<net::Engine> engine;           // declared last: destroyed first
+
+  struct ModelState {
+    std::map<uint64_t, proto::VersionInfo> versions;
+    std::set<net::PeerId> subscribers;
+    uint64_t reserved = 0;
+  };
+  struct PeerState {
+    std::string address;
+    bool hello = false;
+    std::string host_key;
+    std::string name;
+    int strikes = 0;
+    std::multimap<std::pair<std::string, uint64_t>, ReadLease> leases;
+    std::set<std::string> subscriptions;
+  };
+
+  mutable std::mutex mu;
+  std::map<std::string, ModelState> models;
+  std::map<net::PeerId, PeerState> peers;
+  NodeStats stats;
+  std::atomic<uint64_t> next_tag{1};
+
+  // --- message handling (progress thread) ---
+  void OnMessage(net::PeerId peer, std::span<const std::byte> bytes);
+  void OnPeerAccepted(net::PeerId peer, const std::string& address);
+  void OnPeerClosed(net::PeerId peer, const Status& reason);
+  void Dispatch(net::PeerId peer, PeerState& p, proto::Message& message);
+  void HandleHello(net::PeerId peer, PeerState& p, const proto::Hello& m);
+  void HandleSubscribe(net::PeerId peer, PeerState& p, const proto::Subscribe& m);
+  void HandleFetch(net::PeerId peer, PeerState& p, const proto::Fetch& m);
+  void HandleRelease(PeerState& p, const proto::Release& m);
+  void HandlePublish(net::PeerId peer, const proto::Publish& m);
+  void HandleList(net::PeerId peer, const proto::List& m);
+
+  void Send(net::PeerId peer, const proto::Message& message);
+  void SendError(net::PeerId peer, uint64_t request_id, proto::ErrorCode code, const std::string& text);
+  void Refuse(net::PeerId peer, const std::string& why);  // REQUIRES: mu held
+  void StartBulkSend(std::shared_ptr<BulkSend> send);
+  void PumpBulkSend(const std::shared_ptr<BulkSend>& send);
+  void FinishClientPublish(net::PeerId peer, uint64_t request_id, std::string model, WriteLease lease,
+                           uint64_t step, int64_t publish_ns);
+
+  // --- catalog (REQUIRES: mu held) ---
+  std::optional<proto::VersionInfo> FindLocked(const std::string& model, uint64_t version) const;
+  void PruneLocked(const std::string& model);
+  uint64_t ReserveLocked(const std::string& model);
+  Result<proto::VersionInfo> CommitVersion(WriteLease lease, proto::VersionInfo info);
+  void QueueFlush(const proto::VersionInfo& info);
+  Status Recover();
+};
+
+// ---------------------------------------------------------------- start / stop
+
+Node::Node(const NodeOptions& options) : options_(options), host_key_(LocalHostKey()) {}
+
+Result<std::unique_ptr<Node>> Node::Start(const NodeOptions& options) {
+  if (options.keep_host_versions < 1) return Status::InvalidArgument("keep_host_versions must be >= 1");
+  if (options.keep_file_versions < 1) return Status::InvalidArgument("keep_file_versions must be >= 1");
+  if (options.chunks_in_flight < 1) return Status::InvalidArgument("chunks_in_flight must be >= 1");
+  std::unique_ptr<Node> node(new Node(options));
+  auto impl = std::make_shared<Impl>();
+  impl->options = options;
+  if (impl->options.name.empty()) impl->options.name = "node-" + std::to_string(::getpid());
+  impl->host_key = node->host_key_;
+
+  HostTierOptions host_options;
+  host_options.prefix = options.segment_prefix;
+  host_options.mode = options.segment_mode;
+  host_options.keep_versions = options.keep_host_versions;
+  VIPER_ASSIGN_OR_RETURN(impl->host, HostTier::Open(host_options));
+  if (!options.store_dir.empty()) {
+    FileTierOptions file_options;
+    file_options.dir = options.store_dir;
+    file_options.keep_versions = options.keep_file_versions;
+    file_options.file_mode = options.file_mode;
+    VIPER_ASSIGN_OR_RETURN(impl->files, FileTier::Open(file_options));
+  }
+  impl->worker = std::make_unique<internal::TaskQueue>("node-worker");
+  impl->flusher = std::make_unique<internal::TaskQueue>("node-flusher");
+
+  net::EngineOptions engine_options;
+  engine_options.listen = options.listen.empty() ? "127.0.0.1:0" : options.listen;
+  net::EngineHandlers handlers;
+  Impl* raw = impl.get();  // the engine is destroyed before the Impl
+  handlers.on_message = [raw](net::PeerId peer, std::span<const std::byte> bytes) { raw->OnMessage(peer, bytes); };
+  handlers.on_peer_accepted = [raw](net::PeerId peer, const std::string& addr) { raw->OnPeerAccepted(peer, addr); };
+  handlers.on_peer_closed = [raw](net::PeerId peer, const Status& why) { raw->OnPeerClosed(peer, why); };
+  auto engine = net::Engine::Start(engine_options, std::move(handlers));
+  if (!engine.ok()) return engine.status().WithContext("node: cannot listen on " + engine_options.listen);
+  impl->engine = std::move(engine).value();
+  impl->address = impl->engine->listen_address();
+  VIPER_RETURN_IF_ERROR(impl->Recover());
+  node->impl_ = std::move(impl);
+  log(LogLevel::kInfo, kLog, "{} listening on {}{}", node->impl_->options.name, node->impl_->address,
+      options.token.empty() ? "" : " (token required)");
+  return node;
+}
+
+Node::~Node() {
+  if (!impl_) return;
+  impl_->engine.reset();   // no more handlers, no more bulk completions
+  impl_->worker.reset();   // finishes queued verifications (their replies are dropped)
+  impl_->flusher.reset();  // finishes queued flushes: a clean stop persists what was published
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->peers.clear();    // drops leases before the host tier goes
+}
+
+// The versions on the file tier become the catalog; the latest of each model is loaded back into
+// memory so that consumers get it without touching the file system.
+Status Node::Impl::Recover() {
+  if (!files) return Status::OK();
+  std::lock_guard<std::mutex> lock(mu);
+  for (const FileEntry& entry : files->List()) {
+    proto::VersionInfo info;
+    info.model = entry.model;
+    info.version = entry.version;
+    info.size = entry.size;
+    info.checksum = entry.checksum;
+    if (auto snap = Snapshot::OpenFile(entry.path); snap.ok()) {
+      info.step = snap->step().value_or(0);
+      for (const auto& [k, v] : snap->metadata()) info.metadata[k] = v;
+    }
+    info.replicas.push_back({proto::ReplicaKind::kFile, host_key, entry.path.string()});
+    models[entry.model].versions[entry.version] = std::move(info);
+  }
+  if (!options.recover) return Status::OK();
+  for (auto& [model, state] : models) {
+    if (state.versions.empty()) continue;
+    proto::VersionInfo& info = state.versions.rbegin()->second;
+    auto lease = host->Allocate(info.size);
+    if (!lease.ok()) return lease.status().WithContext("recovering " + model);
+    auto read = files->ReadInto(model, info.version, lease->data());
+    if (!read.ok()) {
+      log(LogLevel::kWarn, kLog, "recovery of {} version {} from file failed: {}", model, info.version,
+          read.status().message());
+      continue;
+    }
+    std::string segment = lease->segment_name();
+    VIPER_RETURN_IF_ERROR(host->Commit(std::move(lease).value(), model, info.version));
+    info.replicas.insert(info.replicas.begin(), {{proto::ReplicaKind::kHostSegment, host_key, segment},
+                                                 {proto::ReplicaKind::kNode, host_key, address}});
+    info.completed_ns = WallClockNs();
+    log(LogLevel::kInfo, kLog, "recovered {} version {} ({} bytes) from the file tier", model, info.version, info.size);
+  }
+  return Status::OK();
+}
+
+std::string Node::address() const { return impl_->address; }
+HostTier& Node::host_tier() { return *impl_->host; }
+FileTier* Node::file_tier() { return impl_->files.get(); }
+
+NodeStats Node::stats() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  NodeStats s = impl_->stats;
+  s.peers = impl_->peers.size();
+  s.leases_active = 0;
+  for (const auto& [id, p] : impl_->peers) s.leases_active += p.leases.size();
+  return s;
+}
+
+// ---------------------------------------------------------------- catalog
+
+std::optional<proto::VersionInfo> Node::Impl::FindLocked(const std::string& model, uint64_t version) const {
+  auto it = models.find(model);
+  if (it == models.end() || it->second.versions.empty()) return std::nullopt;
+  if (version == 0) return it->second.versions.rbegin()->second;
+  auto v = it->second.versions.find(version);
+  if (v == it->second.versions.end()) return std::nullopt;
+  return v->second;
+}
+
+// Drops catalog entries that no tier holds any more.
+void Node::Impl::PruneLocked(const std::string& model) {
+  auto& versions = models[model].versions;
+  auto in_memory = host->versions(model);
+  for (auto it = versions.begin(); it != versions.end();) {
+    bool held = std::binary_search(in_memory.begin(), in_memory.end(), it->first) ||
+                (files && files->Find(model, it->first).has_value());
+    bool flushing = files && it->first > (files->Latest(model) ? files->Latest(model)->version : 0);
+    it = (held || flushing) ? std::next(it) : versions.erase(it);
+  }
+}
+
+uint64_t Node::Impl::ReserveLocked(const std::string& model) {
+  ModelState& state = models[model];
+  uint64_t highest = state.reserved;
+  if (!state.versions.empty()) highest = std::max(highest, state.versions.rbegin()->first);
+  if (auto latest = host->latest(model)) highest = std::max(highest, *latest);
+  state.reserved = highest + 1;
+  return state.reserved;
+}
+
+Result<uint64_t> Node::ReserveVersion(const std::string& model) {
+  VIPER_RETURN_IF_ERROR(ValidateModelName(model));
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->ReserveLocked(model);
+}
+
+Result<WriteLease> Node::Allocate(uint64_t size) { return impl_->host->Allocate(size); }
+
+Result<proto::VersionInfo> Node::Commit(WriteLease lease, proto::VersionInfo info) {
+  return impl_->CommitVersion(std::move(lease), std::move(info));
+}
+
+Result<proto::VersionInfo> Node::Impl::CommitVersion(WriteLease lease, proto::VersionInfo info) {
+  VIPER_RETURN_IF_ERROR(ValidateModelName(info.model));
+  std::string segment = lease.segment_name();
+  VIPER_RETURN_IF_ERROR(host->Commit(std::move(lease), info.model, info.version));
+  info.completed_ns = WallClockNs();
+  info.replicas = {{proto::ReplicaKind::kHostSegment, host_key, segment}, {proto::ReplicaKind::kNode, host_key, address}};
+  std::vector<net::PeerId> subscribers;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    ModelState& state = models[info.model];
+    state.versions[info.version] = info;
+    PruneLocked(info.model);
+    subscribers.assign(state.subscribers.begin(), state.subscribers.end());
+    stats.versions_committed++;
+    stats.notifies_sent += subscribers.size();
+  }
+  auto notify = proto::Encode(proto::Notify{info});
+  for (net::PeerId peer : subscribers) (void)engine->Send(peer, notify);
+  QueueFlush(info);
+  return info;
+}
+
+// Writes the version to the file tier in the background, from a read lease on its segment, and
+// then lists the file as a replica.
+void Node::Impl::QueueFlush(const proto::VersionInfo& info) {
+  if (!files) return;
+  flusher->Post([this, model = info.model, version = info.version] {
+    auto lease = host->Acquire(model, version);
+    if (!lease.ok()) {  // already retired by newer versions: nothing to persist from memory
+      log(LogLevel::kWarn, kLog, "not flushing {} version {}: {}", model, version, lease.status().message());
+      return;
+    }
+    Status st = files->Write(model, version, lease->data());
+    std::lock_guard<std::mutex> lock(mu);
+    if (!st.ok()) {
+      stats.flush_errors++;
+      log(LogLevel::kError, kLog, "flush of {} version {} to the file tier failed: {}", model, version, st.message());
+      return;
+    }
+    stats.files_flushed++;
+    auto& versions = models[model].versions;
+    if (auto it = versions.find(version); it != versions.end()) {
+      it->second.replicas.push_back({proto::ReplicaKind::kFile, host_key, files->PathFor(model, version).string()});
+    }
+    PruneLocked(model);
+  });
+}
+
+Status Node::WaitFlushed(std::chrono::milliseconds timeout) {
+  if (!impl_->flusher->Drain(timeout)) return Status::Timeout("file-tier flushes still running");
+  return Status::OK();
+}
+
+std::optional<proto::VersionInfo> Node::Latest(const std::string& model) const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->FindLocked(model, 0);
+}
+
+std::vector<proto::VersionInfo> Node::List() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  std::vector<proto::VersionInfo> out;
+  for (const auto& [model, state] : impl_->models)
+    for (const auto& [version, info] : state.versions) out.push_back(info);
+  return out;
+}
+
+// ---------------------------------------------------------------- messages
+
+void Node::Impl::Send(net::PeerId peer, const proto::Message& message) {
+  Status st = engine->Send(peer, proto::Encode(message));
+  if (!st.ok()) log(LogLevel::kDebug, kLog, "send to peer {} failed: {}", peer, st.message());
+}
+
+void Node::Impl::SendError(net::PeerId peer, uint64_t request_id, proto::ErrorCode code, const std::string& text) {
+  Send(peer, proto::Error{request_id, code, text});
+}
+
+void Node::Impl::Refuse(net::PeerId peer, const std::string& why) {
+  auto it = peers.find(peer);
+  log(LogLevel::kWarn, kLog, "refusing peer {} ({}): {}", peer, it != peers.end() ? it->second.address : "?", why);
+  stats.peers_refused++;
+  for (auto& [model, state] : models) state.subscribers.erase(peer);
+  peers.erase(peer);
+  engine->Disconnect(peer);
+}
+
+void Node::Impl::OnPeerAccepted(net::PeerId peer, const std::string& address) {
+  std::lock_guard<std::mutex> lock(mu);
+  peers[peer].address = address;
+  log(LogLevel::kDebug, kLog, "peer {} connected from {}", peer, address);
+}
+
+void Node::Impl::OnPeerClosed(net::PeerId peer, const Status& reason) {
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = peers.find(peer);
+  if (it == peers.end()) return;
+  log(LogLevel::kInfo, kLog, "peer {} ({}) gone: {}; releasing {} lease(s)", peer, it->second.name,
+      reason.message(), it->second.leases.size());
+  for (auto& [model, state] : models) state.subscribers.erase(peer);
+  peers.erase(it);  // drops its leases: their segments become recyclable
+}
+
+void Node::Impl::OnMessage(net::PeerId peer, std::span<const std::byte> bytes) {
+  auto decoded = proto::Decode(bytes);
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = peers.find(peer);
+  if (it == peers.end()) it = peers.emplace(peer, PeerState{}).first;  // accepted before we saw it
+  PeerState& p = it->second;
+  if (!decoded.ok()) {
+    stats.malformed_messages++;
+    if (decoded.status().code() == StatusCode::kFailedPrecondition) {
+      SendError(peer, 0, proto::ErrorCode::kBadVersion, decoded.status().message());
+      return Refuse(peer, decoded.status().message());
+    }
+    SendError(peer, 0, proto::ErrorCode::kMalformed, decoded.status().message());
+    if (++p.strikes >= kMaxStrikes) return Refuse(peer, "too many malformed messages, last: " + decoded.status().message());
+    log(LogLevel::kWarn, kLog, "peer {}: {}", peer, decoded.status().message());
+    return;
+  }
+  proto::Message& message = *decoded;
+  if (!p.hello && !std::holds_alternative<proto::Hello>(message)) {
+    SendError(peer, 0, proto::ErrorCode::kUnauthorized, "HELLO must come first");
+    return Refuse(peer, std::string(proto::message_type_name(proto::type_of(message))) + " before HELLO");
+  }
+  Dispatch(peer, p, message);
+}
+
+void Node::Impl::Dispatch(net::PeerId peer, PeerState& p, proto::Message& message) {
+  if (auto* m = std::get_if<proto::Hello>(&message)) return HandleHello(peer, p, *m);
+  if (auto* m = std::get_if<proto::Subscribe>(&message)) return HandleSubscribe(peer, p, *m);
+  if (auto* m = std::get_if<proto::Unsubscribe>(&message)) {
+    models[m->model].subscribers.erase(peer);
+    p.subscriptions.erase(m->model);
+    return;
+  }
+  if (auto* m = std::get_if<proto::Fetch>(&message)) return HandleFetch(peer, p, *m);
+  if (auto* m = std::get_if<proto::Release>(&message)) return HandleRelease(p, *m);
+  if (std::holds_alternative<proto::Ack>(message)) return;  // recorded by relays in a later phase
+  if (auto* m = std::get_if<proto::Publish>(&message)) return HandlePublish(peer, *m);
+  if (auto* m = std::get_if<proto::List>(&message)) return HandleList(peer, *m);
+  if (std::holds_alternative<proto::Error>(message)) {
+    log(LogLevel::kWarn, kLog, "peer {} reported: {}", peer, std::get<proto::Error>(message).text);
+    return;
+  }
+  stats.malformed_messages++;
+  SendError(peer, 0, proto::ErrorCode::kBadRequest,
+            std::string("unexpected ") + std::string(proto::message_type_name(proto::type_of(message))) + " from a client");
+  if (++p.strikes >= kMaxStrikes) Refuse(peer, "too many unexpected messages");
+}
+
+void Node::Impl::HandleHello(net::PeerId peer, PeerState& p, const proto::Hello& m) {
+  if (!options.token.empty() && !TokensEqual(m.token, options.token)) {
+    std::string why = m.token.empty() ? "HELLO carries no token" : "HELLO carries a wrong token";
+    SendError(peer, 0, proto::ErrorCode::kUnauthorized, why);
+    return Refuse(peer, why);
+  }
+  p.hello = true;
+  p.name = m.client_name;
+  p.host_key = m.host_key;
+  log(LogLevel::kDebug, kLog, "peer {} is {} (pid {})", peer, m.client_name, m.pid);
+  Send(peer, proto::HelloOk{options.name, host_key, static_cast<uint32_t>(::getpid())});
+}
+
+void Node::Impl::HandleSubscribe(net::PeerId peer, PeerState& p, const proto::Subscribe& m) {
+  if (Status st = ValidateModelName(m.model); !st.ok())
+    return SendError(peer, 0, proto::ErrorCode::kBadRequest, st.message());
+  models[m.model].subscribers.insert(peer);
+  p.subscriptions.insert(m.model);
+  if (auto latest = FindLocked(m.model, 0)) Send(peer, proto::Notify{*latest});  // a late joiner gets the model now
+}
+
+void Node::Impl::HandleFetch(net::PeerId peer, PeerState& p, const proto::Fetch& m) {
+  auto info = FindLocked(m.model, m.version);
+  if (!info) {
+    return SendError(peer, m.request_id, proto::ErrorCode::kNotFound,
+                     m.version == 0 ? "model " + m.model + " has no version"
+                                    : "model " + m.model + " has no version " + std::to_string(m.version));
+  }
+  auto lease = host->Acquire(m.model, info->version);
+  if (m.mode == proto::FetchMode::kLease) {
+    if (p.host_key != host_key)
+      return SendError(peer, m.request_id, proto::ErrorCode::kBadRequest, "a lease needs the same host; use SEND");
+    if (!lease.ok()) return SendError(peer, m.request_id, proto::ErrorCode::kNotFound, lease.status().message());
+    proto::FetchOk ok{m.request_id, proto::FetchMode::kLease, *info, lease->segment_name(), 0, 0};
+    p.leases.emplace(std::make_pair(m.model, info->version), std::move(lease).value());
+    stats.leases_granted++;
+    return Send(peer, ok);
+  }
+  // SEND: from memory if the version is there, else from its file.
+  auto send = std::make_shared<BulkSend>();
+  if (lease.ok()) {
+    send->hold = lease->hold();
+    send->bytes = lease->data();
+  } else if (files) {
+    auto snap = files->Read(m.model, info->version);
+    if (!snap.ok()) return SendError(peer, m.request_id, proto::ErrorCode::kNotFound, snap.status().message());
+    send->hold = std::make_shared<Snapshot>(*snap);
+    send->bytes = snap->bytes();
+  } else {
+    return SendError(peer, m.request_id, proto::ErrorCode::kNotFound, lease.status().message());
+  }
+  send->peer = peer;
+  send->tag = m.tag;
+  send->chunk = ClampChunk(m.chunk_bytes, options.chunk_bytes);
+  send->chunks = static_cast<uint32_t>((send->bytes.size() + send->chunk - 1) / send->chunk);
+  Send(peer, proto::FetchOk{m.request_id, proto::FetchMode::kSend, *info, "", send->chunk, send->chunks});
+  StartBulkSend(std::move(send));
+}
+
+void Node::Impl::StartBulkSend(std::shared_ptr<BulkSend> send) {
+  for (uint32_t i = 0; i < options.chunks_in_flight && send->next < send->chunks; ++i) PumpBulkSend(send);
+}
+
+// Sends the next chunk; its completion sends the one after (a window of chunks_in_flight).
+void Node::Impl::PumpBulkSend(const std::shared_ptr<BulkSend>& send) {
+  uint32_t index = send->next++;
+  uint64_t begin = static_cast<uint64_t>(index) * send->chunk;
+  auto piece = send->bytes.subspan(begin, std::min<uint64_t>(send->chunk, send->bytes.size() - begin));
+  engine->SendBulk(send->peer, send->tag + index, piece, [this, send](const Status& st) {
+    send->done++;
+    if (!st.ok()) {
+      if (!send->failed) log(LogLevel::kInfo, kLog, "transfer to peer {} abandoned: {}", send->peer, st.message());
+      send->failed = true;
+      return;
+    }
+    if (!send->failed && send->next < send->chunks) PumpBulkSend(send);
+  });
+}
+
+void Node::Impl::HandleRelease(PeerState& p, const proto::Release& m) {
+  auto it = p.leases.find({m.model, m.version});
+  if (it != p.leases.end()) p.leases.erase(it);
+}
+
+void Node::Impl::HandleList(net::PeerId peer, const proto::List& m) {
+  proto::ListReply reply{m.request_id, {}};
+  for (const auto& [model, state] : models)
+    for (const auto& [version, info] : state.versions) reply.versions.push_back(info);
+  Send(peer, reply);
+}
+
+// A client hands us a snapshot: receive it into a segment, then verify and commit on the worker.
+void Node::Impl::HandlePublish(net::PeerId peer, const proto::Publish& m) {
+  if (Status st = ValidateModelName(m.model); !st.ok())
+    return SendError(peer, m.request_id, proto::ErrorCode::kBadRequest, st.message());
+  if (m.size < 8 || m.size > kMaxPublishBytes)
+    return SendError(peer, m.request_id, proto::ErrorCode::kBadRequest,
+                     "snapshot size " + std::to_string(m.size) + " is out of range");
+  auto lease = host->Allocate(m.size);
+  if (!lease.ok()) return SendError(peer, m.request_id, proto::ErrorCode::kInternal, lease.status().message());
+  struct Incoming {
+    WriteLease lease;
+    uint32_t pending = 0;
+    bool failed = false;
+  };
+  auto in = std::make_shared<Incoming>();
+  in->lease = std::move(lease).value();
+  uint32_t chunk = ClampChunk(m.chunk_bytes, options.chunk_bytes);
+  uint32_t chunks = static_cast<uint32_t>((m.size + chunk - 1) / chunk);
+  uint64_t tag = next_tag.fetch_add(1) << 32;
+  in->pending = chunks;
+  for (uint32_t i = 0; i < chunks; ++i) {
+    uint64_t begin = static_cast<uint64_t>(i) * chunk;
+    auto piece = in->lease.data().subspan(begin, std::min<uint64_t>(chunk, m.size - begin));
+    engine->RecvBulk(peer, tag + i, piece,
+                     [this, in, peer, req = m.request_id, model = m.model, step = m.step, t = m.publish_ns](const Status& st) {
+                       if (!st.ok()) in->failed = true;
+                       if (--in->pending != 0) return;
+                       if (in->failed) return;  // the segment goes back to the pool with `in`
+                       worker->Post([this, in, peer, req, model, step, t] {
+                         FinishClientPublish(peer, req, model, std::move(in->lease), step, t);
+                       });
+                     });
+  }
+  Send(peer, proto::PublishReady{m.request_id, tag});
+}
+
+void Node::Impl::FinishClientPublish(net::PeerId peer, uint64_t request_id, std::string model, WriteLease lease,
+                                     uint64_t step, int64_t publish_ns) {
+  ParseOptions parse;
+  parse.verify_checksum = true;  // a declared checksum must match
+  auto snap = Snapshot::Parse(lease.data(), nullptr, parse);
+  if (!snap.ok()) {
+    return SendError(peer, request_id, proto::ErrorCode::kBadRequest, "rejected snapshot: " + snap.status().message());
+  }
+  proto::VersionInfo info;
+  info.model = model;
+  info.size = lease.data().size();
+  info.checksum = snap->compute_checksum();
+  info.step = step != 0 ? step : snap->step().value_or(0);
+  info.publish_ns = publish_ns;
+  for (const auto& [k, v] : snap->metadata()) info.metadata[k] = v;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    info.version = ReserveLocked(model);
+  }
+  auto committed = CommitVersion(std::move(lease), std::move(info));
+  if (!committed.ok()) return SendError(peer, request_id, proto::ErrorCode::kInternal, committed.status().message());
+  Send(peer, proto::PublishOk{request_id, committed->version});
+}
+
+}  // namespace viper

@@ -1,0 +1,154 @@
+#include "viper/publisher.h"
+
+#include <cstring>
+#include <mutex>
+
+#include "task_queue.h"
+#include "viper/log.h"
+
+namespace viper {
+
+namespace {
+constexpr std::string_view kLog = "publisher";
+
+int64_t SteadyNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+Result<PublishMode> ParsePublishMode(std::string_view name) {
+  if (name == "sync") return PublishMode::kSync;
+  if (name == "async") return PublishMode::kAsync;
+  return Status::InvalidArgument("publish mode '" + std::string(name) + "' is not one of sync|async");
+}
+
+std::span<std::byte> Draft::tensor(std::string_view name) const {
+  if (!layout_) return {};
+  const TensorInfo* t = layout_->find(name);
+  if (t == nullptr) return {};
+  return lease_.data().subspan(layout_->data_offset() + t->begin, t->nbytes());
+}
+
+struct Publisher::Impl {
+  internal::TaskQueue background{"publisher"};  // seals and announces in publish order
+  std::mutex mu;
+  Status first_error;  // since the last Wait()
+  std::atomic<uint64_t> announced{0};
+};
+
+Publisher::Publisher(const PublisherOptions& options, std::unique_ptr<Node> node)
+    : options_(options), node_(std::move(node)), impl_(std::make_unique<Impl>()) {}
+
+Publisher::~Publisher() {
+  impl_.reset();  // drains queued versions (TaskQueue destructor) while the node still lives
+  node_.reset();
+}
+
+Result<std::unique_ptr<Publisher>> Publisher::Start(const PublisherOptions& options) {
+  VIPER_RETURN_IF_ERROR(ValidateModelName(options.model));
+  if (options.max_in_flight < 1) return Status::InvalidArgument("max_in_flight must be >= 1");
+  VIPER_ASSIGN_OR_RETURN(auto node, Node::Start(options.node));
+  return std::unique_ptr<Publisher>(new Publisher(options, std::move(node)));
+}
+
+uint64_t Publisher::announced_version() const { return impl_->announced.load(); }
+
+Result<Draft> Publisher::Begin(const std::vector<TensorSpec>& tensors, const std::map<std::string, std::string>& metadata) {
+  VIPER_ASSIGN_OR_RETURN(SnapshotLayout layout, SnapshotLayout::Make(tensors, metadata, options_.alignment));
+  // Back-pressure: never more than max_in_flight versions waiting to be sealed.
+  impl_->background.WaitBelow(options_.max_in_flight);
+  Draft draft;
+  draft.publish_ns = WallClockNs();
+  draft.layout_ = std::make_shared<const SnapshotLayout>(std::move(layout));
+  VIPER_ASSIGN_OR_RETURN(draft.lease_, node_->Allocate(draft.layout_->total_bytes()));
+  draft.layout_->ZeroPadding(draft.lease_.data());
+  return draft;
+}
+
+Result<PublishResult> Publisher::Publish(const std::vector<TensorData>& tensors, const PublishInfo& info) {
+  const int64_t start = SteadyNs();
+  std::vector<TensorSpec> specs;
+  specs.reserve(tensors.size());
+  for (const auto& t : tensors) specs.push_back(t.spec);
+  VIPER_ASSIGN_OR_RETURN(Draft draft, Begin(specs, info.metadata));
+  const int64_t copy_start = SteadyNs();
+  for (const auto& t : tensors) {
+    std::span<std::byte> dst = draft.tensor(t.spec.name);
+    if (dst.size() != t.bytes.size()) {
+      return Status::InvalidArgument("tensor " + t.spec.name + ": " + std::to_string(t.bytes.size()) +
+                                     " bytes given, shape and dtype need " + std::to_string(dst.size()));
+    }
+    if (!dst.empty()) std::memcpy(dst.data(), t.bytes.data(), dst.size());
+  }
+  return Enqueue(std::move(draft), info, start, SteadyNs() - copy_start);
+}
+
+Result<PublishResult> Publisher::Commit(Draft draft, const PublishInfo& info) {
+  if (!draft.layout_ || !draft.lease_) return Status::InvalidArgument("commit of an empty or already committed draft");
+  return Enqueue(std::move(draft), info, SteadyNs(), 0);
+}
+
+// Reserves the version number now (versions follow call order), then seals and announces on the
+// background thread (async) or here (sync).
+Result<PublishResult> Publisher::Enqueue(Draft draft, const PublishInfo& info, int64_t started_ns, int64_t copy_ns) {
+  for (const auto& [key, value] : info.metadata) {
+    if (draft.layout_->user_metadata().count(key) == 0 || draft.layout_->user_metadata().at(key) != value)
+      return Status::InvalidArgument("metadata key " + key + " must be given to Begin() (the header is laid out there)");
+  }
+  VIPER_ASSIGN_OR_RETURN(uint64_t version, node_->ReserveVersion(options_.model));
+  PublishResult result;
+  result.version = version;
+  result.copy_ns = copy_ns;
+  result.recycled = draft.lease_.recycled();
+  result.bytes = draft.layout_->total_bytes();
+
+  auto seal_and_commit = [this, version, info, draft = std::move(draft)]() mutable -> Status {
+    VersionStamp stamp;
+    stamp.model = options_.model;
+    stamp.version = version;
+    stamp.step = info.step;
+    stamp.time_ns = static_cast<uint64_t>(WallClockNs());
+    stamp.loss = info.loss;
+    VIPER_RETURN_IF_ERROR(draft.layout_->Seal(draft.lease_.data(), &stamp));
+    proto::VersionInfo vi;
+    vi.model = options_.model;
+    vi.version = version;
+    vi.size = draft.layout_->total_bytes();
+    vi.checksum = stamp.checksum;
+    vi.step = info.step;
+    vi.publish_ns = draft.publish_ns;
+    vi.metadata = draft.layout_->user_metadata();
+    if (info.loss) vi.metadata[std::string(kMetaLoss)] = std::to_string(*info.loss);
+    VIPER_RETURN_IF_ERROR(node_->Commit(std::move(draft.lease_), std::move(vi)).status());
+    uint64_t prev = impl_->announced.load();
+    while (prev < version && !impl_->announced.compare_exchange_weak(prev, version)) {}
+    return Status::OK();
+  };
+
+  if (options_.mode == PublishMode::kSync) {
+    Status st = seal_and_commit();
+    if (!st.ok()) return st.WithContext("publish of " + options_.model + " version " + std::to_string(version));
+  } else {
+    auto task = std::make_shared<decltype(seal_and_commit)>(std::move(seal_and_commit));
+    impl_->background.Post([this, task, version] {
+      Status st = (*task)();
+      if (st.ok()) return;
+      log(LogLevel::kError, kLog, "publish of {} version {} failed: {}", options_.model, version, st.message());
+      std::lock_guard<std::mutex> lock(impl_->mu);
+      if (impl_->first_error.ok()) impl_->first_error = st;
+    });
+  }
+  result.stall_ns = SteadyNs() - started_ns;
+  return result;
+}
+
+Status Publisher::Wait(std::chrono::milliseconds timeout) {
+  if (!impl_->background.Drain(timeout)) return Status::Timeout("queued publishes still running");
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Status st = impl_->first_error;
+  impl_->first_error = Status::OK();
+  return st;
+}
+
+}  // namespace viper

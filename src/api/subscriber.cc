@@ -1,0 +1,402 @@
+#include "viper/subscriber.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "buffer_pool.h"
+#include "path_estimator.h"
+#include "viper/file_tier.h"
+#include "viper/host_tier.h"
+#include "viper/log.h"
+#include "viper/node.h"
+
+namespace viper {
+
+namespace {
+constexpr std::string_view kLog = "subscriber";
+}  // namespace
+
+Result<FetchPath> ParseFetchPath(std::string_view name) {
+  if (name == "auto") return FetchPath::kAuto;
+  if (name == "map") return FetchPath::kMap;
+  if (name == "copy") return FetchPath::kCopy;
+  if (name == "remote") return FetchPath::kRemote;
+  if (name == "file") return FetchPath::kFile;
+  return Status::InvalidArgument("fetch path '" + std::string(name) + "' is not one of auto|map|copy|remote|file");
+}
+
+std::string_view fetch_path_name(FetchPath path) {
+  switch (path) {
+    case FetchPath::kAuto: return "auto";
+    case FetchPath::kMap: return "map";
+    case FetchPath::kCopy: return "copy";
+    case FetchPath::kRemote: return "remote";
+    case FetchPath::kFile: return "file";
+  }
+  return "?";
+}
+
+struct Subscriber::Impl {
+  SubscriberOptions options;
+  std::shared_ptr<internal::BufferPool> pool;
+  internal::PathEstimator estimator;
+  std::atomic<std::shared_ptr<const ModelVersion>> live;
+
+  std::mutex mu;  // guards everything below
+  std::condition_variable cv;
+  std::shared_ptr<Client> client;  // replaced when the connection is lost
+  std::optional<proto::VersionInfo> announced;
+  int64_t announced_ns = 0;
+  uint64_t failed_version = 0;     // the last version whose load failed on every path
+  bool closing = false;
+  std::vector<std::function<void(const std::shared_ptr<const ModelVersion>&)>> callbacks;
+  SubscriberStats stats;
+  Status last_error;
+  std::thread loader;
+
+  void OnNotify(const proto::VersionInfo& info);
+  Result<std::shared_ptr<Client>> EnsureClient();
+  void DropClient(const std::shared_ptr<Client>& broken);
+  void Run();
+  Result<std::shared_ptr<ModelVersion>> Load(const proto::VersionInfo& info);
+  std::vector<internal::PathChoice> RankPaths(const proto::VersionInfo& info, Client* client);
+  Result<std::shared_ptr<ModelVersion>> LoadVia(FetchPath path, const proto::VersionInfo& info, Client* client);
+  Result<std::shared_ptr<ModelVersion>> LoadLeased(FetchPath path, const proto::VersionInfo& info, Client& client);
+  Result<std::shared_ptr<ModelVersion>> LoadRemote(const proto::VersionInfo& info, Client& client);
+  Result<std::shared_ptr<ModelVersion>> LoadFile(const proto::VersionInfo& info);
+  Status Finish(ModelVersion& mv, std::span<const std::byte> bytes, std::shared_ptr<const void> owner, bool verify);
+};
+
+void Subscriber::Impl::OnNotify(const proto::VersionInfo& info) {
+  std::lock_guard<std::mutex> lock(mu);
+  stats.notifies++;
+  if (info.model != options.model) return;
+  if (announced && announced->version >= info.version) return;
+  auto current = live.load();
+  if (announced && (!current || announced->version > current->version())) stats.skipped++;  // superseded before load
+  announced = info;
+  announced_ns = WallClockNs();
+  cv.notify_all();
+}
+
+Result<std::shared_ptr<Client>> Subscriber::Impl::EnsureClient() {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (client && client->connected()) return client;
+  }
+  ClientOptions co;
+  co.connect = options.connect;
+  co.token = options.token;
+  co.name = options.name;
+  co.timeout = options.request_timeout;
+  co.chunk_bytes = options.chunk_bytes;
+  ClientHandlers handlers;
+  handlers.on_notify = [this](const proto::VersionInfo& info) { OnNotify(info); };
+  handlers.on_disconnect = [this](const Status& why) {
+    log(LogLevel::kWarn, kLog, "{}", why.message());
+    std::lock_guard<std::mutex> lock(mu);
+    cv.notify_all();
+  };
+  VIPER_ASSIGN_OR_RETURN(std::unique_ptr<Client> fresh, Client::Connect(co, std::move(handlers)));
+  std::shared_ptr<Client> shared(std::move(fresh));
+  VIPER_RETURN_IF_ERROR(shared->Subscribe(options.model));
+  std::lock_guard<std::mutex> lock(mu);
+  client = shared;
+  return shared;
+}
+
+void Subscriber::Impl::DropClient(const std::shared_ptr<Client>& broken) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (client == broken) client.reset();
+}
+
+// Predicted time of each usable path, cheapest first (DESIGN.md §7).
+std::vector<internal::PathChoice> Subscriber::Impl::RankPaths(const proto::VersionInfo& info, Client* client) {
+  std::vector<FetchPath> candidates;
+  bool connected = client != nullptr && client->connected();
+  bool same_host = connected && client->same_host();
+  if (options.path != FetchPath::kAuto) {
+    candidates.push_back(options.path);
+  } else {
+    if (same_host) candidates.push_back(FetchPath::kMap);
+    if (connected && !same_host) candidates.push_back(FetchPath::kRemote);
+  }
+  if (!options.file_dir.empty() && options.path != FetchPath::kFile) candidates.push_back(FetchPath::kFile);
+  return estimator.Rank(candidates, info.size, same_host, connected);
+}
+
+Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::Load(const proto::VersionInfo& info) {
+  std::shared_ptr<Client> c;
+  if (auto ensured = EnsureClient(); ensured.ok()) c = *ensured;
+  Status last = Status::Unavailable("no path to " + options.model + " version " + std::to_string(info.version) +
+                                    (options.file_dir.empty() ? " (node unreachable and no file_dir)" : ""));
+  for (const auto& choice : RankPaths(info, c.get())) {
+    int64_t start = WallClockNs();
+    auto mv = LoadVia(choice.path, info, c.get());
+    if (mv.ok()) {
+      estimator.Record(choice.path, (*mv)->info.size, WallClockNs() - start);
+      (*mv)->reason = choice.reason;
+      return mv;
+    }
+    last = mv.status();
+    log(LogLevel::kWarn, kLog, "{} version {} via {} failed: {}; trying the next path", options.model, info.version,
+        fetch_path_name(choice.path), last.message());
+    if (c && (choice.path == FetchPath::kRemote || !c->connected())) DropClient(c), c.reset();
+  }
+  return last;
+}
+
+Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::LoadVia(FetchPath path, const proto::VersionInfo& info,
+                                                                 Client* client) {
+  if (path == FetchPath::kFile) return LoadFile(info);
+  if (client == nullptr) return Status::Unavailable("not connected to node " + options.connect);
+  if (path == FetchPath::kRemote) return LoadRemote(info, *client);
+  if (!client->same_host()) return Status::FailedPrecondition("map/copy need the node on this host");
+  return LoadLeased(path, info, *client);
+}
+
+// Verifies (optionally) and parses `bytes` into `mv`, tying them to `owner`.
+Status Subscriber::Impl::Finish(ModelVersion& mv, std::span<const std::byte> bytes, std::shared_ptr<const void> owner,
+                                bool verify) {
+  if (bytes.size() != mv.info.size)
+    return Status::Corruption("received " + std::to_string(bytes.size()) + " bytes, announced " + std::to_string(mv.info.size));
+  VIPER_ASSIGN_OR_RETURN(mv.snapshot, Snapshot::Parse(bytes, std::move(owner)));
+  if (verify) {
+    uint64_t sum = mv.snapshot.compute_checksum();
+    if (sum != mv.info.checksum)
+      return Status::Corruption(options.model + " version " + std::to_string(mv.info.version) + ": checksum " +
+                                checksum_hex(sum) + " != announced " + checksum_hex(mv.info.checksum));
+  }
+  mv.timings.verified_ns = WallClockNs();
+  return Status::OK();
+}
+
+// map: zero copy under a lease held until the version is dropped; copy: into our own buffer.
+Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::LoadLeased(FetchPath path, const proto::VersionInfo& info,
+                                                                    Client& client) {
+  VIPER_ASSIGN_OR_RETURN(proto::FetchOk ok, client.FetchLease(info.model, info.version));
+  auto release = client.Releaser(ok.info.model, ok.info.version);
+  auto mapped = MapSegmentReadOnly(ok.segment, ok.info.size);
+  if (!mapped.ok()) {
+    release();
+    return mapped.status();
+  }
+  auto mv = std::make_shared<ModelVersion>();
+  mv->info = ok.info;
+  mv->path = path;
+  if (path == FetchPath::kMap) {
+    struct LeaseHold {
+      std::shared_ptr<const void> mapping;
+      std::function<void()> release;
+      ~LeaseHold() { release(); }
+    };
+    auto hold = std::make_shared<LeaseHold>(LeaseHold{mapped->owner, release});
+    mv->timings.fetched_ns = WallClockNs();
+    VIPER_RETURN_IF_ERROR(Finish(*mv, mapped->data, hold, options.verify_checksum));
+    return mv;
+  }
+  auto buffer = pool->Acquire(ok.info.size);
+  if (!buffer.ok()) {
+    release();
+    return buffer.status();
+  }
+  std::memcpy(buffer->data.data(), mapped->data.data(), ok.info.size);
+  release();
+  mv->timings.fetched_ns = WallClockNs();
+  VIPER_RETURN_IF_ERROR(Finish(*mv, buffer->data, buffer->owner, options.verify_checksum));
+  return mv;
+}
+
+Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::LoadRemote(const proto::VersionInfo& info, Client& client) {
+  internal::BufferPool::Lease buffer;
+  auto provide = [&](const proto::VersionInfo& actual) -> Result<std::span<std::byte>> {
+    VIPER_ASSIGN_OR_RETURN(buffer, pool->Acquire(actual.size));
+    return buffer.data;
+  };
+  auto ok = client.FetchSend(info.model, info.version, provide);
+  if (!ok.ok()) {
+    // Receives may still be posted into the buffer: it is only safe to reuse once the client's
+    // engine is gone, so the caller drops the client before this buffer returns to the pool.
+    return ok.status();
+  }
+  auto mv = std::make_shared<ModelVersion>();
+  mv->info = ok->info;
+  mv->path = FetchPath::kRemote;
+  mv->timings.fetched_ns = WallClockNs();
+  VIPER_RETURN_IF_ERROR(Finish(*mv, buffer.data, buffer.owner, options.verify_checksum));
+  return mv;
+}
+
+// The file tier as seen from here: the announced version if its file exists, else the newest
+// complete file (a node that died before flushing leaves the previous one).
+Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::LoadFile(const proto::VersionInfo& info) {
+  namespace fs = std::filesystem;
+  fs::path dir = options.file_dir / info.model;
+  uint64_t chosen = 0;
+  std::error_code ec;
+  if (fs::exists(dir / (std::to_string(info.version) + ".safetensors"), ec)) {
+    chosen = info.version;
+  } else {
+    for (const auto& entry : fs::directory_iterator(dir, ec)) {
+      std::string name = entry.path().filename().string();
+      if (!name.ends_with(".safetensors")) continue;
+      std::string stem = name.substr(0, name.size() - 12);
+      if (stem.empty() || stem.find_first_not_of("0123456789") != std::string::npos || stem.size() > 19) continue;
+      chosen = std::max<uint64_t>(chosen, std::stoull(stem));
+    }
+    if (ec) return Status::NotFound("file tier " + dir.string() + ": " + ec.message());
+  }
+  auto current = live.load();
+  if (chosen == 0 || (current && chosen <= current->version()))
+    return Status::NotFound("file tier " + dir.string() + " has no version newer than the live one");
+  fs::path path = dir / (std::to_string(chosen) + ".safetensors");
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::FromErrno("open " + path.string());
+  struct stat st{};
+  ::fstat(fd, &st);
+  auto buffer = pool->Acquire(static_cast<size_t>(st.st_size));
+  if (!buffer.ok()) return ::close(fd), buffer.status();
+  size_t done = 0;
+  while (done < buffer->data.size()) {
+    ssize_t n = ::pread(fd, buffer->data.data() + done, std::min<size_t>(8u << 20, buffer->data.size() - done),
+                        static_cast<off_t>(done));
+    if (n <= 0) {
+      Status err = n == 0 ? Status::Corruption(path.string() + ": file shrank while reading")
+                          : Status::FromErrno("read " + path.string());
+      ::close(fd);
+      return err;
+    }
+    done += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  auto mv = std::make_shared<ModelVersion>();
+  mv->path = FetchPath::kFile;
+  mv->timings.fetched_ns = WallClockNs();
+  ParseOptions parse;
+  parse.verify_checksum = true;
+  parse.require_checksum = true;  // files are verified against their own declared checksum
+  VIPER_ASSIGN_OR_RETURN(mv->snapshot, Snapshot::Parse(buffer->data, buffer->owner, parse));
+  mv->info = chosen == info.version ? info : proto::VersionInfo{};
+  mv->info.model = info.model;
+  mv->info.version = chosen;
+  mv->info.size = buffer->data.size();
+  mv->info.checksum = mv->snapshot.compute_checksum();
+  if (chosen != info.version) mv->info.step = mv->snapshot.step().value_or(0);
+  mv->info.replicas = {{proto::ReplicaKind::kFile, "", path.string()}};
+  mv->timings.verified_ns = WallClockNs();
+  return mv;
+}
+
+void Subscriber::Impl::Run() {
+  std::unique_lock<std::mutex> lock(mu);
+  for (;;) {
+    auto current = live.load();
+    uint64_t live_version = current ? current->version() : 0;
+    cv.wait(lock, [&] {
+      return closing || (announced && announced->version > live_version && announced->version != failed_version);
+    });
+    if (closing) return;
+    proto::VersionInfo info = *announced;
+    int64_t notified = announced_ns;
+    lock.unlock();
+
+    auto loaded = Load(info);
+    lock.lock();
+    if (!loaded.ok()) {
+      stats.fetch_failures++;
+      last_error = loaded.status();
+      failed_version = info.version;  // wait for a newer NOTIFY (or a reconnect) before retrying
+      log(LogLevel::kError, kLog, "could not load {} version {}: {}", options.model, info.version, last_error.message());
+      continue;
+    }
+    std::shared_ptr<ModelVersion> mv = std::move(loaded).value();
+    mv->timings.publish_ns = mv->info.publish_ns;
+    mv->timings.completed_ns = mv->info.completed_ns;
+    mv->timings.notified_ns = notified;
+    mv->timings.live_ns = WallClockNs();
+    if (mv->version() <= live_version) continue;  // e.g. the file path found nothing newer
+    std::shared_ptr<const ModelVersion> frozen = mv;
+    live.store(frozen);
+    stats.updates++;
+    auto listeners = callbacks;
+    auto c = client;
+    cv.notify_all();
+    lock.unlock();
+    if (c) c->Ack(frozen->info.model, frozen->version());
+    for (auto& cb : listeners) cb(frozen);
+    lock.lock();
+  }
+}
+
+Subscriber::Subscriber(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Subscriber::~Subscriber() { Close(); }
+
+Result<std::unique_ptr<Subscriber>> Subscriber::Start(const SubscriberOptions& options) {
+  VIPER_RETURN_IF_ERROR(ValidateModelName(options.model));
+  if (options.chunk_bytes < (64u << 10)) return Status::InvalidArgument("chunk_bytes must be >= 64 KiB");
+  auto impl = std::make_shared<Impl>();
+  impl->options = options;
+  impl->pool = std::make_shared<internal::BufferPool>(std::max<size_t>(options.buffers, 1));
+  auto client = impl->EnsureClient();
+  if (!client.ok() && options.file_dir.empty()) return client.status();
+  if (!client.ok()) log(LogLevel::kWarn, kLog, "{}; serving from the file tier only", client.status().message());
+  impl->loader = std::thread([raw = impl.get()] { raw->Run(); });
+  return std::unique_ptr<Subscriber>(new Subscriber(std::move(impl)));
+}
+
+std::shared_ptr<const ModelVersion> Subscriber::latest() const { return impl_->live.load(); }
+
+Result<std::shared_ptr<const ModelVersion>> Subscriber::WaitFor(uint64_t min_version, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(impl_->mu);
+  bool reached = impl_->cv.wait_for(lock, timeout, [&] {
+    auto v = impl_->live.load();
+    return impl_->closing || (v && v->version() >= min_version);
+  });
+  auto v = impl_->live.load();
+  if (reached && v && v->version() >= min_version) return v;
+  if (impl_->closing) return Status::Cancelled("subscriber closed");
+  return Status::Timeout("version " + std::to_string(min_version) + " of " + impl_->options.model + " not live within " +
+                         std::to_string(timeout.count()) + " ms (live: " + (v ? std::to_string(v->version()) : "none") + ")");
+}
+
+void Subscriber::OnUpdate(std::function<void(const std::shared_ptr<const ModelVersion>&)> callback) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->callbacks.push_back(std::move(callback));
+}
+
+SubscriberStats Subscriber::stats() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->stats;
+}
+
+Status Subscriber::last_error() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->last_error;
+}
+
+void Subscriber::Close() {
+  if (!impl_) return;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    if (impl_->closing && !impl_->loader.joinable()) return;
+    impl_->closing = true;
+    impl_->cv.notify_all();
+  }
+  if (impl_->loader.joinable()) impl_->loader.join();
+  std::shared_ptr<Client> c;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    c = std::move(impl_->client);
+  }
+  c.reset();  // disconnects; the node drops our leases, versions handed out keep their mappings
+}
+
+}  // namespace viper

@@ -1,0 +1,160 @@
+// Round trips for every control message and one clear error for each kind of malformed frame.
+#include "viper/protocol.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+namespace viper::proto {
+namespace {
+
+VersionInfo SampleInfo() {
+  VersionInfo v;
+  v.model = "nt3";
+  v.version = 42;
+  v.size = 600'000'000;
+  v.checksum = 0x0123456789abcdefULL;
+  v.step = 4200;
+  v.publish_ns = 1'700'000'000'000'000'000;
+  v.completed_ns = 1'700'000'000'100'000'000;
+  v.metadata = {{"loss", "0.25"}, {"viper.model", "nt3"}};
+  v.replicas = {{ReplicaKind::kHostSegment, "host-a", "viper.123.4"},
+                {ReplicaKind::kNode, "host-a", "127.0.0.1:7000"},
+                {ReplicaKind::kFile, "host-a", "/pfs/nt3/42.safetensors"}};
+  return v;
+}
+
+std::vector<Message> AllMessages() {
+  return {
+      Hello{"secret", "consumer-1", "boot:ns", 1234},
+      HelloOk{"node-a", "boot:ns", 99},
+      Subscribe{"nt3"},
+      Unsubscribe{"nt3"},
+      Notify{SampleInfo()},
+      Fetch{7, "nt3", 42, FetchMode::kSend, 1ull << 40, 4 << 20},
+      FetchOk{7, FetchMode::kLease, SampleInfo(), "viper.123.4", 0, 0},
+      Release{"nt3", 42},
+      Ack{"nt3", 42},
+      Error{7, ErrorCode::kNotFound, "model nt3 has no version 41"},
+      Publish{8, "nt3", 1 << 20, 5, 17, 4 << 20},
+      PublishReady{8, 99},
+      PublishOk{8, 43},
+      List{9},
+      ListReply{9, {SampleInfo(), SampleInfo()}},
+  };
+}
+
+TEST(Protocol, EveryMessageRoundTrips) {
+  for (const Message& m : AllMessages()) {
+    auto bytes = Encode(m);
+    auto decoded = Decode(bytes);
+    ASSERT_TRUE(decoded.ok()) << message_type_name(type_of(m)) << ": " << decoded.status().ToString();
+    EXPECT_EQ(*decoded, m) << message_type_name(type_of(m));
+    EXPECT_EQ(type_of(*decoded), type_of(m));
+  }
+}
+
+TEST(Protocol, EveryTruncationIsRejected) {
+  for (const Message& m : AllMessages()) {
+    auto bytes = Encode(m);
+    for (size_t cut = 0; cut < bytes.size(); ++cut) {
+      auto decoded = Decode(std::span(bytes).first(cut));
+      ASSERT_FALSE(decoded.ok()) << message_type_name(type_of(m)) << " cut at " << cut;
+      EXPECT_EQ(decoded.status().code(), StatusCode::kInvalidArgument);
+    }
+  }
+}
+
+void SetLength(std::vector<std::byte>& frame, uint32_t length) { std::memcpy(frame.data() + 8, &length, 4); }
+
+Status DecodeStatus(const std::vector<std::byte>& frame) { return Decode(frame).status(); }
+
+TEST(Protocol, ShortFrame) {
+  std::vector<std::byte> frame(5);
+  EXPECT_NE(DecodeStatus(frame).message().find("shorter than the 12-byte header"), std::string::npos);
+}
+
+TEST(Protocol, BadMagic) {
+  auto frame = Encode(Subscribe{"nt3"});
+  frame[0] = std::byte{'X'};
+  EXPECT_NE(DecodeStatus(frame).message().find("bad magic"), std::string::npos);
+}
+
+TEST(Protocol, WrongProtocolVersion) {
+  auto frame = Encode(Subscribe{"nt3"});
+  frame[4] = std::byte{9};
+  Status st = DecodeStatus(frame);
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(st.message().find("protocol version 9 not supported"), std::string::npos);
+}
+
+TEST(Protocol, UnknownType) {
+  auto frame = Encode(Subscribe{"nt3"});
+  frame[6] = std::byte{200};
+  EXPECT_NE(DecodeStatus(frame).message().find("unknown message type 200"), std::string::npos);
+}
+
+TEST(Protocol, LengthFieldDisagreesWithFrame) {
+  auto frame = Encode(Subscribe{"nt3"});
+  SetLength(frame, 1000);
+  EXPECT_NE(DecodeStatus(frame).message().find("length field says 1000"), std::string::npos);
+}
+
+TEST(Protocol, TrailingBytes) {
+  auto frame = Encode(Subscribe{"nt3"});
+  frame.push_back(std::byte{0});
+  SetLength(frame, static_cast<uint32_t>(frame.size() - kFrameHeaderBytes));
+  EXPECT_NE(DecodeStatus(frame).message().find("1 trailing bytes"), std::string::npos);
+}
+
+TEST(Protocol, StringLongerThanFrame) {
+  auto frame = Encode(Subscribe{"nt3"});
+  uint32_t huge = 1000;
+  std::memcpy(frame.data() + kFrameHeaderBytes, &huge, 4);
+  Status st = DecodeStatus(frame);
+  EXPECT_NE(st.message().find("model: string of 1000 bytes but only 3 remain"), std::string::npos) << st.message();
+}
+
+TEST(Protocol, StringBeyondLimit) {
+  auto frame = Encode(Subscribe{"nt3"});
+  uint32_t huge = kMaxStringBytes + 1;
+  std::memcpy(frame.data() + kFrameHeaderBytes, &huge, 4);
+  EXPECT_NE(DecodeStatus(frame).message().find("exceeds the limit"), std::string::npos);
+}
+
+TEST(Protocol, LyingCountDoesNotAllocate) {
+  ListReply reply{1, {}};
+  auto frame = Encode(reply);
+  uint32_t count = kMaxListEntries;  // within the limit but far beyond the bytes present
+  std::memcpy(frame.data() + kFrameHeaderBytes + 8, &count, 4);
+  EXPECT_NE(DecodeStatus(frame).message().find("does not fit"), std::string::npos);
+}
+
+TEST(Protocol, UnknownEnumValues) {
+  auto fetch = Encode(Fetch{1, "m", 0, FetchMode::kLease, 0, 0});
+  // request_id(8) + model(4+1) + version(8) then mode.
+  fetch[kFrameHeaderBytes + 8 + 5 + 8] = std::byte{7};
+  EXPECT_NE(DecodeStatus(fetch).message().find("unknown fetch mode 7"), std::string::npos);
+
+  Notify n{SampleInfo()};
+  n.info.metadata.clear();
+  n.info.replicas = {{ReplicaKind::kNode, "", ""}};
+  auto frame = Encode(n);
+  frame[frame.size() - 9] = std::byte{9};  // kind byte of the only replica (then two empty strings)
+  EXPECT_NE(DecodeStatus(frame).message().find("unknown replica kind 9"), std::string::npos);
+}
+
+TEST(Protocol, DuplicateMetadataKey) {
+  Notify n{SampleInfo()};
+  n.info.replicas.clear();
+  n.info.metadata = {{"a", "1"}, {"b", "2"}};
+  auto frame = Encode(n);
+  // Turn key "b" into "a": find the second key's byte.
+  auto it = std::find(frame.rbegin(), frame.rend(), std::byte{'b'});
+  ASSERT_NE(it, frame.rend());
+  *it = std::byte{'a'};
+  EXPECT_NE(DecodeStatus(frame).message().find("duplicate key"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace viper::proto

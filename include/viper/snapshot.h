@@ -12,6 +12,13 @@
 //
 // A Snapshot does not own or copy the bytes: it holds a view plus a shared owner (a mapping, a
 // segment lease, a vector) that keeps them alive. Snapshots are immutable and thread-safe to read.
+//
+// Errors. Every fault found in untrusted bytes (Parse, FromBuffer, OpenFile) is
+// StatusCode::kCorruption with one message per fault that names the tensor or key and the numbers,
+// e.g. `tensor "w": data_offsets [0, 40] end beyond the data region of 32 bytes`. OpenFile prefixes
+// every message with "<path>: " (open/stat/mmap failures keep their errno code: NotFound, ...).
+// Wrong arguments of the writer side (SnapshotLayout::Make, WriteHeader, BuildSnapshot) are
+// kInvalidArgument. The full list of messages is in docs/ARCHITECTURE.md.
 #pragma once
 
 #include <cstddef>
@@ -52,9 +59,13 @@ inline constexpr std::string_view kMetaChecksum = "viper.checksum";  // xxh3-64 
 inline constexpr std::string_view kMetaLoss = "viper.loss";
 inline constexpr std::string_view kMetaAlignment = "viper.alignment";
 
+inline constexpr uint64_t kMaxAlignment = 4096;        // largest viper.alignment accepted
+inline constexpr size_t kMaxModelNameBytes = 128;      // VersionStamp::model fits the reserved header
+
 // xxh3-64 of `bytes`.
 uint64_t checksum64(std::span<const std::byte> bytes);
 std::string checksum_hex(uint64_t checksum);  // 16 lowercase hex digits
+// Exactly 16 hex digits (either case); anything else is Corruption ("malformed checksum ...").
 Result<uint64_t> parse_checksum_hex(std::string_view hex);
 
 // What a tensor is and where its bytes are. Offsets are relative to the data region.
@@ -65,14 +76,14 @@ struct TensorInfo {
   uint64_t begin = 0;
   uint64_t end = 0;
 
-  uint64_t num_elements() const;
+  uint64_t num_elements() const;  // product of the dims (1 for a scalar); REQUIRES: no overflow
   uint64_t nbytes() const { return end - begin; }
 };
 
 struct ParseOptions {
   uint64_t max_header_bytes = 100ull << 20;  // header length N beyond this is rejected
   bool verify_checksum = false;              // verify viper.checksum if present
-  bool require_checksum = false;             // with verify_checksum: a missing checksum is an error
+  bool require_checksum = false;             // a missing viper.checksum is an error (Corruption)
 };
 
 class Snapshot {
@@ -80,16 +91,25 @@ class Snapshot {
   Snapshot() = default;  // empty, invalid snapshot (no tensors, no bytes)
 
   // Validates `bytes` as a safetensors buffer; the Snapshot refers to `bytes` without copying
-  // and keeps `owner` alive for as long as it (or a copy) lives.
+  // and keeps `owner` alive for as long as it (or a copy) lives. REQUIRES: `bytes` stay valid and
+  // unchanged while `owner` lives (a writer changing them makes the snapshot's view inconsistent).
+  // A gap before a tensor is accepted only when "viper.alignment" = A is declared and the tensor
+  // begins at round_up(previous end, A) (padding content is not inspected). A present
+  // "viper.checksum" must be 16 hex digits and a present "viper.alignment" a power of two in
+  // [1, kMaxAlignment], whether or not the checksum is verified. Cost: O(header); the data is
+  // touched only to verify the checksum.
   static Result<Snapshot> Parse(std::span<const std::byte> bytes, std::shared_ptr<const void> owner,
                                 const ParseOptions& options = {});
   // Takes ownership of `bytes`.
   static Result<Snapshot> FromBuffer(std::vector<std::byte> bytes, const ParseOptions& options = {});
-  // Maps the file read-only (MAP_PRIVATE) and parses it; errors name the path.
+  // Maps the file read-only (MAP_PRIVATE) and parses it; errors name the path. The mapping is the
+  // owner. As with any mapping, truncating the file while it is mapped raises SIGBUS on access:
+  // files are replaced by rename, never rewritten in place (see FileTier).
   static Result<Snapshot> OpenFile(const std::filesystem::path& path, const ParseOptions& options = {});
 
   const std::vector<TensorInfo>& tensors() const { return tensors_; }  // in data order
   const TensorInfo* find(std::string_view name) const;                  // nullptr if absent
+  // The tensor's bytes inside bytes() (no copy). REQUIRES: `tensor` is one of tensors().
   std::span<const std::byte> tensor_data(const TensorInfo& tensor) const;
 
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
@@ -104,6 +124,8 @@ class Snapshot {
   std::optional<std::string> model() const { return meta(kMetaModel); }
   std::optional<uint64_t> version() const;
   std::optional<uint64_t> step() const;
+  std::optional<uint64_t> time_ns() const;
+  std::optional<double> loss() const;            // nullopt if absent or not a number
   std::optional<uint64_t> declared_checksum() const;
 
   uint64_t compute_checksum() const { return checksum64(data_region()); }
@@ -117,6 +139,7 @@ class Snapshot {
   std::shared_ptr<const void> owner_;
   uint64_t data_offset_ = 0;
   std::vector<TensorInfo> tensors_;
+  std::vector<uint32_t> by_name_;  // indices into tensors_, sorted by name (for find)
   std::map<std::string, std::string> metadata_;
 };
 
@@ -128,9 +151,11 @@ struct TensorSpec {
 };
 
 // The viper.* values that are known only when a version is finished. They are rendered into the
-// header by SnapshotLayout::WriteHeader into space reserved at layout time.
+// header by SnapshotLayout::WriteHeader into space reserved at layout time: viper.model (omitted
+// when empty), viper.version, viper.step, viper.time_ns, viper.checksum, viper.loss (omitted when
+// unset; shortest round-trip decimal, "nan"/"inf" possible) and viper.alignment.
 struct VersionStamp {
-  std::string model;
+  std::string model;  // valid UTF-8, at most kMaxModelNameBytes bytes
   uint64_t version = 0;
   uint64_t step = 0;
   uint64_t time_ns = 0;
@@ -145,6 +170,9 @@ class SnapshotLayout {
  public:
   // REQUIRES: alignment is a power of two in [1, 4096]. User metadata keys must not start with
   // "viper." (those are Viper's own). Errors: empty or duplicate names, negative dims, overflow.
+  // Tensors are laid out in the given order, each at the next multiple of `alignment`. The header
+  // space reserved is what the final header needs at the widest stamp (a model name of
+  // kMaxModelNameBytes, 20-digit numbers), rounded so that data_offset() is a multiple of 8.
   static Result<SnapshotLayout> Make(std::vector<TensorSpec> tensors,
                                      std::map<std::string, std::string> user_metadata = {},
                                      uint64_t alignment = 64);
@@ -159,11 +187,14 @@ class SnapshotLayout {
 
   // Writes the length prefix and the JSON header (user metadata + the stamp) into
   // dst[0, data_offset()), padding with spaces. REQUIRES: dst.size() >= data_offset().
+  // Errors (InvalidArgument): dst too small, model name too long or not UTF-8.
   Status WriteHeader(std::span<std::byte> dst, const VersionStamp& stamp) const;
-  // Zeroes the padding between tensors in dst (the data region must follow the header in dst).
+  // Zeroes the padding between tensors in dst (dst is the whole buffer: header, then data).
+  // REQUIRES: dst.size() >= total_bytes().
   void ZeroPadding(std::span<std::byte> dst) const;
-  // Stamps, after the data is in place: computes the checksum of dst's data region, stores it in
-  // stamp->checksum, and writes the header. REQUIRES: dst.size() >= total_bytes().
+  // Stamps, after the data is in place: zeroes the padding, computes the checksum of dst's data
+  // region (one xxh3 pass), stores it in stamp->checksum, and writes the header.
+  // REQUIRES: dst.size() >= total_bytes(), stamp != nullptr.
   Status Seal(std::span<std::byte> dst, VersionStamp* stamp) const;
 
  private:
@@ -172,6 +203,8 @@ class SnapshotLayout {
   uint64_t alignment_ = 64;
   uint64_t data_offset_ = 0;
   uint64_t data_bytes_ = 0;
+  std::string user_metadata_json_;  // rendered once at Make: "k":"v",... (no braces)
+  std::string tensors_json_;        // rendered once at Make: "name":{...},... in data order
 };
 
 // A named tensor's bytes, for building a snapshot from existing memory.

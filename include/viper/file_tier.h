@@ -1,15 +1,22 @@
 // FileTier: the persistent copy of every version, <dir>/<model>/<version>.safetensors.
 //
-// Writes are atomic: write <version>.safetensors.tmp.<pid>, fsync, rename, fsync the directory. A
-// crash leaves at most a temporary file, which Open() skips (with a warning) and removes. Open()
-// scans and indexes the directory; a file whose checksum fails is skipped with a warning and
-// never served. Retention keeps the latest `keep_versions` files per model.
+// Writes are atomic: write <version>.safetensors.tmp.<pid>.<n>.<host>, fsync, rename, fsync the
+// directory. A crash leaves at most a temporary file, which Open() skips (with a warning) and
+// removes once its writer is known dead (same host, pid gone) or it has not changed for
+// `stale_temp_age` (a writer on another host of a shared file system). Open() scans and indexes
+// the directory; a file that does not parse, has no viper.checksum, whose checksum fails, or whose
+// viper.model / viper.version disagree with its path is skipped with a warning, never served (and
+// left in place for the operator). Retention keeps the latest `keep_versions` files per model.
+//
+// Several processes may share one directory (a PFS): the index is what Open()/Rescan() saw plus
+// this instance's writes; Read/ReadInto of a version not in the index look on disk.
 //
 // Thread-safety: all methods are thread-safe; writes of different versions may run concurrently.
 #pragma once
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -29,6 +36,9 @@ struct FileTierOptions {
   mode_t file_mode = 0600;       // owner-only unless configured
   bool fsync = true;             // fsync file and directory on every write
   bool verify_on_open = true;    // checksum every file during Open()'s scan
+  // A temporary file untouched this long is a crashed writer's leftover even if its pid cannot be
+  // checked (written on another host).
+  std::chrono::seconds stale_temp_age{600};
 };
 
 struct FileEntry {
@@ -43,7 +53,10 @@ class FileTier {
  public:
   static Result<std::unique_ptr<FileTier>> Open(const FileTierOptions& options);
 
-  // Atomically writes `bytes` (a complete snapshot buffer) as (model, version); applies retention.
+  // Atomically writes `bytes` (a complete, sealed snapshot buffer: it must parse and declare
+  // viper.checksum; its viper.model / viper.version, if present, must match) as (model, version),
+  // straight from `bytes` (no copy); applies retention. AlreadyExists if the version is already
+  // in the tier or being written.
   Status Write(const std::string& model, uint64_t version, std::span<const std::byte> bytes);
   // Opens (model, version) as a Snapshot over a read-only mapping; checksum verified.
   Result<Snapshot> Read(const std::string& model, uint64_t version) const;
@@ -54,6 +67,8 @@ class FileTier {
   std::optional<FileEntry> Find(const std::string& model, uint64_t version) const;
   std::optional<FileEntry> Latest(const std::string& model) const;
   std::vector<FileEntry> List() const;  // every indexed entry, by model then version
+  // Scans the directory again (as Open() does) and replaces the index.
+  Status Rescan();
   const FileTierOptions& options() const { return options_; }
   std::filesystem::path PathFor(const std::string& model, uint64_t version) const;
 
@@ -66,5 +81,7 @@ class FileTier {
 
 // Model names are path and segment components: 1-128 chars of [A-Za-z0-9._-], not starting with '.'.
 Status ValidateModelName(const std::string& model);
+// Versions are 1..2^64-1; 0 is reserved ("none" / "latest" in the protocol).
+Status ValidateVersion(uint64_t version);
 
 }  // namespace viper

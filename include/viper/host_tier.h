@@ -10,8 +10,15 @@
 // The pid in the name lets Open() find segments left by a crashed process (its pid is dead) and
 // unlink them. A clean destruction unlinks every segment this tier created.
 //
-// Thread-safety: all methods are thread-safe. Leases may outlive the calling thread but not the
-// HostTier (REQUIRES: every lease is destroyed before the tier).
+// Fresh segments are backed with posix_fallocate before they are handed out, so that a full
+// /dev/shm fails Allocate with ResourceExhausted instead of killing the writer with SIGBUS.
+// Recycling picks the smallest free segment with capacity >= size, but not one more than about
+// twice the size (a small version never pins a big segment); the free pool keeps at most
+// max_free_segments (least recently freed are unlinked first).
+//
+// Thread-safety: all methods are thread-safe. A ReadLease may outlive the calling thread and even
+// the HostTier (its mapping stays valid; the name is unlinked with the tier). REQUIRES: every
+// WriteLease is destroyed (or committed) before the tier.
 #pragma once
 
 #include <sys/types.h>
@@ -103,7 +110,9 @@ class HostTier {
   // A writable region of `size` bytes in a recycled segment if one fits, else a fresh one.
   Result<WriteLease> Allocate(uint64_t size);
   // Makes the lease's bytes the replica of (model, version) and applies retention.
-  // REQUIRES: version greater than every committed version of `model`.
+  // Errors: InvalidArgument (bad model name, version 0, empty or foreign lease),
+  // FailedPrecondition (version not greater than the latest committed version of `model`).
+  // On error the lease's segment returns to the free pool.
   Status Commit(WriteLease lease, const std::string& model, uint64_t version);
   // A read hold on (model, version). NotFound if it is not (or no longer) in the tier.
   Result<ReadLease> Acquire(const std::string& model, uint64_t version);
@@ -129,7 +138,8 @@ class HostTier {
 };
 
 // A read-only mapping of a segment created by another process (a consumer mapping the node's
-// segment under a LEASE). `size` is the snapshot size (the segment may be larger).
+// segment under a LEASE). `size` is the snapshot size (the segment may be larger). Errors:
+// InvalidArgument (bad name, size 0, segment smaller than `size`), NotFound (no such segment).
 struct MappedSegment {
   std::shared_ptr<const void> owner;  // unmaps when the last reference goes
   std::span<const std::byte> data;

@@ -1,0 +1,467 @@
+// FileTier: atomic safetensors files with recovery. See include/viper/file_tier.h for the contract.
+#include "viper/file_tier.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "store_util.h"
+#include "viper/log.h"
+
+namespace viper {
+namespace {
+
+namespace fs = std::filesystem;
+using store_internal::FormatBytes;
+
+constexpr std::string_view kLog = "file_tier";
+constexpr std::string_view kSuffix = ".safetensors";
+constexpr std::string_view kTempMarker = ".safetensors.tmp.";
+// Sequential I/O unit: large enough that syscall overhead vanishes, small enough to stay well
+// under the kernel's 2 GiB per-call limit.
+constexpr uint64_t kReadChunk = 8ull << 20;
+constexpr uint64_t kWriteChunk = 64ull << 20;
+
+std::atomic<uint64_t> g_temp_seq{0};
+
+// Closes a file descriptor on scope exit.
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int get() const { return fd_; }
+  // Closes now; returns close()'s result (it can report a deferred write error).
+  int Close() { return ::close(std::exchange(fd_, -1)); }
+
+ private:
+  int fd_;
+};
+
+Status FsyncDir(const fs::path& dir) {
+  Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (fd.get() < 0) return Status::FromErrno(fmt::format("open directory {} to fsync it", dir.string()));
+  if (::fsync(fd.get()) != 0) return Status::FromErrno(fmt::format("fsync of directory {}", dir.string()));
+  return Status::OK();
+}
+
+// mkdir with 0700 if missing; fsyncs the parent so that the new directory survives a crash.
+Status EnsureDir(const fs::path& dir, bool sync) {
+  if (::mkdir(dir.c_str(), 0700) == 0) return sync ? FsyncDir(dir.parent_path()) : Status::OK();
+  if (errno != EEXIST) return Status::FromErrno(fmt::format("cannot create directory {}", dir.string()));
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return Status::InvalidArgument(fmt::format("{} exists but is not a directory", dir.string()));
+  }
+  return Status::OK();
+}
+
+// Writes all of `bytes` at the current offset, in large chunks straight from the caller's buffer.
+// With `start_writeback`, each chunk's writeback to the device starts as soon as the chunk is in
+// the page cache (sync_file_range, asynchronous), so that copying the next chunk overlaps with
+// the device writing this one and the final fsync has little left to do.
+Status WriteAll(int fd, std::span<const std::byte> bytes, const fs::path& path, bool start_writeback) {
+  uint64_t done = 0;
+  while (done < bytes.size()) {
+    uint64_t n = std::min<uint64_t>(kWriteChunk, bytes.size() - done);
+    ssize_t w = ::write(fd, bytes.data() + done, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      return Status::FromErrno(fmt::format("writing {} to {} failed after {}", FormatBytes(bytes.size()),
+                                           path.string(), FormatBytes(done)),
+                               w < 0 ? errno : EIO);
+    }
+    if (start_writeback) {
+      // Only a hint: errors (e.g. a file system without it) surface at fsync, which always runs.
+      (void)::sync_file_range(fd, static_cast<off_t>(done), w, SYNC_FILE_RANGE_WRITE);
+    }
+    done += static_cast<uint64_t>(w);
+  }
+  return Status::OK();
+}
+
+// A temporary file's name parts: <version>.safetensors.tmp.<pid>.<seq>.<host>.
+struct TempName {
+  uint64_t pid = 0;
+  std::string host;
+};
+
+std::optional<TempName> ParseTempName(std::string_view name) {
+  size_t at = name.find(kTempMarker);
+  if (at == std::string_view::npos) return std::nullopt;
+  std::string_view rest = name.substr(at + kTempMarker.size());
+  size_t d1 = rest.find('.');
+  size_t d2 = d1 == std::string_view::npos ? d1 : rest.find('.', d1 + 1);
+  TempName out;
+  if (d2 == std::string_view::npos) return out;  // not ours or mangled: age decides
+  out.pid = store_internal::ParseDecimal(rest.substr(0, d1)).value_or(0);
+  out.host = std::string(rest.substr(d2 + 1));
+  return out;
+}
+
+// Checks a file found on disk (or being indexed) and returns its entry; never serves bad bytes.
+Result<FileEntry> ValidateFile(const fs::path& path, const std::string& model, uint64_t version, bool verify) {
+  ParseOptions opts;
+  opts.verify_checksum = verify;
+  opts.require_checksum = true;
+  VIPER_ASSIGN_OR_RETURN(Snapshot snap, Snapshot::OpenFile(path, opts));
+  auto declared = snap.declared_checksum();
+  if (!declared) return Status::Corruption(fmt::format("{}: has no {}", path.string(), kMetaChecksum));
+  if (auto m = snap.model(); m && *m != model) {
+    return Status::Corruption(fmt::format("{}: {} is '{}', not '{}' as its directory says", path.string(),
+                                          kMetaModel, *m, model));
+  }
+  if (auto v = snap.version(); v && *v != version) {
+    return Status::Corruption(fmt::format("{}: {} is {}, not {} as its name says", path.string(), kMetaVersion,
+                                          *v, version));
+  }
+  FileEntry e;
+  e.model = model;
+  e.version = version;
+  e.size = snap.bytes().size();
+  e.checksum = *declared;
+  e.path = path;
+  return e;
+}
+
+using Index = std::map<std::string, std::map<uint64_t, FileEntry>>;
+
+std::string ListVersions(const Index& index, const std::string& model) {
+  auto it = index.find(model);
+  if (it == index.end() || it->second.empty()) return "none";
+  std::string out;
+  for (const auto& [v, e] : it->second) out += (out.empty() ? "" : ", ") + std::to_string(v);
+  return out;
+}
+
+}  // namespace
+
+struct FileTier::Impl {
+  explicit Impl(const FileTierOptions& o) : options(o) {}
+
+  const FileTierOptions options;
+  const std::string host = store_internal::HostName();
+  mutable std::mutex mu;
+  Index index;                                         // guarded by mu
+  std::set<std::pair<std::string, uint64_t>> writing;  // guarded by mu
+
+  fs::path PathFor(const std::string& model, uint64_t version) const {
+    return options.dir / model / (std::to_string(version) + std::string(kSuffix));
+  }
+  void ScanModel(const std::string& model, Index* index) const;
+  void HandleTemp(const fs::path& path) const;
+  Status CheckWritable(const std::string& model, uint64_t version, std::span<const std::byte> bytes) const;
+  Result<FileEntry> WriteFile(const std::string& model, uint64_t version, std::span<const std::byte> bytes) const;
+  // The indexed entry, or (not indexed) the file on disk checked at header level; `indexed`
+  // says which. A file found on disk joins the index only once a read has verified it.
+  Result<FileEntry> Lookup(const std::string& model, uint64_t version, bool* indexed) const;
+  void AddVerified(const FileEntry& e);
+};
+
+FileTier::FileTier(const FileTierOptions& options) : options_(options), impl_(std::make_shared<Impl>(options)) {}
+
+Result<std::unique_ptr<FileTier>> FileTier::Open(const FileTierOptions& options) {
+  if (options.dir.empty()) return Status::InvalidArgument("file tier: no directory given");
+  if (options.keep_versions < 1) return Status::InvalidArgument("file tier keep_versions must be >= 1");
+  if ((options.file_mode & ~static_cast<mode_t>(0777)) != 0 || (options.file_mode & 0600) != 0600) {
+    return Status::InvalidArgument(fmt::format(
+        "file tier file_mode {:o} must be permission bits (<= 0777) that include owner read-write (0600)",
+        options.file_mode));
+  }
+  std::error_code ec;
+  if (!fs::exists(options.dir, ec)) {
+    fs::create_directories(options.dir, ec);
+    if (ec) {
+      return Status::FromErrno(fmt::format("file tier: cannot create {}", options.dir.string()), ec.value());
+    }
+    fs::permissions(options.dir, fs::perms::owner_all, ec);
+  }
+  if (!fs::is_directory(options.dir, ec)) {
+    return Status::InvalidArgument(fmt::format("file tier: {} is not a directory", options.dir.string()));
+  }
+  std::unique_ptr<FileTier> tier(new FileTier(options));
+  VIPER_RETURN_IF_ERROR(tier->Rescan());
+  return tier;
+}
+
+fs::path FileTier::PathFor(const std::string& model, uint64_t version) const {
+  return impl_->PathFor(model, version);
+}
+
+Status FileTier::Rescan() {
+  Index index;
+  DIR* dir = ::opendir(options_.dir.c_str());
+  if (dir == nullptr) return Status::FromErrno(fmt::format("file tier: cannot list {}", options_.dir.string()));
+  std::vector<std::string> models;
+  while (const dirent* entry = ::readdir(dir)) {
+    std::string name(entry->d_name);
+    if (name == "." || name == "..") continue;
+    if (!ValidateModelName(name).ok() || !fs::is_directory(options_.dir / name)) {
+      log(LogLevel::kDebug, kLog, "ignoring {}: not a model directory", (options_.dir / name).string());
+      continue;
+    }
+    models.push_back(std::move(name));
+  }
+  ::closedir(dir);
+  for (const std::string& model : models) impl_->ScanModel(model, &index);
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->index = std::move(index);
+  return Status::OK();
+}
+
+void FileTier::Impl::ScanModel(const std::string& model, Index* index) const {
+  const fs::path dir = options.dir / model;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    std::string name = entry.path().filename().string();
+    if (name.find(kTempMarker) != std::string::npos) {
+      HandleTemp(entry.path());
+      continue;
+    }
+    if (!name.ends_with(kSuffix)) continue;
+    auto version = store_internal::ParseDecimal(std::string_view(name).substr(0, name.size() - kSuffix.size()));
+    if (!version || *version == 0) {
+      log(LogLevel::kWarn, kLog, "skipping {}: not <version>.safetensors with a canonical version >= 1",
+          entry.path().string());
+      continue;
+    }
+    auto file = ValidateFile(entry.path(), model, *version, options.verify_on_open);
+    if (!file.ok()) {
+      // The status message starts with the path.
+      log(LogLevel::kWarn, kLog, "not serving {}", file.status().message());
+      continue;
+    }
+    (*index)[model][*version] = *std::move(file);
+  }
+  if (ec) log(LogLevel::kWarn, kLog, "cannot list {}: {}", dir.string(), ec.message());
+}
+
+// A temporary file is a write in progress or a crashed writer's leftover. Remove it only when
+// its writer is surely gone: same host and pid dead, or not modified for stale_temp_age.
+void FileTier::Impl::HandleTemp(const fs::path& path) const {
+  std::string name = path.filename().string();
+  auto temp = ParseTempName(name);
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return;  // renamed or removed meanwhile
+  auto age = std::chrono::system_clock::now() - std::chrono::system_clock::from_time_t(st.st_mtime);
+  bool ours = temp && temp->host == host && temp->pid != 0;
+  bool dead = ours && static_cast<int64_t>(temp->pid) != ::getpid() &&
+              !store_internal::ProcessAlive(static_cast<int64_t>(temp->pid));
+  if (dead || age > options.stale_temp_age) {
+    log(LogLevel::kWarn, kLog, "removing {}: leftover of an interrupted write ({}); never served", path.string(),
+        dead ? fmt::format("writer pid {} is dead", temp->pid) : "not modified for a long time");
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+      log(LogLevel::kWarn, kLog, "cannot remove {}: {}", path.string(), std::strerror(errno));
+    }
+    return;
+  }
+  log(LogLevel::kWarn, kLog, "skipping {}: a write in progress (or interrupted); never served", path.string());
+}
+
+Status FileTier::Write(const std::string& model, uint64_t version, std::span<const std::byte> bytes) {
+  VIPER_RETURN_IF_ERROR(ValidateModelName(model));
+  VIPER_RETURN_IF_ERROR(ValidateVersion(version).WithContext("model " + model));
+  VIPER_RETURN_IF_ERROR(impl_->CheckWritable(model, version, bytes));
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    auto it = impl_->index.find(model);
+    if (it != impl_->index.end() && it->second.contains(version)) {
+      return Status::AlreadyExists(fmt::format("file tier: model {} version {} is already stored at {}", model,
+                                               version, it->second.at(version).path.string()));
+    }
+    if (!impl_->writing.emplace(model, version).second) {
+      return Status::AlreadyExists(fmt::format("file tier: model {} version {} is being written", model, version));
+    }
+  }
+  auto written = impl_->WriteFile(model, version, bytes);
+  std::vector<fs::path> victims;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->writing.erase({model, version});
+    if (!written.ok()) return written.status();
+    auto& versions = impl_->index[model];
+    versions[version] = *std::move(written);
+    while (versions.size() > options_.keep_versions) {
+      victims.push_back(versions.begin()->second.path);
+      versions.erase(versions.begin());
+    }
+  }
+  for (const fs::path& path : victims) {
+    log(LogLevel::kDebug, kLog, "retention: removing {}", path.string());
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+      log(LogLevel::kWarn, kLog, "retention: cannot remove {}: {}", path.string(), std::strerror(errno));
+    }
+  }
+  return Status::OK();
+}
+
+// The bytes must be a sealed snapshot of this (model, version): a file the tier would refuse to
+// serve after a restart must not be written in the first place. O(header); no checksum pass.
+Status FileTier::Impl::CheckWritable(const std::string& model, uint64_t version, std::span<const std::byte> bytes) const {
+  auto what = fmt::format("file tier: writing model {} version {}", model, version);
+  auto snap = Snapshot::Parse(bytes, nullptr);
+  if (!snap.ok()) return Status::InvalidArgument(fmt::format("{}: not a valid snapshot: {}", what, snap.status().message()));
+  if (!snap->declared_checksum()) {
+    return Status::InvalidArgument(fmt::format("{}: the snapshot has no {} (seal it first)", what, kMetaChecksum));
+  }
+  if (auto m = snap->model(); m && *m != model) {
+    return Status::InvalidArgument(fmt::format("{}: the snapshot says {} = '{}'", what, kMetaModel, *m));
+  }
+  if (auto v = snap->version(); v && *v != version) {
+    return Status::InvalidArgument(fmt::format("{}: the snapshot says {} = {}", what, kMetaVersion, *v));
+  }
+  return Status::OK();
+}
+
+// tmp file, write from the caller's buffer, fsync, rename, fsync the directory.
+Result<FileEntry> FileTier::Impl::WriteFile(const std::string& model, uint64_t version,
+                                            std::span<const std::byte> bytes) const {
+  const fs::path dir = options.dir / model;
+  VIPER_RETURN_IF_ERROR(EnsureDir(dir, options.fsync));
+  const fs::path final_path = PathFor(model, version);
+  const fs::path tmp = dir / fmt::format("{}{}{}.{}.{}", version, kTempMarker, ::getpid(), ++g_temp_seq, host);
+  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, options.file_mode));
+  if (fd.get() < 0) return Status::FromErrno(fmt::format("file tier: cannot create {}", tmp.string()));
+  auto fail = [&](Status st) {
+    ::unlink(tmp.c_str());
+    return st;
+  };
+  if (::fchmod(fd.get(), options.file_mode) != 0) {
+    return fail(Status::FromErrno(fmt::format("file tier: fchmod {:o} of {}", options.file_mode, tmp.string())));
+  }
+  Status st = WriteAll(fd.get(), bytes, tmp, options.fsync);
+  if (!st.ok()) return fail(st);
+  if (options.fsync && ::fsync(fd.get()) != 0) {
+    return fail(Status::FromErrno(fmt::format("file tier: fsync of {} ({})", tmp.string(), FormatBytes(bytes.size()))));
+  }
+  if (fd.Close() != 0) return fail(Status::FromErrno(fmt::format("file tier: close of {}", tmp.string())));
+  if (::rename(tmp.c_str(), final_path.c_str()) != 0) {
+    return fail(Status::FromErrno(fmt::format("file tier: rename {} -> {}", tmp.string(), final_path.string())));
+  }
+  if (options.fsync) VIPER_RETURN_IF_ERROR(FsyncDir(dir));
+  auto snap = Snapshot::Parse(bytes, nullptr);  // checked by CheckWritable; O(header)
+  FileEntry e;
+  e.model = model;
+  e.version = version;
+  e.size = bytes.size();
+  e.checksum = snap.ok() ? snap->declared_checksum().value_or(0) : 0;
+  e.path = final_path;
+  return e;
+}
+
+Result<FileEntry> FileTier::Impl::Lookup(const std::string& model, uint64_t version, bool* indexed) const {
+  VIPER_RETURN_IF_ERROR(ValidateModelName(model));
+  VIPER_RETURN_IF_ERROR(ValidateVersion(version).WithContext("model " + model));
+  std::string have;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = index.find(model);
+    if (it != index.end()) {
+      auto vit = it->second.find(version);
+      if (vit != it->second.end()) {
+        *indexed = true;
+        return vit->second;
+      }
+    }
+    have = ListVersions(index, model);
+  }
+  // Not indexed: another process sharing the directory may have written it since Open().
+  const fs::path path = PathFor(model, version);
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    return Status::NotFound(fmt::format("file tier {}: model {} version {} is not stored (versions: {})",
+                                        options.dir.string(), model, version, have));
+  }
+  *indexed = false;
+  return ValidateFile(path, model, version, /*verify=*/false);
+}
+
+void FileTier::Impl::AddVerified(const FileEntry& e) {
+  std::lock_guard<std::mutex> lock(mu);
+  index[e.model].emplace(e.version, e);
+}
+
+Result<Snapshot> FileTier::Read(const std::string& model, uint64_t version) const {
+  bool indexed = false;
+  VIPER_ASSIGN_OR_RETURN(FileEntry e, impl_->Lookup(model, version, &indexed));
+  ParseOptions opts;
+  opts.verify_checksum = true;
+  opts.require_checksum = true;
+  auto snap = Snapshot::OpenFile(e.path, opts);
+  if (snap.ok() && !indexed) impl_->AddVerified(e);
+  return snap;
+}
+
+Result<uint64_t> FileTier::ReadInto(const std::string& model, uint64_t version, std::span<std::byte> dst) const {
+  bool indexed = false;
+  VIPER_ASSIGN_OR_RETURN(FileEntry e, impl_->Lookup(model, version, &indexed));
+  Fd fd(::open(e.path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return Status::FromErrno(fmt::format("file tier: cannot open {}", e.path.string()));
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return Status::FromErrno(fmt::format("file tier: fstat of {}", e.path.string()));
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (dst.size() < size) {
+    return Status::InvalidArgument(fmt::format("file tier: {} is {} but the destination holds only {}",
+                                               e.path.string(), FormatBytes(size), FormatBytes(dst.size())));
+  }
+  ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+  uint64_t done = 0;
+  while (done < size) {
+    ssize_t r = ::read(fd.get(), dst.data() + done, std::min<uint64_t>(kReadChunk, size - done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return Status::FromErrno(fmt::format("file tier: reading {} failed after {}", e.path.string(), FormatBytes(done)));
+    if (r == 0) {
+      return Status::Corruption(fmt::format("file tier: {} ended after {} of {}", e.path.string(), FormatBytes(done),
+                                            FormatBytes(size)));
+    }
+    done += static_cast<uint64_t>(r);
+  }
+  ParseOptions opts;
+  opts.verify_checksum = true;
+  opts.require_checksum = true;
+  auto snap = Snapshot::Parse(dst.first(size), nullptr, opts);
+  if (!snap.ok()) return snap.status().WithContext("file tier: " + e.path.string());
+  if (!indexed) impl_->AddVerified(e);
+  return size;
+}
+
+std::optional<FileEntry> FileTier::Find(const std::string& model, uint64_t version) const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  auto it = impl_->index.find(model);
+  if (it == impl_->index.end()) return std::nullopt;
+  auto vit = it->second.find(version);
+  if (vit == it->second.end()) return std::nullopt;
+  return vit->second;
+}
+
+std::optional<FileEntry> FileTier::Latest(const std::string& model) const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  auto it = impl_->index.find(model);
+  if (it == impl_->index.end() || it->second.empty()) return std::nullopt;
+  return it->second.rbegin()->second;
+}
+
+std::vector<FileEntry> FileTier::List() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  std::vector<FileEntry> out;
+  for (const auto& [model, versions] : impl_->index) {
+    for (const auto& [v, e] : versions) out.push_back(e);
+  }
+  return out;
+}
+
+}  // namespace viper

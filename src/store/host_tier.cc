@@ -1,0 +1,539 @@
+// HostTier: a pool of POSIX shared-memory segments. See include/viper/host_tier.h for the contract.
+//
+// Bookkeeping lives in a Pool shared (via weak_ptr) with the ReadLease tokens, so that a lease
+// dropped on any thread can hand its segment back, and a lease that outlives the tier still keeps
+// its mapping valid (the mapping is reference-counted separately from the pool).
+#include "viper/host_tier.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <map>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "store_util.h"
+#include "viper/file_tier.h"
+#include "viper/log.h"
+
+namespace viper {
+namespace {
+
+using store_internal::FormatBytes;
+
+constexpr std::string_view kLog = "host_tier";
+constexpr const char* kShmDir = "/dev/shm";
+
+// Process-wide, so that two tiers with the same prefix in one process never pick the same name.
+std::atomic<uint64_t> g_next_seq{1};
+
+uint64_t PageSize() {
+  static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  return page;
+}
+
+uint64_t RoundUp(uint64_t n, uint64_t to) { return (n + to - 1) / to * to; }
+
+// Capacity of a fresh segment for `size` bytes: a little slack so that a later version whose
+// header grew by a few bytes still fits. Untouched slack pages cost no memory in tmpfs.
+uint64_t FreshCapacity(uint64_t size) { return RoundUp(size + std::max<uint64_t>(PageSize(), size / 64), PageSize()); }
+
+// A recycled segment must not be much larger than the request: handing a 1.7 GB segment to a
+// 64 MiB version would pin the big one for a small use. Beyond this the pool creates fresh.
+bool FitsForRecycling(uint64_t capacity, uint64_t size) {
+  return capacity >= size && capacity <= 2 * RoundUp(size, PageSize()) + PageSize();
+}
+
+Status ValidatePrefix(const std::string& prefix) {
+  bool ok = !prefix.empty() && prefix.size() <= 64;
+  for (char c : prefix) {
+    ok = ok && ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-');
+  }
+  if (ok) return Status::OK();
+  return Status::InvalidArgument(
+      fmt::format("host tier prefix '{}' must be 1-64 characters of [A-Za-z0-9_-]", prefix));
+}
+
+// One mapped segment. Unmaps and closes on destruction; unlinking the name is the pool's call.
+struct Mapping {
+  std::string name;
+  int fd = -1;
+  std::byte* base = nullptr;
+  uint64_t capacity = 0;
+
+  ~Mapping() {
+    if (base != nullptr && ::munmap(base, capacity) != 0) {
+      log(LogLevel::kWarn, kLog, "segment {}: munmap failed: {}", name, std::strerror(errno));
+    }
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+void UnlinkSegment(const std::string& name) {
+  if (::shm_unlink(("/" + name).c_str()) != 0 && errno != ENOENT) {
+    log(LogLevel::kWarn, kLog, "segment {}: shm_unlink failed: {}", name, std::strerror(errno));
+  }
+}
+
+// Creates /dev/shm/<name> with exactly `mode` (fchmod: the umask must not widen or narrow it),
+// sized `capacity`, mapped read-write.
+Result<std::shared_ptr<Mapping>> CreateSegment(const std::string& name, uint64_t capacity, mode_t mode) {
+  auto map = std::make_shared<Mapping>();
+  map->name = name;
+  map->fd = ::shm_open(("/" + name).c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+  if (map->fd < 0) return Status::FromErrno(fmt::format("segment {}: shm_open failed", name));
+  auto fail = [&](std::string what) {
+    Status st = Status::FromErrno(fmt::format("segment {}: {}", name, what));
+    UnlinkSegment(name);
+    return st;
+  };
+  if (::fchmod(map->fd, mode) != 0) return fail(fmt::format("fchmod {:o} failed", mode));
+  if (::ftruncate(map->fd, static_cast<off_t>(capacity)) != 0) {
+    return fail(fmt::format("ftruncate to {} failed", FormatBytes(capacity)));
+  }
+  void* base = ::mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_SHARED, map->fd, 0);
+  if (base == MAP_FAILED) return fail(fmt::format("mmap of {} failed", FormatBytes(capacity)));
+  map->base = static_cast<std::byte*>(base);
+  map->capacity = capacity;
+  return map;
+}
+
+// Backs the first `size` bytes with real tmpfs pages, so that a full /dev/shm fails here with a
+// clear error instead of killing the writer with SIGBUS on its first store into a hole.
+Status Reserve(const Mapping& map, uint64_t size) {
+  int err = ::posix_fallocate(map.fd, 0, static_cast<off_t>(size));
+  if (err == 0) return Status::OK();
+  return Status::FromErrno(
+      fmt::format("segment {}: reserving {} in {} failed", map.name, FormatBytes(size), kShmDir), err);
+}
+
+enum class SegState { kWriting, kCommitted, kRetiredLeased, kFree };
+
+struct Segment {
+  std::shared_ptr<Mapping> map;
+  SegState state = SegState::kWriting;
+  uint64_t size = 0;      // bytes in use by the current or last version
+  uint64_t reserved = 0;  // bytes backed by posix_fallocate
+  std::string model;
+  uint64_t version = 0;
+  uint64_t leases = 0;     // live ReadLease holds
+  uint64_t free_tick = 0;  // when it became free (LRU trimming)
+};
+
+std::string JoinVersions(const std::map<uint64_t, uint64_t>* versions) {
+  if (versions == nullptr || versions->empty()) return "none";
+  std::string out;
+  for (const auto& [v, id] : *versions) out += (out.empty() ? "" : ", ") + std::to_string(v);
+  return out;
+}
+
+// The tier's state. Every member is guarded by `mu`.
+class HostPool {
+ public:
+  explicit HostPool(const HostTierOptions& options) : options_(options) {}
+
+  std::mutex mu;
+  HostTierOptions options_;
+  std::map<uint64_t, Segment> segments;                                 // by id (= name's seq)
+  std::map<std::string, std::map<uint64_t, uint64_t>> committed;       // model -> version -> id
+  uint64_t tick = 0;
+  uint64_t recycled_allocations = 0;
+  uint64_t fresh_allocations = 0;
+  bool shut_down = false;
+
+  // The free segment that best fits `size` (smallest adequate capacity), or 0.
+  uint64_t FindFree(uint64_t size) const {
+    uint64_t best = 0;
+    uint64_t best_capacity = UINT64_MAX;
+    for (const auto& [id, seg] : segments) {
+      if (seg.state != SegState::kFree || !FitsForRecycling(seg.map->capacity, size)) continue;
+      if (seg.map->capacity < best_capacity) best = id, best_capacity = seg.map->capacity;
+    }
+    return best;
+  }
+
+  // Moves a segment to the free pool and trims the pool; unlinked victims are appended to `out`
+  // so that the caller unmaps them after dropping the lock.
+  void MakeFree(uint64_t id, std::vector<std::shared_ptr<Mapping>>* out) {
+    Segment& seg = segments.at(id);
+    seg.state = SegState::kFree;
+    seg.model.clear();
+    seg.free_tick = ++tick;
+    Trim(out);
+  }
+
+  void Trim(std::vector<std::shared_ptr<Mapping>>* out) {
+    for (;;) {
+      size_t free_count = 0;
+      uint64_t oldest = 0;
+      uint64_t oldest_tick = UINT64_MAX;
+      for (const auto& [id, seg] : segments) {
+        if (seg.state != SegState::kFree) continue;
+        ++free_count;
+        if (seg.free_tick < oldest_tick) oldest = id, oldest_tick = seg.free_tick;
+      }
+      if (free_count <= options_.max_free_segments) return;
+      out->push_back(std::move(segments.at(oldest).map));
+      segments.erase(oldest);
+    }
+  }
+
+  // Retirement: free now, or when the last lease drops.
+  void Retire(uint64_t id, std::vector<std::shared_ptr<Mapping>>* out) {
+    Segment& seg = segments.at(id);
+    if (seg.leases == 0) {
+      MakeFree(id, out);
+    } else {
+      seg.state = SegState::kRetiredLeased;
+    }
+  }
+
+  void ApplyRetention(const std::string& model, std::vector<std::shared_ptr<Mapping>>* out) {
+    auto& versions = committed[model];
+    while (versions.size() > options_.keep_versions) {
+      uint64_t id = versions.begin()->second;
+      versions.erase(versions.begin());
+      Retire(id, out);
+    }
+  }
+
+  void ReleaseLease(uint64_t id) {
+    std::vector<std::shared_ptr<Mapping>> victims;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (shut_down) return;
+      auto it = segments.find(id);
+      if (it == segments.end() || it->second.leases == 0) return;
+      if (--it->second.leases == 0 && it->second.state == SegState::kRetiredLeased) MakeFree(id, &victims);
+    }
+    Drop(std::move(victims));
+  }
+
+  // Unlinks and unmaps segments removed from the pool (outside the lock: munmap of GBs is slow).
+  static void Drop(std::vector<std::shared_ptr<Mapping>> victims) {
+    for (auto& map : victims) {
+      log(LogLevel::kDebug, kLog, "unlinking free segment {} ({})", map->name, FormatBytes(map->capacity));
+      UnlinkSegment(map->name);
+    }
+    victims.clear();
+  }
+};
+
+// The object behind ReadLease::hold(): tells the pool when the last copy of a lease goes, and
+// keeps the mapping alive even if the tier is gone by then.
+struct LeaseToken {
+  std::weak_ptr<HostPool> pool;
+  std::shared_ptr<Mapping> map;
+  uint64_t id = 0;
+  ~LeaseToken() {
+    if (auto p = pool.lock()) p->ReleaseLease(id);
+  }
+};
+
+}  // namespace
+
+struct HostTier::Impl {
+  std::shared_ptr<HostPool> pool;
+};
+
+// ---- WriteLease ----
+
+WriteLease::WriteLease(WriteLease&& other) noexcept
+    : tier_(std::exchange(other.tier_, nullptr)),
+      segment_id_(other.segment_id_),
+      data_(std::exchange(other.data_, {})),
+      recycled_(other.recycled_) {}
+
+WriteLease& WriteLease::operator=(WriteLease&& other) noexcept {
+  if (this != &other) {
+    if (tier_ != nullptr) tier_->Abort(segment_id_);
+    tier_ = std::exchange(other.tier_, nullptr);
+    segment_id_ = other.segment_id_;
+    data_ = std::exchange(other.data_, {});
+    recycled_ = other.recycled_;
+  }
+  return *this;
+}
+
+WriteLease::~WriteLease() {
+  if (tier_ != nullptr) tier_->Abort(segment_id_);
+}
+
+const std::string& WriteLease::segment_name() const {
+  static const std::string kNone;
+  return tier_ != nullptr ? tier_->NameOf(segment_id_) : kNone;
+}
+
+// ---- HostTier ----
+
+HostTier::HostTier(const HostTierOptions& options)
+    : options_(options), impl_(std::make_unique<Impl>(Impl{std::make_shared<HostPool>(options)})) {}
+
+Result<std::unique_ptr<HostTier>> HostTier::Open(const HostTierOptions& options) {
+  VIPER_RETURN_IF_ERROR(ValidatePrefix(options.prefix));
+  if (options.keep_versions < 1) return Status::InvalidArgument("host tier keep_versions must be >= 1");
+  if ((options.mode & ~static_cast<mode_t>(0777)) != 0 || (options.mode & 0600) != 0600) {
+    return Status::InvalidArgument(fmt::format(
+        "host tier mode {:o} must be permission bits (<= 0777) that include owner read-write (0600)",
+        options.mode));
+  }
+  if (options.remove_stale) {
+    for (const std::string& name : FindStaleSegments(options.prefix)) {
+      log(LogLevel::kWarn, kLog, "removing stale segment {}{}: its creating process is dead", "/dev/shm/", name);
+      UnlinkSegment(name);
+    }
+  }
+  return std::unique_ptr<HostTier>(new HostTier(options));
+}
+
+HostTier::~HostTier() {
+  std::vector<std::shared_ptr<Mapping>> all;
+  {
+    std::lock_guard<std::mutex> lock(impl_->pool->mu);
+    impl_->pool->shut_down = true;
+    for (auto& [id, seg] : impl_->pool->segments) all.push_back(std::move(seg.map));
+    impl_->pool->segments.clear();
+    impl_->pool->committed.clear();
+  }
+  // Leased mappings stay mapped through their LeaseToken; the names go now.
+  for (auto& map : all) UnlinkSegment(map->name);
+}
+
+Result<WriteLease> HostTier::Allocate(uint64_t size) {
+  if (size == 0) return Status::InvalidArgument("host tier: cannot allocate a segment of 0 bytes");
+  HostPool& pool = *impl_->pool;
+  std::shared_ptr<Mapping> map;
+  uint64_t id = 0;
+  bool recycled = false;
+  uint64_t reserved = 0;
+  {
+    std::lock_guard<std::mutex> lock(pool.mu);
+    id = pool.FindFree(size);
+    if (id != 0) {
+      Segment& seg = pool.segments.at(id);
+      seg.state = SegState::kWriting;
+      seg.size = size;
+      map = seg.map;
+      reserved = seg.reserved;
+      recycled = true;
+    }
+  }
+  if (!recycled) {
+    id = g_next_seq.fetch_add(1);
+    std::string name = fmt::format("{}.{}.{}", options_.prefix, ::getpid(), id);
+    VIPER_ASSIGN_OR_RETURN(map, CreateSegment(name, FreshCapacity(size), options_.mode));
+  }
+  if (size > reserved) {
+    Status st = Reserve(*map, size);
+    if (!st.ok()) {
+      if (recycled) {
+        Abort(id);
+      } else {
+        UnlinkSegment(map->name);
+      }
+      return st;
+    }
+  }
+  std::lock_guard<std::mutex> lock(pool.mu);
+  if (recycled) {
+    Segment& seg = pool.segments.at(id);
+    seg.reserved = std::max(seg.reserved, size);
+    ++pool.recycled_allocations;
+  } else {
+    Segment seg;
+    seg.map = map;
+    seg.size = size;
+    seg.reserved = size;
+    pool.segments.emplace(id, std::move(seg));
+    ++pool.fresh_allocations;
+  }
+  WriteLease lease;
+  lease.tier_ = this;
+  lease.segment_id_ = id;
+  lease.data_ = std::span<std::byte>(map->base, size);
+  lease.recycled_ = recycled;
+  return lease;
+}
+
+Status HostTier::Commit(WriteLease lease, const std::string& model, uint64_t version) {
+  if (!lease) return Status::InvalidArgument("host tier Commit: the write lease is empty (moved from or committed)");
+  if (lease.tier_ != this) return Status::InvalidArgument("host tier Commit: the write lease belongs to another tier");
+  VIPER_RETURN_IF_ERROR(ValidateModelName(model));
+  VIPER_RETURN_IF_ERROR(ValidateVersion(version).WithContext("model " + model));
+  HostPool& pool = *impl_->pool;
+  std::vector<std::shared_ptr<Mapping>> victims;
+  {
+    std::lock_guard<std::mutex> lock(pool.mu);
+    auto& versions = pool.committed[model];
+    if (!versions.empty() && version <= versions.rbegin()->first) {
+      return Status::FailedPrecondition(fmt::format(
+          "host tier: model {} version {} is not newer than its latest committed version {}", model, version,
+          versions.rbegin()->first));
+    }
+    Segment& seg = pool.segments.at(lease.segment_id_);
+    seg.state = SegState::kCommitted;
+    seg.model = model;
+    seg.version = version;
+    versions.emplace(version, lease.segment_id_);
+    lease.tier_ = nullptr;  // committed: its destructor must not abort
+    pool.ApplyRetention(model, &victims);
+  }
+  HostPool::Drop(std::move(victims));
+  return Status::OK();
+}
+
+void HostTier::Abort(uint64_t segment_id) {
+  HostPool& pool = *impl_->pool;
+  std::vector<std::shared_ptr<Mapping>> victims;
+  {
+    std::lock_guard<std::mutex> lock(pool.mu);
+    auto it = pool.segments.find(segment_id);
+    if (it == pool.segments.end() || it->second.state != SegState::kWriting) return;
+    pool.MakeFree(segment_id, &victims);
+  }
+  HostPool::Drop(std::move(victims));
+}
+
+const std::string& HostTier::NameOf(uint64_t segment_id) const {
+  static const std::string kNone;
+  std::lock_guard<std::mutex> lock(impl_->pool->mu);
+  auto it = impl_->pool->segments.find(segment_id);
+  return it == impl_->pool->segments.end() ? kNone : it->second.map->name;  // Mapping is stable while leased
+}
+
+Result<ReadLease> HostTier::Acquire(const std::string& model, uint64_t version) {
+  VIPER_RETURN_IF_ERROR(ValidateModelName(model));
+  VIPER_RETURN_IF_ERROR(ValidateVersion(version).WithContext("model " + model));
+  HostPool& pool = *impl_->pool;
+  std::lock_guard<std::mutex> lock(pool.mu);
+  auto mit = pool.committed.find(model);
+  auto vit = mit == pool.committed.end() ? decltype(mit->second.end()){} : mit->second.find(version);
+  if (mit == pool.committed.end() || vit == mit->second.end()) {
+    return Status::NotFound(fmt::format("host tier: model {} version {} is not held (versions held: {})", model,
+                                        version, JoinVersions(mit == pool.committed.end() ? nullptr : &mit->second)));
+  }
+  Segment& seg = pool.segments.at(vit->second);
+  ++seg.leases;
+  auto token = std::make_shared<LeaseToken>();
+  token->pool = impl_->pool;
+  token->map = seg.map;
+  token->id = vit->second;
+  ReadLease lease;
+  lease.data_ = std::span<const std::byte>(seg.map->base, seg.size);
+  lease.hold_ = std::move(token);
+  lease.name_ = seg.map->name;
+  lease.model_ = model;
+  lease.version_ = version;
+  return lease;
+}
+
+std::optional<uint64_t> HostTier::latest(const std::string& model) const {
+  std::lock_guard<std::mutex> lock(impl_->pool->mu);
+  auto it = impl_->pool->committed.find(model);
+  if (it == impl_->pool->committed.end() || it->second.empty()) return std::nullopt;
+  return it->second.rbegin()->first;
+}
+
+std::vector<uint64_t> HostTier::versions(const std::string& model) const {
+  std::lock_guard<std::mutex> lock(impl_->pool->mu);
+  std::vector<uint64_t> out;
+  auto it = impl_->pool->committed.find(model);
+  if (it != impl_->pool->committed.end()) {
+    for (const auto& [v, id] : it->second) out.push_back(v);
+  }
+  return out;
+}
+
+std::vector<std::string> HostTier::models() const {
+  std::lock_guard<std::mutex> lock(impl_->pool->mu);
+  std::vector<std::string> out;
+  for (const auto& [model, versions] : impl_->pool->committed) {
+    if (!versions.empty()) out.push_back(model);
+  }
+  return out;
+}
+
+HostTierStats HostTier::stats() const {
+  std::lock_guard<std::mutex> lock(impl_->pool->mu);
+  HostTierStats s;
+  for (const auto& [id, seg] : impl_->pool->segments) {
+    s.mapped_bytes += seg.map->capacity;
+    switch (seg.state) {
+      case SegState::kWriting: ++s.writing_segments; break;
+      case SegState::kCommitted: ++s.committed_segments; break;
+      case SegState::kRetiredLeased: ++s.retired_leased_segments; break;
+      case SegState::kFree: ++s.free_segments; break;
+    }
+  }
+  s.recycled_allocations = impl_->pool->recycled_allocations;
+  s.fresh_allocations = impl_->pool->fresh_allocations;
+  return s;
+}
+
+std::vector<std::string> HostTier::FindStaleSegments(const std::string& prefix) {
+  std::vector<std::string> stale;
+  DIR* dir = ::opendir(kShmDir);
+  if (dir == nullptr) {
+    log(LogLevel::kWarn, kLog, "cannot scan {} for stale segments: {}", kShmDir, std::strerror(errno));
+    return stale;
+  }
+  const std::string lead = prefix + ".";
+  while (const dirent* entry = ::readdir(dir)) {
+    std::string_view name(entry->d_name);
+    if (!name.starts_with(lead)) continue;
+    std::string_view rest = name.substr(lead.size());  // "<pid>.<seq>"
+    size_t dot = rest.find('.');
+    if (dot == std::string_view::npos) continue;
+    auto pid = store_internal::ParseDecimal(rest.substr(0, dot));
+    auto seq = store_internal::ParseDecimal(rest.substr(dot + 1));
+    if (!pid || !seq) continue;
+    if (static_cast<int64_t>(*pid) == ::getpid() || store_internal::ProcessAlive(static_cast<int64_t>(*pid))) continue;
+    stale.emplace_back(name);
+  }
+  ::closedir(dir);
+  std::sort(stale.begin(), stale.end());
+  return stale;
+}
+
+// ---- MapSegmentReadOnly ----
+
+Result<MappedSegment> MapSegmentReadOnly(const std::string& name, uint64_t size) {
+  if (name.empty() || name.size() > NAME_MAX || name.find('/') != std::string::npos || name.front() == '.') {
+    return Status::InvalidArgument(fmt::format("'{}' is not a shared-memory segment name", name));
+  }
+  if (size == 0) return Status::InvalidArgument(fmt::format("segment {}: cannot map 0 bytes", name));
+  int fd = ::shm_open(("/" + name).c_str(), O_RDONLY | O_CLOEXEC, 0);
+  if (fd < 0) {
+    return Status::FromErrno(fmt::format("segment {}: shm_open read-only failed (is its node still running?)", name));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    Status s = Status::FromErrno(fmt::format("segment {}: fstat failed", name));
+    ::close(fd);
+    return s;
+  }
+  if (static_cast<uint64_t>(st.st_size) < size) {
+    ::close(fd);
+    return Status::InvalidArgument(fmt::format("segment {} is {}, smaller than the {} expected", name,
+                                               FormatBytes(static_cast<uint64_t>(st.st_size)), FormatBytes(size)));
+  }
+  void* base = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  int err = errno;
+  ::close(fd);  // the mapping keeps the segment alive
+  if (base == MAP_FAILED) return Status::FromErrno(fmt::format("segment {}: mmap of {} failed", name, FormatBytes(size)), err);
+  MappedSegment out;
+  out.owner = std::shared_ptr<const void>(base, [size](const void* p) { ::munmap(const_cast<void*>(p), size); });
+  out.data = std::span<const std::byte>(static_cast<const std::byte*>(base), size);
+  return out;
+}
+
+}  // namespace viper

@@ -1,20 +1,36 @@
 // Engine: one UCX context + worker per process, owned by a single progress thread.
 //
 // Every UCX call happens on the progress thread. Other threads talk to it through a command
-// queue woken by an eventfd; the thread spins on ucp_worker_progress for `spin_us` after activity
-// and then blocks in epoll on the worker's event fd and the queue's eventfd (no busy CPU when
-// idle). Peers are endpoints created by connect() or accepted by the listener; a peer whose
-// connection fails (process killed, network gone) is reported once through on_peer_closed and
-// forgotten: nothing waits on it forever.
+// queue woken by an eventfd; the thread spins on ucp_worker_progress for `spin` after activity
+// and then arms the worker and blocks in epoll on the worker's event fd and the queue's eventfd
+// (no busy CPU when idle). Peers are endpoints created by Connect() or accepted by the listener,
+// all with UCX peer-failure detection; a peer whose connection fails (process killed, network
+// gone) is reported once through on_peer_closed and forgotten: nothing waits on it forever.
 //
-// Messages: small control messages are UCX active messages (id kControlAmId); the engine copies
-// them, so the caller's buffer is reusable when send() returns. Bulk data uses tagged sends with
-// rendezvous (not put/get, which UCX emulates slowly over TCP): send_bulk/recv_bulk complete
-// through callbacks on the progress thread, and "done" for send_bulk means the buffer is
-// reusable; for recv_bulk it means the bytes are in the buffer.
+// Messages: control messages are UCX active messages; the engine copies them, so the caller's
+// buffer is reusable when Send() returns. They arrive in the order they were sent on one peer
+// (eager and rendezvous deliveries are re-ordered by the engine), up to max_message_bytes each; a
+// peer that sends a larger one is closed (on_peer_closed with InvalidArgument).
+//
+// Bulk data uses tagged sends (rendezvous for large sizes; not put/get, which UCX emulates slowly
+// over TCP). UCX matches tags per worker, not per endpoint: a RecvBulk(peer, tag) matches a
+// message with `tag` from ANY peer. So tags must be unique among the receives outstanding in the
+// receiving engine: the receiver chooses them (e.g. a per-engine counter in the FETCH request)
+// and the sender uses them. `peer` in RecvBulk is the peer whose failure cancels the receive.
+//
+// Completions (SendBulk, RecvBulk, and handlers) always run on the progress thread, never inside
+// the calling thread, exactly once each. "done" for SendBulk means the buffer is reusable (not
+// that the peer has it); for RecvBulk it means all bytes are in the buffer. When a peer fails,
+// its pending operations complete with Unavailable; after Disconnect(peer) or engine destruction,
+// with Cancelled.
 //
 // Thread-safety: every public method may be called from any thread, including from inside a
-// handler (handlers run on the progress thread and must not block).
+// handler (handlers and completions run on the progress thread and must not block). The blocking
+// calls (Connect, SendAndWait) return FailedPrecondition when called on the progress thread.
+//
+// Addresses: the listener and Connect use "HOST:PORT" (IPv4 literal, name, or [IPv6]); a node
+// binds to loopback unless told otherwise. UCX settings: the engine sets a few UCX defaults (see
+// src/net/engine.cc, kUcxDefaults) unless the environment already sets them (UCX_<NAME>).
 #pragma once
 
 #include <chrono>
@@ -35,14 +51,21 @@ struct EngineOptions {
   std::string listen;                  // "HOST:PORT" to accept peers ("127.0.0.1:0" = any port); empty = no listener
   std::chrono::microseconds spin{200}; // busy-progress time after activity before blocking
   std::chrono::milliseconds connect_timeout{5000};
+  // Disconnect() and destruction let in-flight sends finish for at most this long, then force.
+  std::chrono::milliseconds close_timeout{1000};
+  // Largest control message accepted from a peer (untrusted input); larger ones close the peer.
+  size_t max_message_bytes = size_t{64} << 20;
 };
 
 struct EngineHandlers {
-  // A control message arrived. `bytes` is valid only during the call.
+  // A control message arrived. `bytes` is valid only during the call. May run for a peer whose
+  // Connect() has not returned yet (if the listener side speaks first).
   std::function<void(PeerId, std::span<const std::byte> bytes)> on_message;
   // A listener accepted a new peer (remote address as "host:port").
   std::function<void(PeerId, const std::string& address)> on_peer_accepted;
-  // The connection to a peer failed or was closed; called once per peer.
+  // The connection to a peer failed or was closed by the peer; called once per peer, after its
+  // pending operations have completed with `reason` (code Unavailable, or InvalidArgument for a
+  // peer that broke the protocol). Not called for Disconnect() or engine destruction.
   std::function<void(PeerId, const Status& reason)> on_peer_closed;
 };
 
@@ -51,29 +74,42 @@ using Completion = std::function<void(const Status&)>;
 class Engine {
  public:
   // Creates the UCX context/worker, the listener (if options.listen is set) and the thread.
-  // Handlers are fixed for the engine's life.
+  // Handlers are fixed for the engine's life. Fails with a clear Status (bad address, port in
+  // use, UCX unavailable).
   static Result<std::unique_ptr<Engine>> Start(const EngineOptions& options, EngineHandlers handlers);
-  ~Engine();  // closes endpoints, stops the progress thread, releases UCX objects
+  // Closes endpoints (pending operations complete with Cancelled first), stops the progress
+  // thread, releases UCX objects. REQUIRES: not called from a handler; no concurrent calls.
+  ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
   // "HOST:PORT" the listener is bound to (the actual port if 0 was asked); empty if none.
   std::string listen_address() const;
-  // Connects to a node's listener; blocks until the endpoint is usable or the timeout expires.
+  // Connects to a node's listener; blocks until the endpoint is usable (an engine-level ping has
+  // been answered) or options.connect_timeout expires. Errors: InvalidArgument (bad address),
+  // NotFound (unresolvable host), Unavailable (refused/unreachable), Timeout.
   Result<PeerId> Connect(const std::string& host_port);
-  // Sends a control message (copied). Delivery failures are reported by on_peer_closed.
+  // Sends a control message (copied). NotFound if `peer` is not connected; later delivery
+  // failures are reported by on_peer_closed.
   Status Send(PeerId peer, std::span<const std::byte> message);
-  // Sends a control message and blocks until UCX reports it sent (or failed).
+  // Sends a control message and blocks until UCX reports it sent (locally complete: the peer may
+  // not have processed it yet) or failed.
   Status SendAndWait(PeerId peer, std::span<const std::byte> message,
                      std::chrono::milliseconds timeout = std::chrono::milliseconds(5000));
-  // Tagged send of `bytes` to `peer`. REQUIRES: bytes stay valid until `done` runs.
+  // Tagged send of `bytes` to `peer` (see the tag rules above). REQUIRES: bytes stay valid and
+  // unmodified until `done` runs.
   void SendBulk(PeerId peer, uint64_t tag, std::span<const std::byte> bytes, Completion done);
-  // Posts a receive for a tagged message from `peer` with exactly `tag` into `buffer`.
-  // REQUIRES: buffer stays valid until `done` runs. `done` gets an error if the peer closes.
+  // Posts a receive for a tagged message with exactly `tag` (from `peer`, see above) into
+  // `buffer`. A message of another size completes with an error (Corruption if shorter,
+  // InvalidArgument if longer). REQUIRES: buffer stays valid until `done` runs. `done` gets
+  // Unavailable if the peer closes first.
   void RecvBulk(PeerId peer, uint64_t tag, std::span<std::byte> buffer, Completion done);
-  // Closes the endpoint; on_peer_closed is not called for a peer closed this way.
+  // Closes the endpoint after in-flight sends finish (at most options.close_timeout); pending
+  // receives complete with Cancelled. on_peer_closed is not called for a peer closed this way;
+  // the remote side sees its on_peer_closed.
   void Disconnect(PeerId peer);
-  // Runs `fn` on the progress thread (used to order work with message handling).
+  // Runs `fn` on the progress thread, after the commands queued before it (used to order work
+  // with message handling). Never runs `fn` inline, even when called on the progress thread.
   void Post(std::function<void()> fn);
 
   struct Stats {
@@ -84,13 +120,14 @@ class Engine {
   };
   Stats stats() const;
 
+  struct Impl;  // opaque (named here so that the implementation's helpers can refer to it)
+
  private:
-  struct Impl;
   explicit Engine(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 
-// Parses "HOST:PORT" (IPv4 or name; port 0-65535). Errors name the bad part.
+// Parses "HOST:PORT" (IPv4 literal, name, or [IPv6]; port 0-65535). Errors name the bad part.
 Result<std::pair<std::string, uint16_t>> ParseHostPort(const std::string& host_port);
 
 }  // namespace viper::net

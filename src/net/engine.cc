@@ -1,0 +1,384 @@
+// Engine lifecycle, the progress loop and the public API (which only queues commands).
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fmt/format.h>
+
+#include "engine_impl.h"
+#include "viper/log.h"
+
+namespace viper::net {
+namespace {
+
+constexpr const char* kLog = "net";
+
+// UCX settings the engine chooses unless the environment sets UCX_<name> itself. Why each one:
+// see docs in the report / README of src/net (measured on loopback, 2-vCPU VM).
+struct UcxDefault {
+  const char* name;
+  const char* value;
+};
+constexpr UcxDefault kUcxDefaults[] = {
+    // Peer failure detection for endpoints whose transports carry no connection state (shared
+    // memory): UCX pings idle peers this often (default 20 s).
+    {"KEEPALIVE_INTERVAL", "2s"},
+};
+
+Status ApplyUcxDefaults(ucp_config_t* config) {
+  for (const UcxDefault& d : kUcxDefaults) {
+    if (std::getenv(fmt::format("UCX_{}", d.name).c_str()) != nullptr) continue;
+    ucs_status_t st = ucp_config_modify(config, d.name, d.value);
+    if (st != UCS_OK) return detail::FromUcs(st, fmt::format("setting UCX option {}={}", d.name, d.value));
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+namespace detail {
+
+Status FromUcs(ucs_status_t status, std::string_view what) {
+  std::string message = fmt::format("{}: {}", what, ucs_status_string(status));
+  switch (status) {
+    case UCS_ERR_CANCELED: return Status::Cancelled(std::move(message));
+    case UCS_ERR_TIMED_OUT: return Status::Timeout(std::move(message));
+    case UCS_ERR_NO_MEMORY:
+    case UCS_ERR_NO_RESOURCE: return Status::ResourceExhausted(std::move(message));
+    case UCS_ERR_INVALID_PARAM:
+    case UCS_ERR_MESSAGE_TRUNCATED: return Status::InvalidArgument(std::move(message));
+    case UCS_ERR_UNSUPPORTED: return Status::NotSupported(std::move(message));
+    case UCS_ERR_BUSY:  // e.g. listening on a port in use
+    case UCS_ERR_UNREACHABLE:
+    case UCS_ERR_CONNECTION_RESET:
+    case UCS_ERR_ENDPOINT_TIMEOUT:
+    case UCS_ERR_REJECTED:
+    case UCS_ERR_NOT_CONNECTED:
+    case UCS_ERR_NO_DEVICE:
+    case UCS_ERR_IO_ERROR: return Status::Unavailable(std::move(message));
+    default: return Status::Internal(std::move(message));
+  }
+}
+
+}  // namespace detail
+
+// ---------------------------------------------------------------- command queue (any thread)
+
+void Engine::Impl::Post(std::function<void()> fn) {
+  bool was_empty;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu);
+    was_empty = queue.empty();
+    queue.push_back(std::move(fn));
+  }
+  if (was_empty) Wake();
+}
+
+void Engine::Impl::Wake() {
+  uint64_t one = 1;
+  // EAGAIN means the counter is saturated, i.e. already signalled: nothing to do.
+  while (write(wake_fd, &one, sizeof(one)) < 0 && errno == EINTR) {
+  }
+}
+
+bool Engine::Impl::IsLive(PeerId id) const {
+  std::lock_guard<std::mutex> lock(live_mu);
+  return live.count(id) != 0;
+}
+
+// ---------------------------------------------------------------- progress thread
+
+Status Engine::Impl::Init() {
+  ucp_config_t* config = nullptr;
+  ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
+  if (st != UCS_OK) return detail::FromUcs(st, "reading the UCX configuration");
+  Status applied = ApplyUcxDefaults(config);
+  if (applied.ok()) {
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
+    params.features = UCP_FEATURE_TAG | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+    params.name = "viper";
+    st = ucp_init(&params, config, &context);
+  }
+  ucp_config_release(config);
+  VIPER_RETURN_IF_ERROR(applied);
+  if (st != UCS_OK) return detail::FromUcs(st, "creating the UCX context");
+
+  ucp_worker_params_t wparams{};
+  wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wparams.thread_mode = UCS_THREAD_MODE_SINGLE;  // only this thread touches UCX
+  st = ucp_worker_create(context, &wparams, &worker);
+  if (st != UCS_OK) return detail::FromUcs(st, "creating the UCX worker");
+  VIPER_RETURN_IF_ERROR(RegisterAmHandlers());
+
+  st = ucp_worker_get_efd(worker, &worker_fd);
+  if (st != UCS_OK) return detail::FromUcs(st, "getting the UCX worker's event fd");
+  epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+  if (epoll_fd < 0) return Status::FromErrno("epoll_create1 for the UCX progress thread");
+  for (int fd : {worker_fd, wake_fd}) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    if (epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &ev) != 0) return Status::FromErrno("epoll_ctl(ADD)");
+  }
+  if (!options.listen.empty()) VIPER_RETURN_IF_ERROR(CreateListener(options.listen));
+  return Status::OK();
+}
+
+void Engine::Impl::Run() {
+  Clock::time_point last_activity = Clock::now();
+  while (!stop_requested.load(std::memory_order_acquire)) {
+    bool active = RunCommands();
+    active |= Progress();
+    Clock::time_point now = Clock::now();
+    CheckDeadlines(now);
+    if (active) {
+      last_activity = now;
+    } else if (now - last_activity >= options.spin) {
+      WaitForEvents(now, -1);
+    }
+  }
+  RunCommands();  // what was queued before the destructor ran still starts, then is cancelled
+  Progress();
+  Shutdown();
+}
+
+bool Engine::Impl::RunCommands() {
+  std::vector<std::function<void()>> batch;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu);
+    if (queue.empty()) return false;
+    batch.swap(queue);
+  }
+  for (auto& fn : batch) fn();
+  return true;
+}
+
+// Progresses UCX until it has nothing more to do, then runs what its callbacks deferred.
+bool Engine::Impl::Progress() {
+  bool any = false;
+  while (ucp_worker_progress(worker) != 0) any = true;
+  while (!deferred.empty() || !rndv_pending.empty()) {
+    std::vector<std::function<void()>> batch;
+    batch.swap(deferred);
+    for (auto& fn : batch) fn();
+    FetchRendezvous();
+    any = true;
+  }
+  return any;
+}
+
+void Engine::Impl::WaitForEvents(Clock::time_point now, int max_timeout_ms) {
+  ucs_status_t st = ucp_worker_arm(worker);
+  if (st == UCS_ERR_BUSY) return;  // events arrived meanwhile: progress again
+  int timeout = EpollTimeoutMs(now);
+  if (st != UCS_OK) {
+    log(LogLevel::kError, kLog, "ucp_worker_arm failed ({}); polling every millisecond", ucs_status_string(st));
+    timeout = 1;
+  }
+  if (max_timeout_ms >= 0 && (timeout < 0 || timeout > max_timeout_ms)) timeout = max_timeout_ms;
+  epoll_event events[2];
+  int n = epoll_wait(epoll_fd, events, 2, timeout);
+  wakeups.fetch_add(1, std::memory_order_relaxed);
+  for (int i = 0; i < n; ++i) {
+    if (events[i].data.fd != wake_fd) continue;
+    uint64_t count;
+    while (read(wake_fd, &count, sizeof(count)) < 0 && errno == EINTR) {
+    }
+  }
+}
+
+int Engine::Impl::EpollTimeoutMs(Clock::time_point now) const {
+  if (connecting == 0 && closing == 0) return -1;
+  Clock::time_point next = Clock::time_point::max();
+  for (const auto& [id, peer] : peers) {
+    if (peer->connect) next = std::min(next, peer->connect_deadline);
+    if (peer->closing()) next = std::min(next, peer->close_deadline);
+  }
+  if (next == Clock::time_point::max()) return -1;
+  if (next <= now) return 0;
+  auto ms = std::chrono::ceil<std::chrono::milliseconds>(next - now).count();
+  return static_cast<int>(std::min<int64_t>(ms, 60'000));
+}
+
+void Engine::Impl::CheckDeadlines(Clock::time_point now) {
+  if (connecting == 0 && closing == 0) return;
+  std::vector<PeerId> connect_expired, close_expired;
+  for (const auto& [id, peer] : peers) {
+    if (peer->connect && peer->connect_deadline <= now) connect_expired.push_back(id);
+    if (peer->closing() && peer->close_deadline <= now) close_expired.push_back(id);
+  }
+  for (PeerId id : connect_expired) {
+    Status reason = Status::Timeout(fmt::format("connect to {}: no answer within {} ms", FindPeer(id)->address,
+                                                options.connect_timeout.count()));
+    ClosePeer(id, reason, /*notify=*/false, /*graceful=*/false);
+  }
+  for (PeerId id : close_expired) FinishClose(id);
+}
+
+// Closes every peer (flushing sends for at most close_timeout), completes every pending
+// operation, and releases UCX. Commands queued meanwhile still run: they find no peer and fail.
+void Engine::Impl::Shutdown() {
+  stopping = true;
+  if (listener != nullptr) {
+    ucp_listener_destroy(listener);
+    listener = nullptr;
+  }
+  std::vector<PeerId> ids;
+  for (const auto& [id, peer] : peers) ids.push_back(id);
+  for (PeerId id : ids) {
+    ClosePeer(id, Status::Cancelled("engine shutting down"), /*notify=*/false, /*graceful=*/true);
+  }
+  Clock::time_point hard_deadline = Clock::now() + options.close_timeout + std::chrono::seconds(2);
+  while (true) {
+    bool active = RunCommands();
+    active |= Progress();
+    Clock::time_point now = Clock::now();
+    CheckDeadlines(now);
+    bool queue_empty;
+    {
+      std::lock_guard<std::mutex> lock(queue_mu);
+      queue_empty = queue.empty();
+    }
+    if (peers.empty() && outstanding == 0 && queue_empty && deferred.empty()) break;
+    if (now >= hard_deadline) {
+      log(LogLevel::kWarn, kLog, "shutdown: {} UCX requests and {} endpoints still pending after {} ms; releasing",
+          outstanding, peers.size(), options.close_timeout.count() + 2000);
+      break;
+    }
+    if (!active) WaitForEvents(now, 10);
+  }
+  ReleaseUcx();
+}
+
+void Engine::Impl::ReleaseUcx() {
+  if (listener != nullptr) ucp_listener_destroy(listener);
+  if (worker != nullptr) ucp_worker_destroy(worker);
+  if (context != nullptr) ucp_cleanup(context);
+  if (epoll_fd >= 0) close(epoll_fd);
+  listener = nullptr;
+  worker = nullptr;
+  context = nullptr;
+  epoll_fd = -1;
+}
+
+// ---------------------------------------------------------------- public API
+
+Result<std::unique_ptr<Engine>> Engine::Start(const EngineOptions& options, EngineHandlers handlers) {
+  if (!options.listen.empty()) {
+    Result<std::pair<std::string, uint16_t>> parsed = ParseHostPort(options.listen);
+    if (!parsed.ok()) return parsed.status().WithContext("engine listen address");
+  }
+  auto impl = std::make_unique<Impl>(options, std::move(handlers));
+  impl->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (impl->wake_fd < 0) return Status::FromErrno("eventfd for the engine's command queue");
+  std::promise<Status> ready;
+  std::future<Status> started = ready.get_future();
+  Impl* p = impl.get();
+  impl->thread = std::thread([p, ready = std::move(ready)]() mutable {
+    p->progress_thread_id.store(std::this_thread::get_id());
+    Status st = p->Init();
+    if (!st.ok()) p->ReleaseUcx();
+    ready.set_value(st);
+    if (st.ok()) p->Run();
+  });
+  Status st = started.get();
+  if (!st.ok()) {
+    impl->thread.join();
+    close(impl->wake_fd);
+    return st;
+  }
+  return std::unique_ptr<Engine>(new Engine(std::move(impl)));
+}
+
+Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Engine::~Engine() {
+  if (impl_->OnProgressThread()) {
+    log(LogLevel::kError, kLog, "Engine destroyed from its own progress thread (inside a handler): aborting");
+    std::abort();
+  }
+  impl_->stop_requested.store(true, std::memory_order_release);
+  impl_->Wake();
+  impl_->thread.join();
+  close(impl_->wake_fd);
+}
+
+std::string Engine::listen_address() const { return impl_->listen_address; }
+
+Result<PeerId> Engine::Connect(const std::string& host_port) {
+  if (impl_->OnProgressThread()) {
+    return Status::FailedPrecondition(fmt::format(
+        "connect to {}: Engine::Connect blocks and was called on the progress thread (from a handler)", host_port));
+  }
+  Result<std::pair<std::string, uint16_t>> parsed = ParseHostPort(host_port);
+  if (!parsed.ok()) return parsed.status().WithContext("connect");
+  Result<detail::SockAddr> addr = detail::Resolve(parsed->first, parsed->second);
+  if (!addr.ok()) return addr.status().WithContext(fmt::format("connect to {}", host_port));
+  auto waiter = std::make_shared<std::promise<Result<PeerId>>>();
+  std::future<Result<PeerId>> result = waiter->get_future();
+  Impl* p = impl_.get();
+  p->Post([p, host_port, a = *addr, waiter] { p->StartConnect(host_port, a, waiter); });
+  // The progress thread enforces connect_timeout; the margin only guards against a stuck thread.
+  if (result.wait_for(p->options.connect_timeout + std::chrono::seconds(5)) != std::future_status::ready) {
+    return Status::Timeout(fmt::format("connect to {}: the engine's progress thread did not answer", host_port));
+  }
+  return result.get();
+}
+
+Status Engine::Send(PeerId peer, std::span<const std::byte> message) {
+  if (!impl_->IsLive(peer)) return Status::NotFound(fmt::format("send to peer {}: not connected", peer));
+  auto copy = std::make_shared<const std::vector<std::byte>>(message.begin(), message.end());
+  Impl* p = impl_.get();
+  p->Post([p, peer, copy] { p->DoSend(peer, copy, nullptr); });
+  return Status::OK();
+}
+
+Status Engine::SendAndWait(PeerId peer, std::span<const std::byte> message, std::chrono::milliseconds timeout) {
+  if (impl_->OnProgressThread()) {
+    return Status::FailedPrecondition(fmt::format(
+        "send to peer {}: Engine::SendAndWait blocks and was called on the progress thread (from a handler)", peer));
+  }
+  if (!impl_->IsLive(peer)) return Status::NotFound(fmt::format("send to peer {}: not connected", peer));
+  auto copy = std::make_shared<const std::vector<std::byte>>(message.begin(), message.end());
+  auto sent = std::make_shared<std::promise<Status>>();
+  std::future<Status> result = sent->get_future();
+  Impl* p = impl_.get();
+  p->Post([p, peer, copy, sent] { p->DoSend(peer, copy, [sent](const Status& st) { sent->set_value(st); }); });
+  if (result.wait_for(timeout) != std::future_status::ready) {
+    return Status::Timeout(fmt::format("send to peer {}: not completed within {} ms", peer, timeout.count()));
+  }
+  return result.get();
+}
+
+void Engine::SendBulk(PeerId peer, uint64_t tag, std::span<const std::byte> bytes, Completion done) {
+  Impl* p = impl_.get();
+  p->Post([p, peer, tag, bytes, done = std::move(done)]() mutable { p->DoSendBulk(peer, tag, bytes, std::move(done)); });
+}
+
+void Engine::RecvBulk(PeerId peer, uint64_t tag, std::span<std::byte> buffer, Completion done) {
+  Impl* p = impl_.get();
+  p->Post([p, peer, tag, buffer, done = std::move(done)]() mutable { p->DoRecvBulk(peer, tag, buffer, std::move(done)); });
+}
+
+void Engine::Disconnect(PeerId peer) {
+  Impl* p = impl_.get();
+  p->Post([p, peer] {
+    p->ClosePeer(peer, Status::Cancelled(fmt::format("peer {}: disconnected by this process", peer)),
+                 /*notify=*/false, /*graceful=*/true);
+  });
+}
+
+void Engine::Post(std::function<void()> fn) { impl_->Post(std::move(fn)); }
+
+Engine::Stats Engine::stats() const {
+  Stats s;
+  s.wakeups = impl_->wakeups.load(std::memory_order_relaxed);
+  s.messages_in = impl_->messages_in.load(std::memory_order_relaxed);
+  s.messages_out = impl_->messages_out.load(std::memory_order_relaxed);
+  s.peers = impl_->peer_count.load(std::memory_order_relaxed);
+  return s;
+}
+
+}  // namespace viper::net

@@ -1,0 +1,191 @@
+// Engine::Impl: the state behind viper::net::Engine (private to src/net).
+//
+// Threads: the members under "any thread" are guarded as marked; everything under "progress
+// thread only" is touched only by the progress thread, which also creates and destroys every UCX
+// object. UCX callbacks run inside ucp_worker_progress (or inside a cancel/close call) on that
+// thread. Peers are added and removed only by commands and deferred actions, never from inside a
+// UCX callback, so callbacks may hold a Peer* for their duration.
+#pragma once
+
+#include <ucp/api/ucp.h>
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "address.h"
+#include "viper/engine.h"
+
+namespace viper::net {
+
+using Clock = std::chrono::steady_clock;
+
+namespace detail {
+
+// Active-message ids. kControlAm carries the user's messages; the others are the engine's own.
+enum AmId : unsigned { kControlAm = 1, kPingAm = 2, kPongAm = 3 };
+
+// user_data of UCX requests; each is deleted by its completion callback. Ops that belong to a
+// peer are listed in Peer::ops so that closing the peer can stamp the reason on them (and cancel
+// the receives, which UCX would otherwise keep matching forever).
+struct Op {
+  Engine::Impl* impl = nullptr;
+  PeerId peer = 0;
+  void* request = nullptr;  // the UCX request while it is pending
+  Status reason;            // why the peer closed, if it did before completion
+  bool is_recv = false;
+};
+struct SendOp : Op {
+  std::shared_ptr<const std::vector<std::byte>> copy;  // control messages are copied
+  Completion done;                                     // may be empty
+  bool control = false;
+};
+struct RecvOp : Op {
+  uint64_t tag = 0;
+  size_t expected = 0;
+  Completion done;
+};
+
+// A control message received but not yet delivered: kept to preserve per-peer order when a
+// rendezvous message is still being fetched while later eager ones arrive.
+struct Inbound {
+  std::unique_ptr<std::byte[]> data;
+  size_t size = 0;
+  bool ready = false;
+};
+struct AmDataOp {
+  Engine::Impl* impl = nullptr;
+  PeerId peer = 0;
+  std::shared_ptr<Inbound> message;
+};
+struct RndvPending {  // rendezvous control message to fetch once ucp_worker_progress returns
+  PeerId peer;
+  void* descriptor;
+  std::shared_ptr<Inbound> message;
+};
+
+// A peer's life: connecting (client, until the ping is answered) -> open -> closing -> erased.
+// Closing gracefully waits for the peer's pending operations to end (sends) and then for a
+// flush, bounded by close_deadline; a failed peer is closed at once (forced).
+struct Peer {
+  enum class Phase { kConnecting, kOpen, kDraining, kFlushing };
+  PeerId id = 0;
+  ucp_ep_h ep = nullptr;
+  std::string address;
+  Phase phase = Phase::kConnecting;
+  // Set while Connect() waits for the handshake.
+  std::shared_ptr<std::promise<Result<PeerId>>> connect;
+  Clock::time_point connect_deadline{};
+  Clock::time_point close_deadline{};
+  std::unordered_map<void*, Op*> ops;  // pending sends and tag receives, by UCX request
+  std::deque<std::shared_ptr<Inbound>> inbox;
+
+  bool open() const { return phase == Phase::kOpen; }
+  bool closing() const { return phase == Phase::kDraining || phase == Phase::kFlushing; }
+};
+
+struct FlushOp {
+  Engine::Impl* impl = nullptr;
+  PeerId peer = 0;
+};
+
+// "<what>: <UCX's text for status>", with a StatusCode chosen from the UCX status.
+Status FromUcs(ucs_status_t status, std::string_view what);
+
+}  // namespace detail
+
+struct Engine::Impl {
+  Impl(EngineOptions opts, EngineHandlers hs) : options(std::move(opts)), handlers(std::move(hs)) {}
+
+  // ---- fixed after Start
+  EngineOptions options;
+  EngineHandlers handlers;
+  std::string listen_address;
+
+  // ---- any thread
+  std::mutex queue_mu;
+  std::vector<std::function<void()>> queue;  // guarded by queue_mu
+  int wake_fd = -1;                          // eventfd; written when `queue` becomes non-empty
+  std::atomic<bool> stop_requested{false};
+  std::atomic<std::thread::id> progress_thread_id{};
+  std::thread thread;
+  mutable std::mutex live_mu;
+  std::unordered_set<PeerId> live;  // guarded by live_mu: open peers, for Send's fast check
+  std::atomic<uint64_t> wakeups{0}, messages_in{0}, messages_out{0}, peer_count{0};
+
+  void Post(std::function<void()> fn);
+  void Wake();
+  bool OnProgressThread() const { return std::this_thread::get_id() == progress_thread_id.load(); }
+  bool IsLive(PeerId id) const;
+
+  // ---- progress thread only
+  ucp_context_h context = nullptr;
+  ucp_worker_h worker = nullptr;
+  ucp_listener_h listener = nullptr;
+  int epoll_fd = -1;
+  int worker_fd = -1;
+  PeerId next_peer_id = 1;
+  std::unordered_map<PeerId, std::unique_ptr<detail::Peer>> peers;
+  std::unordered_map<ucp_ep_h, detail::Peer*> by_ep;
+  size_t connecting = 0;  // peers with a pending Connect()
+  std::vector<std::function<void()>> deferred;  // run after ucp_worker_progress returns
+  std::vector<detail::RndvPending> rndv_pending;
+  size_t closing = 0;     // peers in a graceful close
+  uint64_t outstanding = 0;  // UCX requests whose callback has not run yet
+  bool stopping = false;
+
+  // engine.cc: lifecycle and loop
+  Status Init();
+  void Run();
+  bool RunCommands();
+  bool Progress();
+  void WaitForEvents(Clock::time_point now, int max_timeout_ms);
+  int EpollTimeoutMs(Clock::time_point now) const;
+  void CheckDeadlines(Clock::time_point now);
+  void Shutdown();
+  void ReleaseUcx();
+
+  // engine_peers.cc: endpoints
+  Status CreateListener(const std::string& host_port);
+  void Accept(ucp_conn_request_h request);
+  void StartConnect(const std::string& address, const detail::SockAddr& addr,
+                    std::shared_ptr<std::promise<Result<PeerId>>> waiter);
+  detail::Peer* AddPeer(ucp_ep_h ep, std::string address);
+  detail::Peer* FindPeer(PeerId id);
+  detail::Peer* PeerOfEp(ucp_ep_h ep);
+  void MarkOpen(detail::Peer& peer);
+  void OnEpError(ucp_ep_h ep, ucs_status_t status);
+  void ClosePeer(PeerId id, const Status& reason, bool notify, bool graceful);
+  void AdvanceClose(detail::Peer& peer);
+  void StartFlush(detail::Peer& peer);
+  void FinishClose(PeerId id);
+  void ForceClose(ucp_ep_h ep);
+
+  // engine_io.cc: messages and bulk data
+  Status RegisterAmHandlers();
+  ucs_status_t OnControlAm(void* data, size_t length, const ucp_am_recv_param_t* param);
+  void OnPing(const ucp_am_recv_param_t* param);
+  void OnPong(const ucp_am_recv_param_t* param);
+  void FetchRendezvous();
+  void OnAmData(detail::AmDataOp* op, ucs_status_t status);
+  void DeliverReady(detail::Peer& peer);
+  void SendAm(detail::Peer& peer, unsigned id, std::shared_ptr<const std::vector<std::byte>> bytes,
+              Completion done);
+  void DoSend(PeerId peer, std::shared_ptr<const std::vector<std::byte>> bytes, Completion done);
+  void DoSendBulk(PeerId peer, uint64_t tag, std::span<const std::byte> bytes, Completion done);
+  void DoRecvBulk(PeerId peer, uint64_t tag, std::span<std::byte> buffer, Completion done);
+  void Track(detail::Peer& peer, detail::Op* op, ucs_status_ptr_t request);
+  void FailOps(detail::Peer& peer, const Status& reason);
+  void Untrack(detail::Op* op);
+  void OnSendDone(detail::SendOp* op, ucs_status_t status);
+  void OnRecvDone(detail::RecvOp* op, ucs_status_t status, size_t length);
+};
+
+}  // namespace viper::net

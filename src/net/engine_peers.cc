@@ -1,0 +1,268 @@
+// Endpoints: the listener, Connect's handshake, failure handling and closing.
+#include <fmt/format.h>
+
+#include "engine_impl.h"
+#include "viper/log.h"
+
+namespace viper::net {
+namespace {
+
+constexpr const char* kLog = "net";
+
+void OnConnRequestCb(ucp_conn_request_h request, void* arg) {
+  auto* impl = static_cast<Engine::Impl*>(arg);
+  // Creating an endpoint inside a UCX callback is avoided: do it once progress returns.
+  impl->deferred.push_back([impl, request] { impl->Accept(request); });
+}
+
+void OnEpErrorCb(void* arg, ucp_ep_h ep, ucs_status_t status) {
+  auto* impl = static_cast<Engine::Impl*>(arg);
+  impl->deferred.push_back([impl, ep, status] { impl->OnEpError(ep, status); });
+}
+
+void OnFlushCb(void* request, ucs_status_t status, void* user_data) {
+  auto* op = static_cast<detail::FlushOp*>(user_data);
+  Engine::Impl* impl = op->impl;
+  PeerId id = op->peer;
+  delete op;
+  impl->outstanding--;
+  ucp_request_free(request);
+  impl->deferred.push_back([impl, id] { impl->FinishClose(id); });
+}
+
+void OnCloseCb(void* request, ucs_status_t status, void* user_data) {
+  static_cast<Engine::Impl*>(user_data)->outstanding--;
+  ucp_request_free(request);
+}
+
+ucp_err_handler_t ErrHandler(Engine::Impl* impl) {
+  ucp_err_handler_t handler{};
+  handler.cb = OnEpErrorCb;
+  handler.arg = impl;
+  return handler;
+}
+
+}  // namespace
+
+Status Engine::Impl::CreateListener(const std::string& host_port) {
+  VIPER_ASSIGN_OR_RETURN(auto parsed, ParseHostPort(host_port));
+  Result<detail::SockAddr> addr = detail::Resolve(parsed.first, parsed.second);
+  if (!addr.ok()) return addr.status().WithContext(fmt::format("listen on {}", host_port));
+  ucp_listener_params_t params{};
+  params.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+  params.sockaddr.addr = addr->get();
+  params.sockaddr.addrlen = addr->length;
+  params.conn_handler.cb = OnConnRequestCb;
+  params.conn_handler.arg = this;
+  ucs_status_t st = ucp_listener_create(worker, &params, &listener);
+  if (st == UCS_ERR_BUSY) {
+    return Status::Unavailable(fmt::format("listen on {}: address already in use", host_port));
+  }
+  if (st != UCS_OK) return detail::FromUcs(st, fmt::format("listen on {}", host_port));
+  ucp_listener_attr_t attr{};
+  attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
+  st = ucp_listener_query(listener, &attr);
+  if (st != UCS_OK) return detail::FromUcs(st, fmt::format("listen on {}: querying the bound port", host_port));
+  listen_address = detail::FormatSockAddr(reinterpret_cast<const sockaddr*>(&attr.sockaddr));
+  log(LogLevel::kInfo, kLog, "listening on {}", listen_address);
+  return Status::OK();
+}
+
+void Engine::Impl::Accept(ucp_conn_request_h request) {
+  ucp_conn_request_attr_t attr{};
+  attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
+  std::string address = "?";
+  if (ucp_conn_request_query(request, &attr) == UCS_OK) {
+    address = detail::FormatSockAddr(reinterpret_cast<const sockaddr*>(&attr.client_address));
+  }
+  if (stopping || listener == nullptr) {
+    if (listener != nullptr) ucp_listener_reject(listener, request);
+    return;
+  }
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  params.conn_request = request;
+  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  params.err_handler = ErrHandler(this);
+  ucp_ep_h ep = nullptr;
+  ucs_status_t st = ucp_ep_create(worker, &params, &ep);
+  if (st != UCS_OK) {
+    log(LogLevel::kWarn, kLog, "accepting a connection from {} failed: {}", address, ucs_status_string(st));
+    return;
+  }
+  detail::Peer* peer = AddPeer(ep, address);
+  MarkOpen(*peer);
+  log(LogLevel::kInfo, kLog, "accepted peer {} from {}", peer->id, address);
+  if (handlers.on_peer_accepted) handlers.on_peer_accepted(peer->id, address);
+}
+
+void Engine::Impl::StartConnect(const std::string& address, const detail::SockAddr& addr,
+                                std::shared_ptr<std::promise<Result<PeerId>>> waiter) {
+  if (stopping) {
+    waiter->set_value(Status::Unavailable(fmt::format("connect to {}: the engine is shutting down", address)));
+    return;
+  }
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+  params.sockaddr.addr = addr.get();
+  params.sockaddr.addrlen = addr.length;
+  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  params.err_handler = ErrHandler(this);
+  ucp_ep_h ep = nullptr;
+  ucs_status_t st = ucp_ep_create(worker, &params, &ep);
+  if (st != UCS_OK) {
+    waiter->set_value(detail::FromUcs(st, fmt::format("connect to {}: creating the endpoint", address)));
+    return;
+  }
+  detail::Peer* peer = AddPeer(ep, address);
+  peer->connect = std::move(waiter);
+  peer->connect_deadline = Clock::now() + options.connect_timeout;
+  connecting++;
+  // The endpoint is usable once the listener's engine answers this ping (UCX queues the send
+  // until the wire-up is done; a refused connection fails the endpoint instead).
+  SendAm(*peer, detail::kPingAm, nullptr, nullptr);
+}
+
+detail::Peer* Engine::Impl::AddPeer(ucp_ep_h ep, std::string address) {
+  auto peer = std::make_unique<detail::Peer>();
+  peer->id = next_peer_id++;
+  peer->ep = ep;
+  peer->address = std::move(address);
+  detail::Peer* raw = peer.get();
+  by_ep[ep] = raw;
+  peers[raw->id] = std::move(peer);
+  return raw;
+}
+
+detail::Peer* Engine::Impl::FindPeer(PeerId id) {
+  auto it = peers.find(id);
+  return it == peers.end() ? nullptr : it->second.get();
+}
+
+detail::Peer* Engine::Impl::PeerOfEp(ucp_ep_h ep) {
+  auto it = by_ep.find(ep);
+  return it == by_ep.end() ? nullptr : it->second;
+}
+
+void Engine::Impl::MarkOpen(detail::Peer& peer) {
+  peer.phase = detail::Peer::Phase::kOpen;
+  {
+    std::lock_guard<std::mutex> lock(live_mu);
+    live.insert(peer.id);
+  }
+  peer_count.fetch_add(1, std::memory_order_relaxed);
+  if (peer.connect) {
+    connecting--;
+    peer.connect->set_value(peer.id);
+    peer.connect.reset();
+  }
+  DeliverReady(peer);  // messages that arrived before the handshake completed
+}
+
+void Engine::Impl::OnEpError(ucp_ep_h ep, ucs_status_t status) {
+  detail::Peer* peer = PeerOfEp(ep);
+  if (peer == nullptr) return;  // already released
+  if (peer->closing()) {        // nothing more to wait for: the endpoint is dead
+    FinishClose(peer->id);
+    return;
+  }
+  if (peer->connect) {
+    Status reason = detail::FromUcs(status, fmt::format("connect to {} failed (refused or unreachable)", peer->address));
+    if (reason.code() != StatusCode::kTimeout) reason = Status::Unavailable(reason.message());
+    ClosePeer(peer->id, reason, /*notify=*/false, /*graceful=*/false);
+    return;
+  }
+  Status reason = Status::Unavailable(
+      fmt::format("connection to peer {} ({}) failed: {}", peer->id, peer->address, ucs_status_string(status)));
+  log(LogLevel::kInfo, kLog, "{}", reason.message());
+  ClosePeer(peer->id, reason, /*notify=*/true, /*graceful=*/false);
+}
+
+// Stops the peer's use: it leaves the live set, a pending Connect fails, undelivered messages
+// are dropped and pending operations get `reason` (receives are cancelled now). Graceful: sends
+// already started may finish and are flushed, for at most close_timeout; otherwise forced now.
+void Engine::Impl::ClosePeer(PeerId id, const Status& reason, bool notify, bool graceful) {
+  detail::Peer* peer = FindPeer(id);
+  if (peer == nullptr) return;
+  if (peer->closing()) {
+    if (!graceful) FinishClose(id);
+    return;
+  }
+  bool was_open = peer->open();
+  if (was_open) {
+    std::lock_guard<std::mutex> lock(live_mu);
+    live.erase(id);
+  }
+  if (was_open) peer_count.fetch_sub(1, std::memory_order_relaxed);
+  if (peer->connect) {
+    connecting--;
+    peer->connect->set_value(reason);
+    peer->connect.reset();
+  }
+  peer->phase = detail::Peer::Phase::kDraining;
+  peer->close_deadline = Clock::now() + options.close_timeout;
+  closing++;
+  peer->inbox.clear();
+  FailOps(*peer, reason);
+  if (notify && was_open && handlers.on_peer_closed) handlers.on_peer_closed(id, reason);
+  if (graceful) {
+    AdvanceClose(*peer);
+  } else {
+    FinishClose(id);
+  }
+}
+
+// Called whenever a closing peer's operation ends: once none is left, flush the endpoint.
+void Engine::Impl::AdvanceClose(detail::Peer& peer) {
+  if (peer.phase == detail::Peer::Phase::kDraining && peer.ops.empty()) StartFlush(peer);
+}
+
+void Engine::Impl::StartFlush(detail::Peer& peer) {
+  peer.phase = detail::Peer::Phase::kFlushing;
+  auto* op = new detail::FlushOp{this, peer.id};
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  param.cb.send = OnFlushCb;
+  param.user_data = op;
+  ucs_status_ptr_t request = ucp_ep_flush_nbx(peer.ep, &param);
+  if (request == nullptr || UCS_PTR_IS_ERR(request)) {
+    delete op;
+    FinishClose(peer.id);
+    return;
+  }
+  outstanding++;  // OnFlushCb finishes the close, unless the deadline does it first
+}
+
+// Releases the endpoint (forced) and forgets the peer. Operations still pending complete with
+// the reason stamped on them by ClosePeer.
+void Engine::Impl::FinishClose(PeerId id) {
+  detail::Peer* peer = FindPeer(id);
+  if (peer == nullptr || !peer->closing()) return;
+  std::unique_ptr<detail::Peer> owned = std::move(peers[id]);
+  peers.erase(id);
+  by_ep.erase(owned->ep);
+  closing--;
+  ForceClose(owned->ep);
+}
+
+// Releases the endpoint without waiting for the peer; UCX completes its remaining requests with
+// an error (their callbacks run) and the peer sees the connection drop.
+void Engine::Impl::ForceClose(ucp_ep_h ep) {
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  param.cb.send = OnCloseCb;
+  param.user_data = this;
+  ucs_status_ptr_t request = ucp_ep_close_nbx(ep, &param);
+  if (request == nullptr) return;
+  if (UCS_PTR_IS_ERR(request)) {
+    log(LogLevel::kWarn, kLog, "closing an endpoint failed: {}", ucs_status_string(UCS_PTR_STATUS(request)));
+    return;
+  }
+  outstanding++;
+}
+
+}  // namespace viper::net

@@ -1,4 +1,5 @@
 // Engine lifecycle, the progress loop and the public API (which only queues commands).
+#include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -25,6 +26,24 @@ constexpr UcxDefault kUcxDefaults[] = {
     // memory): UCX pings idle peers this often (default 20 s).
     {"KEEPALIVE_INTERVAL", "2s"},
 };
+
+#if defined(__SANITIZE_THREAD__)
+constexpr bool kThreadSanitizer = true;
+#else
+constexpr bool kThreadSanitizer = false;
+#endif
+
+// UCX's memory hooks (UCM patches mmap/munmap/madvise to keep its registration cache coherent)
+// crash ThreadSanitizer builds (a dying thread's madvise re-enters TSan; libucm hooks it once loaded). UCX reads the switch
+// when the library loads, so it must come from the environment: fail clearly instead of crashing.
+Status CheckSanitizerEnvironment() {
+  if (!kThreadSanitizer) return Status::OK();
+  const char* events = std::getenv("UCX_MEM_EVENTS");
+  std::string_view v = events == nullptr ? "" : events;
+  if (v == "no" || v == "n" || v == "0" || v == "off") return Status::OK();
+  return Status::FailedPrecondition(
+      "ThreadSanitizer build: UCX memory hooks crash under TSan; run with UCX_MEM_EVENTS=no in the environment");
+}
 
 Status ApplyUcxDefaults(ucp_config_t* config) {
   for (const UcxDefault& d : kUcxDefaults) {
@@ -137,6 +156,10 @@ void Engine::Impl::Run() {
       last_activity = now;
     } else if (now - last_activity >= options.spin) {
       WaitForEvents(now, -1);
+    } else {
+      // Spinning: let a thread waiting for this core (e.g. the one our completion just woke) run
+      // first; on a small, busy machine a plain spin delays exactly the thread we wait for.
+      sched_yield();
     }
   }
   RunCommands();  // what was queued before the destructor ran still starts, then is cancelled
@@ -270,6 +293,7 @@ Result<std::unique_ptr<Engine>> Engine::Start(const EngineOptions& options, Engi
     Result<std::pair<std::string, uint16_t>> parsed = ParseHostPort(options.listen);
     if (!parsed.ok()) return parsed.status().WithContext("engine listen address");
   }
+  VIPER_RETURN_IF_ERROR(CheckSanitizerEnvironment());  // before any thread exists
   auto impl = std::make_unique<Impl>(options, std::move(handlers));
   impl->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (impl->wake_fd < 0) return Status::FromErrno("eventfd for the engine's command queue");

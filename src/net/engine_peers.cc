@@ -1,4 +1,7 @@
 // Endpoints: the listener, Connect's handshake, failure handling and closing.
+#include <cstdio>
+#include <cstdlib>
+
 #include <fmt/format.h>
 
 #include "engine_impl.h"
@@ -147,7 +150,21 @@ detail::Peer* Engine::Impl::PeerOfEp(ucp_ep_h ep) {
   return it == by_ep.end() ? nullptr : it->second;
 }
 
+// The endpoint's lanes and transports, as UCX prints them (for VIPER_LOG=debug).
+static std::string DescribeEp(ucp_ep_h ep) {
+  char* text = nullptr;
+  size_t size = 0;
+  FILE* stream = open_memstream(&text, &size);
+  if (stream == nullptr) return "?";
+  ucp_ep_print_info(ep, stream);
+  std::fclose(stream);
+  std::string out(text, size);
+  std::free(text);
+  return out;
+}
+
 void Engine::Impl::MarkOpen(detail::Peer& peer) {
+  if (log_enabled(LogLevel::kDebug)) log(LogLevel::kDebug, kLog, "peer {} endpoint:\n{}", peer.id, DescribeEp(peer.ep));
   peer.phase = detail::Peer::Phase::kOpen;
   {
     std::lock_guard<std::mutex> lock(live_mu);

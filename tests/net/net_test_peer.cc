@@ -1,6 +1,6 @@
 // viper_net_test_peer: the remote side of the net tests and of viper_net_bench, a real process
 // with its own Engine. Usage:
-//   viper_net_test_peer (--listen HOST:PORT | --connect HOST:PORT) [--max-message BYTES]
+//   viper_net_test_peer (--listen HOST:PORT | --connect HOST:PORT) [--max-message BYTES] [--spin-us N]
 // Prints "LISTEN <address>" or "CONNECTED <peer>" on stdout, then serves control messages until
 // its stdin reaches EOF:
 //   cmd:big <n> <seed>                                   reply with n pattern bytes
@@ -122,6 +122,7 @@ int Main(int argc, char** argv) {
     if (flag == "--listen") options.listen = argv[i + 1];
     else if (flag == "--connect") connect = argv[i + 1];
     else if (flag == "--max-message") options.max_message_bytes = std::stoull(argv[i + 1]);
+    else if (flag == "--spin-us") options.spin = std::chrono::microseconds(std::stoll(argv[i + 1]));
     else {
       std::fprintf(stderr, "test peer: unknown flag %s\n", flag.c_str());
       return 2;

@@ -1,0 +1,98 @@
+"""Turns one run's producer and consumer records into the figures the demo compares."""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+from cl_demo.runtime import percentile
+
+LABELS = {"none": "no publishing", "file": "file + poll (today)", "viper": "viper (memory, push)"}
+
+
+def summarize(producer: dict, consumer: dict, reference: Optional[dict] = None) -> dict:
+    """Figures of one run. `reference` is the summary of the no-publishing run, if there was one."""
+    publishes = producer["publishes"]
+    published_at = {p["step"]: p["publish_ns"] for p in publishes}
+    updates = consumer["updates"]
+    latencies = [(u["live_ns"] - published_at[u["step"]]) / 1e9 for u in updates if u["step"] in published_at]
+    requests = consumer["requests"]
+    losses = [r[6] for r in requests]
+    served = sorted({r[4] for r in requests})
+    iterations = producer["iterations"]
+    loop_s = producer["loop_s"]
+    stall_s = producer["stall_s"]
+    s_per_iter = loop_s / iterations if iterations else math.nan
+    out = {
+        "state_mb": producer["state_bytes"] / 2**20,
+        "versions_published": len(publishes),
+        "versions_loaded": len(updates),
+        "versions_served": len([v for v in served if v != 0]),
+        "latency_mean_s": _mean(latencies),
+        "latency_p95_s": percentile(latencies, 95),
+        "latency_max_s": max(latencies) if latencies else math.nan,
+        "latencies_s": latencies,
+        "stall_total_s": stall_s,
+        "stall_mean_s": stall_s / len(publishes) if publishes else 0.0,
+        "iterations": iterations,
+        "loop_s": loop_s,
+        "s_per_iteration": s_per_iter,
+        # How much longer the same training takes because of publishing, two ways: from the stall
+        # the loop measured, and against the measured loop of the run without publishing.
+        "slowdown_from_stall": stall_s / (loop_s - stall_s) if loop_s > stall_s else math.nan,
+        "slowdown_vs_reference": (s_per_iter / reference["s_per_iteration"] - 1.0) if reference else None,
+        "requests": len(requests),
+        "cil": sum(losses),
+        "mean_loss": _mean(losses),
+        "accuracy": _mean([r[7] for r in requests]),
+        "late_requests": sum(1 for r in requests if r[2] - r[1] > 50_000_000),
+        "final_train_loss": producer["steps"][-1][2] if producer["steps"] else math.nan,
+    }
+    if reference:
+        out["cil_vs_reference"] = out["cil"] / reference["cil"] if reference["cil"] else math.nan
+    return out
+
+
+def format_table(summaries: dict) -> str:
+    """A side-by-side text table: one column per run, in the order of `summaries`."""
+    names = list(summaries)
+    rows = [
+        ("model state (MiB)", "state_mb", "{:.0f}"),
+        ("versions published", "versions_published", "{}"),
+        ("versions loaded by consumer", "versions_loaded", "{}"),
+        ("versions that served requests", "versions_served", "{}"),
+        ("update latency mean (s)", "latency_mean_s", "{:.3f}"),
+        ("update latency p95 (s)", "latency_p95_s", "{:.3f}"),
+        ("publish stall mean (s)", "stall_mean_s", "{:.3f}"),
+        ("producer stall total (s)", "stall_total_s", "{:.2f}"),
+        ("training iterations", "iterations", "{}"),
+        ("time per iteration (s)", "s_per_iteration", "{:.3f}"),
+        ("training slowdown (stall)", "slowdown_from_stall", "{:+.1%}"),
+        ("training slowdown (vs no publish)", "slowdown_vs_reference", "{:+.1%}"),
+        ("requests served", "requests", "{}"),
+        ("CIL (sum of request losses)", "cil", "{:.2f}"),
+        ("mean request loss", "mean_loss", "{:.4f}"),
+        ("request accuracy", "accuracy", "{:.3f}"),
+        ("CIL / CIL without updates", "cil_vs_reference", "{:.3f}"),
+    ]
+    width = max(len(r[0]) for r in rows) + 2
+    col = max(22, *(len(LABELS.get(n, n)) + 2 for n in names))
+    lines = [" " * width + "".join(LABELS.get(n, n).rjust(col) for n in names)]
+    for label, key, fmt in rows:
+        cells = []
+        for n in names:
+            value = summaries[n].get(key)
+            if n == "none" and key.startswith(("latency", "slowdown_vs", "cil_vs")):
+                value = None
+            cells.append(_cell(value, fmt).rjust(col))
+        lines.append(label.ljust(width) + "".join(cells))
+    return "\n".join(lines)
+
+
+def _cell(value, fmt: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return fmt.format(value)
+
+
+def _mean(xs) -> float:
+    return sum(xs) / len(xs) if xs else math.nan

@@ -1,0 +1,301 @@
+"""How model versions travel from the producer to the consumer: one small class per transport.
+
+A Transport has two sides, used by two different processes:
+
+producer side
+    start_producer()                       once, before the first publish
+    publish(state_dict, step, meta) -> s   hand over one version; returns the seconds the caller
+                                           was blocked (the training stall the transport reports)
+    close()                                flush what is in flight and release everything
+
+consumer side
+    start_consumer(deadline_ns)            connect/prepare; may wait for the producer until deadline
+    next_update(into, current, timeout_s)  block until a version newer than `current` is available,
+                                           load it into the module `into` (which nobody else reads
+                                           meanwhile) and return an Update; None after timeout_s
+    close()
+
+Versions are numbered by the transport, starting at 1 and increasing; version 0 is the model both
+processes start from. The producer-side `step` (training iteration) travels with every version and
+is the key that joins producer and consumer records.
+
+Implementations:
+- FileTransport: what users have today. torch.save to <dir>/model-<v>.pt.tmp, os.replace to
+  model-<v>.pt; the consumer polls the directory every poll_interval_s, torch.load's the newest file
+  and load_state_dict's it.
+- ViperTransport: the `viper` Python bindings (memory path, push notification). Optional: when
+  `import viper` fails, viper_import_error() says why and the driver runs without it.
+- NoUpdateTransport: publishes nothing and never updates (the reference run: training without
+  publishing, and a consumer that serves its first model forever).
+"""
+from __future__ import annotations
+
+import abc
+import dataclasses
+import os
+import re
+import time
+from typing import Any, Dict, Optional
+
+import torch
+from torch import nn
+
+
+@dataclasses.dataclass
+class Update:
+    """One version loaded by the consumer. Times are CLOCK_REALTIME ns (time.time_ns())."""
+    version: int
+    step: int
+    detected_ns: int                     # the consumer learned of the version (poll hit / notify)
+    loaded_ns: int                       # the version's weights are in the spare module
+    completed_ns: Optional[int] = None   # the version was complete at the producer, if known
+    transport_timings: Dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+class Transport(abc.ABC):
+    """See the module docstring. An instance serves one side in one process; not thread-safe
+    except where a method says otherwise."""
+
+    name = "abstract"
+
+    def start_producer(self) -> None:
+        pass
+
+    @abc.abstractmethod
+    def publish(self, state_dict: Dict[str, torch.Tensor], step: int, meta: Dict[str, Any]) -> float:
+        """Publishes one version; returns the stall in seconds. REQUIRES: start_producer()."""
+
+    def start_consumer(self, deadline_ns: int) -> None:
+        pass
+
+    @abc.abstractmethod
+    def next_update(self, into: nn.Module, current: int, timeout_s: float) -> Optional[Update]:
+        """Loads the newest version if it is newer than `current` (waiting up to timeout_s for one).
+        REQUIRES: start_consumer()."""
+
+    def close(self) -> None:
+        pass
+
+    def describe(self) -> Dict[str, Any]:
+        """Settings to record with the results."""
+        return {"name": self.name}
+
+
+class NoUpdateTransport(Transport):
+    """The reference: nothing is published, the consumer keeps version 0."""
+
+    name = "none"
+
+    def publish(self, state_dict, step, meta) -> float:
+        return 0.0
+
+    def next_update(self, into, current, timeout_s):
+        time.sleep(max(0.0, timeout_s))
+        return None
+
+
+_FILE_RE = re.compile(r"^model-(\d+)\.pt$")
+
+
+class FileTransport(Transport):
+    """torch.save + rename on the producer; a consumer polling the directory and torch.load'ing."""
+
+    name = "file"
+
+    def __init__(self, directory: str, poll_interval_s: float = 1.0, keep_last: int = 3):
+        if poll_interval_s <= 0:
+            raise ValueError(f"FileTransport: poll_interval_s must be > 0, got {poll_interval_s}")
+        if keep_last < 1:
+            raise ValueError(f"FileTransport: keep_last must be >= 1, got {keep_last}")
+        self.directory = directory
+        self.poll_interval_s = poll_interval_s
+        self.keep_last = keep_last
+        self._version = 0
+        self._next_poll_ns: Optional[int] = None
+
+    def describe(self):
+        return {"name": self.name, "directory": self.directory,
+                "poll_interval_s": self.poll_interval_s, "keep_last": self.keep_last}
+
+    def _path(self, version: int) -> str:
+        return os.path.join(self.directory, f"model-{version:06d}.pt")
+
+    def start_producer(self) -> None:
+        os.makedirs(self.directory, exist_ok=True)
+
+    def publish(self, state_dict, step, meta) -> float:
+        start = time.perf_counter()
+        self._version += 1
+        path = self._path(self._version)
+        payload = {"state_dict": state_dict,
+                   "meta": dict(meta, version=self._version, step=step)}
+        torch.save(payload, path + ".tmp")
+        os.replace(path + ".tmp", path)  # readers see the whole file or none of it
+        self._drop_old()
+        return time.perf_counter() - start
+
+    def _drop_old(self) -> None:
+        """Retention: keeps the newest keep_last files, so a long run does not fill the disk."""
+        old = self._version - self.keep_last
+        if old >= 1:
+            try:
+                os.unlink(self._path(old))
+            except FileNotFoundError:
+                pass
+
+    def start_consumer(self, deadline_ns: int) -> None:
+        os.makedirs(self.directory, exist_ok=True)
+
+    def newest_version(self) -> int:
+        """Highest complete version in the directory (0 if none)."""
+        best = 0
+        for entry in os.listdir(self.directory):
+            m = _FILE_RE.match(entry)
+            if m:
+                best = max(best, int(m.group(1)))
+        return best
+
+    def next_update(self, into, current, timeout_s):
+        """Polls at fixed ticks poll_interval_s apart (the first one at once)."""
+        give_up_ns = time.time_ns() + int(timeout_s * 1e9)
+        while True:
+            now = time.time_ns()
+            if self._next_poll_ns is None:
+                self._next_poll_ns = now
+            if self._next_poll_ns > give_up_ns:
+                time.sleep(max(0.0, (give_up_ns - now) / 1e9))
+                return None
+            time.sleep(max(0.0, (self._next_poll_ns - now) / 1e9))
+            self._next_poll_ns += int(self.poll_interval_s * 1e9)
+            if self._next_poll_ns < time.time_ns():  # a long load: skip the ticks it overran
+                skipped = (time.time_ns() - self._next_poll_ns) // int(self.poll_interval_s * 1e9) + 1
+                self._next_poll_ns += skipped * int(self.poll_interval_s * 1e9)
+            update = self._load_newest(into, current)
+            if update is not None:
+                return update
+
+    def _load_newest(self, into: nn.Module, current: int) -> Optional[Update]:
+        version = self.newest_version()
+        if version <= current:
+            return None
+        detected_ns = time.time_ns()
+        path = self._path(version)
+        try:
+            completed_ns = os.stat(path).st_mtime_ns  # last write, just before the rename
+            payload = torch.load(path)
+        except FileNotFoundError:
+            return None  # retention removed it between listdir and open: a newer one exists
+        into.load_state_dict(payload["state_dict"])
+        meta = payload["meta"]
+        return Update(version=version, step=int(meta["step"]), detected_ns=detected_ns,
+                      loaded_ns=time.time_ns(), completed_ns=completed_ns,
+                      transport_timings={"publish_ns": meta.get("publish_ns")})
+
+
+_viper_module = None
+_viper_error: Optional[str] = None
+
+
+def viper_import_error() -> Optional[str]:
+    """None if `import viper` works, else the reason it does not."""
+    global _viper_module, _viper_error
+    if _viper_module is None and _viper_error is None:
+        try:
+            import viper  # noqa: PLC0415 (optional dependency)
+            _viper_module = viper
+        except ImportError as e:  # the bindings are not built or not on PYTHONPATH
+            _viper_error = f"{type(e).__name__}: {e}"
+    return _viper_error
+
+
+class ViperTransport(Transport):
+    """The Viper bindings. The only code in the demo that touches `viper`.
+
+    API used (the bindings' contract with this demo):
+      pub = viper.Publisher(model, listen="127.0.0.1:PORT")
+      pub.publish(state_dict, step=int, loss=float)  -> async; returns the stall in seconds (a
+          float) or an object; otherwise pub.last_stall_seconds is read
+      pub.close()
+      sub = viper.Subscriber(model, connect="127.0.0.1:PORT")
+      sub.wait_for(version, timeout_seconds)  -> returns when a version >= `version` is live, or on
+          timeout (returning a falsy value or raising TimeoutError)
+      sub.latest()  -> None or a snapshot with .version, .step, .timings (dict with at least
+          'completed_ns' and 'live_ns', CLOCK_REALTIME ns)
+      sub.load_into(module)  -> copies the live version into module's parameters; if it returns an
+          object with .version, that is the version it loaded
+      sub.close()
+    """
+
+    name = "viper"
+
+    def __init__(self, address: str, model: str = "nt3"):
+        err = viper_import_error()
+        if err is not None:
+            raise RuntimeError(f"ViperTransport: the viper Python bindings are not importable ({err})")
+        self.address = address
+        self.model = model
+        self._pub = None
+        self._sub = None
+
+    def describe(self):
+        return {"name": self.name, "address": self.address, "model": self.model}
+
+    def start_producer(self) -> None:
+        self._pub = _viper_module.Publisher(self.model, listen=self.address)
+
+    def publish(self, state_dict, step, meta) -> float:
+        start = time.perf_counter()
+        ret = self._pub.publish(state_dict, step=step, loss=float(meta.get("loss", float("nan"))))
+        wall = time.perf_counter() - start
+        if isinstance(ret, (int, float)) and not isinstance(ret, bool):
+            return float(ret)
+        reported = getattr(self._pub, "last_stall_seconds", None)
+        return float(reported) if reported is not None else wall
+
+    def start_consumer(self, deadline_ns: int) -> None:
+        """Connects, retrying while the producer's node is not listening yet."""
+        while True:
+            try:
+                self._sub = _viper_module.Subscriber(self.model, connect=self.address)
+                return
+            except Exception as e:  # noqa: BLE001 (the bindings' connection error type is theirs)
+                if time.time_ns() >= deadline_ns:
+                    raise RuntimeError(f"ViperTransport: cannot connect to {self.address}: {e}") from e
+                time.sleep(0.1)
+
+    def next_update(self, into, current, timeout_s):
+        snap = self._sub.latest()
+        if snap is None or snap.version <= current:
+            try:
+                self._sub.wait_for(current + 1, timeout_s)
+            except TimeoutError:
+                return None
+            snap = self._sub.latest()
+            if snap is None or snap.version <= current:
+                return None
+        detected_ns = time.time_ns()
+        loaded = self._sub.load_into(into)
+        loaded_ns = time.time_ns()
+        if hasattr(loaded, "version"):
+            snap = loaded
+        timings = dict(getattr(snap, "timings", {}) or {})
+        return Update(version=int(snap.version), step=int(snap.step), detected_ns=detected_ns,
+                      loaded_ns=loaded_ns, completed_ns=timings.get("completed_ns"),
+                      transport_timings=timings)
+
+    def close(self) -> None:
+        for handle in (self._pub, self._sub):
+            if handle is not None:
+                handle.close()
+        self._pub = self._sub = None
+
+
+def make_transport(name: str, workdir: str, address: str, poll_interval_s: float) -> Transport:
+    """The transport called `name` ("none", "file" or "viper")."""
+    if name == "none":
+        return NoUpdateTransport()
+    if name == "file":
+        return FileTransport(os.path.join(workdir, "models"), poll_interval_s=poll_interval_s)
+    if name == "viper":
+        return ViperTransport(address)
+    raise ValueError(f"unknown transport {name!r}: expected none, file or viper")

@@ -13,6 +13,7 @@ PACKAGES=(
   pybind11-dev python3-dev python3-numpy python3-torch python3-pytest python3-venv python3-pip
   clang libclang-rt-14-dev
   iproute2 iputils-ping procps psmisc
+  libopenblas0-openmp  # examples/cl_demo: torch's matmuls on the reference BLAS are ~10x slower
 )
 
 missing=()

@@ -26,6 +26,7 @@ class DemoConfig:
     request_interval_s: float = 0.2    # the consumer serves one request every this many seconds
     request_batch: int = 8             # samples per request; its loss is their mean cross-entropy
     poll_interval_s: float = 1.0       # FileTransport consumer
+    file_dir: str = ""                 # FileTransport directory ("" = <run dir>/models)
     producer_threads: int = 1
     consumer_threads: int = 1
     init_path: str = ""                # version 0 (written by the driver)

@@ -143,7 +143,7 @@ def main(argv=None) -> int:
     spare.load_state_dict(live.state_dict())
     live.eval()
     spare.eval()
-    transport = make_transport(args.transport, args.workdir, cfg.viper_address, cfg.poll_interval_s)
+    transport = make_transport(args.transport, args.workdir, cfg)
     transport.start_consumer(deadline_ns=time.time_ns() + int(60e9))
     start_ns = wait_for_start(sys.stdin)
     buffers = DoubleBuffer(live, spare)

@@ -117,7 +117,7 @@ def main(argv=None) -> int:
     cfg = DemoConfig.load(args.config)
     set_torch_threads(torch, cfg.producer_threads)
     model = load_version0(cfg)
-    transport = make_transport(args.transport, args.workdir, cfg.viper_address, cfg.poll_interval_s)
+    transport = make_transport(args.transport, args.workdir, cfg)
     transport.start_producer()
     policy = make_policy(cfg, transport)
     start_ns = wait_for_start(sys.stdin)

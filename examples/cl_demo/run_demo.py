@@ -55,6 +55,9 @@ def parse_args(argv):
                     help="publish every this many iterations (with --publish-every-s: whichever first)")
     ap.add_argument("--poll-interval", type=float, default=d.poll_interval_s,
                     help="file transport: seconds between directory polls [%(default)s]")
+    ap.add_argument("--file-dir", default="",
+                    help="file transport: directory of the model files, e.g. a PFS mount or /dev/shm "
+                         "(emptied before and after the run) [WORKDIR/run-file/models]")
     ap.add_argument("--request-interval", type=float, default=d.request_interval_s,
                     help="seconds between inference requests [%(default)s]")
     ap.add_argument("--request-batch", type=int, default=d.request_batch, help="samples per request [%(default)s]")
@@ -78,7 +81,7 @@ def config_from_args(args) -> DemoConfig:
                       pretrain_iters=args.pretrain_iters, publish_every_s=args.publish_every_s,
                       publish_every_iters=args.publish_every_iters,
                       request_interval_s=args.request_interval, request_batch=args.request_batch,
-                      poll_interval_s=args.poll_interval)
+                      poll_interval_s=args.poll_interval, file_dir=args.file_dir)
 
 
 def version0(cfg: DemoConfig, workdir: str) -> dict:
@@ -118,6 +121,7 @@ def run_one(name: str, cfg: DemoConfig, workdir: str, viper_path) -> dict:
     rundir = os.path.join(workdir, f"run-{name}")
     shutil.rmtree(rundir, ignore_errors=True)
     os.makedirs(rundir)
+    _remove_models(cfg, rundir)
     cfg.viper_address = f"127.0.0.1:{free_loopback_port()}"
     cfg_path = os.path.join(rundir, "config.json")
     cfg.save(cfg_path)
@@ -145,7 +149,17 @@ def run_one(name: str, cfg: DemoConfig, workdir: str, viper_path) -> dict:
             if p.poll() is None:
                 p.kill()
                 p.wait()
-        shutil.rmtree(os.path.join(rundir, "models"), ignore_errors=True)
+        _remove_models(cfg, rundir)
+
+
+def _remove_models(cfg: DemoConfig, rundir: str) -> None:
+    """Removes the file transport's model files (only ours: model-*.pt and their .tmp)."""
+    directory = cfg.file_dir or os.path.join(rundir, "models")
+    if not os.path.isdir(directory):
+        return
+    for entry in os.listdir(directory):
+        if entry.startswith("model-") and (entry.endswith(".pt") or entry.endswith(".pt.tmp")):
+            os.unlink(os.path.join(directory, entry))
 
 
 def _spawn(role: str, transport: str, cfg_path: str, rundir: str, viper_path) -> subprocess.Popen:

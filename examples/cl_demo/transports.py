@@ -290,12 +290,13 @@ class ViperTransport(Transport):
         self._pub = self._sub = None
 
 
-def make_transport(name: str, workdir: str, address: str, poll_interval_s: float) -> Transport:
-    """The transport called `name` ("none", "file" or "viper")."""
+def make_transport(name: str, workdir: str, cfg) -> Transport:
+    """The transport called `name` ("none", "file" or "viper") for the run in `workdir`, with the
+    settings of DemoConfig `cfg` (file_dir, poll_interval_s, viper_address)."""
     if name == "none":
         return NoUpdateTransport()
     if name == "file":
-        return FileTransport(os.path.join(workdir, "models"), poll_interval_s=poll_interval_s)
+        return FileTransport(cfg.file_dir or os.path.join(workdir, "models"), poll_interval_s=cfg.poll_interval_s)
     if name == "viper":
-        return ViperTransport(address)
+        return ViperTransport(cfg.viper_address)
     raise ValueError(f"unknown transport {name!r}: expected none, file or viper")

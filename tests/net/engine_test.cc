@@ -497,3 +497,26 @@ TEST_F(EngineTest, DestructionWithPendingOperationsCompletesThem) {
 
 }  // namespace
 }  // namespace viper::net::testing
+
+namespace viper::net::testing {
+namespace {
+
+// A node restarted on its fixed port must be able to listen again at once, although the
+// connections of its previous life linger in TIME_WAIT.
+TEST_F(EngineTest, RestartedListenerRebindsItsPortAtOnce) {
+  std::string address = "127.0.0.1:" + std::to_string(UnusedPort());
+  for (int life = 0; life < 2; ++life) {
+    EngineOptions options;
+    options.listen = address;
+    auto server = Engine::Start(options, {});
+    ASSERT_TRUE(server.ok()) << "life " << life << ": " << server.status().ToString();
+    auto client = StartEngine();
+    Result<PeerId> peer = client->Connect(address);
+    ASSERT_TRUE(peer.ok()) << peer.status().ToString();
+    ASSERT_TRUE(client->SendAndWait(*peer, AsBytes("hi")).ok());
+    server->reset();  // the server closes first: its side of the connections enters TIME_WAIT
+  }
+}
+
+}  // namespace
+}  // namespace viper::net::testing

@@ -1,5 +1,7 @@
 // viper_net_bench: engine bandwidth and latency against a viper_net_test_peer process.
-//   viper_net_bench [--bytes N] [--chunk N] [--inflight N] [--spin-us N] [--pings N]
+//   viper_net_bench [--bytes N] [--chunk N] [--inflight N] [--spin-us N] [--pings N] [--peer HOST:PORT]
+// --peer uses an already running viper_net_test_peer (e.g. in another network namespace)
+// instead of starting one on this host.
 // Runs over whatever transports UCX picks for a client-server endpoint (run it with UCX_TLS=...
 // or other UCX_* settings to compare). Prints the memcpy baseline of the same run and the ratio.
 // --bytes 0 skips the bandwidth part.
@@ -22,6 +24,7 @@ struct Config {
   size_t chunk = 4u << 20;
   int inflight = 8;
   int pings = 2000;
+  std::string peer;  // empty: start a local helper
   EngineOptions options;
 };
 
@@ -119,9 +122,15 @@ int Run(const Config& c) {
   EventLog events;
   auto engine = Engine::Start(c.options, events.Handlers());
   if (!engine.ok()) return std::fprintf(stderr, "%s\n", engine.status().ToString().c_str()), 1;
-  auto child = ChildProcess::Start(
-      {HelperPath(), "--listen", "127.0.0.1:0", "--spin-us", std::to_string(c.options.spin.count())});
-  auto address = child ? child->WaitFor("LISTEN ", 10s) : std::nullopt;
+  std::optional<ChildProcess> child;
+  std::optional<std::string> address = c.peer;
+  if (c.peer.empty()) {
+    auto started = ChildProcess::Start(
+        {HelperPath(), "--listen", "127.0.0.1:0", "--spin-us", std::to_string(c.options.spin.count())});
+    if (!started) return std::fprintf(stderr, "cannot start %s\n", HelperPath().c_str()), 1;
+    child.emplace(std::move(*started));
+    address = child->WaitFor("LISTEN ", 10s);
+  }
   if (!address) return std::fprintf(stderr, "helper did not start\n"), 1;
   auto peer = (*engine)->Connect(*address);
   if (!peer.ok()) return std::fprintf(stderr, "%s\n", peer.status().ToString().c_str()), 1;
@@ -154,6 +163,7 @@ int main(int argc, char** argv) {
     else if (flag == "--inflight") c.inflight = std::stoi(argv[i + 1]);
     else if (flag == "--spin-us") c.options.spin = std::chrono::microseconds(std::stoll(argv[i + 1]));
     else if (flag == "--pings") c.pings = std::stoi(argv[i + 1]);
+    else if (flag == "--peer") c.peer = argv[i + 1];
     else return std::fprintf(stderr, "unknown flag %s\n", flag.c_str()), 2;
   }
   c.total = c.total / c.chunk * c.chunk;

@@ -164,8 +164,10 @@ struct FileTier::Impl {
   }
   void ScanModel(const std::string& model, Index* index) const;
   void HandleTemp(const fs::path& path) const;
-  Status CheckWritable(const std::string& model, uint64_t version, std::span<const std::byte> bytes) const;
-  Result<FileEntry> WriteFile(const std::string& model, uint64_t version, std::span<const std::byte> bytes) const;
+  // The declared checksum of `bytes` if they may be written as (model, version).
+  Result<uint64_t> CheckWritable(const std::string& model, uint64_t version, std::span<const std::byte> bytes) const;
+  Result<FileEntry> WriteFile(const std::string& model, uint64_t version, std::span<const std::byte> bytes,
+                              uint64_t checksum) const;
   // The indexed entry, or (not indexed) the file on disk checked at header level; `indexed`
   // says which. A file found on disk joins the index only once a read has verified it.
   Result<FileEntry> Lookup(const std::string& model, uint64_t version, bool* indexed) const;
@@ -275,7 +277,7 @@ void FileTier::Impl::HandleTemp(const fs::path& path) const {
 Status FileTier::Write(const std::string& model, uint64_t version, std::span<const std::byte> bytes) {
   VIPER_RETURN_IF_ERROR(ValidateModelName(model));
   VIPER_RETURN_IF_ERROR(ValidateVersion(version).WithContext("model " + model));
-  VIPER_RETURN_IF_ERROR(impl_->CheckWritable(model, version, bytes));
+  VIPER_ASSIGN_OR_RETURN(uint64_t checksum, impl_->CheckWritable(model, version, bytes));
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     auto it = impl_->index.find(model);
@@ -287,7 +289,7 @@ Status FileTier::Write(const std::string& model, uint64_t version, std::span<con
       return Status::AlreadyExists(fmt::format("file tier: model {} version {} is being written", model, version));
     }
   }
-  auto written = impl_->WriteFile(model, version, bytes);
+  auto written = impl_->WriteFile(model, version, bytes, checksum);
   std::vector<fs::path> victims;
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
@@ -311,7 +313,8 @@ Status FileTier::Write(const std::string& model, uint64_t version, std::span<con
 
 // The bytes must be a sealed snapshot of this (model, version): a file the tier would refuse to
 // serve after a restart must not be written in the first place. O(header); no checksum pass.
-Status FileTier::Impl::CheckWritable(const std::string& model, uint64_t version, std::span<const std::byte> bytes) const {
+Result<uint64_t> FileTier::Impl::CheckWritable(const std::string& model, uint64_t version,
+                                               std::span<const std::byte> bytes) const {
   auto what = fmt::format("file tier: writing model {} version {}", model, version);
   auto snap = Snapshot::Parse(bytes, nullptr);
   if (!snap.ok()) return Status::InvalidArgument(fmt::format("{}: not a valid snapshot: {}", what, snap.status().message()));
@@ -324,12 +327,12 @@ Status FileTier::Impl::CheckWritable(const std::string& model, uint64_t version,
   if (auto v = snap->version(); v && *v != version) {
     return Status::InvalidArgument(fmt::format("{}: the snapshot says {} = {}", what, kMetaVersion, *v));
   }
-  return Status::OK();
+  return *snap->declared_checksum();
 }
 
 // tmp file, write from the caller's buffer, fsync, rename, fsync the directory.
 Result<FileEntry> FileTier::Impl::WriteFile(const std::string& model, uint64_t version,
-                                            std::span<const std::byte> bytes) const {
+                                            std::span<const std::byte> bytes, uint64_t checksum) const {
   const fs::path dir = options.dir / model;
   VIPER_RETURN_IF_ERROR(EnsureDir(dir, options.fsync));
   const fs::path final_path = PathFor(model, version);
@@ -353,12 +356,11 @@ Result<FileEntry> FileTier::Impl::WriteFile(const std::string& model, uint64_t v
     return fail(Status::FromErrno(fmt::format("file tier: rename {} -> {}", tmp.string(), final_path.string())));
   }
   if (options.fsync) VIPER_RETURN_IF_ERROR(FsyncDir(dir));
-  auto snap = Snapshot::Parse(bytes, nullptr);  // checked by CheckWritable; O(header)
   FileEntry e;
   e.model = model;
   e.version = version;
   e.size = bytes.size();
-  e.checksum = snap.ok() ? snap->declared_checksum().value_or(0) : 0;
+  e.checksum = checksum;
   e.path = final_path;
   return e;
 }

@@ -5,7 +5,6 @@
 // its mapping valid (the mapping is reference-counted separately from the pool).
 #include "viper/host_tier.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -14,7 +13,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <climits>
 #include <cstring>
 #include <map>
 #include <utility>
@@ -477,63 +475,6 @@ HostTierStats HostTier::stats() const {
   s.recycled_allocations = impl_->pool->recycled_allocations;
   s.fresh_allocations = impl_->pool->fresh_allocations;
   return s;
-}
-
-std::vector<std::string> HostTier::FindStaleSegments(const std::string& prefix) {
-  std::vector<std::string> stale;
-  DIR* dir = ::opendir(kShmDir);
-  if (dir == nullptr) {
-    log(LogLevel::kWarn, kLog, "cannot scan {} for stale segments: {}", kShmDir, std::strerror(errno));
-    return stale;
-  }
-  const std::string lead = prefix + ".";
-  while (const dirent* entry = ::readdir(dir)) {
-    std::string_view name(entry->d_name);
-    if (!name.starts_with(lead)) continue;
-    std::string_view rest = name.substr(lead.size());  // "<pid>.<seq>"
-    size_t dot = rest.find('.');
-    if (dot == std::string_view::npos) continue;
-    auto pid = store_internal::ParseDecimal(rest.substr(0, dot));
-    auto seq = store_internal::ParseDecimal(rest.substr(dot + 1));
-    if (!pid || !seq) continue;
-    if (static_cast<int64_t>(*pid) == ::getpid() || store_internal::ProcessAlive(static_cast<int64_t>(*pid))) continue;
-    stale.emplace_back(name);
-  }
-  ::closedir(dir);
-  std::sort(stale.begin(), stale.end());
-  return stale;
-}
-
-// ---- MapSegmentReadOnly ----
-
-Result<MappedSegment> MapSegmentReadOnly(const std::string& name, uint64_t size) {
-  if (name.empty() || name.size() > NAME_MAX || name.find('/') != std::string::npos || name.front() == '.') {
-    return Status::InvalidArgument(fmt::format("'{}' is not a shared-memory segment name", name));
-  }
-  if (size == 0) return Status::InvalidArgument(fmt::format("segment {}: cannot map 0 bytes", name));
-  int fd = ::shm_open(("/" + name).c_str(), O_RDONLY | O_CLOEXEC, 0);
-  if (fd < 0) {
-    return Status::FromErrno(fmt::format("segment {}: shm_open read-only failed (is its node still running?)", name));
-  }
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    Status s = Status::FromErrno(fmt::format("segment {}: fstat failed", name));
-    ::close(fd);
-    return s;
-  }
-  if (static_cast<uint64_t>(st.st_size) < size) {
-    ::close(fd);
-    return Status::InvalidArgument(fmt::format("segment {} is {}, smaller than the {} expected", name,
-                                               FormatBytes(static_cast<uint64_t>(st.st_size)), FormatBytes(size)));
-  }
-  void* base = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
-  int err = errno;
-  ::close(fd);  // the mapping keeps the segment alive
-  if (base == MAP_FAILED) return Status::FromErrno(fmt::format("segment {}: mmap of {} failed", name, FormatBytes(size)), err);
-  MappedSegment out;
-  out.owner = std::shared_ptr<const void>(base, [size](const void* p) { ::munmap(const_cast<void*>(p), size); });
-  out.data = std::span<const std::byte>(static_cast<const std::byte*>(base), size);
-  return out;
 }
 
 }  // namespace viper

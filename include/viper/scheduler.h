@@ -1,0 +1,131 @@
+// viper::Scheduler: the online Inference Performance Predictor. Inside a training loop it takes
+// the loss of every step, measures the time per iteration, learns the checkpoint costs from the
+// Publisher/Subscriber timings it is fed, refits the loss curve and re-plans periodically, and
+// answers "checkpoint now?". It needs no other Viper component.
+//
+//   auto sched = viper::Scheduler::Create({.policy = "optimal", .warmup_end = 500, .end = 20000,
+//                                          .t_infer_ns = 10'000'000, .requests = 200000});
+//   for (int64_t it = 0; it <= 20000; ++it) {
+//     double loss = train_step();
+//     if (sched.value()->step(it, loss).value_or(false)) publisher.publish(...);
+//   }
+//
+// Thread-safety: all methods are thread-safe (one internal mutex), so report_* may be called from
+// a Publisher or Subscriber callback thread while the training thread calls step(). Planning runs
+// inside observe()/step() on the training thread (optimal: bounded by OptimalOptions::max_cells).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "viper/loss_fit.h"
+#include "viper/schedule.h"
+#include "viper/status.h"
+
+namespace viper {
+
+struct SchedulerOptions {
+  std::string policy = "optimal";  // one of SchedulePolicies()
+  int64_t warmup_end = 0;          // s: the curve is first fitted and the run planned here
+  int64_t end = 0;                 // e > s: last training iteration
+  int64_t epoch = 0;               // iterations per epoch (required by policy "epoch")
+  int64_t t_infer_ns = 0;          // one inference request every t_infer (> 0)
+  int64_t requests = 0;            // M > 0 requests in all
+
+  // Time per iteration. 0 = measure: the median of the last 64 wall-clock intervals between
+  // observe() calls, divided by the iteration step (robust to the occasional checkpoint stall).
+  int64_t t_train_ns = 0;
+  // Initial estimates of the checkpoint costs; replaced by the median of the last 16
+  // report_publish_stall() / report_update_latency() values once any are reported.
+  int64_t t_p_ns = 0;
+  int64_t t_c_ns = 0;
+
+  // Refit the curve on all losses seen so far and re-plan every refit_every iterations after s
+  // (0 = (e - s) / 10, at least 1). A timing estimate that moves by more than 10% from the one
+  // the plan used also triggers a re-plan at the next observe().
+  int64_t refit_every = 0;
+  // should_checkpoint(s) is true: the warm-up model is version x_0, live from time 0 in the CIL
+  // model (it carries no stall in the model, but consumers still need it).
+  bool checkpoint_at_warmup_end = true;
+
+  FitOptions fit;          // fit.horizon is forced to `end`
+  OptimalOptions optimal;  // bounds the optimal planner's work
+};
+
+// What the scheduler knows and plans. A snapshot (copy) taken under the lock.
+struct SchedulerState {
+  int64_t iteration = -1;            // last observed iteration
+  int64_t t_train_ns = 0;            // the estimate the last plan used
+  int64_t t_p_ns = 0;                // current estimates (options, then the reported medians)
+  int64_t t_c_ns = 0;
+  std::optional<LossFit> fit;        // set once the curve has been fitted
+  std::vector<int64_t> taken;        // checkpoints answered true after s
+  std::vector<int64_t> planned;      // future checkpoints of the current plan
+  double predicted_cil = 0.0;        // CIL of taken + planned under the current estimates
+  int64_t plans = 0;                 // number of (re)plans so far
+  Status last_plan_status;           // why the last plan failed (the old plan is kept), or OK
+};
+
+class Scheduler {
+ public:
+  // Validates the options (InvalidArgument naming the field).
+  static Result<std::unique_ptr<Scheduler>> Create(SchedulerOptions options);
+
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Records the loss observed after `iteration` and the wall-clock time since the previous call;
+  // fits and plans at s, refits and re-plans every refit_every iterations.
+  // REQUIRES: iterations strictly increasing, loss finite (InvalidArgument otherwise; the sample
+  // is then ignored). Planning failures do not fail observe(): see SchedulerState.
+  Status observe(int64_t iteration, double loss);
+
+  // True if a checkpoint should be taken after `iteration`: s lies in (previous asked iteration,
+  // iteration] (the warm-up model, see options), or a planned checkpoint does (so a loop that asks
+  // only every few iterations still gets every checkpoint, late). A true answer for a planned
+  // checkpoint counts as taken at `iteration`. Before any successful plan only s and e are
+  // answered true. Asking again for an iteration already answered returns false.
+  bool should_checkpoint(int64_t iteration);
+
+  // observe() then should_checkpoint().
+  Result<bool> step(int64_t iteration, double loss);
+
+  // Timings fed by the lead's wiring: the producer's stall for one publish (t_p) and the time
+  // from the end of the stall until the version is live at a consumer (t_c). Negative or
+  // non-finite values are ignored.
+  void report_publish_stall(double seconds);
+  void report_update_latency(double seconds);
+
+  SchedulerState state() const;
+  const SchedulerOptions& options() const { return options_; }
+
+ private:
+  explicit Scheduler(SchedulerOptions options);
+  void MeasureLocked(int64_t iteration);
+  bool PlanDueLocked(int64_t iteration) const;
+  void PlanLocked(int64_t iteration);
+  Result<ScheduleInputs> InputsLocked(int64_t iteration);
+  int64_t TrainEstimateLocked() const;
+
+  const SchedulerOptions options_;
+  mutable std::mutex mu_;
+  std::vector<LossSample> samples_;
+  std::optional<std::chrono::steady_clock::time_point> last_time_;
+  std::deque<int64_t> train_ns_window_;
+  std::deque<int64_t> stall_ns_window_;
+  std::deque<int64_t> latency_ns_window_;
+  int64_t last_asked_ = -1;
+  int64_t last_plan_iteration_ = -1;
+  bool timings_moved_ = false;
+  int64_t plan_t_p_ns_ = 0;  // estimates the current plan used
+  int64_t plan_t_c_ns_ = 0;
+  SchedulerState state_;
+};
+
+}  // namespace viper

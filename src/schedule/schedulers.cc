@@ -1,0 +1,164 @@
+// The heuristic schedulers (none, epoch, fixed, greedy, sqrt) and the policy dispatch.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <numeric>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "schedule_internal.h"
+
+namespace viper {
+
+using schedule_internal::CilModel;
+using schedule_internal::Finish;
+using schedule_internal::PlanStart;
+using schedule_internal::ValidateInputs;
+
+namespace {
+
+// anchor + I, anchor + 2I, ... restricted to (start, e].
+std::vector<int64_t> EveryInterval(const PlanStart& st, int64_t end, int64_t interval) {
+  std::vector<int64_t> out;
+  int64_t x = st.anchor + interval;
+  if (x <= st.start) x += ((st.start - x) / interval + 1) * interval;
+  for (; x <= end; x += interval) out.push_back(x);
+  return out;
+}
+
+Result<double> CurveThreshold(const LossCurve& curve, int64_t s) {
+  std::vector<double> losses;
+  for (int64_t x = 0; x <= s; ++x) {
+    const double l = curve.value(static_cast<double>(x));
+    if (std::isfinite(l)) losses.push_back(l);  // a power law has no value at 0
+  }
+  Result<double> t = GreedyThreshold(losses);
+  if (!t.ok()) return t.status().WithContext("greedy: threshold from the curve over the warm-up iterations");
+  return t;
+}
+
+// Gap (iterations) of the sqrt rule at x.
+int64_t SqrtGap(const CilModel& m, int64_t x, int64_t lower) {
+  const ScheduleProblem& p = m.problem();
+  const double drop = m.L(x) - m.L(p.end);
+  const double slope = std::abs(m.curve().derivative(static_cast<double>(x)));
+  const double remaining = static_cast<double>(p.end - x);
+  // No improvement left (or a flat/increasing curve): only the final checkpoint at e is useful.
+  if (!(drop > 0) || !(slope > 0)) return std::max<int64_t>(lower, p.end - x);
+  const double h = std::sqrt(2.0 * static_cast<double>(p.t_p_ns) * drop / (static_cast<double>(p.t_train_ns) * slope));
+  if (!std::isfinite(h) || h >= remaining) return std::max<int64_t>(lower, p.end - x);
+  return std::max<int64_t>(lower, std::llround(h));
+}
+
+}  // namespace
+
+Result<double> GreedyThreshold(std::span<const double> losses) {
+  if (losses.size() < 2) {
+    return Status::InvalidArgument(fmt::format("greedy threshold: need at least 2 losses, got {}", losses.size()));
+  }
+  std::vector<double> d;
+  for (size_t i = 1; i < losses.size(); ++i) {
+    if (!std::isfinite(losses[i]) || !std::isfinite(losses[i - 1])) {
+      return Status::InvalidArgument(fmt::format("greedy threshold: loss #{} is not finite", std::isfinite(losses[i]) ? i - 1 : i));
+    }
+    d.push_back(std::abs(losses[i] - losses[i - 1]));
+  }
+  const double mean = std::accumulate(d.begin(), d.end(), 0.0) / static_cast<double>(d.size());
+  double var = 0;
+  for (double v : d) var += (v - mean) * (v - mean);
+  return mean + std::sqrt(var / static_cast<double>(d.size()));
+}
+
+Result<Schedule> NoSchedule(const ScheduleInputs& in) {
+  VIPER_RETURN_IF_ERROR(ValidateInputs(in));
+  return Finish(in, "none", {});
+}
+
+Result<Schedule> EpochSchedule(const ScheduleInputs& in) {
+  VIPER_ASSIGN_OR_RETURN(PlanStart st, ValidateInputs(in));
+  if (in.epoch <= 0) return Status::InvalidArgument(fmt::format("epoch schedule: epoch = {} must be > 0", in.epoch));
+  VIPER_ASSIGN_OR_RETURN(Schedule out, Finish(in, "epoch", EveryInterval(st, in.problem.end, in.epoch)));
+  out.interval = in.epoch;
+  return out;
+}
+
+Result<Schedule> FixedSchedule(const ScheduleInputs& in) {
+  VIPER_ASSIGN_OR_RETURN(PlanStart st, ValidateInputs(in));
+  const CilModel model(in.problem, in.curve);
+  std::vector<int64_t> full = in.taken;
+  int64_t best_interval = 0;
+  double best = std::numeric_limits<double>::infinity();
+  for (int64_t interval = 1; interval <= in.problem.end - st.anchor; ++interval) {
+    full.resize(in.taken.size());
+    const std::vector<int64_t> planned = EveryInterval(st, in.problem.end, interval);
+    full.insert(full.end(), planned.begin(), planned.end());
+    const double cil = model.Cil(full);
+    if (cil < best) best = cil, best_interval = interval;  // strict: ties keep the smaller interval
+  }
+  if (best_interval == 0) return Status::InvalidArgument("fixed schedule: no interval gives a finite CIL");
+  VIPER_ASSIGN_OR_RETURN(Schedule out, Finish(in, "fixed", EveryInterval(st, in.problem.end, best_interval)));
+  out.interval = best_interval;
+  return out;
+}
+
+Result<Schedule> GreedySchedule(const ScheduleInputs& in) {
+  VIPER_ASSIGN_OR_RETURN(PlanStart st, ValidateInputs(in));
+  double threshold = 0;
+  if (in.greedy_threshold) {
+    threshold = *in.greedy_threshold;
+  } else if (in.warmup_losses.size() >= 2) {
+    VIPER_ASSIGN_OR_RETURN(threshold, GreedyThreshold(in.warmup_losses));
+  } else {
+    VIPER_ASSIGN_OR_RETURN(threshold, CurveThreshold(in.curve, in.problem.warmup_end));
+  }
+  if (!std::isfinite(threshold) || threshold < 0) {
+    return Status::InvalidArgument(fmt::format("greedy schedule: threshold {} must be finite and >= 0", threshold));
+  }
+  const CilModel model(in.problem, in.curve);
+  std::vector<int64_t> planned;
+  double last = model.L(st.anchor);
+  for (int64_t x = st.start + 1; x <= in.problem.end; ++x) {  // the iteration advances on every loop
+    const double l = model.L(x);
+    if (last - l > threshold) planned.push_back(x), last = l;
+  }
+  VIPER_ASSIGN_OR_RETURN(Schedule out, Finish(in, "greedy", std::move(planned)));
+  out.threshold = threshold;
+  return out;
+}
+
+Result<Schedule> SqrtSchedule(const ScheduleInputs& in) {
+  VIPER_ASSIGN_OR_RETURN(PlanStart st, ValidateInputs(in));
+  const ScheduleProblem& p = in.problem;
+  const CilModel model(p, in.curve);
+  const int64_t wait = p.t_c_ns > p.t_p_ns ? (p.t_c_ns - p.t_p_ns + p.t_train_ns - 1) / p.t_train_ns : 0;
+  const int64_t lower = std::max<int64_t>(1, wait);
+  std::vector<int64_t> planned;
+  if (st.start < p.end) {
+    int64_t x = std::max(st.anchor + SqrtGap(model, st.anchor, lower), st.start + 1);
+    while (x < p.end) {
+      planned.push_back(x);
+      x += SqrtGap(model, x, lower);
+    }
+    planned.push_back(p.end);
+  }
+  return Finish(in, "sqrt", std::move(planned));
+}
+
+std::span<const std::string_view> SchedulePolicies() {
+  static constexpr std::array<std::string_view, 6> kPolicies = {"none", "epoch", "fixed", "greedy", "sqrt", "optimal"};
+  return kPolicies;
+}
+
+Result<Schedule> MakeSchedule(std::string_view policy, const ScheduleInputs& in) {
+  if (policy == "none") return NoSchedule(in);
+  if (policy == "epoch") return EpochSchedule(in);
+  if (policy == "fixed") return FixedSchedule(in);
+  if (policy == "greedy") return GreedySchedule(in);
+  if (policy == "sqrt") return SqrtSchedule(in);
+  if (policy == "optimal") return OptimalSchedule(in);
+  return Status::InvalidArgument(
+      fmt::format("schedule: unknown policy '{}' (known: {})", policy, fmt::join(SchedulePolicies(), ", ")));
+}
+
+}  // namespace viper

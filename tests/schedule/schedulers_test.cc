@@ -1,0 +1,313 @@
+// The schedulers: the worked example, optimal against brute force and against every other
+// scheduler on random scenarios, the sqrt rule against optimal, re-planning, bad inputs.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include "schedule/test_util.h"
+#include "viper/schedule.h"
+
+namespace viper {
+namespace {
+
+using testing::BruteForceOptimum;
+using testing::WorkedInputs;
+
+TEST(Schedulers, WorkedExampleFixedIsInterval30) {
+  Result<Schedule> fixed = FixedSchedule(WorkedInputs());
+  ASSERT_TRUE(fixed.ok()) << fixed.status().ToString();
+  EXPECT_EQ(fixed->interval, 30);
+  EXPECT_NEAR(fixed->cil, 1520.025158, 1e-6);
+  EXPECT_EQ(fixed->iterations.front(), 130);
+  EXPECT_EQ(fixed->iterations.back(), 400);
+  EXPECT_EQ(fixed->checkpoints(), 10);
+}
+
+TEST(Schedulers, WorkedExampleEpochAndNone) {
+  Result<Schedule> epoch = EpochSchedule(WorkedInputs());
+  ASSERT_TRUE(epoch.ok()) << epoch.status().ToString();
+  EXPECT_EQ(epoch->iterations, (std::vector<int64_t>{150, 200, 250, 300, 350, 400}));
+  EXPECT_NEAR(epoch->cil, 1560.502769, 1e-6);
+  Result<Schedule> none = MakeSchedule("none", WorkedInputs());
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->checkpoints(), 0);
+  EXPECT_NEAR(none->cil, 4178.794412, 1e-6);
+}
+
+TEST(Schedulers, WorkedExampleAllPolicies) {
+  double optimal = 0;
+  for (std::string_view policy : SchedulePolicies()) {
+    Result<Schedule> s = MakeSchedule(policy, WorkedInputs());
+    ASSERT_TRUE(s.ok()) << policy << ": " << s.status().ToString();
+    EXPECT_EQ(s->policy, policy);
+    Result<double> again = EvaluateCil(WorkedInputs().problem, WorkedInputs().curve, s->iterations);
+    ASSERT_TRUE(again.ok());
+    EXPECT_DOUBLE_EQ(*again, s->cil) << policy;
+    if (policy == "optimal") optimal = s->cil;
+    std::printf("worked example %-8s cil %.6f checkpoints %lld\n", std::string(policy).c_str(), s->cil,
+                static_cast<long long>(s->checkpoints()));
+  }
+  EXPECT_LE(optimal, 1520.025158);
+  Result<Schedule> opt = OptimalSchedule(WorkedInputs());
+  EXPECT_EQ(opt->stride, 1);
+}
+
+TEST(Schedulers, GreedyThresholdIsMeanPlusStdOfAbsoluteDifferences) {
+  // |diffs| = 1, 3, 1, 3: mean 2, population std 1.
+  Result<double> t = GreedyThreshold(std::vector<double>{10, 9, 6, 5, 2});
+  ASSERT_TRUE(t.ok());
+  EXPECT_DOUBLE_EQ(*t, 3.0);
+  EXPECT_FALSE(GreedyThreshold(std::vector<double>{1.0}).ok());
+  EXPECT_FALSE(GreedyThreshold(std::vector<double>{1.0, std::nan("")}).ok());
+  // Greedy checkpoints when the predicted drop since the last checkpoint exceeds the threshold.
+  ScheduleInputs in = WorkedInputs();
+  in.greedy_threshold = 0.1;
+  Result<Schedule> g = GreedySchedule(in);
+  ASSERT_TRUE(g.ok());
+  double last = in.curve.value(100);
+  for (int64_t x = 101; x <= 400; ++x) {
+    const bool taken = std::find(g->iterations.begin(), g->iterations.end(), x) != g->iterations.end();
+    EXPECT_EQ(taken, last - in.curve.value(x) > 0.1) << x;
+    if (taken) last = in.curve.value(x);
+  }
+  EXPECT_DOUBLE_EQ(g->threshold, 0.1);
+}
+
+TEST(Schedulers, SqrtFollowsTheGapRule) {
+  ScheduleInputs in = WorkedInputs();
+  Result<Schedule> s = SqrtSchedule(in);
+  ASSERT_TRUE(s.ok());
+  ASSERT_EQ(s->iterations.back(), 400);
+  const auto& p = in.problem;
+  int64_t x = 100;
+  for (size_t i = 0; i + 1 < s->iterations.size(); ++i) {
+    const double h = std::sqrt(2.0 * p.t_p_ns * (in.curve.value(x) - in.curve.value(400)) /
+                               (p.t_train_ns * std::abs(in.curve.derivative(x))));
+    x += std::max<int64_t>(1, std::llround(h));  // (t_c - t_p) < 0 here: the lower bound is 1
+    EXPECT_EQ(s->iterations[i], x);
+  }
+  // t_c > t_p: gaps are at least ceil((t_c - t_p)/t_train) = ceil(2.5) = 3 iterations (the
+  // final checkpoint at e is always taken, so the last gap may be shorter).
+  in.problem.t_p_ns = 10'000'000;
+  in.problem.t_c_ns = 260'000'000;
+  s = SqrtSchedule(in);
+  ASSERT_TRUE(s.ok());
+  ASSERT_GT(s->iterations.size(), 10u);
+  EXPECT_EQ(s->iterations.front(), 104);  // h(100) = 4.36 rounds to 4 >= 3
+  for (size_t i = 1; i + 1 < s->iterations.size(); ++i) EXPECT_GE(s->iterations[i] - s->iterations[i - 1], 3);
+  // t_c = 1 s: the bound ceil((1 - 0.01)/0.1) = 10 iterations binds everywhere but at the end.
+  in.problem.t_c_ns = 1'000'000'000;
+  s = SqrtSchedule(in);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->iterations.front(), 110);
+  for (size_t i = 1; i + 1 < s->iterations.size(); ++i) EXPECT_GE(s->iterations[i] - s->iterations[i - 1], 10);
+}
+
+// Random scenario: a curve of one family, random costs; small enough for every-iteration grids.
+struct Scenario {
+  ScheduleInputs inputs;
+  std::string label;
+};
+
+Scenario RandomScenario(std::mt19937_64& rng, int64_t max_len, int family) {
+  std::uniform_real_distribution<double> u(0, 1);
+  Scenario sc;
+  ScheduleProblem& p = sc.inputs.problem;
+  p.warmup_end = 1 + static_cast<int64_t>(u(rng) * 50);
+  p.end = p.warmup_end + 1 + static_cast<int64_t>(u(rng) * (max_len - 1));
+  p.t_train_ns = 1'000'000 + static_cast<int64_t>(u(rng) * 1e9);
+  p.t_p_ns = static_cast<int64_t>(u(rng) * u(rng) * 5e9);
+  p.t_c_ns = static_cast<int64_t>(u(rng) * 3e9);
+  p.t_infer_ns = 100'000 + static_cast<int64_t>(u(rng) * 1e8);
+  const double span_ns = static_cast<double>(p.end - p.warmup_end) * p.t_train_ns;
+  p.requests = 1 + static_cast<int64_t>(u(rng) * 2.0 * span_ns / p.t_infer_ns);
+  const double len = static_cast<double>(p.end);
+  switch (family) {
+    case 0: sc.inputs.curve = LossCurve::Exp(0.5 + 3 * u(rng), (0.2 + 5 * u(rng)) / len); break;
+    case 1: sc.inputs.curve = LossCurve::ExpOffset(0.5 + 3 * u(rng), (0.2 + 5 * u(rng)) / len, 0.05 + u(rng)); break;
+    case 2: sc.inputs.curve = LossCurve::Linear(-(0.5 + u(rng)) / len, 1.6 + u(rng)); break;
+    default: sc.inputs.curve = LossCurve::PowerLaw(0.5 + 3 * u(rng), 0.1 + 1.5 * u(rng), 0.05 + 0.5 * u(rng)); break;
+  }
+  sc.inputs.epoch = 1 + static_cast<int64_t>(u(rng) * (p.end - p.warmup_end));
+  sc.label = sc.inputs.curve.ToString() + " s=" + std::to_string(p.warmup_end) + " e=" + std::to_string(p.end) +
+             " tt=" + std::to_string(p.t_train_ns) + " tp=" + std::to_string(p.t_p_ns) +
+             " tc=" + std::to_string(p.t_c_ns) + " ti=" + std::to_string(p.t_infer_ns) + " M=" + std::to_string(p.requests);
+  return sc;
+}
+
+TEST(Optimal, MatchesBruteForceOnSmallInstances) {
+  std::mt19937_64 rng(7);
+  for (int trial = 0; trial < 240; ++trial) {
+    const Scenario sc = RandomScenario(rng, 14, trial % 4);
+    Result<Schedule> opt = OptimalSchedule(sc.inputs);
+    ASSERT_TRUE(opt.ok()) << opt.status().ToString();
+    ASSERT_EQ(opt->stride, 1);
+    const testing::BruteForce brute = BruteForceOptimum(sc.inputs.problem, sc.inputs.curve);
+    ASSERT_NEAR(opt->cil, brute.cil, 1e-9 * std::abs(brute.cil)) << sc.label;
+  }
+}
+
+// A non-monotone curve takes the Li Chao path of the DP; still exact.
+TEST(Optimal, MatchesBruteForceOnNonMonotoneCurves) {
+  std::mt19937_64 rng(11);
+  for (int trial = 0; trial < 120; ++trial) {
+    Scenario sc = RandomScenario(rng, 14, 1);
+    const double phase = static_cast<double>(rng() % 100);
+    sc.inputs.curve = LossCurve::Custom([phase](double x) { return 1.5 + std::sin(0.7 * x + phase) + 0.01 * x; });
+    Result<Schedule> opt = OptimalSchedule(sc.inputs);
+    ASSERT_TRUE(opt.ok()) << opt.status().ToString();
+    const testing::BruteForce brute = BruteForceOptimum(sc.inputs.problem, sc.inputs.curve);
+    ASSERT_NEAR(opt->cil, brute.cil, 1e-9 * std::abs(brute.cil)) << sc.label;
+  }
+}
+
+TEST(Optimal, ReplanMatchesBruteForceOverTheSuffix) {
+  std::mt19937_64 rng(5);
+  for (int trial = 0; trial < 100; ++trial) {
+    Scenario sc = RandomScenario(rng, 18, trial % 4);
+    const ScheduleProblem& p = sc.inputs.problem;
+    const int64_t now = p.warmup_end + static_cast<int64_t>(rng() % (p.end - p.warmup_end));
+    std::vector<int64_t> taken;
+    for (int64_t x = p.warmup_end + 1; x <= now; ++x) {
+      if (rng() % 3 == 0) taken.push_back(x);
+    }
+    sc.inputs.now = now;
+    sc.inputs.taken = taken;
+    Result<Schedule> opt = OptimalSchedule(sc.inputs);
+    ASSERT_TRUE(opt.ok()) << opt.status().ToString();
+    ASSERT_TRUE(std::equal(taken.begin(), taken.end(), opt->iterations.begin()));
+    const testing::BruteForce brute = BruteForceOptimum(p, sc.inputs.curve, taken, now);
+    ASSERT_NEAR(opt->cil, brute.cil, 1e-9 * std::abs(brute.cil)) << sc.label << " now=" << now;
+  }
+}
+
+TEST(Optimal, NeverWorseThanAnyOtherScheduler) {
+  std::mt19937_64 rng(1234);
+  for (int trial = 0; trial < 200; ++trial) {
+    const Scenario sc = RandomScenario(rng, 3000, trial % 4);
+    Result<Schedule> opt = OptimalSchedule(sc.inputs);
+    ASSERT_TRUE(opt.ok()) << opt.status().ToString();
+    ASSERT_EQ(opt->stride, 1) << sc.label;
+    for (std::string_view policy : SchedulePolicies()) {
+      Result<Schedule> other = MakeSchedule(policy, sc.inputs);
+      ASSERT_TRUE(other.ok()) << policy << ": " << other.status().ToString();
+      ASSERT_LE(opt->cil, other->cil * (1 + 1e-12)) << policy << " beats optimal on " << sc.label;
+    }
+  }
+}
+
+// The sqrt rule against the optimum on smooth curves with realistic costs: 20,000 iterations of
+// 200 ms (about 1.1 h of training), a publish stall of 2 s, 1 s until live, one request every
+// 5 ms for as long as the training lasts plus 10%. Curves: exponential decay to a floor and power
+// laws, over their full useful range.
+struct SqrtCase {
+  const char* name;
+  LossCurve curve;
+};
+
+TEST(Sqrt, WithinHalfAPercentOfOptimalOnSmoothCurves) {
+  const std::vector<SqrtCase> cases = {
+      {"exp fast", LossCurve::ExpOffset(2.0, 3e-4, 0.1)},
+      {"exp slow", LossCurve::ExpOffset(1.5, 1e-4, 0.2)},
+      {"exp no floor", LossCurve::Exp(2.0, 1.5e-4)},
+      {"power 0.5", LossCurve::PowerLaw(3.0, 0.5, 0.2)},
+      {"power 0.3", LossCurve::PowerLaw(2.0, 0.3, 0.05)},
+      {"power 1.0", LossCurve::PowerLaw(50.0, 1.0, 0.3)},
+  };
+  ScheduleInputs in;
+  in.problem = {.warmup_end = 1000, .end = 21000, .t_train_ns = 200'000'000, .t_p_ns = 2'000'000'000,
+                .t_c_ns = 1'000'000'000, .t_infer_ns = 5'000'000, .requests = 0};
+  in.problem.requests = (in.problem.end - in.problem.warmup_end) * in.problem.t_train_ns * 11 / 10 / in.problem.t_infer_ns;
+  for (const SqrtCase& c : cases) {
+    in.curve = c.curve;
+    Result<Schedule> opt = OptimalSchedule(in);
+    Result<Schedule> sq = SqrtSchedule(in);
+    ASSERT_TRUE(opt.ok() && sq.ok());
+    const double gap = (sq->cil - opt->cil) / opt->cil;
+    std::printf("sqrt vs optimal %-12s sqrt %.4f (%lld ckpts) optimal %.4f (%lld ckpts, stride %lld) gap %.4f%%\n",
+                c.name, sq->cil, static_cast<long long>(sq->checkpoints()), opt->cil,
+                static_cast<long long>(opt->checkpoints()), static_cast<long long>(opt->stride), 100 * gap);
+    EXPECT_LE(gap, 0.005) << c.name;
+    EXPECT_GE(gap, -1e-12) << c.name;
+  }
+}
+
+TEST(Optimal, StrideRuleBoundsTheWork) {
+  ScheduleInputs in;
+  in.problem = {.warmup_end = 0, .end = 100'000, .t_train_ns = 100'000'000, .t_p_ns = 50'000'000,
+                .t_c_ns = 100'000'000, .t_infer_ns = 1'000'000, .requests = 20'000'000};
+  in.curve = LossCurve::PowerLaw(3.0, 0.5, 0.2);
+  in.problem.warmup_end = 100;
+  in.optimal.max_cells = 2'000'000;
+  Result<Schedule> opt = OptimalSchedule(in);
+  ASSERT_TRUE(opt.ok()) << opt.status().ToString();
+  EXPECT_GT(opt->stride, 1);
+  EXPECT_LE(opt->dp_cells, in.optimal.max_cells);
+  for (int64_t x : opt->iterations) EXPECT_TRUE(x == in.problem.end || (x - 100) % opt->stride == 0) << x;
+  // One stride finer would not fit: the rule picks the smallest stride that does.
+  ScheduleInputs finer = in;
+  finer.optimal.max_cells = opt->dp_cells - 1;
+  Result<Schedule> coarser = OptimalSchedule(finer);
+  ASSERT_TRUE(coarser.ok());
+  EXPECT_GT(coarser->stride, opt->stride);
+  // With t_p = 0 the layers collapse and every iteration is a candidate.
+  in.problem.t_p_ns = 0;
+  opt = OptimalSchedule(in);
+  ASSERT_TRUE(opt.ok());
+  EXPECT_EQ(opt->stride, 1);
+}
+
+// Not a timed assertion: prints the time of the optimal scheduler at e - s = 100,000 with the
+// default budget (the benchmark viper_schedule_bench reports it against a baseline).
+TEST(Optimal, PrintsTimeAtOneHundredThousandIterations) {
+  ScheduleInputs in;
+  in.problem = {.warmup_end = 1000, .end = 101'000, .t_train_ns = 100'000'000, .t_p_ns = 1'000'000'000,
+                .t_c_ns = 500'000'000, .t_infer_ns = 1'000'000, .requests = 11'000'000};
+  in.curve = LossCurve::ExpOffset(2.0, 3e-5, 0.1);
+  const auto t0 = std::chrono::steady_clock::now();
+  Result<Schedule> opt = OptimalSchedule(in);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(opt.ok()) << opt.status().ToString();
+  std::printf("optimal e-s=100000: %.3f s, stride %lld, %lld cells, %lld checkpoints, cil %.4f\n", secs,
+              static_cast<long long>(opt->stride), static_cast<long long>(opt->dp_cells),
+              static_cast<long long>(opt->checkpoints()), opt->cil);
+}
+
+TEST(Schedulers, BadInputsGiveClearErrors) {
+  ScheduleInputs in = WorkedInputs();
+  in.problem.end = in.problem.warmup_end;
+  for (std::string_view policy : SchedulePolicies()) {
+    Result<Schedule> s = MakeSchedule(policy, in);
+    ASSERT_FALSE(s.ok()) << policy;
+    EXPECT_NE(s.status().message().find("must be greater than the warm-up end"), std::string::npos) << s.status().message();
+  }
+  in = WorkedInputs();
+  in.problem.t_train_ns = 0;
+  EXPECT_NE(MakeSchedule("optimal", in).status().message().find("t_train = 0 ns must be > 0"), std::string::npos);
+  in = WorkedInputs();
+  in.epoch = 0;
+  EXPECT_NE(EpochSchedule(in).status().message().find("epoch = 0 must be > 0"), std::string::npos);
+  in = WorkedInputs();
+  in.curve = LossCurve();
+  EXPECT_NE(OptimalSchedule(in).status().message().find("no loss curve"), std::string::npos);
+  in = WorkedInputs();
+  EXPECT_NE(MakeSchedule("bogus", in).status().message().find("unknown policy 'bogus'"), std::string::npos);
+  in.now = 50;
+  EXPECT_NE(OptimalSchedule(in).status().message().find("outside [s, e]"), std::string::npos);
+  in.now = 200;
+  in.taken = {150, 140};
+  EXPECT_NE(SqrtSchedule(in).status().message().find("strictly increasing"), std::string::npos);
+  // A power law has no value at iteration 0: a warm-up ending at 0 cannot be scored.
+  in = WorkedInputs();
+  in.problem.warmup_end = 0;
+  in.curve = LossCurve::PowerLaw(1, 0.5, 0.1);
+  Result<Schedule> s = OptimalSchedule(in);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("not finite"), std::string::npos) << s.status().message();
+}
+
+}  // namespace
+}  // namespace viper

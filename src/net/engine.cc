@@ -1,4 +1,5 @@
 // Engine lifecycle, the progress loop and the public API (which only queues commands).
+#include <pthread.h>
 #include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -304,6 +305,7 @@ Result<std::unique_ptr<Engine>> Engine::Start(const EngineOptions& options, Engi
   Impl* p = impl.get();
   impl->thread = std::thread([p, ready = std::move(ready)]() mutable {
     p->progress_thread_id.store(std::this_thread::get_id());
+    pthread_setname_np(pthread_self(), "viper-ucx");
     Status st = p->Init();
     if (!st.ok()) p->ReleaseUcx();
     ready.set_value(st);

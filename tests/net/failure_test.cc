@@ -1,0 +1,246 @@
+// The UCX engine when things go wrong: killed peers, refused or silent connections, bad
+// addresses, protocol violations, disconnects, destruction with work pending, restarts.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "net/engine_fixture.h"
+
+namespace viper::net::testing {
+namespace {
+
+TEST_F(EngineTest, KilledPeerFailsItsPendingOperationsAndOthersKeepWorking) {
+  auto engine = StartEngine();
+  auto victim = StartHelper();
+  auto survivor = StartHelper();
+  ASSERT_TRUE(victim && survivor);
+  Result<PeerId> dead = engine->Connect(victim->address);
+  Result<PeerId> alive = engine->Connect(survivor->address);
+  ASSERT_TRUE(dead.ok() && alive.ok());
+
+  std::vector<std::byte> in(1u << 20), out(8u << 20);
+  CompletionLatch recv, send;
+  engine->RecvBulk(*dead, 0xdead, in, recv.Callback());
+  engine->SendBulk(*dead, 0xbeef, out, send.Callback());  // rendezvous: waits for a receive that never comes
+  Drain(*engine);
+  std::this_thread::sleep_for(100ms);
+  EXPECT_FALSE(recv.Wait(0ms).has_value());
+
+  auto killed_at = std::chrono::steady_clock::now();
+  victim->process.Kill(SIGKILL);
+  auto reason = events_.WaitClosed(*dead, 15s);
+  ASSERT_TRUE(reason) << "on_peer_closed did not fire";
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  std::printf("peer failure noticed %.3f s after SIGKILL: %s\n", seconds, reason->ToString().c_str());
+  EXPECT_EQ(reason->code(), StatusCode::kUnavailable) << reason->ToString();
+
+  auto r = recv.Wait(5s);
+  ASSERT_TRUE(r) << "pending RecvBulk not completed";
+  EXPECT_EQ(r->code(), StatusCode::kUnavailable) << r->ToString();
+  auto s = send.Wait(5s);
+  ASSERT_TRUE(s) << "pending SendBulk not completed";
+  EXPECT_EQ(s->code(), StatusCode::kUnavailable) << s->ToString();
+  EXPECT_EQ(engine->Send(*dead, AsBytes("x")).code(), StatusCode::kNotFound);
+
+  ASSERT_TRUE(engine->Send(*alive, AsBytes("still there?")).ok());
+  EXPECT_EQ(NextText(), "still there?");
+  EXPECT_EQ(engine->stats().peers, 1u);
+  EXPECT_EQ(recv.calls(), 1);
+  EXPECT_EQ(send.calls(), 1);
+}
+
+TEST_F(EngineTest, KilledAcceptedPeerIsReported) {
+  EngineOptions options;
+  options.listen = "127.0.0.1:0";
+  auto engine = StartEngine(options);
+  auto child = ChildProcess::Start({HelperPath(), "--connect", engine->listen_address()});
+  ASSERT_TRUE(child);
+  auto accepted = events_.WaitAccepted(10s);
+  ASSERT_TRUE(accepted);
+  EXPECT_EQ(NextText(), "hello from helper");
+  std::vector<std::byte> in(4096);
+  CompletionLatch recv;
+  engine->RecvBulk(accepted->first, 42, in, recv.Callback());
+  child->Kill(SIGKILL);
+  auto reason = events_.WaitClosed(accepted->first, 15s);
+  ASSERT_TRUE(reason);
+  EXPECT_EQ(reason->code(), StatusCode::kUnavailable) << reason->ToString();
+  auto r = recv.Wait(5s);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->code(), StatusCode::kUnavailable);
+  EXPECT_EQ(engine->stats().peers, 0u);
+}
+
+TEST_F(EngineTest, ConnectToPortWithoutListenerFailsWithinTimeout) {
+  EngineOptions options;
+  options.connect_timeout = 3s;
+  auto engine = StartEngine(options);
+  std::string address = "127.0.0.1:" + std::to_string(UnusedPort());
+  auto t0 = std::chrono::steady_clock::now();
+  Result<PeerId> peer = engine->Connect(address);
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(peer.ok());
+  std::printf("refused connect failed after %.3f s: %s\n", seconds, peer.status().ToString().c_str());
+  EXPECT_TRUE(peer.status().code() == StatusCode::kUnavailable || peer.status().code() == StatusCode::kTimeout)
+      << peer.status().ToString();
+  EXPECT_NE(peer.status().message().find(address), std::string::npos) << peer.status().ToString();
+  EXPECT_LT(seconds, 3.0 + 1.0);
+  EXPECT_EQ(engine->stats().peers, 0u);
+}
+
+TEST_F(EngineTest, ConnectToSilentListenerTimesOut) {
+  // A TCP socket that listens but never speaks UCX: the handshake cannot finish.
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(fd, 16), 0);
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  EngineOptions options;
+  options.connect_timeout = 1s;
+  auto engine = StartEngine(options);
+  std::string address = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  auto t0 = std::chrono::steady_clock::now();
+  Result<PeerId> peer = engine->Connect(address);
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  close(fd);
+  ASSERT_FALSE(peer.ok());
+  std::printf("silent listener: failed after %.3f s: %s\n", seconds, peer.status().ToString().c_str());
+  EXPECT_NE(peer.status().message().find(address), std::string::npos) << peer.status().ToString();
+  EXPECT_LT(seconds, 1.0 + 1.0);
+}
+
+TEST_F(EngineTest, BadAddressesAreRejected) {
+  auto engine = StartEngine();
+  auto r = engine->Connect("127.0.0.1:70000");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("larger than 65535"), std::string::npos) << r.status().ToString();
+
+  EngineOptions bad;
+  bad.listen = "127.0.0.1";
+  auto e = Engine::Start(bad, {});
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument) << e.status().ToString();
+
+  EngineOptions first;
+  first.listen = "127.0.0.1:0";
+  auto a = StartEngine(first);
+  EngineOptions same;
+  same.listen = a->listen_address();
+  auto b = Engine::Start(same, {});
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), StatusCode::kUnavailable) << b.status().ToString();
+  EXPECT_NE(b.status().message().find(same.listen), std::string::npos) << b.status().ToString();
+}
+
+TEST_F(EngineTest, OversizedControlMessageClosesThePeer) {
+  for (size_t size : {size_t{100000}, size_t{2} << 20}) {
+    EngineOptions options;
+    options.max_message_bytes = 65536;
+    EventLog events;  // peer ids restart in each engine
+    auto engine = Engine::Start(options, events.Handlers());
+    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+    auto helper = StartHelper();
+    ASSERT_TRUE(helper);
+    Result<PeerId> peer = (*engine)->Connect(helper->address);
+    ASSERT_TRUE(peer.ok()) << peer.status().ToString();
+    ASSERT_TRUE((*engine)->Send(*peer, AsBytes("cmd:big " + std::to_string(size) + " 3")).ok());
+    auto reason = events.WaitClosed(*peer, 10s);
+    ASSERT_TRUE(reason) << size;
+    EXPECT_EQ(reason->code(), StatusCode::kInvalidArgument) << reason->ToString();
+    EXPECT_NE(reason->message().find(std::to_string(size) + "-byte control message"), std::string::npos)
+        << reason->ToString();
+  }
+}
+
+TEST_F(EngineTest, DisconnectCancelsLocallyAndNotifiesTheRemoteEngine) {
+  EventLog server_events;
+  EngineOptions server_options;
+  server_options.listen = "127.0.0.1:0";
+  auto server = Engine::Start(server_options, server_events.Handlers());
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  auto client = StartEngine();
+  Result<PeerId> peer = client->Connect((*server)->listen_address());
+  ASSERT_TRUE(peer.ok()) << peer.status().ToString();
+  auto accepted = server_events.WaitAccepted(5s);
+  ASSERT_TRUE(accepted);
+
+  // Sent just before Disconnect: the graceful close lets them finish (flush) before closing.
+  std::vector<std::byte> big(2u << 20);
+  FillPattern(big, 21, 0);
+  ASSERT_TRUE(client->Send(*peer, big).ok());
+  ASSERT_TRUE(client->Send(*peer, AsBytes("last words")).ok());
+  std::vector<std::byte> buf(1024);
+  CompletionLatch recv;
+  client->RecvBulk(*peer, 9, buf, recv.Callback());
+  client->Disconnect(*peer);
+  auto r = recv.Wait(5s);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->code(), StatusCode::kCancelled) << r->ToString();
+  auto heard_big = server_events.NextMessage(5s);
+  ASSERT_TRUE(heard_big);
+  EXPECT_TRUE(heard_big->bytes == big);
+  auto heard = server_events.NextMessage(5s);
+  ASSERT_TRUE(heard);
+  EXPECT_EQ(heard->text(), "last words");
+  auto reason = server_events.WaitClosed(accepted->first, 10s);
+  ASSERT_TRUE(reason) << "the remote engine did not notice the disconnect";
+  EXPECT_EQ(reason->code(), StatusCode::kUnavailable);
+  EXPECT_EQ(client->Send(*peer, AsBytes("x")).code(), StatusCode::kNotFound);
+  EXPECT_EQ(events_.closed_count(), 0u) << "on_peer_closed must not fire for a local Disconnect";
+}
+
+TEST_F(EngineTest, DestructionWithPendingOperationsCompletesThem) {
+  auto engine = StartEngine();
+  auto helper = StartHelper();
+  ASSERT_TRUE(helper);
+  Result<PeerId> peer = engine->Connect(helper->address);
+  ASSERT_TRUE(peer.ok()) << peer.status().ToString();
+  std::vector<std::byte> in(1u << 20), out(8u << 20);
+  CompletionLatch recv, send;
+  engine->RecvBulk(*peer, 1, in, recv.Callback());
+  engine->SendBulk(*peer, 2, out, send.Callback());
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(engine->Send(*peer, AsBytes("bye")).ok());
+  auto t0 = std::chrono::steady_clock::now();
+  engine.reset();
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("engine destroyed in %.3f s with pending operations\n", seconds);
+  auto r = recv.Wait(0ms);
+  auto s = send.Wait(0ms);
+  ASSERT_TRUE(r && s) << "destructor returned with operations still pending";
+  std::printf("pending receive: %s\npending send: %s\n", r->ToString().c_str(), s->ToString().c_str());
+  EXPECT_EQ(r->code(), StatusCode::kCancelled) << r->ToString();
+  EXPECT_FALSE(s->ok());
+  EXPECT_EQ(recv.calls(), 1);
+  EXPECT_EQ(send.calls(), 1);
+  EXPECT_EQ(events_.closed_count(), 0u);
+}
+
+// A node restarted on its fixed port must be able to listen again at once, although the
+// connections of its previous life linger in TIME_WAIT.
+TEST_F(EngineTest, RestartedListenerRebindsItsPortAtOnce) {
+  std::string address = "127.0.0.1:" + std::to_string(UnusedPort());
+  for (int life = 0; life < 2; ++life) {
+    EngineOptions options;
+    options.listen = address;
+    auto server = Engine::Start(options, {});
+    ASSERT_TRUE(server.ok()) << "life " << life << ": " << server.status().ToString();
+    auto client = StartEngine();
+    Result<PeerId> peer = client->Connect(address);
+    ASSERT_TRUE(peer.ok()) << peer.status().ToString();
+    ASSERT_TRUE(client->SendAndWait(*peer, AsBytes("hi")).ok());
+    server->reset();  // the server closes first: its side of the connections enters TIME_WAIT
+  }
+}
+
+}  // namespace
+}  // namespace viper::net::testing

@@ -55,6 +55,40 @@ TEST_F(EngineTest, KilledPeerFailsItsPendingOperationsAndOthersKeepWorking) {
   EXPECT_EQ(send.calls(), 1);
 }
 
+// Receives already matched to a message in flight cannot be cancelled by tag: they must still
+// end (with an error) when the sender dies mid-transfer.
+TEST_F(EngineTest, PeerKilledMidTransferEndsEveryReceive) {
+  auto engine = StartEngine();
+  auto helper = StartHelper();
+  ASSERT_TRUE(helper);
+  Result<PeerId> peer = engine->Connect(helper->address);
+  ASSERT_TRUE(peer.ok()) << peer.status().ToString();
+  constexpr size_t kChunk = 4u << 20, kChunks = 64;
+  std::vector<std::byte> buffer(kChunk * kChunks);
+  std::vector<CompletionLatch> latches(kChunks);
+  for (size_t i = 0; i < kChunks; ++i) {
+    engine->RecvBulk(*peer, 100 + i, std::span<std::byte>(buffer).subspan(i * kChunk, kChunk), latches[i].Callback());
+  }
+  ASSERT_TRUE(engine->Send(*peer, AsBytes("cmd:send-bulk 100 268435456 4194304 8 5 0")).ok());
+  ASSERT_TRUE(latches[2].Wait(30s)) << "the transfer did not start";
+  helper->process.Kill(SIGKILL);
+  ASSERT_TRUE(events_.WaitClosed(*peer, 15s)) << "on_peer_closed did not fire";
+  size_t ok = 0, failed = 0;
+  for (auto& latch : latches) {
+    auto st = latch.Wait(10s);
+    ASSERT_TRUE(st) << "a receive never completed";
+    if (st->ok()) {
+      ++ok;
+    } else {
+      ++failed;
+      EXPECT_EQ(st->code(), StatusCode::kUnavailable) << st->ToString();
+    }
+    EXPECT_EQ(latch.calls(), 1);
+  }
+  std::printf("killed mid-transfer: %zu chunks arrived, %zu failed\n", ok, failed);
+  EXPECT_GT(failed, 0u);
+}
+
 TEST_F(EngineTest, KilledAcceptedPeerIsReported) {
   EngineOptions options;
   options.listen = "127.0.0.1:0";

@@ -18,6 +18,8 @@ import os
 import sys
 import threading
 import time
+
+_T0 = time.perf_counter()
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # examples/
@@ -127,6 +129,10 @@ def serve(cfg: DemoConfig, buffers: DoubleBuffer, start_ns: int, loader: Loader)
     return rows
 
 
+def _log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')} {os.path.basename(__file__)}] {msg}", file=sys.stderr, flush=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", required=True, help="DemoConfig JSON written by run_demo.py")
@@ -136,6 +142,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     cfg = DemoConfig.load(args.config)
+    _log(f"imports done in {time.perf_counter() - _T0:.1f} s")
     set_torch_threads(torch, cfg.consumer_threads)
     live = NT3Like(cfg.model_config(), seed=cfg.train_seed, init_weights=False)
     live.load_state_dict(torch.load(cfg.init_path))
@@ -145,6 +152,7 @@ def main(argv=None) -> int:
     spare.eval()
     transport = make_transport(args.transport, args.workdir, cfg)
     transport.start_consumer(deadline_ns=time.time_ns() + int(60e9))
+    _log("ready")
     start_ns = wait_for_start(sys.stdin)
     buffers = DoubleBuffer(live, spare)
     loader = Loader(transport, buffers)
@@ -157,6 +165,7 @@ def main(argv=None) -> int:
         transport.close()
     if loader.error is not None:
         raise RuntimeError(f"consumer: the loader thread failed:\n{loader.error}")
+    _log("done; writing results")
     write_json(args.out, {
         "transport": transport.describe(), "start_ns": start_ns, "threads": cfg.consumer_threads,
         "requests_header": ["index", "due_ns", "begin_ns", "end_ns", "version", "step", "loss", "acc"],

@@ -12,6 +12,8 @@ import os
 import sys
 import time
 
+_T0 = time.perf_counter()
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # examples/
 
 from cl_demo.runtime import set_torch_threads, sleep_until_ns, tune_malloc, wait_for_start, write_json  # noqa: E402
@@ -106,6 +108,10 @@ def _publish(model: NT3Like, transport: Transport, iteration: int, loss: float) 
             "stall_s": stall, "reported_stall_s": reported}
 
 
+def _log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')} {os.path.basename(__file__)}] {msg}", file=sys.stderr, flush=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", required=True, help="DemoConfig JSON written by run_demo.py")
@@ -115,16 +121,19 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     cfg = DemoConfig.load(args.config)
+    _log(f"imports done in {time.perf_counter() - _T0:.1f} s")
     set_torch_threads(torch, cfg.producer_threads)
     model = load_version0(cfg)
     transport = make_transport(args.transport, args.workdir, cfg)
     transport.start_producer()
     policy = make_policy(cfg, transport)
+    _log("ready")
     start_ns = wait_for_start(sys.stdin)
     result = train_and_publish(cfg, model, transport, policy, start_ns)
     result.update({"transport": transport.describe(), "policy": policy.describe(),
                    "start_ns": start_ns, "state_bytes": state_bytes(model),
                    "threads": cfg.producer_threads})
+    _log("done; writing results")
     write_json(args.out, result)
     return 0
 

@@ -44,7 +44,10 @@ def summarize(producer: dict, consumer: dict, reference: Optional[dict] = None) 
         "cil": sum(losses),
         "mean_loss": _mean(losses),
         "accuracy": _mean([r[7] for r in requests]),
+        # A request is late when the consumer began it more than 50 ms after it was due (the
+        # serving core was busy): late requests are still served, by the version live then.
         "late_requests": sum(1 for r in requests if r[2] - r[1] > 50_000_000),
+        "max_lag_s": max(((r[2] - r[1]) / 1e9 for r in requests), default=math.nan),
         "final_train_loss": producer["steps"][-1][2] if producer["steps"] else math.nan,
     }
     if reference:
@@ -69,6 +72,7 @@ def format_table(summaries: dict) -> str:
         ("training slowdown (stall)", "slowdown_from_stall", "{:+.1%}"),
         ("training slowdown (vs no publish)", "slowdown_vs_reference", "{:+.1%}"),
         ("requests served", "requests", "{}"),
+        ("  of which late (> 50 ms)", "late_requests", "{}"),
         ("CIL (sum of request losses)", "cil", "{:.2f}"),
         ("mean request loss", "mean_loss", "{:.4f}"),
         ("request accuracy", "accuracy", "{:.3f}"),

@@ -126,11 +126,13 @@ def run_one(name: str, cfg: DemoConfig, workdir: str, viper_path) -> dict:
     cfg_path = os.path.join(rundir, "config.json")
     cfg.save(cfg_path)
     procs = {}
+    t0 = time.perf_counter()
     try:
         for role in ("producer", "consumer"):
             procs[role] = _spawn(role, name, cfg_path, rundir, viper_path)
         for role, p in procs.items():
             _expect_ready(role, p, rundir, deadline=time.monotonic() + 180)
+        phases = {"startup_s": time.perf_counter() - t0}
         start_ns = time.time_ns() + 300_000_000
         for p in procs.values():
             p.stdin.write(f"START {start_ns}\n")
@@ -139,7 +141,8 @@ def run_one(name: str, cfg: DemoConfig, workdir: str, viper_path) -> dict:
             rc = p.wait(timeout=cfg.duration_s + 120)
             if rc != 0:
                 raise RuntimeError(f"{name} run: {role} exited with {rc}\n{_tail(rundir, role)}")
-        records = {}
+        phases["after_duration_s"] = (time.time_ns() - start_ns) / 1e9 - cfg.duration_s
+        records = {"phases": phases}
         for role in procs:
             with open(os.path.join(rundir, f"{role}.json"), encoding="utf-8") as f:
                 records[role] = json.load(f)

@@ -49,10 +49,12 @@ Result<double> EvaluateCil(const ScheduleProblem& problem, const LossCurve& curv
                            std::span<const int64_t> schedule);
 
 struct OptimalOptions {
-  // Upper bound on the DP cells (states (candidate, checkpoint count)) that the optimal scheduler
-  // visits; it picks the smallest candidate stride that fits. Each cell costs ~10 ns and 4 bytes
-  // (the back-pointer), so the default bounds the work at ~0.1-0.2 s and ~80 MB.
-  int64_t max_cells = 20'000'000;
+  // Upper bound on the DP cells (states (candidate, checkpoint count)) that one run of the
+  // optimal scheduler visits; it picks the finest candidate stride that fits (see OptimalSchedule).
+  // A cell costs ~25-50 ns on this machine kind and 4 bytes (its back-pointer): the default
+  // bounds a run at ~0.5 s and 40 MB. A non-monotone curve (Li Chao path, ~8x the cost per cell)
+  // gets max_cells / 8.
+  int64_t max_cells = 10'000'000;
 };
 
 // Everything a scheduler needs. Plain struct; only `problem` and `curve` are always required.

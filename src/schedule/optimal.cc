@@ -108,7 +108,10 @@ struct Line {
 // Lower envelope for lines added with non-increasing slopes and queried at non-decreasing q.
 class MonotoneHull {
  public:
-  void Reset() { lines_.clear(), head_ = 0; }
+  void Reset(size_t capacity) {
+    lines_.clear(), head_ = 0;
+    lines_.reserve(capacity);
+  }
   void Add(const Line& l) {
     if (lines_.size() > head_ && lines_.back().slope == l.slope) {
       if (lines_.back().icpt <= l.icpt) return;
@@ -263,6 +266,9 @@ void OptimalDp::RunLayer(size_t m, Hull& hull) {
   if (from_anchor) hull.Add({m_.L(st_.anchor), 0.0, -1});
   const int64_t src_first = src ? src->first : 0, src_last = src ? src->last : g_.size - 1;
   RequestCounter counter(m_, g_, AbsoluteK(m), layer.first);
+  parents_.resize(layer.offset + static_cast<size_t>(layer.last - layer.first + 1), -2);
+  const int64_t base = static_cast<int64_t>(layer.offset) - layer.first;  // parents_[base + j]
+  const bool dominance = monotone_ && !collapsed_;
   for (int64_t j = layer.first; j <= layer.last; ++j, counter.Next()) {
     // Source i = j - 1 joins just before candidate j is queried: every query sees exactly i < j.
     const int64_t i = j - 1;
@@ -270,14 +276,14 @@ void OptimalDp::RunLayer(size_t m, Hull& hull) {
       hull.Add({loss_[i], src_f[i], static_cast<int32_t>(i)});
     }
     cur_[j] = kInf;
-    parents_.push_back(-2);
     if (hull.empty()) continue;
-    const int64_t q = counter.Get();
-    const Line& line = hull.Query(static_cast<double>(q));
-    const double f = line.at(static_cast<double>(q)) - static_cast<double>(q) * loss_[j];
-    parents_.back() = line.from;
-    if (f + loss_[j] * total < best_) best_ = f + loss_[j] * total, best_layer_ = m, best_j_ = j;
-    if (monotone_ && !collapsed_) {
+    const double q = static_cast<double>(counter.Get());
+    const Line& line = hull.Query(q);
+    const double f = line.at(q) - q * loss_[j];
+    parents_[static_cast<size_t>(base + j)] = line.from;
+    const double end_total = f + loss_[j] * total;
+    if (end_total < best_) best_ = end_total, best_layer_ = m, best_j_ = j;
+    if (dominance) {
       if (!(f < best_f_[j])) continue;  // dominated by an earlier layer: dead
       best_f_[j] = f;
     }
@@ -305,7 +311,7 @@ bool OptimalDp::Run() {
   }
   // The Li Chao path costs ~log G times more per cell and prunes nothing: a smaller budget.
   if (!monotone_) cap_ = std::max<int64_t>(1, cap_ / kLiChaoCostFactor);
-  parents_.reserve(static_cast<size_t>(std::min<int64_t>(cap_, 16 * g_.size)));
+  parents_.reserve(static_cast<size_t>(cap_));  // address space only until touched
   best_ = m_.L(st_.anchor) * static_cast<double>(m_.problem().requests);
   prev_.assign(g_.size, kInf);
   cur_.assign(g_.size, kInf);
@@ -319,7 +325,7 @@ bool OptimalDp::Run() {
     if (cells() + (last - first + 1) > cap_) return false;
     layers_.push_back({first, last, parents_.size(), -1});
     if (monotone_) {
-      mono.Reset();
+      mono.Reset(static_cast<size_t>(g_.size) + 1);
       RunLayer(m, mono);
     } else {
       lichao.Reset(LayerQueries(m));

@@ -69,6 +69,9 @@ std::vector<Case> Cases() {
   cheap.t_p_ns = 20'000'000;  // 20 ms stalls: hundreds of checkpoints pay off
   add("exp+c, t_p=20ms", cheap, viper::LossCurve::ExpOffset(2.0, 3e-5, 0.1));
   add("power, t_p=20ms", cheap, viper::LossCurve::PowerLaw(3.0, 0.5, 0.2));
+  viper::ScheduleProblem tiny = p;
+  tiny.t_p_ns = 500'000;  // 0.5 ms stalls: the optimum checkpoints at every candidate (worst case)
+  add("exp+c, t_p=0.5ms", tiny, viper::LossCurve::ExpOffset(2.0, 3e-5, 0.1));
   viper::ScheduleProblem free_ckpt = p;
   free_ckpt.t_p_ns = 0;
   add("exp+c, t_p=0", free_ckpt, viper::LossCurve::ExpOffset(2.0, 3e-5, 0.1));

@@ -200,16 +200,24 @@ TEST(Optimal, NeverWorseThanAnyOtherScheduler) {
 }
 
 // The sqrt rule against the optimum on smooth curves with realistic costs: 20,000 iterations of
-// 200 ms (about 1.1 h of training), a publish stall of 2 s, 1 s until live, one request every
-// 5 ms for as long as the training lasts plus 10%. Curves: exponential decay to a floor and power
-// laws, over their full useful range.
+// 200 ms after a 1,000-iteration warm-up (about 1.1 h of training), a publish stall t_p of
+// 0.2 s, 2 s or 20 s (1 to 100 iterations), t_c = 1 s, one request every 5 ms for 1.1x or 10x
+// the training time. Curves: exponential decay with and without a floor, power laws.
+//
+// Where the claim does NOT hold (measured, see docs/ARCHITECTURE.md): (1) requests that stop
+// before training does (the rule prices every stall against L(x) - L(e), but improvements after
+// the last request are worth nothing): 0.7-4% worse at half the training time; (2) a stall so
+// large that only ~5-10 checkpoints pay off (t_p = 1000 iterations): the continuous
+// approximation behind the rule breaks, 0.5-1% worse on exponentials; (3) t_c >> t_p: the
+// design's lower bound (t_c - t_p)/t_train on the gap forbids the frequent checkpoints that the
+// CIL model (where transfers overlap) rewards: 0.6-1.6% worse at t_c = 30 s, t_p = 0.02 s.
 struct SqrtCase {
   const char* name;
   LossCurve curve;
 };
 
-TEST(Sqrt, WithinHalfAPercentOfOptimalOnSmoothCurves) {
-  const std::vector<SqrtCase> cases = {
+std::vector<SqrtCase> SmoothCurves() {
+  return {
       {"exp fast", LossCurve::ExpOffset(2.0, 3e-4, 0.1)},
       {"exp slow", LossCurve::ExpOffset(1.5, 1e-4, 0.2)},
       {"exp no floor", LossCurve::Exp(2.0, 1.5e-4)},
@@ -217,22 +225,51 @@ TEST(Sqrt, WithinHalfAPercentOfOptimalOnSmoothCurves) {
       {"power 0.3", LossCurve::PowerLaw(2.0, 0.3, 0.05)},
       {"power 1.0", LossCurve::PowerLaw(50.0, 1.0, 0.3)},
   };
+}
+
+ScheduleInputs SqrtProblem(const LossCurve& curve, double t_p_s, double t_c_s, double horizon) {
   ScheduleInputs in;
-  in.problem = {.warmup_end = 1000, .end = 21000, .t_train_ns = 200'000'000, .t_p_ns = 2'000'000'000,
-                .t_c_ns = 1'000'000'000, .t_infer_ns = 5'000'000, .requests = 0};
-  in.problem.requests = (in.problem.end - in.problem.warmup_end) * in.problem.t_train_ns * 11 / 10 / in.problem.t_infer_ns;
-  for (const SqrtCase& c : cases) {
-    in.curve = c.curve;
-    Result<Schedule> opt = OptimalSchedule(in);
-    Result<Schedule> sq = SqrtSchedule(in);
-    ASSERT_TRUE(opt.ok() && sq.ok());
-    const double gap = (sq->cil - opt->cil) / opt->cil;
-    std::printf("sqrt vs optimal %-12s sqrt %.4f (%lld ckpts) optimal %.4f (%lld ckpts, stride %lld) gap %.4f%%\n",
-                c.name, sq->cil, static_cast<long long>(sq->checkpoints()), opt->cil,
-                static_cast<long long>(opt->checkpoints()), static_cast<long long>(opt->stride), 100 * gap);
-    EXPECT_LE(gap, 0.005) << c.name;
-    EXPECT_GE(gap, -1e-12) << c.name;
+  in.problem = {.warmup_end = 1000, .end = 21000, .t_train_ns = 200'000'000,
+                .t_p_ns = static_cast<int64_t>(t_p_s * 1e9), .t_c_ns = static_cast<int64_t>(t_c_s * 1e9),
+                .t_infer_ns = 5'000'000, .requests = 0};
+  in.problem.requests = static_cast<int64_t>(20000 * 0.2 * horizon / 0.005);
+  in.curve = curve;
+  return in;
+}
+
+double SqrtGapToOptimal(const ScheduleInputs& in, const char* name) {
+  Result<Schedule> opt = OptimalSchedule(in);
+  Result<Schedule> sq = SqrtSchedule(in);
+  EXPECT_TRUE(opt.ok() && sq.ok());
+  if (!opt.ok() || !sq.ok()) return 1.0;
+  const double gap = (sq->cil - opt->cil) / opt->cil;
+  std::printf("sqrt vs optimal %-12s t_p %5.2fs t_c %4.1fs horizon %4.1fx: sqrt %4lld ckpts, optimal %4lld "
+              "(stride %lld), gap %.4f%%\n",
+              name, in.problem.t_p_ns / 1e9, in.problem.t_c_ns / 1e9,
+              in.problem.requests * 0.005 / (20000 * 0.2), static_cast<long long>(sq->checkpoints()),
+              static_cast<long long>(opt->checkpoints()), static_cast<long long>(opt->stride), 100 * gap);
+  EXPECT_GE(gap, -1e-12) << name;
+  return gap;
+}
+
+TEST(Sqrt, WithinHalfAPercentOfOptimalOnSmoothCurves) {
+  for (const SqrtCase& c : SmoothCurves()) {
+    for (double t_p : {0.2, 2.0, 20.0}) {
+      for (double horizon : {1.1, 10.0}) {
+        EXPECT_LE(SqrtGapToOptimal(SqrtProblem(c.curve, t_p, 1.0, horizon), c.name), 0.005)
+            << c.name << " t_p " << t_p << " horizon " << horizon;
+      }
+    }
   }
+}
+
+// Not an assertion on the rule: prints the regimes above where it falls behind.
+TEST(Sqrt, PrintsTheRegimesWhereItFallsBehind) {
+  const LossCurve exp_curve = LossCurve::Exp(2.0, 1.5e-4);
+  const double early_stop = SqrtGapToOptimal(SqrtProblem(exp_curve, 20.0, 1.0, 0.5), "requests end");
+  const double huge_stall = SqrtGapToOptimal(SqrtProblem(exp_curve, 200.0, 1.0, 1.1), "huge stall");
+  const double slow_live = SqrtGapToOptimal(SqrtProblem(exp_curve, 0.02, 30.0, 1.1), "t_c >> t_p");
+  EXPECT_GT(early_stop + huge_stall + slow_live, 0.0);
 }
 
 TEST(Optimal, StrideRuleBoundsTheWork) {

@@ -31,6 +31,7 @@
 // Addresses: the listener and Connect use "HOST:PORT" (IPv4 literal, name, or [IPv6]); a node
 // binds to loopback unless told otherwise. UCX settings: the engine sets a few UCX defaults (see
 // src/net/engine.cc, kUcxDefaults) unless the environment already sets them (UCX_<NAME>).
+// ThreadSanitizer builds need UCX_MEM_EVENTS=no in the environment (Start fails otherwise).
 #pragma once
 
 #include <chrono>

@@ -11,9 +11,9 @@ from cl_demo.model import ModelConfig
 
 @dataclasses.dataclass
 class DemoConfig:
-    dense_mb: float = 400.0            # MiB of the model's wide dense weight
-    duration_s: float = 30.0           # length of each run (producer training, consumer serving)
-    period_s: float = 80.0             # seconds per full turn of the decision boundary
+    dense_mb: float = 300.0            # MiB of the model's wide dense weight
+    duration_s: float = 40.0           # length of each run (producer training, consumer serving)
+    period_s: float = 100.0            # seconds per full turn of the decision boundary
     noise: float = 0.5
     data_seed: int = 1234              # patterns and request samples
     train_seed: int = 7                # training batches and initial weights
@@ -23,7 +23,7 @@ class DemoConfig:
     pretrain_batch: int = 32
     publish_every_iters: Optional[int] = None
     publish_every_s: Optional[float] = 2.0
-    request_interval_s: float = 0.2    # the consumer serves one request every this many seconds
+    request_interval_s: float = 0.25   # the consumer serves one request every this many seconds
     request_batch: int = 8             # samples per request; its loss is their mean cross-entropy
     poll_interval_s: float = 1.0       # FileTransport consumer
     file_dir: str = ""                 # FileTransport directory ("" = <run dir>/models)

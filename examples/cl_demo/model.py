@@ -7,9 +7,10 @@ layers. `dense_mb` picks input_len so that the wide weight is about that many Mi
 makes the transfer cost of a version easy to dial while a training step stays cheap (the convs are
 small; the wide layer costs one pass over its bytes per matrix product).
 
-The wide layer uses the NTK scaling (weights ~ N(0, 1), input multiplied by 1/sqrt(fan_in)), so
-one plain-SGD learning rate works at every size: the step's effect on the output does not shrink
-as the layer widens.
+The wide layer's input is normalised per sample (divided by its root mean square, no learned
+parameters) and the layer uses the NTK scaling (weights ~ N(0, 1), input multiplied by
+1/sqrt(fan_in)), so one plain-SGD learning rate works at every size: a step's effect on the output
+neither shrinks nor grows as the layer widens, and the wide layer learns as fast as the small ones.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from torch.nn.utils import skip_init
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    dense_mb: float = 400.0   # MiB of the wide dense weight (fp32); the model is a bit larger
+    dense_mb: float = 300.0   # MiB of the wide dense weight (fp32); the model is a bit larger
     conv1_channels: int = 4
     conv2_channels: int = 16
     hidden: int = 200         # width of the wide dense layer's output (NT3: Dense(200))
@@ -70,7 +71,8 @@ class NT3Like(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.relu(self.conv1(x))
         h = torch.relu(self.conv2(h))
-        h = torch.flatten(h, 1) * self.flat_scale
+        h = torch.flatten(h, 1)
+        h = h * (self.flat_scale * torch.rsqrt(h.pow(2).mean(1, keepdim=True) + 1e-6))  # RMS norm + NTK scale
         h = torch.relu(self.dense(h))
         h = torch.relu(self.fc2(h))
         return self.out(h)

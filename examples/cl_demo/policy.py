@@ -30,8 +30,10 @@ class NeverPublish(PublishPolicy):
 
 
 class IntervalPolicy(PublishPolicy):
-    """Publishes every `every_iters` iterations or once `every_s` seconds passed since the last
-    publish (or the first call), whichever comes first; None disables that trigger."""
+    """Publishes every `every_iters` iterations or once `every_s` seconds of training passed since
+    the last publish ended (or the first call), whichever comes first; None disables that trigger.
+    Counting from the end of a publish, as a hand-written `if now - last_save > T` loop does, keeps
+    a slow publish from eating the training time between two publishes."""
 
     def __init__(self, every_iters: Optional[int] = None, every_s: Optional[float] = None,
                  clock: Callable[[], float] = time.monotonic):
@@ -56,6 +58,9 @@ class IntervalPolicy(PublishPolicy):
         if due:
             self._last_iter, self._last_time = iteration, now
         return due
+
+    def on_published(self, iteration: int, stall_s: float) -> None:
+        self._last_time = self._clock()
 
     def describe(self) -> dict:
         return {"policy": "interval", "every_iters": self.every_iters, "every_s": self.every_s}

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Continual-learning demo: one producer trains, one consumer serves; compare how versions travel.
 
-    /usr/bin/python3 examples/cl_demo/run_demo.py [--model-mb 400] [--duration 30] [--json out.json]
+    /usr/bin/python3 examples/cl_demo/run_demo.py [--model-mb 300] [--duration 40] [--json out.json]
 
 Steps: (1) train version 0 on the t=0 distribution (cached in the work directory); (2) for each
 transport, start a producer and a consumer process, give both the same start time, let the producer
@@ -9,10 +9,11 @@ train for --duration seconds on the drifting stream while publishing per the pol
 consumer serve one request every --request-interval seconds; (3) print a side-by-side table and
 write every record to the JSON file.
 
-Transports: "none" (reference: no publishing, the consumer keeps version 0; gives the training
-speed without publishing and the CIL of a never-updated model), "file" (torch.save + rename, the
-consumer polls the directory every --poll-interval seconds and torch.load's), "viper" (the Viper
-Python bindings: memory path, push). When `import viper` fails the demo says so and runs the others.
+Transports: "file" (torch.save + rename, the consumer polls the directory every --poll-interval
+seconds and torch.load's), "viper" (the Viper Python bindings: memory path, push), "none"
+(reference: no publishing, the consumer keeps version 0; gives the training speed without
+publishing and the CIL of a never-updated model). The default runs file and viper; when
+`import viper` fails it says so and runs none and file instead.
 """
 from __future__ import annotations
 
@@ -47,8 +48,9 @@ def parse_args(argv):
     ap.add_argument("--model-mb", type=float, default=d.dense_mb,
                     help="MiB of the wide dense weight (the model is slightly larger) [%(default)s]")
     ap.add_argument("--duration", type=float, default=d.duration_s, help="seconds per run [%(default)s]")
-    ap.add_argument("--transports", default="none,file,viper",
-                    help="comma-separated runs, in order, from none,file,viper [%(default)s]")
+    ap.add_argument("--transports", default="auto",
+                    help="comma-separated runs, in order, from none,file,viper; auto = file,viper, or "
+                         "none,file when import viper fails [%(default)s]")
     ap.add_argument("--publish-every-s", type=float, default=d.publish_every_s,
                     help="publish when this many seconds passed since the last publish [%(default)s]")
     ap.add_argument("--publish-every-iters", type=int, default=d.publish_every_iters,
@@ -89,6 +91,9 @@ def version0(cfg: DemoConfig, workdir: str) -> dict:
     keys = {k: getattr(cfg, k) for k in ("dense_mb", "period_s", "noise", "data_seed", "train_seed",
                                          "lr", "pretrain_iters", "pretrain_batch")}
     keys["torch"] = torch.__version__
+    for source in ("model.py", "data.py", "producer.py"):  # the code that makes version 0
+        with open(os.path.join(HERE, source), "rb") as f:
+            keys[source] = hashlib.sha256(f.read()).hexdigest()
     digest = hashlib.sha256(json.dumps(keys, sort_keys=True).encode()).hexdigest()[:16]
     cfg.init_path = os.path.join(workdir, f"version0-{digest}.pt")
     if os.path.exists(cfg.init_path):
@@ -199,7 +204,8 @@ def main(argv=None) -> int:
     t_start = time.perf_counter()
     args = parse_args(argv)
     cfg = config_from_args(args)
-    names = [n.strip() for n in args.transports.split(",") if n.strip()]
+    auto = args.transports == "auto"
+    names = ["file", "viper"] if auto else [n.strip() for n in args.transports.split(",") if n.strip()]
     unknown = [n for n in names if n not in LABELS]
     if unknown or not names:
         raise SystemExit(f"--transports: unknown {unknown}; choose from none, file, viper")
@@ -209,10 +215,13 @@ def main(argv=None) -> int:
     if viper_error:
         if args.require_viper:
             raise SystemExit(f"--require-viper: import viper failed: {viper_error}")
-        print(f"NOTE: viper is not run: import viper failed ({viper_error}).\n"
-              f"      The other transports run alone. Build the Python bindings and put them on\n"
-              f"      PYTHONPATH (or pass --viper-path) to compare.", flush=True)
         names.remove("viper")
+        if auto:
+            names.insert(0, "none")
+        print(f"NOTE: viper is not run: import viper failed ({viper_error}).\n"
+              f"      Running {', '.join(names)} only (the baseline"
+              f"{' against the no-update reference' if auto else ''}). Build the Python bindings and\n"
+              f"      put them on PYTHONPATH (or pass --viper-path) to compare.", flush=True)
     os.makedirs(args.workdir, exist_ok=True)
     json_path = args.json or os.path.join(args.workdir, "results.json")
     load_at_start = os.getloadavg()

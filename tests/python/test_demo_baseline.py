@@ -116,6 +116,17 @@ def test_interval_policy_iterations_and_seconds():
             fired.append(i)
     # The clock starts at the first call (100.7); due 2 s after it (i=4: 102.8), then 104.9, 107.0.
     assert fired == [4, 7, 10]
+    # The seconds count from the end of the last publish: a 5 s publish does not make the next one due.
+    slow = IntervalPolicy(every_s=2.0, clock=lambda: now[0])
+    assert not slow.should_publish(1, 0.5)
+    now[0] += 2.5
+    assert slow.should_publish(2, 0.5)
+    now[0] += 5.0  # the publish itself
+    slow.on_published(2, 5.0)
+    now[0] += 1.0
+    assert not slow.should_publish(3, 0.5)
+    now[0] += 1.0
+    assert slow.should_publish(4, 0.5)
     with pytest.raises(ValueError):
         IntervalPolicy()
 

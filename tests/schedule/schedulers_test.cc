@@ -186,8 +186,8 @@ TEST(Optimal, ReplanMatchesBruteForceOverTheSuffix) {
 
 TEST(Optimal, NeverWorseThanAnyOtherScheduler) {
   std::mt19937_64 rng(1234);
-  for (int trial = 0; trial < 200; ++trial) {
-    const Scenario sc = RandomScenario(rng, 3000, trial % 4);
+  for (int trial = 0; trial < 120; ++trial) {
+    const Scenario sc = RandomScenario(rng, 2000, trial % 4);
     Result<Schedule> opt = OptimalSchedule(sc.inputs);
     ASSERT_TRUE(opt.ok()) << opt.status().ToString();
     ASSERT_EQ(opt->stride, 1) << sc.label;
@@ -199,15 +199,16 @@ TEST(Optimal, NeverWorseThanAnyOtherScheduler) {
   }
 }
 
-// The sqrt rule against the optimum on smooth curves with realistic costs: 20,000 iterations of
-// 200 ms after a 1,000-iteration warm-up (about 1.1 h of training), a publish stall t_p of
-// 0.2 s, 2 s or 20 s (1 to 100 iterations), t_c = 1 s, one request every 5 ms for 1.1x or 10x
-// the training time. Curves: exponential decay with and without a floor, power laws.
+// The sqrt rule against the optimum on smooth curves with realistic costs: 10,000 iterations of
+// 400 ms after a 1,000-iteration warm-up (about 1.1 h of training), a publish stall t_p of
+// 0.2 s, 2 s or 20 s (0.5 to 50 iterations), t_c = 1 s, one request every 5 ms for 1.1x or 10x
+// the training time. Curves: exponential decay with and without a floor, power laws, over
+// their useful range (the loss falls by 70-99% of its way to the floor during training).
 //
 // Where the claim does NOT hold (measured, see docs/ARCHITECTURE.md): (1) requests that stop
 // before training does (the rule prices every stall against L(x) - L(e), but improvements after
 // the last request are worth nothing): 0.7-4% worse at half the training time; (2) a stall so
-// large that only ~5-10 checkpoints pay off (t_p = 1000 iterations): the continuous
+// large that only ~5-10 checkpoints pay off (t_p = 5% of the training): the continuous
 // approximation behind the rule breaks, 0.5-1% worse on exponentials; (3) t_c >> t_p: the
 // design's lower bound (t_c - t_p)/t_train on the gap forbids the frequent checkpoints that the
 // CIL model (where transfers overlap) rewards: 0.6-1.6% worse at t_c = 30 s, t_p = 0.02 s.
@@ -218,9 +219,9 @@ struct SqrtCase {
 
 std::vector<SqrtCase> SmoothCurves() {
   return {
-      {"exp fast", LossCurve::ExpOffset(2.0, 3e-4, 0.1)},
-      {"exp slow", LossCurve::ExpOffset(1.5, 1e-4, 0.2)},
-      {"exp no floor", LossCurve::Exp(2.0, 1.5e-4)},
+      {"exp fast", LossCurve::ExpOffset(2.0, 6e-4, 0.1)},
+      {"exp slow", LossCurve::ExpOffset(1.5, 2e-4, 0.2)},
+      {"exp no floor", LossCurve::Exp(2.0, 3e-4)},
       {"power 0.5", LossCurve::PowerLaw(3.0, 0.5, 0.2)},
       {"power 0.3", LossCurve::PowerLaw(2.0, 0.3, 0.05)},
       {"power 1.0", LossCurve::PowerLaw(50.0, 1.0, 0.3)},
@@ -229,10 +230,10 @@ std::vector<SqrtCase> SmoothCurves() {
 
 ScheduleInputs SqrtProblem(const LossCurve& curve, double t_p_s, double t_c_s, double horizon) {
   ScheduleInputs in;
-  in.problem = {.warmup_end = 1000, .end = 21000, .t_train_ns = 200'000'000,
+  in.problem = {.warmup_end = 1000, .end = 11000, .t_train_ns = 400'000'000,
                 .t_p_ns = static_cast<int64_t>(t_p_s * 1e9), .t_c_ns = static_cast<int64_t>(t_c_s * 1e9),
                 .t_infer_ns = 5'000'000, .requests = 0};
-  in.problem.requests = static_cast<int64_t>(20000 * 0.2 * horizon / 0.005);
+  in.problem.requests = static_cast<int64_t>(10000 * 0.4 * horizon / 0.005);
   in.curve = curve;
   return in;
 }
@@ -246,7 +247,7 @@ double SqrtGapToOptimal(const ScheduleInputs& in, const char* name) {
   std::printf("sqrt vs optimal %-12s t_p %5.2fs t_c %4.1fs horizon %4.1fx: sqrt %4lld ckpts, optimal %4lld "
               "(stride %lld), gap %.4f%%\n",
               name, in.problem.t_p_ns / 1e9, in.problem.t_c_ns / 1e9,
-              in.problem.requests * 0.005 / (20000 * 0.2), static_cast<long long>(sq->checkpoints()),
+              in.problem.requests * 0.005 / (10000 * 0.4), static_cast<long long>(sq->checkpoints()),
               static_cast<long long>(opt->checkpoints()), static_cast<long long>(opt->stride), 100 * gap);
   EXPECT_GE(gap, -1e-12) << name;
   return gap;
@@ -265,9 +266,9 @@ TEST(Sqrt, WithinHalfAPercentOfOptimalOnSmoothCurves) {
 
 // Not an assertion on the rule: prints the regimes above where it falls behind.
 TEST(Sqrt, PrintsTheRegimesWhereItFallsBehind) {
-  const LossCurve exp_curve = LossCurve::Exp(2.0, 1.5e-4);
+  const LossCurve exp_curve = LossCurve::Exp(2.0, 3e-4);
   const double early_stop = SqrtGapToOptimal(SqrtProblem(exp_curve, 20.0, 1.0, 0.5), "requests end");
-  const double huge_stall = SqrtGapToOptimal(SqrtProblem(exp_curve, 200.0, 1.0, 1.1), "huge stall");
+  const double huge_stall = SqrtGapToOptimal(SqrtProblem(exp_curve, 200.0, 1.0, 1.0), "huge stall");
   const double slow_live = SqrtGapToOptimal(SqrtProblem(exp_curve, 0.02, 30.0, 1.1), "t_c >> t_p");
   EXPECT_GT(early_stop + huge_stall + slow_live, 0.0);
 }

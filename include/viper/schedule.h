@@ -90,6 +90,21 @@ struct Schedule {
   int64_t dp_cells = 0;   // optimal: DP states visited
 };
 
+// A loss log turned into scheduler inputs: the fit of its warm-up rows and the inputs built on it.
+struct FittedInputs {
+  LossFit fit;
+  ScheduleInputs inputs;
+};
+
+// Fits the samples with iteration <= s (fit.horizon is set to e) and fills ScheduleInputs: the
+// problem, the fitted curve, `epoch`, and the warm-up losses (greedy's threshold). The pipeline of
+// `viper schedule`; with MakeSchedule it gives the iterations of any policy from a loss log:
+//   auto f = FitScheduleInputs(ReadLossLog(path).value(), problem, epoch);
+//   auto s = MakeSchedule("sqrt", f->inputs);  // s->iterations
+// InvalidArgument for an invalid problem, no sample at or before s, or no acceptable fit.
+Result<FittedInputs> FitScheduleInputs(std::span<const LossSample> samples, const ScheduleProblem& problem,
+                                       int64_t epoch = 0, FitOptions fit = {});
+
 // The policy names accepted by MakeSchedule, in display order:
 // "none", "epoch", "fixed", "greedy", "sqrt", "optimal".
 std::span<const std::string_view> SchedulePolicies();

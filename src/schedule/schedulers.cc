@@ -145,6 +145,29 @@ Result<Schedule> SqrtSchedule(const ScheduleInputs& in) {
   return Finish(in, "sqrt", std::move(planned));
 }
 
+Result<FittedInputs> FitScheduleInputs(std::span<const LossSample> samples, const ScheduleProblem& problem,
+                                       int64_t epoch, FitOptions fit) {
+  VIPER_RETURN_IF_ERROR(ValidateProblem(problem));
+  VIPER_RETURN_IF_ERROR(ValidateLossSamples(samples));
+  std::vector<LossSample> warmup;
+  for (const LossSample& s : samples) {
+    if (s.iteration <= problem.warmup_end) warmup.push_back(s);
+  }
+  if (warmup.empty()) {
+    return Status::InvalidArgument(fmt::format("no loss sample at or before the warm-up end {} (the first is "
+                                               "iteration {})",
+                                               problem.warmup_end, samples.front().iteration));
+  }
+  fit.horizon = problem.end;
+  FittedInputs out;
+  VIPER_ASSIGN_OR_RETURN(out.fit, FitLossCurve(warmup, fit));
+  out.inputs.problem = problem;
+  out.inputs.curve = out.fit.curve;
+  out.inputs.epoch = epoch;
+  for (const LossSample& s : warmup) out.inputs.warmup_losses.push_back(s.loss);
+  return out;
+}
+
 std::span<const std::string_view> SchedulePolicies() {
   static constexpr std::array<std::string_view, 6> kPolicies = {"none", "epoch", "fixed", "greedy", "sqrt", "optimal"};
   return kPolicies;

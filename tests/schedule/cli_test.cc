@@ -149,7 +149,7 @@ TEST(ScheduleCli, BadLogsGiveOneLineErrors) {
       {"nan.csv", "iteration,loss\n0,1.0\n1,nan\n", "not finite"},
       {"empty.csv", "", "empty"},
       {"header_only.csv", "iteration,loss\n", "no data rows"},
-      {"late.csv", "iteration,loss\n200,1.0\n201,0.9\n", "no rows at or before the warm-up end 100"},
+      {"late.csv", "iteration,loss\n200,1.0\n201,0.9\n", "no loss sample at or before the warm-up end 100"},
       {"too_few.csv", "iteration,loss\n0,1.0\n1,0.9\n", "no loss family fits"},
   };
   for (const Case& c : cases) {

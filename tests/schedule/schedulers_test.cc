@@ -314,6 +314,29 @@ TEST(Optimal, PrintsTimeAtOneHundredThousandIterations) {
               static_cast<long long>(opt->checkpoints()), opt->cil);
 }
 
+TEST(Schedulers, FitScheduleInputsUsesTheWarmupRowsOnly) {
+  std::vector<LossSample> log;
+  for (int64_t x = 0; x <= 400; ++x) {
+    log.push_back({x, x <= 100 ? testing::WorkedCurve().value(x) : 9.0 - 0.001 * x});  // later rows ignored
+  }
+  Result<FittedInputs> f = FitScheduleInputs(log, testing::WorkedProblem(), 50);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_EQ(f->fit.curve.family(), LossFamily::kExpOffset);
+  EXPECT_EQ(f->inputs.warmup_losses.size(), 101u);
+  EXPECT_EQ(f->inputs.epoch, 50);
+  Result<Schedule> fixed = MakeSchedule("fixed", f->inputs);
+  ASSERT_TRUE(fixed.ok());
+  EXPECT_EQ(fixed->interval, 30);
+  EXPECT_NEAR(fixed->cil, 1520.025158, 1e-6);
+  const std::vector<LossSample> late = {{200, 1.0}, {201, 0.9}};
+  Result<FittedInputs> none = FitScheduleInputs(late, testing::WorkedProblem());
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("no loss sample at or before the warm-up end 100"), std::string::npos);
+  ScheduleProblem bad = testing::WorkedProblem();
+  bad.t_infer_ns = 0;
+  EXPECT_NE(FitScheduleInputs(log, bad).status().message().find("t_infer = 0"), std::string::npos);
+}
+
 TEST(Schedulers, BadInputsGiveClearErrors) {
   ScheduleInputs in = WorkedInputs();
   in.problem.end = in.problem.warmup_end;

@@ -53,21 +53,6 @@ Result<ScheduleProblem> Problem(const ScheduleFlags& f) {
   return p;
 }
 
-// The log's rows up to the warm-up end.
-Result<std::vector<LossSample>> WarmupRows(const ScheduleFlags& f) {
-  VIPER_ASSIGN_OR_RETURN(std::vector<LossSample> rows, ReadLossLog(f.loss_log));
-  std::vector<LossSample> warmup;
-  for (const LossSample& s : rows) {
-    if (s.iteration <= f.warmup_end) warmup.push_back(s);
-  }
-  if (warmup.empty()) {
-    return Status::InvalidArgument(fmt::format("loss log {}: no rows at or before the warm-up end {} (first row is "
-                                               "iteration {})",
-                                               f.loss_log, f.warmup_end, rows.front().iteration));
-  }
-  return warmup;
-}
-
 std::string Summary(const std::vector<int64_t>& xs) {
   if (xs.empty()) return "-";
   constexpr size_t kHead = 5, kTail = 2;
@@ -133,18 +118,11 @@ void PrintText(const std::vector<Schedule>& schedules, const LossFit& fit, const
 int RunSchedule(const ScheduleFlags& f) {
   Result<ScheduleProblem> problem = Problem(f);
   if (!problem.ok()) return Fail("schedule", problem.status());
-  Result<std::vector<LossSample>> rows = WarmupRows(f);
+  Result<std::vector<LossSample>> rows = ReadLossLog(f.loss_log);
   if (!rows.ok()) return Fail("schedule", rows.status());
-  FitOptions fit_options;
-  fit_options.horizon = f.end;
-  Result<LossFit> fit = FitLossCurve(*rows, fit_options);
-  if (!fit.ok()) return Fail("schedule", fit.status().WithContext(fmt::format("loss log {}", f.loss_log)));
-
-  ScheduleInputs in;
-  in.problem = *problem;
-  in.curve = fit->curve;
-  in.epoch = f.epoch;
-  for (const LossSample& s : *rows) in.warmup_losses.push_back(s.loss);
+  Result<FittedInputs> fitted = FitScheduleInputs(*rows, *problem, f.epoch);
+  if (!fitted.ok()) return Fail("schedule", fitted.status().WithContext(fmt::format("loss log {}", f.loss_log)));
+  ScheduleInputs& in = fitted->inputs;
   in.optimal.max_cells = f.max_cells;
   std::vector<Schedule> schedules;
   for (std::string_view policy : SchedulePolicies()) {
@@ -152,8 +130,9 @@ int RunSchedule(const ScheduleFlags& f) {
     if (!s.ok()) return Fail("schedule", s.status());
     schedules.push_back(std::move(s).value());
   }
-  if (f.json) PrintJson(schedules, *fit, rows->size());
-  else PrintText(schedules, *fit, f, rows->size());
+  const size_t samples = in.warmup_losses.size();
+  if (f.json) PrintJson(schedules, fitted->fit, samples);
+  else PrintText(schedules, fitted->fit, f, samples);
   return 0;
 }
 

@@ -79,7 +79,7 @@ def format_table(summaries: dict) -> str:
         ("CIL / CIL without updates", "cil_vs_reference", "{:.3f}"),
     ]
     width = max(len(r[0]) for r in rows) + 2
-    col = max(22, *(len(LABELS.get(n, n)) + 2 for n in names))
+    col = max([22] + [len(LABELS.get(n, n)) + 2 for n in names])
     lines = [" " * width + "".join(LABELS.get(n, n).rjust(col) for n in names)]
     for label, key, fmt in rows:
         cells = []

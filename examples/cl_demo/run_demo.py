@@ -203,7 +203,10 @@ def _tail(rundir: str, role: str, lines: int = 30) -> str:
 def main(argv=None) -> int:
     t_start = time.perf_counter()
     args = parse_args(argv)
-    cfg = config_from_args(args)
+    try:
+        cfg = config_from_args(args)
+    except ValueError as e:
+        raise SystemExit(f"run_demo: {e}") from e
     auto = args.transports == "auto"
     names = ["file", "viper"] if auto else [n.strip() for n in args.transports.split(",") if n.strip()]
     unknown = [n for n in names if n not in LABELS]
@@ -222,6 +225,8 @@ def main(argv=None) -> int:
               f"      Running {', '.join(names)} only (the baseline"
               f"{' against the no-update reference' if auto else ''}). Build the Python bindings and\n"
               f"      put them on PYTHONPATH (or pass --viper-path) to compare.", flush=True)
+    if not names:
+        raise SystemExit("run_demo: nothing to run (only viper was asked for and it is not importable)")
     os.makedirs(args.workdir, exist_ok=True)
     json_path = args.json or os.path.join(args.workdir, "results.json")
     load_at_start = os.getloadavg()
@@ -235,7 +240,11 @@ def main(argv=None) -> int:
     for name in names:
         t0 = time.perf_counter()
         print(f"run {name}: {LABELS[name]}, {cfg.duration_s:.0f} s ...", flush=True)
-        runs[name] = run_one(name, cfg, args.workdir, args.viper_path)
+        try:
+            runs[name] = run_one(name, cfg, args.workdir, args.viper_path)
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            print(f"run_demo: the {name} run failed: {e}", file=sys.stderr)
+            return 1
         run_wall[name] = time.perf_counter() - t0
     summaries = {}
     reference = None

@@ -121,7 +121,13 @@ class FileTransport(Transport):
         return os.path.join(self.directory, f"model-{version:06d}.pt")
 
     def start_producer(self) -> None:
-        os.makedirs(self.directory, exist_ok=True)
+        self._make_directory()
+
+    def _make_directory(self) -> None:
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+        except OSError as e:
+            raise OSError(f"FileTransport: cannot create the model directory {self.directory}: {e.strerror}") from e
 
     def publish(self, state_dict, step, meta) -> float:
         start = time.perf_counter()
@@ -144,7 +150,7 @@ class FileTransport(Transport):
                 pass
 
     def start_consumer(self, deadline_ns: int) -> None:
-        os.makedirs(self.directory, exist_ok=True)
+        self._make_directory()
 
     def newest_version(self) -> int:
         """Highest complete version in the directory (0 if none)."""

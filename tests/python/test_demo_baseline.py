@@ -240,3 +240,13 @@ def test_summarize_joins_latencies_by_step():
     assert s["cil"] == pytest.approx(1.0) and s["cil_vs_reference"] == pytest.approx(0.5)
     assert s["slowdown_from_stall"] == pytest.approx(1.0 / 3.0)
     assert s["slowdown_vs_reference"] == pytest.approx(0.4 / 0.3 - 1.0)
+
+
+def test_bad_settings_fail_with_a_clear_message(tmp_path):
+    for args, expected in ((["--model-mb", "-1"], "dense_mb must be > 0"),
+                           (["--transports", "file,ftp"], "unknown ['ftp']"),
+                           (["--duration", "0"], "duration_s")):
+        proc = subprocess.run([sys.executable, RUN_DEMO, "--workdir", str(tmp_path)] + args,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode != 0
+        assert expected in proc.stderr, proc.stderr

@@ -162,23 +162,22 @@ class FileTransport(Transport):
         return best
 
     def next_update(self, into, current, timeout_s):
-        """Polls at fixed ticks poll_interval_s apart (the first one at once)."""
+        """Polls on a fixed grid of ticks poll_interval_s apart, the first at the first call. A tick
+        that passed while a load ran is taken as soon as the load is done (once, however many
+        passed), then the grid goes on."""
+        interval_ns = int(self.poll_interval_s * 1e9)
         give_up_ns = time.time_ns() + int(timeout_s * 1e9)
-        while True:
-            now = time.time_ns()
-            if self._next_poll_ns is None:
-                self._next_poll_ns = now
-            if self._next_poll_ns > give_up_ns:
-                time.sleep(max(0.0, (give_up_ns - now) / 1e9))
-                return None
-            time.sleep(max(0.0, (self._next_poll_ns - now) / 1e9))
-            self._next_poll_ns += int(self.poll_interval_s * 1e9)
-            if self._next_poll_ns < time.time_ns():  # a long load: skip the ticks it overran
-                skipped = (time.time_ns() - self._next_poll_ns) // int(self.poll_interval_s * 1e9) + 1
-                self._next_poll_ns += skipped * int(self.poll_interval_s * 1e9)
+        if self._next_poll_ns is None:
+            self._next_poll_ns = time.time_ns()
+        while self._next_poll_ns <= give_up_ns:
+            _sleep_until_ns(self._next_poll_ns)
+            behind_ns = time.time_ns() - self._next_poll_ns
+            self._next_poll_ns += interval_ns * (behind_ns // interval_ns + 1)
             update = self._load_newest(into, current)
             if update is not None:
                 return update
+        _sleep_until_ns(give_up_ns)
+        return None
 
     def _load_newest(self, into: nn.Module, current: int) -> Optional[Update]:
         version = self.newest_version()
@@ -196,6 +195,12 @@ class FileTransport(Transport):
         return Update(version=version, step=int(meta["step"]), detected_ns=detected_ns,
                       loaded_ns=time.time_ns(), completed_ns=completed_ns,
                       transport_timings={"publish_ns": meta.get("publish_ns")})
+
+
+def _sleep_until_ns(deadline_ns: int) -> None:
+    left = deadline_ns - time.time_ns()
+    if left > 0:
+        time.sleep(left / 1e9)
 
 
 _viper_module = None

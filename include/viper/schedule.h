@@ -117,9 +117,10 @@ Result<Schedule> NoSchedule(const ScheduleInputs& inputs);
 // One checkpoint every inputs.epoch iterations counted from s (or from the last taken one).
 Result<Schedule> EpochSchedule(const ScheduleInputs& inputs);
 // The best constant interval I in 1..(e - s) by exhaustive search; checkpoints s + I, s + 2I, ...
-// <= e (e is not appended). Ties go to the smaller interval. O((e - s) log(e - s)) CIL terms.
+// <= e (e is not appended). Ties go to the smaller interval. O(H log H) CIL terms, H = e - s or
+// the last iteration whose checkpoint can still serve a request, whichever is smaller.
 Result<Schedule> FixedSchedule(const ScheduleInputs& inputs);
-// Walks x = s+1 .. e and checkpoints when L(last checkpoint) - L(x) > threshold.
+// Walks x = s+1 .. e and checkpoints when L(last checkpoint) - L(x) > threshold. O(e - s).
 Result<Schedule> GreedySchedule(const ScheduleInputs& inputs);
 // Gap rule h(x) = sqrt(2*t_p*(L(x) - L(e)) / (t_train*|L'(x)|)) rounded to the nearest
 // iteration, at least 1 and at least ceil((t_c - t_p)/t_train); always checkpoints at e.

@@ -60,6 +60,14 @@ double CilModel::Cil(std::span<const int64_t> schedule) const {
   return static_cast<double>(total);
 }
 
+int64_t CilModel::LastUsefulIteration(int64_t k) const {
+  const __int128 room = static_cast<__int128>(p_.requests - 1) * p_.t_infer_ns - p_.t_c_ns -
+                        static_cast<__int128>(k) * p_.t_p_ns;
+  if (room < 0) return p_.warmup_end;
+  const __int128 last = p_.warmup_end + room / p_.t_train_ns;
+  return last > p_.end ? p_.end : static_cast<int64_t>(last);
+}
+
 Result<PlanStart> ValidateInputs(const ScheduleInputs& in) {
   const ScheduleProblem& p = in.problem;
   VIPER_RETURN_IF_ERROR(ValidateProblem(p));

@@ -11,11 +11,11 @@
 // L uses a Li Chao tree over the layer's distinct queries, O(log G) per cell.
 //
 // Pruning (exact): a checkpoint with N(T_k) = M changes nothing (its term M*(L_{k-1} - L_k) is
-// cancelled by the terminal L_n*M), so only cells with N(T(g_j, k)) < M are visited. With t_p = 0
-// T does not depend on k and the layers collapse into one.
+// cancelled by the terminal L_n*M), so only cells with N(T(g_j, k)) < M are visited; dominance
+// (see OptimalDp) drops states that an earlier layer reached more cheaply. With t_p = 0, T does
+// not depend on k and the layers collapse into one.
 //
-// Work: cells = sum over layers of the candidates with N < M, at most G*K; the stride is the
-// smallest one whose exact cell count fits OptimalOptions::max_cells.
+// Work: O(cells), cells <= G*K. The stride rule is in ChooseAndRun.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -52,48 +52,34 @@ struct Grid {
   }
 };
 
-// The DP layers: layer m (1-based, absolute checkpoint number k0 + m) holds candidates
-// j in [m - 1, last[m]] (or [0, last] for the single collapsed layer when t_p = 0).
-struct Layers {
-  bool collapsed = false;
-  std::vector<int64_t> last;  // last[m] (index 0 unused)
-  int64_t cells = 0;
-};
-
 // The last candidate j at which the k-th checkpoint still has N(T) < M, i.e. T <= (M-1)*t_infer.
 int64_t LastUseful(const ScheduleProblem& p, const Grid& g, int64_t k) {
   const __int128 room = static_cast<__int128>(p.requests - 1) * p.t_infer_ns - p.t_c_ns - static_cast<__int128>(k) * p.t_p_ns;
   if (room < 0) return -1;
-  const __int128 iters = room / p.t_train_ns;
-  const __int128 bound = p.warmup_end + iters;
+  const __int128 bound = p.warmup_end + room / p.t_train_ns;
   return g.CountUpTo(bound > g.end ? g.end : static_cast<int64_t>(bound)) - 1;
 }
 
-Layers PlanLayers(const ScheduleProblem& p, const Grid& g, int64_t k0, int64_t max_cells) {
-  Layers layers;
-  layers.last.push_back(-1);
-  if (p.t_p_ns == 0) {
-    layers.collapsed = true;
-    layers.last.push_back(LastUseful(p, g, k0 + 1));
-    layers.cells = layers.last[1] + 1;
-    return layers;
-  }
-  for (int64_t m = 1; m <= g.size; ++m) {
+// Cells of the DP without dominance (an upper bound on the real count): layer m (checkpoint
+// k0 + m) spans candidates [m - 1, LastUseful]; one collapsed layer when t_p = 0. Stops counting
+// once past `cap`.
+int64_t WorstCaseCells(const ScheduleProblem& p, const Grid& g, int64_t k0, int64_t cap) {
+  if (p.t_p_ns == 0) return LastUseful(p, g, k0 + 1) + 1;
+  int64_t cells = 0;
+  for (int64_t m = 1; m <= g.size && cells <= cap; ++m) {
     const int64_t last = LastUseful(p, g, k0 + m);
     if (last < m - 1) break;
-    layers.last.push_back(last);
-    layers.cells += last - (m - 1) + 1;
-    if (layers.cells > max_cells) break;  // already too many: the caller tries a larger stride
+    cells += last - (m - 1) + 1;
   }
-  return layers;
+  return cells;
 }
 
-// Smallest stride whose cell count fits the budget (the count is non-increasing in the stride).
+// Smallest stride whose worst-case cell count fits the budget (non-increasing in the stride).
 int64_t ChooseStride(const ScheduleProblem& p, int64_t start, int64_t k0, int64_t max_cells) {
   int64_t lo = 1, hi = p.end - start;
   while (lo < hi) {
     const int64_t mid = lo + (hi - lo) / 2;
-    if (PlanLayers(p, Grid(start, p.end, mid), k0, max_cells).cells <= max_cells) hi = mid;
+    if (WorstCaseCells(p, Grid(start, p.end, mid), k0, max_cells) <= max_cells) hi = mid;
     else lo = mid + 1;
   }
   return lo;
@@ -264,7 +250,7 @@ void OptimalDp::RunLayer(size_t m, Hull& hull) {
   const std::vector<double>& src_f = collapsed_ ? cur_ : prev_;
   const double total = static_cast<double>(m_.problem().requests);
   if (from_anchor) hull.Add({m_.L(st_.anchor), 0.0, -1});
-  const int64_t src_first = src ? src->first : 0, src_last = src ? src->last : g_.size - 1;
+  const int64_t src_first = src ? src->first : 0, src_last = src ? src->last : layer.last;
   RequestCounter counter(m_, g_, AbsoluteK(m), layer.first);
   parents_.resize(layer.offset + static_cast<size_t>(layer.last - layer.first + 1), -2);
   const int64_t base = static_cast<int64_t>(layer.offset) - layer.first;  // parents_[base + j]
@@ -302,9 +288,12 @@ std::vector<int64_t> OptimalDp::LayerQueries(size_t m) const {
 }
 
 bool OptimalDp::Run() {
-  loss_.resize(g_.size);
+  // Only candidates where the first new checkpoint can still matter: the arrays stay O(cells)
+  // even when the grid is far longer than the request stream.
+  const int64_t useful = LastUseful(m_.problem(), g_, AbsoluteK(1)) + 1;
+  loss_.resize(static_cast<size_t>(std::max<int64_t>(0, useful)));
   double previous = m_.L(st_.anchor);
-  for (int64_t j = 0; j < g_.size; ++j) {
+  for (int64_t j = 0; j < useful; ++j) {
     loss_[j] = m_.L(g_.at(j));
     if (!(loss_[j] <= previous)) monotone_ = false;
     previous = loss_[j];
@@ -313,9 +302,9 @@ bool OptimalDp::Run() {
   if (!monotone_) cap_ = std::max<int64_t>(1, cap_ / kLiChaoCostFactor);
   parents_.reserve(static_cast<size_t>(cap_));  // address space only until touched
   best_ = m_.L(st_.anchor) * static_cast<double>(m_.problem().requests);
-  prev_.assign(g_.size, kInf);
-  cur_.assign(g_.size, kInf);
-  best_f_.assign(g_.size, kInf);
+  prev_.assign(loss_.size(), kInf);
+  cur_.assign(loss_.size(), kInf);
+  best_f_.assign(loss_.size(), kInf);
   MonotoneHull mono;
   LiChao lichao;
   for (size_t m = 1;; ++m) {
@@ -325,7 +314,7 @@ bool OptimalDp::Run() {
     if (cells() + (last - first + 1) > cap_) return false;
     layers_.push_back({first, last, parents_.size(), -1});
     if (monotone_) {
-      mono.Reset(static_cast<size_t>(g_.size) + 1);
+      mono.Reset(loss_.size() + 1);
       RunLayer(m, mono);
     } else {
       lichao.Reset(LayerQueries(m));
@@ -365,10 +354,11 @@ std::optional<Run> RunDp(const CilModel& model, const PlanStart& st, int64_t str
   return Run{dp.Backtrack(), stride, dp.cells(), dp.monotone()};
 }
 
-// Whether L is non-increasing from the anchor over the grid (decides the DP's path and budget).
+// Whether L is non-increasing from the anchor over the useful grid (decides the DP's budget).
 bool MonotoneOn(const CilModel& model, const PlanStart& st, const Grid& grid) {
   double previous = model.L(st.anchor);
-  for (int64_t j = 0; j < grid.size; ++j) {
+  const int64_t useful = LastUseful(model.problem(), grid, st.k0 + 1) + 1;
+  for (int64_t j = 0; j < useful; ++j) {
     const double l = model.L(grid.at(j));
     if (!(l <= previous)) return false;
     previous = l;
@@ -415,8 +405,10 @@ Result<Run> ChooseAndRun(const CilModel& model, const PlanStart& st, int64_t max
 Result<Schedule> OptimalSchedule(const ScheduleInputs& in) {
   VIPER_ASSIGN_OR_RETURN(PlanStart st, ValidateInputs(in));
   const ScheduleProblem& p = in.problem;
-  if (in.optimal.max_cells < 1) {
-    return Status::InvalidArgument(fmt::format("optimal schedule: max_cells = {} must be >= 1", in.optimal.max_cells));
+  // Back-pointers are int32 candidate indices, and no index exceeds the cell count.
+  if (in.optimal.max_cells < 1 || in.optimal.max_cells > std::numeric_limits<int32_t>::max()) {
+    return Status::InvalidArgument(
+        fmt::format("optimal schedule: max_cells = {} must be in [1, 2^31 - 1]", in.optimal.max_cells));
   }
   if (st.start >= p.end) return Finish(in, "optimal", {});
   const CilModel model(p, in.curve);

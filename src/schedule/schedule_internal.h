@@ -22,6 +22,9 @@ class CilModel {
   int64_t Requests(int64_t t_ns) const { return RequestsBefore(p_, t_ns); }
   // CIL of a valid schedule (no checks). NaN if a loss value is not finite.
   double Cil(std::span<const int64_t> schedule) const;
+  // The last iteration at which a k-th checkpoint can still serve a request (N(T) < M), capped
+  // to [s, e]; s if none can. Checkpoints after it do not change the CIL.
+  int64_t LastUsefulIteration(int64_t k) const;
 
  private:
   const ScheduleProblem& p_;

@@ -86,12 +86,16 @@ Result<Schedule> EpochSchedule(const ScheduleInputs& in) {
 Result<Schedule> FixedSchedule(const ScheduleInputs& in) {
   VIPER_ASSIGN_OR_RETURN(PlanStart st, ValidateInputs(in));
   const CilModel model(in.problem, in.curve);
+  // Checkpoints after `useful` change nothing: they are left out of the evaluation, and every
+  // interval whose first checkpoint lies beyond it ties with the first such interval.
+  const int64_t useful = std::max(st.start, model.LastUsefulIteration(st.k0 + 1));
+  const int64_t max_interval = std::min(in.problem.end - st.anchor, useful - st.anchor + 1);
   std::vector<int64_t> full = in.taken;
   int64_t best_interval = 0;
   double best = std::numeric_limits<double>::infinity();
-  for (int64_t interval = 1; interval <= in.problem.end - st.anchor; ++interval) {
+  for (int64_t interval = 1; interval <= max_interval; ++interval) {
     full.resize(in.taken.size());
-    const std::vector<int64_t> planned = EveryInterval(st, in.problem.end, interval);
+    const std::vector<int64_t> planned = EveryInterval(st, useful, interval);
     full.insert(full.end(), planned.begin(), planned.end());
     const double cil = model.Cil(full);
     if (cil < best) best = cil, best_interval = interval;  // strict: ties keep the smaller interval

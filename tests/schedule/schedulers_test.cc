@@ -298,6 +298,21 @@ TEST(Optimal, StrideRuleBoundsTheWork) {
   EXPECT_EQ(opt->stride, 1);
 }
 
+// A billion iterations but requests that end after the first thousand: the DP only touches the
+// candidates where a checkpoint can still matter (memory and time O(cells), not O(e - s)).
+TEST(Optimal, LongRunShortRequestStreamStaysSmall) {
+  ScheduleInputs in;
+  in.problem = {.warmup_end = 10, .end = 1'000'000'010, .t_train_ns = 1'000'000, .t_p_ns = 5'000'000,
+                .t_c_ns = 2'000'000, .t_infer_ns = 1'000'000, .requests = 1000};
+  in.curve = LossCurve::ExpOffset(2.0, 0.01, 0.1);
+  Result<Schedule> opt = OptimalSchedule(in);
+  ASSERT_TRUE(opt.ok()) << opt.status().ToString();
+  EXPECT_EQ(opt->stride, 1);
+  EXPECT_LT(opt->dp_cells, 1'000'000);
+  ASSERT_FALSE(opt->iterations.empty());
+  EXPECT_LT(opt->iterations.back(), 1010);
+}
+
 // Not a timed assertion: prints the time of the optimal scheduler at e - s = 100,000 with the
 // default budget (the benchmark viper_schedule_bench reports it against a baseline).
 TEST(Optimal, PrintsTimeAtOneHundredThousandIterations) {
@@ -361,6 +376,9 @@ TEST(Schedulers, BadInputsGiveClearErrors) {
   in.now = 200;
   in.taken = {150, 140};
   EXPECT_NE(SqrtSchedule(in).status().message().find("strictly increasing"), std::string::npos);
+  in = WorkedInputs();
+  in.optimal.max_cells = 0;
+  EXPECT_NE(OptimalSchedule(in).status().message().find("max_cells = 0 must be in"), std::string::npos);
   // A power law has no value at iteration 0: a warm-up ending at 0 cannot be scored.
   in = WorkedInputs();
   in.problem.warmup_end = 0;

@@ -116,10 +116,10 @@ Scenario RandomScenario(std::mt19937_64& rng, int64_t max_len, int family) {
   std::uniform_real_distribution<double> u(0, 1);
   Scenario sc;
   ScheduleProblem& p = sc.inputs.problem;
-  p.warmup_end = 1 + static_cast<int64_t>(u(rng) * 50);
+  p.warmup_end = 2 + static_cast<int64_t>(u(rng) * 50);  // >= 2 warm-up losses for greedy on a power law
   p.end = p.warmup_end + 1 + static_cast<int64_t>(u(rng) * (max_len - 1));
   p.t_train_ns = 1'000'000 + static_cast<int64_t>(u(rng) * 1e9);
-  p.t_p_ns = static_cast<int64_t>(u(rng) * u(rng) * 5e9);
+  p.t_p_ns = u(rng) < 0.2 ? 0 : static_cast<int64_t>(u(rng) * u(rng) * 5e9);  // 0: the collapsed DP
   p.t_c_ns = static_cast<int64_t>(u(rng) * 3e9);
   p.t_infer_ns = 100'000 + static_cast<int64_t>(u(rng) * 1e8);
   const double span_ns = static_cast<double>(p.end - p.warmup_end) * p.t_train_ns;

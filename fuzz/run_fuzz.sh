@@ -47,7 +47,7 @@ for target in "${targets[@]}"; do
   [[ -f $root/fuzz/$name.dict ]] && args+=(-dict="$root/fuzz/$name.dict")
   corpora=("$work")
   [[ -d $seeds ]] && corpora+=("$seeds")
-  echo "run_fuzz: $target for ${seconds}s (seeds: ${seeds#"$root"/})"
+  echo "run_fuzz: $target for ${seconds}s (seeds: $([[ -d $seeds ]] && echo "${seeds#"$root"/}" || echo none))"
   if ! "$build/fuzz/$target" "${args[@]}" "${corpora[@]}"; then
     echo "run_fuzz: $target FAILED; reproducer(s) in $artifacts/ (replay: $build/fuzz/$target <file>)" >&2
     failed+=("$target")

@@ -117,7 +117,7 @@ class Snapshot {
 
   std::span<const std::byte> bytes() const { return bytes_; }  // the whole buffer
   std::span<const std::byte> data_region() const { return bytes_.subspan(data_offset_); }
-  uint64_t header_size() const { return data_offset_ - 8; }
+  uint64_t header_size() const { return data_offset_ >= 8 ? data_offset_ - 8 : 0; }  // N
   uint64_t data_offset() const { return data_offset_; }
 
   // viper.* accessors: nullopt when the key is absent (or for version/step, not a number).

@@ -55,6 +55,16 @@ TEST(DType, NamesSizesAndParsingAgree) {
   EXPECT_EQ(bad.status().message(), "unknown dtype \"f32\"");
 }
 
+TEST(SnapshotDefault, EmptySnapshotIsHarmless) {
+  Snapshot s;
+  EXPECT_TRUE(s.tensors().empty());
+  EXPECT_TRUE(s.bytes().empty());
+  EXPECT_EQ(s.header_size(), 0u);
+  EXPECT_EQ(s.find("x"), nullptr);
+  EXPECT_EQ(s.version(), std::nullopt);
+  EXPECT_EQ(s.VerifyChecksum().code(), StatusCode::kNotFound);
+}
+
 TEST(Checksum, MatchesPublishedXxh3AndRoundTripsAsHex) {
   // XXH3_64bits of the empty input, from the xxHash test vectors.
   EXPECT_EQ(checksum64({}), 0x2D06800538D394C2ull);

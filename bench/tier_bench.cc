@@ -1,7 +1,7 @@
 // viper_tier_bench: write throughput of the host tier and the file tier against the physical
 // baselines measured in the same run.
 //
-//   viper_tier_bench [--sizes 64MiB,600MB,1.7GB] [--reps 5] [--dir DIR] [--no-file]
+//   viper_tier_bench [--sizes 64MiB,600MB,1.7GB] [--reps 5] [--dir DIR] [--no-file] [--samples]
 //
 // For each snapshot size, every repetition runs, interleaved (so that drift hits all alike):
 //   warm memcpy        memcpy into an already-faulted buffer (baseline of the host rows)
@@ -14,6 +14,10 @@
 //                      (context: the physical best of this write pattern)
 //   file tier          FileTier::Write: tmp file, write() from the caller's buffer, fsync,
 //                      rename, directory fsync; the snapshot is already in memory
+//   raw no fsync,      the same two without any fsync (FileTierOptions::fsync = false): the
+//   tier no fsync      tier's code path against a plain write(), free of the device's variance
+// Disk steps run in an order rotated every repetition; every written file is deleted and the file
+// system synced (outside the timed region) before the next step.
 // The source is a sealed snapshot in a pre-faulted buffer. Each figure is GB/s (1e9 bytes/s);
 // the table shows the median and the best of the repetitions; ratios are median/median.
 #include <fcntl.h>
@@ -48,7 +52,11 @@ struct Config {
   int reps = 5;
   std::string dir;
   bool no_file = false;
+  bool samples = false;
+  int settle_ms = 0;
 };
+
+Config g_cfg;
 
 // "64MiB", "600MB", "1.7GB", "4096": bytes (decimal units are powers of 1000).
 Result<uint64_t> ParseSize(const std::string& text) {
@@ -114,22 +122,39 @@ struct Samples {
     std::sort(v.begin(), v.end());
     return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
   }
+  // Median over repetitions of path[i] / base[i] (same repetition: adjacent in time).
+  double PairedRatio(const std::string& path, const std::string& base) const {
+    const auto& a = gbps.at(path);
+    const auto& b = gbps.at(base);
+    std::vector<double> r;
+    for (size_t i = 0; i < a.size() && i < b.size(); ++i) r.push_back(a[i] / b[i]);
+    std::sort(r.begin(), r.end());
+    return r.size() % 2 ? r[r.size() / 2] : (r[r.size() / 2 - 1] + r[r.size() / 2]) / 2;
+  }
   double Best(const std::string& path) const {
     const auto& v = gbps.at(path);
     return *std::max_element(v.begin(), v.end());
   }
 };
 
-// Removes page-cache and page-table effects of one path from the next: nothing to do for
-// memory; files are deleted between repetitions (outside the timed region).
+// Deletes a file written by a timed step and flushes the file system (outside the timed region),
+// so that the next timed write does not pay for this one's block freeing (the root file system
+// here is mounted with `discard`: the journal commit after a big unlink carries the TRIMs, and
+// the next fsync would wait for it).
 void RemoveQuietly(const fs::path& p) {
   std::error_code ec;
   fs::remove(p, ec);
+  int fd = ::open(p.parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    ::syncfs(fd);
+    ::close(fd);
+  }
+  if (g_cfg.settle_ms > 0) ::usleep(static_cast<useconds_t>(g_cfg.settle_ms) * 1000);
 }
 
 // open, write() in 64 MiB chunks, fsync, close. With `early_writeback`, each chunk's writeback is
 // started at once with sync_file_range (what FileTier does).
-double TimeRawWrite(const fs::path& path, std::span<const std::byte> bytes, bool early_writeback) {
+double TimeRawWrite(const fs::path& path, std::span<const std::byte> bytes, bool early_writeback, bool sync = true) {
   auto t0 = Clock::now();
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) Die(Status::FromErrno("open " + path.string()));
@@ -139,7 +164,7 @@ double TimeRawWrite(const fs::path& path, std::span<const std::byte> bytes, bool
     if (early_writeback) ::sync_file_range(fd, static_cast<off_t>(done), w, SYNC_FILE_RANGE_WRITE);
     done += static_cast<uint64_t>(w);
   }
-  if (::fsync(fd) != 0) Die(Status::FromErrno("fsync " + path.string()));
+  if (sync && ::fsync(fd) != 0) Die(Status::FromErrno("fsync " + path.string()));
   ::close(fd);
   return Seconds(t0, Clock::now());
 }
@@ -167,7 +192,7 @@ void RunSize(const Config& cfg, uint64_t size, const fs::path& dir) {
   Samples s;
 
   HostTierOptions ho;
-  ho.prefix = fmt::format("viper-bench-{}", ::getpid());
+  ho.prefix = "viper-bench";  // the pid is in each segment name; a crashed run is cleaned by the next
   ho.keep_versions = 1;
   auto recycled_tier = HostTier::Open(ho);
   if (!recycled_tier.ok()) Die(recycled_tier.status());
@@ -175,21 +200,42 @@ void RunSize(const Config& cfg, uint64_t size, const fs::path& dir) {
   TimeHostWrite(**recycled_tier, src, rv++, false);  // two fresh versions: the second retires
   TimeHostWrite(**recycled_tier, src, rv++, false);  // the first, which the pool then recycles
 
-  FileTierOptions fo;
-  fo.dir = dir;
-  fo.keep_versions = 1000;  // the bench deletes old versions itself, outside the timed region
-  std::unique_ptr<FileTier> file_tier;
+  // Two file tiers: the real one (fsync) and one with fsync off, whose figure against a raw
+  // write without fsync isolates the tier's own code path from the device's large variance.
+  std::unique_ptr<FileTier> file_tier, nosync_tier;
   if (!cfg.no_file) {
-    auto opened = FileTier::Open(fo);
-    if (!opened.ok()) Die(opened.status());
-    file_tier = std::move(*opened);
+    for (bool sync : {true, false}) {
+      FileTierOptions fo;
+      fo.dir = sync ? dir : dir / "nosync";
+      fo.fsync = sync;
+      fo.keep_versions = 1000;  // the bench deletes old versions itself, outside the timed region
+      auto opened = FileTier::Open(fo);
+      if (!opened.ok()) Die(opened.status());
+      std::error_code ec;
+      fs::create_directories(fo.dir / "bench", ec);  // the raw baselines write beside the tier's files
+      (sync ? file_tier : nosync_tier) = std::move(*opened);
+    }
   }
+  auto tier_write = [&](FileTier& tier, uint64_t version) {
+    source.Restamp(version);
+    auto t0 = Clock::now();
+    Status st = tier.Write("bench", version, src);
+    double seconds = Seconds(t0, Clock::now());
+    if (!st.ok()) Die(st);
+    RemoveQuietly(tier.PathFor("bench", version));
+    return seconds;
+  };
+  auto raw_write = [&](const fs::path& raw, bool early, bool sync) {
+    double seconds = TimeRawWrite(raw, src, early, sync);
+    RemoveQuietly(raw);
+    return seconds;
+  };
 
   for (int rep = 0; rep < cfg.reps; ++rep) {
     auto t0 = Clock::now();
     std::memcpy(warm.data(), src.data(), src.size());
     s.Add("warm memcpy", size, Seconds(t0, Clock::now()));
-
+    s.Add("host recycled", size, TimeHostWrite(**recycled_tier, src, rv++, true));
     {
       t0 = Clock::now();
       void* fresh = ::mmap(nullptr, src.size(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -205,22 +251,20 @@ void RunSize(const Config& cfg, uint64_t size, const fs::path& dir) {
       if (!tier.ok()) Die(tier.status());
       s.Add("host fresh", size, TimeHostWrite(**tier, src, 1, false));
     }  // destroyed (unlinked) outside the timed region
-    s.Add("host recycled", size, TimeHostWrite(**recycled_tier, src, rv++, true));
+    if (!file_tier) continue;
 
-    if (file_tier) {
-      const fs::path raw = dir / "raw.bin";
-      s.Add("raw write+fsync", size, TimeRawWrite(raw, src, false));
-      RemoveQuietly(raw);
-      s.Add("raw + early wb", size, TimeRawWrite(raw, src, true));
-      RemoveQuietly(raw);
-      const uint64_t version = static_cast<uint64_t>(rep) + 1;
-      source.Restamp(version);
-      t0 = Clock::now();
-      Status st = file_tier->Write("bench", version, src);
-      s.Add("file tier", size, Seconds(t0, Clock::now()));
-      if (!st.ok()) Die(st);
-      RemoveQuietly(file_tier->PathFor("bench", version));
-    }
+    const uint64_t version = static_cast<uint64_t>(rep) + 1;
+    const fs::path raw = dir / "bench" / "raw.bin";
+    const fs::path raw_nosync = dir / "nosync" / "bench" / "raw.bin";
+    // The disk steps in a rotating order, so that no path always follows the same one.
+    std::vector<std::function<void()>> steps = {
+        [&] { s.Add("raw write+fsync", size, raw_write(raw, false, true)); },
+        [&] { s.Add("raw + early wb", size, raw_write(raw, true, true)); },
+        [&] { s.Add("file tier", size, tier_write(*file_tier, version)); },
+    };
+    for (size_t i = 0; i < steps.size(); ++i) steps[(i + rep) % steps.size()]();
+    s.Add("raw no fsync", size, raw_write(raw_nosync, false, false));
+    s.Add("tier no fsync", size, tier_write(*nosync_tier, version));
   }
 
   auto row = [&](const std::string& path, const std::string& base, double target) {
@@ -228,15 +272,24 @@ void RunSize(const Config& cfg, uint64_t size, const fs::path& dir) {
     std::string verdict = target > 0 ? (ratio >= target ? fmt::format("meets >= {:.1f}x", target)
                                                          : fmt::format("MISSES >= {:.1f}x", target))
                                      : "";
-    std::printf("| %-9s | %-15s | %6.2f | %6.2f | %-15s | %6.2f | %5.2fx | %s\n", Human(size).c_str(), path.c_str(),
-                s.Median(path), s.Best(path), base.c_str(), s.Median(base), ratio, verdict.c_str());
+    std::printf("| %-9s | %-15s | %6.2f | %6.2f | %-15s | %6.2f | %5.2fx | %5.2fx | %s\n", Human(size).c_str(),
+                path.c_str(), s.Median(path), s.Best(path), base.c_str(), s.Median(base), ratio,
+                s.PairedRatio(path, base), verdict.c_str());
   };
+  if (cfg.samples) {
+    for (const auto& [path, v] : s.gbps) {
+      std::string line;
+      for (double x : v) line += fmt::format(" {:.2f}", x);
+      std::printf("  %-9s %-16s:%s\n", Human(size).c_str(), path.c_str(), line.c_str());
+    }
+  }
   row("host fresh", "warm memcpy", 0);
   row("fresh memcpy", "warm memcpy", 0);
   row("host recycled", "warm memcpy", 0.8);
   if (file_tier) {
     row("file tier", "raw write+fsync", 0.9);
     row("file tier", "raw + early wb", 0);
+    row("tier no fsync", "raw no fsync", 0);
   }
   std::fflush(stdout);
 }
@@ -248,7 +301,10 @@ int Main(int argc, char** argv) {
   app.add_option("--reps", cfg.reps, "repetitions per size (median and best are reported)")->check(CLI::Range(1, 1000));
   app.add_option("--dir", cfg.dir, "directory for the file-tier and raw-write files (default: a new temp dir)");
   app.add_flag("--no-file", cfg.no_file, "skip the file-tier rows");
+  app.add_option("--settle-ms", cfg.settle_ms, "pause after deleting each written file (lets the disk finish discards)");
+  app.add_flag("--samples", cfg.samples, "also print every repetition's GB/s, in run order");
   CLI11_PARSE(app, argc, argv);
+  g_cfg = cfg;
 
   fs::path dir = cfg.dir;
   bool made_dir = false;
@@ -259,14 +315,15 @@ int Main(int argc, char** argv) {
     made_dir = true;
   }
   std::printf("viper_tier_bench: %d repetitions per size, interleaved; file tier in %s\n", cfg.reps, dir.c_str());
-  std::printf("| size      | path            | median | best   | baseline        | median | ratio  | target\n");
-  std::printf("|-----------|-----------------|--------|--------|-----------------|--------|--------|-------\n");
+  std::printf("| size      | path            | median | best   | baseline        | median | ratio  | paired | target\n");
+  std::printf("|-----------|-----------------|--------|--------|-----------------|--------|--------|--------|-------\n");
   for (const std::string& text : cfg.sizes) {
     auto size = ParseSize(text);
     if (!size.ok()) Die(size.status());
     RunSize(cfg, *size, dir);
   }
-  std::printf("GB/s = 1e9 bytes/s; ratio = median / baseline median.\n");
+  std::printf("GB/s = 1e9 bytes/s; ratio = median / baseline median; paired = median over repetitions of\n"
+              "(path / baseline) measured in the same repetition. The target verdict uses ratio.\n");
   if (made_dir) {
     std::error_code ec;
     fs::remove_all(dir, ec);

@@ -196,9 +196,17 @@ Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::LoadLeased(FetchPath pat
     struct LeaseHold {
       std::shared_ptr<const void> mapping;
       std::function<void()> release;
-      ~LeaseHold() { release(); }
+      LeaseHold() = default;
+      LeaseHold(const LeaseHold&) = delete;
+      LeaseHold& operator=(const LeaseHold&) = delete;
+      ~LeaseHold() {
+        if (release) release();
+      }
     };
-    auto hold = std::make_shared<LeaseHold>(LeaseHold{mapped->owner, release});
+    // Built in place: a temporary LeaseHold would release the lease in its own destructor.
+    auto hold = std::make_shared<LeaseHold>();
+    hold->mapping = mapped->owner;
+    hold->release = std::move(release);
     mv->timings.fetched_ns = WallClockNs();
     VIPER_RETURN_IF_ERROR(Finish(*mv, mapped->data, hold, options.verify_checksum));
     return mv;

@@ -1,0 +1,267 @@
+// Integration tests of the same-node path (issue 3): real producer and consumer processes talking
+// over real UCX and shared memory.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "pattern.h"
+#include "process.h"
+#include "viper/engine.h"
+#include "viper/protocol.h"
+#include "viper/publisher.h"
+#include "viper/subscriber.h"
+
+namespace viper {
+namespace {
+
+using testing::Process;
+using testing::ReadFile;
+using testing::TempDir;
+using testing::WaitForFile;
+using testing::WaitUntil;
+using namespace std::chrono_literals;
+
+nlohmann::json ReadResult(const std::filesystem::path& path) {
+  std::string text = ReadFile(path);
+  if (text.empty()) return nlohmann::json::object();
+  return nlohmann::json::parse(text);
+}
+
+// A small multi-tensor model published from this process.
+std::vector<TensorSpec> Specs() {
+  return {{"w", DType::kF32, {1024, 256}}, {"b", DType::kF16, {256}}, {"n", DType::kI64, {}}};
+}
+
+// Version `version` (the publisher's next one), each tensor filled with its pattern.
+Result<PublishResult> PublishPattern(Publisher& pub, uint64_t version) {
+  VIPER_ASSIGN_OR_RETURN(Draft draft, pub.Begin(Specs()));
+  const auto specs = Specs();
+  for (size_t i = 0; i < specs.size(); ++i) {
+    auto t = draft.tensor(specs[i].name);
+    std::memset(t.data(), testing::Pattern(version, i), t.size());
+  }
+  return pub.Commit(std::move(draft), {});
+}
+
+std::unique_ptr<Publisher> StartPublisher(const std::string& store_dir = "") {
+  PublisherOptions options;
+  options.model = "m";
+  options.node.store_dir = store_dir;
+  auto pub = Publisher::Start(options);
+  EXPECT_TRUE(pub.ok()) << pub.status().ToString();
+  return pub.ok() ? std::move(pub).value() : nullptr;
+}
+
+// A producer process publishes 60 versions as fast as it can; two consumer processes (map and
+// copy) read the live model from three threads each: every read is a whole, verified version,
+// versions never go back, and the last one is reached.
+TEST(SameNode, ProducerAndConsumersNeverSeeATornModel) {
+  TempDir dir;
+  Process producer({testing::PeerBinary(), "produce", "--model", "m", "--versions", "60", "--tensor-bytes", "4194304",
+                    "--address-file", dir / "addr", "--state-file", dir / "producer.state", "--wait-peers", "2"},
+                   dir / "producer.log");
+  std::string addr = WaitForFile(dir / "addr", 20s);
+  ASSERT_FALSE(addr.empty()) << producer.log();
+  Process map_consumer({testing::PeerBinary(), "consume", "--model", "m", "--connect", addr, "--until", "60",
+                        "--threads", "3", "--path", "map", "--result", dir / "map.json"},
+                       dir / "map.log");
+  Process copy_consumer({testing::PeerBinary(), "consume", "--model", "m", "--connect", addr, "--until", "60",
+                         "--threads", "3", "--path", "copy", "--result", dir / "copy.json"},
+                        dir / "copy.log");
+  ASSERT_EQ(map_consumer.Wait(90s), 0) << map_consumer.log();
+  ASSERT_EQ(copy_consumer.Wait(90s), 0) << copy_consumer.log();
+  for (const char* name : {"map.json", "copy.json"}) {
+    auto r = ReadResult(dir / name);
+    SCOPED_TRACE(name + std::string(": ") + r.dump());
+    EXPECT_EQ(r["errors"], 0) << r["first_error"];
+    EXPECT_EQ(r["regressions"], 0);
+    EXPECT_EQ(r["last_version"], 60);
+    EXPECT_GT(r["reads"].get<uint64_t>(), 60u);
+    EXPECT_GE(r["updates"].get<uint64_t>(), 1u);
+  }
+  EXPECT_EQ(ReadResult(dir / "map.json")["path"], "map");
+  EXPECT_EQ(ReadResult(dir / "copy.json")["path"], "copy");
+}
+
+// The consumer sleeps until a NOTIFY arrives: no CPU while idle, and the update arrives as soon as
+// the version is complete (far inside any polling interval).
+TEST(SameNode, NotificationsArriveWithoutPolling) {
+  TempDir dir;
+  auto pub = StartPublisher();
+  ASSERT_TRUE(pub);
+  Process watch({testing::ViperBinary(), "watch", "m", "--connect", pub->address(), "--json", "--count", "2",
+                 "--timeout", "60"},
+                dir / "watch.log");
+  ASSERT_TRUE(WaitUntil([&] { return pub->node().stats().peers >= 1; }, 20s)) << watch.log();
+  std::this_thread::sleep_for(300ms);  // let it settle after start-up
+  double cpu_before = watch.CpuSeconds();
+  std::this_thread::sleep_for(1500ms);
+  double idle_cpu = watch.CpuSeconds() - cpu_before;
+  EXPECT_LT(idle_cpu, 0.10) << "an idle subscriber should sleep, it used " << idle_cpu << " s of CPU in 1.5 s";
+  // One at a time: a subscriber still loading version 1 when 2 lands skips to 2 (latest, not backlog).
+  ASSERT_TRUE(PublishPattern(*pub, 1).ok());
+  ASSERT_TRUE(WaitUntil([&] { return watch.log().find("\"version\":1") != std::string::npos; }, 20s)) << watch.log();
+  ASSERT_TRUE(PublishPattern(*pub, 2).ok());
+  ASSERT_TRUE(pub->Wait().ok());
+  ASSERT_EQ(watch.Wait(30s), 0) << watch.log();
+  std::istringstream lines(watch.log());
+  std::string line;
+  int updates = 0;
+  while (std::getline(lines, line)) {
+    if (line.empty() || line[0] != '{') continue;
+    auto j = nlohmann::json::parse(line);
+    ++updates;
+    EXPECT_LT(j["notify_ms"].get<double>(), 200.0) << line;  // a 1 s poll would average 500 ms
+    EXPECT_GT(j["notify_ms"].get<double>(), -1.0) << line;
+  }
+  EXPECT_EQ(updates, 2) << watch.log();
+}
+
+// A consumer killed with SIGKILL while holding a lease: the node drops its lease, keeps serving
+// another consumer, and the held segment becomes recyclable.
+TEST(SameNode, KilledConsumerLeasesAreReleased) {
+  TempDir dir;
+  auto pub = StartPublisher();
+  ASSERT_TRUE(pub);
+  ASSERT_TRUE(PublishPattern(*pub, 1).ok());
+  ASSERT_TRUE(pub->Wait().ok());
+  Process holder({testing::PeerBinary(), "hold", "--model", "m", "--connect", pub->address(), "--state-file",
+                  dir / "hold.state"},
+                 dir / "hold.log");
+  ASSERT_EQ(WaitForFile(dir / "hold.state", 20s), "holding 1") << holder.log();
+  EXPECT_GE(pub->node().stats().leases_active, 1u);
+  Process consumer({testing::PeerBinary(), "consume", "--model", "m", "--connect", pub->address(), "--until", "12",
+                    "--threads", "2", "--result", dir / "c.json"},
+                   dir / "c.log");
+  for (int v = 2; v <= 6; ++v) ASSERT_TRUE(PublishPattern(*pub, v).ok());
+  ASSERT_TRUE(pub->Wait().ok());
+  // Version 1 is retired (retention 2) but still leased: its segment must not be recycled.
+  EXPECT_GE(pub->node().host_tier().stats().retired_leased_segments, 1u);
+  holder.Kill(SIGKILL);
+  ASSERT_TRUE(WaitUntil([&] { return pub->node().host_tier().stats().retired_leased_segments == 0; }, 15s))
+      << "the dead consumer's lease was not released";
+  uint64_t recycled_before = pub->node().host_tier().stats().recycled_allocations;
+  for (int v = 7; v <= 12; ++v) ASSERT_TRUE(PublishPattern(*pub, v).ok());
+  ASSERT_TRUE(pub->Wait().ok());
+  EXPECT_GT(pub->node().host_tier().stats().recycled_allocations, recycled_before);
+  ASSERT_EQ(consumer.Wait(60s), 0) << consumer.log();
+  auto r = ReadResult(dir / "c.json");
+  EXPECT_EQ(r["last_version"], 12) << r.dump();
+  EXPECT_EQ(r["errors"], 0) << r.dump();
+}
+
+// A producer killed in the middle of writing version 4: the consumer keeps serving version 3,
+// version 4 is never announced, and a `viper serve` restarted on the same directory serves 3.
+TEST(SameNode, KilledProducerLeavesTheLastCompleteVersion) {
+  TempDir dir;
+  std::filesystem::path store = dir / "store";
+  Process producer({testing::PeerBinary(), "produce", "--model", "m", "--versions", "0", "--hang-in-version", "4",
+                    "--tensor-bytes", "8388608", "--store-dir", store.string(), "--address-file", dir / "addr",
+                    "--state-file", dir / "producer.state"},
+                   dir / "producer.log");
+  std::string addr = WaitForFile(dir / "addr", 20s);
+  ASSERT_FALSE(addr.empty()) << producer.log();
+  Process consumer({testing::PeerBinary(), "consume", "--model", "m", "--connect", addr, "--until", "99", "--threads",
+                    "2", "--timeout-s", "4", "--result", dir / "c.json"},
+                   dir / "c.log");
+  ASSERT_EQ(WaitForFile(dir / "producer.state", 20s), "hanging 4") << producer.log();
+  producer.Kill(SIGKILL);
+  ASSERT_EQ(consumer.Wait(30s), 0) << consumer.log();
+  auto r = ReadResult(dir / "c.json");
+  EXPECT_EQ(r["last_version"], 3) << r.dump();
+  EXPECT_EQ(r["errors"], 0) << r.dump();
+  EXPECT_GT(r["reads"].get<uint64_t>(), 0u);
+  EXPECT_FALSE(std::filesystem::exists(store / "m" / "4.safetensors"));
+
+  Process serve({testing::ViperBinary(), "serve", "--listen", "127.0.0.1:0", "--store-dir", store.string(),
+                 "--address-file", (dir / "addr2").string()},
+                dir / "serve.log");
+  std::string addr2 = WaitForFile(dir / "addr2", 20s);
+  ASSERT_FALSE(addr2.empty()) << serve.log();
+  Process after({testing::PeerBinary(), "consume", "--model", "m", "--connect", addr2, "--until", "3", "--threads",
+                 "1", "--timeout-s", "20", "--result", dir / "after.json"},
+                dir / "after.log");
+  ASSERT_EQ(after.Wait(30s), 0) << after.log();
+  auto a = ReadResult(dir / "after.json");
+  EXPECT_EQ(a["last_version"], 3) << a.dump() << serve.log();
+  EXPECT_EQ(a["errors"], 0) << a.dump();
+  serve.Kill(SIGTERM);
+}
+
+// A raw client sends malformed, truncated and wrong-version messages: the node answers ERROR or
+// drops it, and a well-behaved consumer keeps getting versions.
+TEST(SameNode, MalformedControlMessagesDoNotHurtOthers) {
+  TempDir dir;
+  auto pub = StartPublisher();
+  ASSERT_TRUE(pub);
+  ASSERT_TRUE(PublishPattern(*pub, 1).ok());
+  Process consumer({testing::PeerBinary(), "consume", "--model", "m", "--connect", pub->address(), "--until", "8",
+                    "--threads", "2", "--result", dir / "c.json"},
+                   dir / "c.log");
+
+  std::mutex mu;
+  std::vector<proto::Message> replies;
+  std::atomic<int> closed{0};
+  net::EngineHandlers handlers;
+  handlers.on_message = [&](net::PeerId, std::span<const std::byte> bytes) {
+    auto m = proto::Decode(bytes);
+    std::lock_guard<std::mutex> lock(mu);
+    if (m.ok()) replies.push_back(*m);
+  };
+  handlers.on_peer_closed = [&](net::PeerId, const Status&) { closed++; };
+  auto engine = net::Engine::Start({}, handlers);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  auto count_errors = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return std::count_if(replies.begin(), replies.end(),
+                         [](const proto::Message& m) { return std::holds_alternative<proto::Error>(m); });
+  };
+
+  // 1. Garbage, truncated frames: ERROR each time, then dropped after three strikes.
+  auto peer = (*engine)->Connect(pub->address());
+  ASSERT_TRUE(peer.ok()) << peer.status().ToString();
+  std::mt19937 rng(7);
+  std::vector<std::byte> garbage(100);
+  for (auto& b : garbage) b = static_cast<std::byte>(rng());
+  auto hello = proto::Encode(proto::Hello{"", "fuzzer", "x", 1});
+  ASSERT_TRUE((*engine)->Send(*peer, garbage).ok());
+  ASSERT_TRUE((*engine)->Send(*peer, std::span(hello).first(hello.size() - 3)).ok());
+  ASSERT_TRUE(WaitUntil([&] { return count_errors() >= 2; }, 10s));
+  // 2. A message before HELLO: refused.
+  auto peer2 = (*engine)->Connect(pub->address());
+  ASSERT_TRUE(peer2.ok());
+  ASSERT_TRUE((*engine)->Send(*peer2, proto::Encode(proto::List{1})).ok());
+  // 3. Another protocol version: ERROR, then dropped.
+  auto peer3 = (*engine)->Connect(pub->address());
+  ASSERT_TRUE(peer3.ok());
+  auto wrong = proto::Encode(proto::Hello{"", "old", "x", 1});
+  wrong[4] = std::byte{77};
+  ASSERT_TRUE((*engine)->Send(*peer3, wrong).ok());
+  ASSERT_TRUE(WaitUntil([&] { return count_errors() >= 4; }, 10s));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    bool saw_version_error = false, saw_unauthorized = false;
+    for (const auto& m : replies) {
+      if (auto* e = std::get_if<proto::Error>(&m)) {
+        saw_version_error |= e->code == proto::ErrorCode::kBadVersion;
+        saw_unauthorized |= e->code == proto::ErrorCode::kUnauthorized;
+      }
+    }
+    EXPECT_TRUE(saw_version_error);
+    EXPECT_TRUE(saw_unauthorized);
+  }
+  EXPECT_GE(pub->node().stats().malformed_messages, 3u);
+  EXPECT_GE(pub->node().stats().peers_refused, 2u);
+
+  for (int v = 2; v <= 8; ++v) ASSERT_TRUE(PublishPattern(*pub, v).ok());
+  ASSERT_EQ(consumer.Wait(60s), 0) << consumer.log();
+  auto r = ReadResult(dir / "c.json");
+  EXPECT_EQ(r["last_version"], 8) << r.dump();
+  EXPECT_EQ(r["errors"], 0) << r.dump();
+}
+
+}  // namespace
+}  // namespace viper

@@ -1,0 +1,137 @@
+// Test helpers: child processes (real programs, spawned and killed for real) and temp dirs.
+#pragma once
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace viper::testing {
+
+inline std::string ReadFile(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Polls `pred` every 10 ms until it holds or `timeout` passes (a test's wait, not a product path).
+template <typename Pred>
+bool WaitUntil(Pred pred, std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "viper-test-XXXXXX").string();
+    path_ = ::mkdtemp(tmpl.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::filesystem::path& path() const { return path_; }
+  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+class Process {
+ public:
+  // Starts argv[0] with stdout and stderr appended to `log`.
+  Process(std::vector<std::string> argv, const std::filesystem::path& log) : log_(log) {
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    posix_spawn_file_actions_adddup2(&actions, 1, 2);
+    std::vector<char*> args;
+    for (auto& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    if (posix_spawn(&pid_, args[0], &actions, nullptr, args.data(), environ) != 0) pid_ = -1;
+    posix_spawn_file_actions_destroy(&actions);
+  }
+  ~Process() {
+    if (running()) Kill(SIGKILL);
+  }
+  Process(const Process&) = delete;
+
+  pid_t pid() const { return pid_; }
+  bool running() {
+    if (pid_ <= 0 || exited_) return false;
+    int status = 0;
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+      exited_ = true;
+      status_ = status;
+      return false;
+    }
+    return true;
+  }
+  void Kill(int sig) {
+    if (pid_ > 0 && !exited_) {
+      ::kill(pid_, sig);
+      Wait();
+    }
+  }
+  // Exit code (or 128+signal); -1 if it did not end within the timeout.
+  int Wait(std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+    if (!WaitUntil([&] { return !running(); }, timeout)) return -1;
+    if (WIFEXITED(status_)) return WEXITSTATUS(status_);
+    return 128 + WTERMSIG(status_);
+  }
+  std::string log() const { return ReadFile(log_); }
+  // CPU seconds (user + system) the process has used so far, from /proc.
+  double CpuSeconds() const {
+    std::string stat = ReadFile("/proc/" + std::to_string(pid_) + "/stat");
+    auto close = stat.rfind(')');
+    if (close == std::string::npos) return -1;
+    std::istringstream in(stat.substr(close + 2));
+    std::string field;
+    unsigned long long utime = 0, stime = 0;
+    for (int i = 3; i <= 15 && in >> field; ++i) {
+      if (i == 14) utime = std::stoull(field);
+      if (i == 15) stime = std::stoull(field);
+    }
+    return static_cast<double>(utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+  }
+
+ private:
+  pid_t pid_ = -1;
+  bool exited_ = false;
+  int status_ = 0;
+  std::filesystem::path log_;
+};
+
+inline std::string PeerBinary() { return std::string(VIPER_BINARY_DIR) + "/bin/viper_test_peer"; }
+inline std::string ViperBinary() { return std::string(VIPER_BINARY_DIR) + "/bin/viper"; }
+
+// Waits for a file written atomically by a child and returns its first line.
+inline std::string WaitForFile(const std::filesystem::path& path, std::chrono::milliseconds timeout) {
+  std::string line;
+  WaitUntil(
+      [&] {
+        std::ifstream in(path);
+        return in && std::getline(in, line) && !line.empty();
+      },
+      timeout);
+  return line;
+}
+
+}  // namespace viper::testing

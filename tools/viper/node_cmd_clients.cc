@@ -1,0 +1,327 @@
+// The client commands: publish, watch, pull, ls. Each connects to a node with --connect.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cinttypes>
+#include <condition_variable>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "command.h"
+#include "node_common.h"
+#include "viper/client.h"
+#include "viper/host_tier.h"
+#include "viper/node.h"
+#include "viper/snapshot.h"
+#include "viper/subscriber.h"
+
+namespace viper::cli {
+namespace {
+
+Result<std::unique_ptr<Client>> ConnectClient(const std::string& connect, const AuthFlags& auth) {
+  VIPER_ASSIGN_OR_RETURN(std::string token, auth.Resolve());
+  ClientOptions options;
+  options.connect = connect;
+  options.token = token;
+  options.name = "viper-cli";
+  return Client::Connect(options);
+}
+
+double Ms(int64_t from_ns, int64_t to_ns) { return (to_ns - from_ns) / 1e6; }
+
+// ------------------------------------------------------------------ publish
+
+struct PublishFlags {
+  std::string model, file, connect;
+  uint64_t step = 0;
+  AuthFlags auth;
+};
+
+int RunPublish(const PublishFlags& f) {
+  int64_t publish_ns = WallClockNs();
+  ParseOptions parse;
+  parse.verify_checksum = true;
+  auto snap = Snapshot::OpenFile(f.file, parse);
+  if (!snap.ok()) return Fail("publish", snap.status());
+  auto client = ConnectClient(f.connect, f.auth);
+  if (!client.ok()) return Fail("publish", client.status());
+  auto version = (*client)->Publish(f.model, snap->bytes(), f.step, publish_ns);
+  if (!version.ok()) return Fail("publish", version.status());
+  std::printf("published %s version %" PRIu64 " (%s) in %s\n", f.model.c_str(), *version,
+              HumanBytes(static_cast<double>(snap->bytes().size())).c_str(),
+              HumanSeconds((WallClockNs() - publish_ns) / 1e9).c_str());
+  return 0;
+}
+
+ViperCommand publish_command(
+    "publish", "Publish a safetensors file as the next version of MODEL",
+    [](CLI::App& app) -> RunFn {
+      auto f = std::make_shared<PublishFlags>();
+      app.add_option("MODEL", f->model, "Model name")->required();
+      app.add_option("FILE", f->file, "A .safetensors file")->required();
+      app.add_option("--step", f->step, "Training step recorded with the version");
+      AddConnect(app, f->connect);
+      f->auth.Add(app);
+      return [f] { return RunPublish(*f); };
+    },
+    20);
+
+// ------------------------------------------------------------------ watch
+
+struct WatchFlags {
+  std::string model, connect, path = "auto", file_dir;
+  bool json = false;
+  uint64_t count = 0;
+  double timeout_s = 0;
+  AuthFlags auth;
+};
+
+nlohmann::json UpdateJson(const ModelVersion& mv) {
+  const UpdateTimings& t = mv.timings;
+  return {{"model", mv.info.model},
+          {"version", mv.info.version},
+          {"step", mv.info.step},
+          {"bytes", mv.info.size},
+          {"path", std::string(fetch_path_name(mv.path))},
+          {"reason", mv.reason},
+          {"publish_ns", t.publish_ns},
+          {"completed_ns", t.completed_ns},
+          {"notified_ns", t.notified_ns},
+          {"fetched_ns", t.fetched_ns},
+          {"verified_ns", t.verified_ns},
+          {"live_ns", t.live_ns},
+          {"publish_to_live_ms", t.publish_ns ? Ms(t.publish_ns, t.live_ns) : 0.0},
+          {"complete_to_live_ms", Ms(t.completed_ns, t.live_ns)},
+          {"notify_ms", Ms(t.completed_ns, t.notified_ns)}};
+}
+
+std::string UpdateLine(const ModelVersion& mv) {
+  const UpdateTimings& t = mv.timings;
+  return fmt::format("{} v{} step {} {} via {}: publish->live {:.2f} ms (notify {:.3f} ms, fetch {:.2f} ms, verify {:.2f} ms) [{}]",
+                     mv.info.model, mv.info.version, mv.info.step, HumanBytes(static_cast<double>(mv.info.size)),
+                     fetch_path_name(mv.path), t.publish_ns ? Ms(t.publish_ns, t.live_ns) : 0.0,
+                     Ms(t.completed_ns, t.notified_ns), Ms(t.notified_ns, t.fetched_ns), Ms(t.fetched_ns, t.verified_ns),
+                     mv.reason);
+}
+
+int RunWatch(const WatchFlags& f) {
+  auto token = f.auth.Resolve();
+  if (!token.ok()) return Fail("watch", token.status());
+  auto path = ParseFetchPath(f.path);
+  if (!path.ok()) return Fail("watch", path.status());
+  SubscriberOptions options;
+  options.model = f.model;
+  options.connect = f.connect;
+  options.token = *token;
+  options.path = *path;
+  options.file_dir = f.file_dir;
+  options.name = "viper-watch";
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  auto sub = Subscriber::Start(options);
+  if (!sub.ok()) return Fail("watch", sub.status());
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t seen = 0;
+  (*sub)->OnUpdate([&](const std::shared_ptr<const ModelVersion>& mv) {
+    std::string line = f.json ? UpdateJson(*mv).dump() : UpdateLine(*mv);
+    std::lock_guard<std::mutex> lock(mu);
+    std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+    ++seen;
+    cv.notify_all();
+  });
+  // Stop on a signal, after --count updates, or after --timeout seconds.
+  std::thread signals([&] {
+    int sig = 0;
+    sigwait(&stop, &sig);
+    std::lock_guard<std::mutex> lock(mu);
+    seen = UINT64_MAX;
+    cv.notify_all();
+  });
+  signals.detach();
+  std::unique_lock<std::mutex> lock(mu);
+  auto done = [&] { return seen == UINT64_MAX || (f.count > 0 && seen >= f.count); };
+  bool finished = f.timeout_s > 0 ? cv.wait_for(lock, std::chrono::duration<double>(f.timeout_s), done)
+                                  : (cv.wait(lock, done), true);
+  lock.unlock();
+  (*sub)->Close();
+  if (!finished && f.count > 0) {
+    return Fail("watch", Status::Timeout("saw " + std::to_string(seen) + " of " + std::to_string(f.count) +
+                                         " updates within the timeout"));
+  }
+  return 0;
+}
+
+ViperCommand watch_command(
+    "watch", "Follow MODEL: one line per update with its latencies",
+    [](CLI::App& app) -> RunFn {
+      auto f = std::make_shared<WatchFlags>();
+      app.add_option("MODEL", f->model, "Model name")->required();
+      AddConnect(app, f->connect);
+      app.add_flag("--json", f->json, "One JSON object per line");
+      app.add_option("--path", f->path, "auto|map|copy|remote|file")->default_val("auto");
+      app.add_option("--file-dir", f->file_dir, "The node's store dir as seen from here (file fallback)");
+      app.add_option("--count", f->count, "Exit after N updates");
+      app.add_option("--timeout", f->timeout_s, "Exit after this many seconds (error if --count not reached)");
+      f->auth.Add(app);
+      return [f] { return RunWatch(*f); };
+    },
+    30);
+
+// ------------------------------------------------------------------ pull
+
+struct PullFlags {
+  std::string model, connect, output;
+  uint64_t version = 0;
+  AuthFlags auth;
+};
+
+void DrawProgress(uint64_t done, uint64_t total) {
+  int width = 40;
+  int filled = total ? static_cast<int>(width * done / total) : width;
+  std::fprintf(stderr, "\r[%.*s%*s] %s / %s", filled, "########################################", width - filled, "",
+               HumanBytes(static_cast<double>(done)).c_str(), HumanBytes(static_cast<double>(total)).c_str());
+  if (done == total) std::fprintf(stderr, "\n");
+}
+
+Status WriteFileAtomically(const std::string& path, std::span<const std::byte> bytes) {
+  std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::FromErrno("create " + tmp);
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + done, std::min<size_t>(bytes.size() - done, 8u << 20));
+    if (n < 0) {
+      Status st = Status::FromErrno("write " + tmp);
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return st;
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) return Status::FromErrno("fsync " + tmp);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) return Status::FromErrno("rename to " + path);
+  return Status::OK();
+}
+
+int RunPull(const PullFlags& f) {
+  auto client = ConnectClient(f.connect, f.auth);
+  if (!client.ok()) return Fail("pull", client.status());
+  Client& c = **client;
+  bool progress = ::isatty(STDERR_FILENO) == 1;
+  std::vector<std::byte> buffer;
+  std::span<const std::byte> bytes;
+  proto::VersionInfo info;
+  std::shared_ptr<const void> hold;
+  if (c.same_host()) {  // map the node's segment: no transfer at all
+    auto ok = c.FetchLease(f.model, f.version);
+    if (!ok.ok()) return Fail("pull", ok.status());
+    auto mapped = MapSegmentReadOnly(ok->segment, ok->info.size);
+    if (!mapped.ok()) return Fail("pull", mapped.status());
+    hold = mapped->owner;
+    bytes = mapped->data;
+    info = ok->info;
+  } else {
+    auto ok = c.FetchSend(
+        f.model, f.version,
+        [&](const proto::VersionInfo& vi) -> Result<std::span<std::byte>> {
+          buffer.resize(vi.size);
+          return std::span<std::byte>(buffer);
+        },
+        progress ? ProgressFn(DrawProgress) : ProgressFn());
+    if (!ok.ok()) return Fail("pull", ok.status());
+    bytes = buffer;
+    info = ok->info;
+  }
+  auto snap = Snapshot::Parse(bytes, hold);
+  if (!snap.ok()) return Fail("pull", snap.status());
+  if (snap->compute_checksum() != info.checksum)
+    return Fail("pull", Status::Corruption("checksum of the received bytes does not match the node's"));
+  if (progress && c.same_host()) DrawProgress(bytes.size(), bytes.size());
+  if (Status st = WriteFileAtomically(f.output, bytes); !st.ok()) return Fail("pull", st);
+  if (c.same_host()) c.Release(info.model, info.version);
+  std::printf("pulled %s version %" PRIu64 " (%s) to %s\n", info.model.c_str(), info.version,
+              HumanBytes(static_cast<double>(info.size)).c_str(), f.output.c_str());
+  return 0;
+}
+
+ViperCommand pull_command(
+    "pull", "Save a version of MODEL to a safetensors file",
+    [](CLI::App& app) -> RunFn {
+      auto f = std::make_shared<PullFlags>();
+      app.add_option("MODEL", f->model, "Model name")->required();
+      app.add_option("--version", f->version, "Version to pull (default: the latest)");
+      app.add_option("-o,--output", f->output, "Output file")->required();
+      AddConnect(app, f->connect);
+      f->auth.Add(app);
+      return [f] { return RunPull(*f); };
+    },
+    40);
+
+// ------------------------------------------------------------------ ls
+
+struct LsFlags {
+  std::string connect;
+  bool json = false;
+  AuthFlags auth;
+};
+
+std::string ReplicaText(const proto::Replica& r) {
+  switch (r.kind) {
+    case proto::ReplicaKind::kHostSegment: return "shm:" + r.locator;
+    case proto::ReplicaKind::kNode: return "node:" + r.locator;
+    case proto::ReplicaKind::kFile: return "file:" + r.locator;
+  }
+  return "?";
+}
+
+int RunLs(const LsFlags& f) {
+  auto client = ConnectClient(f.connect, f.auth);
+  if (!client.ok()) return Fail("ls", client.status());
+  auto versions = (*client)->List();
+  if (!versions.ok()) return Fail("ls", versions.status());
+  if (f.json) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& v : *versions) {
+      nlohmann::json replicas = nlohmann::json::array();
+      for (const auto& r : v.replicas) replicas.push_back(ReplicaText(r));
+      out.push_back({{"model", v.model}, {"version", v.version}, {"bytes", v.size}, {"step", v.step},
+                     {"checksum", checksum_hex(v.checksum)}, {"replicas", replicas}});
+    }
+    std::printf("%s\n", out.dump(2).c_str());
+    return 0;
+  }
+  std::printf("%-20s %8s %12s %10s  %s\n", "MODEL", "VERSION", "SIZE", "STEP", "REPLICAS");
+  for (const auto& v : *versions) {
+    std::string replicas;
+    for (const auto& r : v.replicas) replicas += (replicas.empty() ? "" : " ") + ReplicaText(r);
+    std::printf("%-20s %8" PRIu64 " %12s %10" PRIu64 "  %s\n", v.model.c_str(), v.version,
+                HumanBytes(static_cast<double>(v.size)).c_str(), v.step, replicas.c_str());
+  }
+  if (versions->empty()) std::printf("(no models)\n");
+  return 0;
+}
+
+ViperCommand ls_command(
+    "ls", "List the models, versions and replicas a node holds",
+    [](CLI::App& app) -> RunFn {
+      auto f = std::make_shared<LsFlags>();
+      AddConnect(app, f->connect);
+      app.add_flag("--json", f->json, "JSON output");
+      f->auth.Add(app);
+      return [f] { return RunLs(*f); };
+    },
+    50);
+
+}  // namespace
+}  // namespace viper::cli

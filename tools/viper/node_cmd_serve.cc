@@ -1,0 +1,73 @@
+// viper serve: a standalone node (host tier, optional file tier, UCX listener, registry).
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+
+#include "command.h"
+#include "node_common.h"
+#include "viper/log.h"
+#include "viper/node.h"
+
+namespace viper::cli {
+namespace {
+
+struct ServeFlags {
+  NodeOptions node;
+  AuthFlags auth;
+  std::string address_file;
+};
+
+int RunServe(const ServeFlags& flags) {
+  NodeOptions options = flags.node;
+  auto token = flags.auth.Resolve();
+  if (!token.ok()) return Fail("serve", token.status());
+  options.token = *token;
+  // Block the stop signals before any thread starts so that only sigwait below receives them.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+
+  auto node = Node::Start(options);
+  if (!node.ok()) return Fail("serve", node.status());
+  std::printf("viper serve: %s listening on %s%s%s\n", options.name.empty() ? "node" : options.name.c_str(),
+              (*node)->address().c_str(), options.store_dir.empty() ? "" : ", file tier ",
+              options.store_dir.string().c_str());
+  for (const auto& v : (*node)->List())
+    std::printf("viper serve: serving %s version %llu (%llu bytes)\n", v.model.c_str(),
+                static_cast<unsigned long long>(v.version), static_cast<unsigned long long>(v.size));
+  std::fflush(stdout);
+  if (!flags.address_file.empty()) {
+    std::string tmp = flags.address_file + ".tmp";
+    std::ofstream(tmp) << (*node)->address() << "\n";
+    std::rename(tmp.c_str(), flags.address_file.c_str());
+  }
+  int sig = 0;
+  sigwait(&stop, &sig);
+  std::printf("viper serve: stopping (signal %d), flushing to the file tier\n", sig);
+  std::fflush(stdout);
+  node->reset();
+  return 0;
+}
+
+ViperCommand serve_command(
+    "serve", "Run a standalone node",
+    [](CLI::App& app) -> RunFn {
+      auto flags = std::make_shared<ServeFlags>();
+      app.add_option("--listen", flags->node.listen, "HOST:PORT to listen on (loopback unless told otherwise)")
+          ->default_val("127.0.0.1:7300");
+      app.add_option("--store-dir", flags->node.store_dir, "File tier directory (persistence and fallback)");
+      app.add_option("--keep-host", flags->node.keep_host_versions, "Versions per model kept in memory")
+          ->default_val(2)->check(CLI::PositiveNumber);
+      app.add_option("--keep-files", flags->node.keep_file_versions, "Versions per model kept on the file tier")
+          ->default_val(3)->check(CLI::PositiveNumber);
+      app.add_option("--name", flags->node.name, "Node name shown to peers");
+      app.add_option("--address-file", flags->address_file, "Write the bound HOST:PORT to this file once listening");
+      flags->auth.Add(app);
+      return [flags] { return RunServe(*flags); };
+    },
+    10);
+
+}  // namespace
+}  // namespace viper::cli

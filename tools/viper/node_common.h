@@ -1,0 +1,43 @@
+// Options shared by the node commands: where the node is and how to authenticate.
+#pragma once
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "viper/status.h"
+
+namespace viper::cli {
+
+struct AuthFlags {
+  std::string token_file;
+  // The token from --token-file, else $VIPER_TOKEN, else empty. A named file that cannot be read,
+  // or an empty token file, is an error (never silently "no token").
+  Result<std::string> Resolve() const {
+    if (!token_file.empty()) {
+      std::ifstream in(token_file);
+      if (!in) return Status::InvalidArgument("cannot read token file " + token_file);
+      std::string token;
+      std::getline(in, token);
+      while (!token.empty() && (token.back() == '\r' || token.back() == ' ')) token.pop_back();
+      if (token.empty()) return Status::InvalidArgument("token file " + token_file + " is empty");
+      return token;
+    }
+    const char* env = std::getenv("VIPER_TOKEN");
+    return std::string(env ? env : "");
+  }
+  void Add(CLI::App& app) {
+    app.add_option("--token-file", token_file, "File holding the shared secret (default: $VIPER_TOKEN)");
+  }
+};
+
+inline void AddConnect(CLI::App& app, std::string& connect) {
+  app.add_option("--connect", connect, "Node address HOST:PORT")->default_val("127.0.0.1:7300");
+}
+
+std::string HumanBytes(double bytes);
+std::string HumanSeconds(double seconds);
+
+}  // namespace viper::cli

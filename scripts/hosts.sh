@@ -311,7 +311,7 @@ cmd_exec() {
   ((${#REST[@]} > 0)) || usage_error "exec needs a command after --"
   local prefix; prefix=$(prefix_or_env) || exit 2
   require_root
-  prefix_namespaces "$prefix" | grep -qx "$prefix-$host" ||
+  [[ -n $(ip netns list 2>/dev/null | awk -v ns="$prefix-$host" '$1 == ns') ]] ||
     { fail "no host $host with prefix $prefix (namespace $prefix-$host does not exist)"; exit 3; }
   exec ip netns exec "$prefix-$host" "${REST[@]}"
 }

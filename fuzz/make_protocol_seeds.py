@@ -1,0 +1,73 @@
+#!/usr/bin/python3
+"""Writes the seed corpus of protocol_fuzz (fuzz/corpus/protocol/): one valid frame of every
+message type, assembled here straight from docs/PROTOCOL.md (independently of the C++ encoder),
+so the fuzzer starts from inputs that get past the frame checks.
+
+    /usr/bin/python3 fuzz/make_protocol_seeds.py
+"""
+import os
+import struct
+
+MAGIC = 0x52504956
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus", "protocol")
+
+
+def s(text):
+    b = text.encode()
+    return struct.pack("<I", len(b)) + b
+
+
+def u8(v): return struct.pack("<B", v)
+def u16(v): return struct.pack("<H", v)
+def u32(v): return struct.pack("<I", v)
+def u64(v): return struct.pack("<Q", v)
+def i64(v): return struct.pack("<q", v)
+
+
+def replica(kind, host, loc): return u8(kind) + s(host) + s(loc)
+
+
+def version_info(model="nt3", version=7, replicas=()):
+    meta = {"loss": "0.25", "viper.step": "700"}
+    out = s(model) + u64(version) + u64(1 << 20) + u64(0x1234ABCD) + u64(700) + i64(10**18) + i64(10**18 + 5)
+    out += u32(len(meta)) + b"".join(s(k) + s(v) for k, v in sorted(meta.items()))
+    out += u32(len(replicas)) + b"".join(replica(*r) for r in replicas)
+    return out
+
+
+REPLICAS = [(1, "boot:ns:mnt", "viper.1.2"), (2, "other", "10.0.0.2:7000"), (3, "", "/pfs/nt3/7.safetensors")]
+MESSAGES = {
+    1: ("hello", s("secret") + s("watch") + s("boot:ns:mnt") + u32(42)),
+    2: ("hello_ok", s("node") + s("boot:ns:mnt") + u32(1)),
+    3: ("subscribe", s("nt3")),
+    4: ("unsubscribe", s("nt3")),
+    5: ("notify", version_info(replicas=REPLICAS)),
+    6: ("fetch", u64(1) + s("nt3") + u64(0) + u8(2) + u64(1 << 24) + u32(4 << 20)),
+    7: ("fetch_ok", u64(1) + u8(1) + version_info() + s("viper.1.2") + u32(0) + u32(0)),
+    8: ("release", s("nt3") + u64(7)),
+    9: ("ack", s("nt3") + u64(7)),
+    10: ("error", u64(0) + u16(1) + s("malformed message: x")),
+    11: ("publish", u64(2) + s("nt3") + u64(1 << 20) + u64(5) + i64(10**18) + u32(4 << 20)),
+    12: ("publish_ready", u64(2) + u64(1 << 32)),
+    13: ("publish_ok", u64(2) + u64(8)),
+    14: ("list", u64(3)),
+    15: ("list_reply", u64(3) + u32(2) + version_info(version=6) + version_info(replicas=REPLICAS[:1])),
+}
+
+
+def frame(mtype, payload, version=1):
+    return u32(MAGIC) + u16(version) + u16(mtype) + u32(len(payload)) + payload
+
+
+def main():
+    os.makedirs(OUT, exist_ok=True)
+    for mtype, (name, payload) in MESSAGES.items():
+        with open(os.path.join(OUT, f"{mtype:02d}_{name}"), "wb") as f:
+            f.write(frame(mtype, payload))
+    with open(os.path.join(OUT, "99_other_version"), "wb") as f:
+        f.write(frame(3, s("nt3"), version=2))
+    print(f"wrote {len(MESSAGES) + 1} seeds to {OUT}")
+
+
+if __name__ == "__main__":
+    main()

@@ -177,6 +177,13 @@ class SnapshotLayout {
                                      std::map<std::string, std::string> user_metadata = {},
                                      uint64_t alignment = 64);
 
+  // The layout a snapshot was written with, so that its header can be re-stamped in place (a node
+  // assigning the version of a snapshot a client sent). Only a snapshot Viper laid out has one:
+  // FailedPrecondition if `snapshot` is laid out otherwise (e.g. a foreign safetensors file; build
+  // a new buffer from its tensors instead). Tensors keep their data order; user metadata is every
+  // key outside viper.*; alignment is the declared viper.alignment.
+  static Result<SnapshotLayout> Of(const Snapshot& snapshot);
+
   uint64_t total_bytes() const { return data_offset_ + data_bytes_; }
   uint64_t data_offset() const { return data_offset_; }  // 8 + reserved header length
   uint64_t data_bytes() const { return data_bytes_; }

@@ -572,17 +572,29 @@ void Node::Impl::FinishClientPublish(net::PeerId peer, uint64_t request_id, std:
   if (!snap.ok()) {
     return SendError(peer, request_id, proto::ErrorCode::kBadRequest, "rejected snapshot: " + snap.status().message());
   }
+  // The header is re-stamped in place with the version assigned here, so that every replica
+  // (segment, file) names its model, version and checksum; that needs Viper's layout, which
+  // `viper publish` and the Python client produce from any safetensors file.
+  auto layout = SnapshotLayout::Of(*snap);
+  if (!layout.ok()) {
+    return SendError(peer, request_id, proto::ErrorCode::kBadRequest, "rejected snapshot: " + layout.status().message());
+  }
   proto::VersionInfo info;
   info.model = model;
   info.size = lease.data().size();
   info.checksum = snap->compute_checksum();
   info.step = step != 0 ? step : snap->step().value_or(0);
   info.publish_ns = publish_ns;
-  for (const auto& [k, v] : snap->metadata()) info.metadata[k] = v;
   {
     std::lock_guard<std::mutex> lock(mu);
     info.version = ReserveLocked(model);
   }
+  VersionStamp stamp{model, info.version, info.step, static_cast<uint64_t>(WallClockNs()), info.checksum, snap->loss()};
+  if (Status st = layout->WriteHeader(lease.data(), stamp); !st.ok())
+    return SendError(peer, request_id, proto::ErrorCode::kBadRequest, "rejected snapshot: " + st.message());
+  auto stamped = Snapshot::Parse(lease.data(), nullptr);
+  if (!stamped.ok()) return SendError(peer, request_id, proto::ErrorCode::kInternal, stamped.status().message());
+  for (const auto& [k, v] : stamped->metadata()) info.metadata[k] = v;
   auto committed = CommitVersion(std::move(lease), std::move(info));
   if (!committed.ok()) return SendError(peer, request_id, proto::ErrorCode::kInternal, committed.status().message());
   Send(peer, proto::PublishOk{request_id, committed->version});

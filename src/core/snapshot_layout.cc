@@ -176,6 +176,32 @@ Result<SnapshotLayout> SnapshotLayout::Make(std::vector<TensorSpec> tensors,
   return layout;
 }
 
+Result<SnapshotLayout> SnapshotLayout::Of(const Snapshot& snapshot) {
+  auto not_viper = [](const std::string& why) {
+    return Status::FailedPrecondition("the snapshot is not laid out by Viper (" + why +
+                                      "); build a new one from its tensors");
+  };
+  auto declared = snapshot.meta(kMetaAlignment);
+  if (!declared) return not_viper("no " + std::string(kMetaAlignment));
+  uint64_t alignment = 0;
+  auto [end, ec] = std::from_chars(declared->data(), declared->data() + declared->size(), alignment);
+  if (ec != std::errc() || end != declared->data() + declared->size()) return not_viper("bad alignment");
+  std::vector<TensorSpec> specs;
+  for (const TensorInfo& t : snapshot.tensors()) specs.push_back({t.name, t.dtype, t.shape});
+  std::map<std::string, std::string> user;
+  for (const auto& [k, v] : snapshot.metadata())
+    if (!k.starts_with("viper.")) user.emplace(k, v);
+  auto layout = Make(std::move(specs), std::move(user), alignment);
+  if (!layout.ok()) return not_viper(layout.status().message());
+  if (layout->data_offset() != snapshot.data_offset() || layout->total_bytes() != snapshot.bytes().size())
+    return not_viper("header or data size differ from Viper's layout");
+  for (size_t i = 0; i < layout->tensors().size(); ++i) {
+    if (layout->tensors()[i].begin != snapshot.tensors()[i].begin)
+      return not_viper("tensor " + snapshot.tensors()[i].name + " is not where Viper puts it");
+  }
+  return layout;
+}
+
 const TensorInfo* SnapshotLayout::find(std::string_view name) const {
   for (const TensorInfo& t : tensors_) {
     if (t.name == name) return &t;

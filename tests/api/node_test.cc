@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <fstream>
 #include <random>
 
 #include <nlohmann/json.hpp>
@@ -188,6 +189,59 @@ TEST(SameNode, KilledProducerLeavesTheLastCompleteVersion) {
   auto a = ReadResult(dir / "after.json");
   EXPECT_EQ(a["last_version"], 3) << a.dump() << serve.log();
   EXPECT_EQ(a["errors"], 0) << a.dump();
+  serve.Kill(SIGTERM);
+}
+
+// The CLI round trip with a file written by hand in the plain safetensors format (no viper.*
+// keys, no padding): `viper publish` to a `viper serve` with a file tier, `viper pull` back. The
+// node stamps model, version and checksum into the header of every replica.
+TEST(SameNode, CliPublishesAForeignFileAndPullsItBack) {
+  TempDir dir;
+  std::vector<float> w(1000);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i) * 0.5f;
+  const std::string header = R"({"w":{"dtype":"F32","shape":[10,100],"data_offsets":[0,4000]},)"
+                             R"("s":{"dtype":"I64","shape":[],"data_offsets":[4000,4008]},"__metadata__":{"note":"hand"}})";
+  int64_t scalar = -7;
+  {
+    std::ofstream out(dir / "in.safetensors", std::ios::binary);
+    uint64_t n = header.size();
+    out.write(reinterpret_cast<const char*>(&n), 8);
+    out << header;
+    out.write(reinterpret_cast<const char*>(w.data()), 4000);
+    out.write(reinterpret_cast<const char*>(&scalar), 8);
+  }
+  std::filesystem::path store = dir / "store";
+  Process serve({testing::ViperBinary(), "serve", "--listen", "127.0.0.1:0", "--store-dir", store.string(),
+                 "--address-file", (dir / "addr").string()},
+                dir / "serve.log");
+  std::string addr = WaitForFile(dir / "addr", 20s);
+  ASSERT_FALSE(addr.empty()) << serve.log();
+  Process publish({testing::ViperBinary(), "publish", "hand", (dir / "in.safetensors").string(), "--connect", addr},
+                  dir / "publish.log");
+  ASSERT_EQ(publish.Wait(30s), 0) << publish.log() << serve.log();
+  Process pull({testing::ViperBinary(), "pull", "hand", "-o", (dir / "out.safetensors").string(), "--connect", addr},
+               dir / "pull.log");
+  ASSERT_EQ(pull.Wait(30s), 0) << pull.log();
+  ParseOptions strict;
+  strict.require_checksum = true;
+  strict.verify_checksum = true;
+  auto pulled = Snapshot::OpenFile(dir / "out.safetensors", strict);
+  ASSERT_TRUE(pulled.ok()) << pulled.status().ToString();
+  EXPECT_EQ(pulled->version(), 1u);
+  EXPECT_EQ(pulled->model(), "hand");
+  EXPECT_EQ(pulled->meta("note"), "hand");
+  const TensorInfo* tw = pulled->find("w");
+  const TensorInfo* ts = pulled->find("s");
+  ASSERT_TRUE(tw && ts);
+  EXPECT_EQ(tw->shape, (std::vector<int64_t>{10, 100}));
+  EXPECT_TRUE(ts->shape.empty());
+  EXPECT_EQ(std::memcmp(pulled->tensor_data(*tw).data(), w.data(), 4000), 0);
+  EXPECT_EQ(std::memcmp(pulled->tensor_data(*ts).data(), &scalar, 8), 0);
+  // The background flush lands the same stamped bytes in the file tier.
+  ASSERT_TRUE(WaitUntil([&] { return std::filesystem::exists(store / "hand" / "1.safetensors"); }, 20s)) << serve.log();
+  auto flushed = Snapshot::OpenFile(store / "hand" / "1.safetensors", strict);
+  ASSERT_TRUE(flushed.ok()) << flushed.status().ToString();
+  EXPECT_EQ(flushed->declared_checksum(), pulled->declared_checksum());
   serve.Kill(SIGTERM);
 }
 

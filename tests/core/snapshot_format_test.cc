@@ -265,6 +265,38 @@ TEST(SnapshotLayoutTest, ProducerWritesInPlaceThenSeals) {
   }
 }
 
+// A node re-stamps a client's snapshot in place: Of() recovers the layout Viper wrote, and the
+// new stamp changes the header only (the checksum of the data still holds).
+TEST(SnapshotLayoutTest, OfRecoversViperLayoutAndRefusesForeignOnes) {
+  std::vector<std::byte> a(12, std::byte{1}), b(5, std::byte{2});
+  auto built = BuildSnapshot({{{"a", DType::kF32, {3}}, a}, {{"b", DType::kU8, {5}}, b}}, VersionStamp{.step = 4},
+                             {{"note", "x"}});
+  ASSERT_TRUE(built.ok()) << built.status().ToString();
+  auto layout = SnapshotLayout::Of(*built);
+  ASSERT_TRUE(layout.ok()) << layout.status().ToString();
+  EXPECT_EQ(layout->total_bytes(), built->bytes().size());
+  std::vector<std::byte> copy(built->bytes().begin(), built->bytes().end());
+  VersionStamp stamp{.model = "m", .version = 12, .step = 4, .checksum = *built->declared_checksum()};
+  ASSERT_TRUE(layout->WriteHeader(copy, stamp).ok());
+  auto restamped = Snapshot::Parse(copy, nullptr, ParseOptions{.verify_checksum = true, .require_checksum = true});
+  ASSERT_TRUE(restamped.ok()) << restamped.status().ToString();
+  EXPECT_EQ(restamped->version(), 12u);
+  EXPECT_EQ(restamped->meta("note"), "x");
+
+  // A plain safetensors file (no viper.alignment) has no Viper layout.
+  const std::string header = R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})";
+  std::vector<std::byte> foreign(8 + header.size() + 2, std::byte{0});
+  uint64_t n = header.size();
+  std::memcpy(foreign.data(), &n, 8);
+  std::memcpy(foreign.data() + 8, header.data(), header.size());
+  auto parsed = Snapshot::Parse(foreign, nullptr);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  auto none = SnapshotLayout::Of(*parsed);
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(none.status().message().find("not laid out by Viper"), std::string::npos) << none.status().message();
+}
+
 TEST(SnapshotLayoutTest, AlignmentOneIsGapFree) {
   auto layout = SnapshotLayout::Make({{"a", DType::kU8, {3}}, {"b", DType::kF16, {5}}, {"c", DType::kI64, {2}}}, {}, 1);
   ASSERT_TRUE(layout.ok());

@@ -43,15 +43,32 @@ struct PublishFlags {
   AuthFlags auth;
 };
 
+// The node stamps the version into the header in place, which needs Viper's layout: a foreign
+// file is rebuilt from its tensors (one copy), keeping its metadata outside viper.*.
+Result<Snapshot> InViperLayout(Snapshot file) {
+  if (SnapshotLayout::Of(file).ok()) return file;
+  std::vector<TensorData> tensors;
+  for (const TensorInfo& t : file.tensors()) tensors.push_back({{t.name, t.dtype, t.shape}, file.tensor_data(t)});
+  std::map<std::string, std::string> user;
+  for (const auto& [k, v] : file.metadata())
+    if (!k.starts_with("viper.")) user.emplace(k, v);
+  VersionStamp stamp;
+  stamp.step = file.step().value_or(0);
+  stamp.loss = file.loss();
+  return BuildSnapshot(tensors, stamp, std::move(user));
+}
+
 int RunPublish(const PublishFlags& f) {
   int64_t publish_ns = WallClockNs();
   ParseOptions parse;
   parse.verify_checksum = true;
   auto snap = Snapshot::OpenFile(f.file, parse);
   if (!snap.ok()) return Fail("publish", snap.status());
+  auto laid_out = InViperLayout(std::move(snap).value());
+  if (!laid_out.ok()) return Fail("publish", laid_out.status().WithContext(f.file));
   auto client = ConnectClient(f.connect, f.auth);
   if (!client.ok()) return Fail("publish", client.status());
-  auto version = (*client)->Publish(f.model, snap->bytes(), f.step, publish_ns);
+  auto version = (*client)->Publish(f.model, laid_out->bytes(), f.step, publish_ns);
   if (!version.ok()) return Fail("publish", version.status());
   std::printf("published %s version %" PRIu64 " (%s) in %s\n", f.model.c_str(), *version,
               HumanBytes(static_cast<double>(snap->bytes().size())).c_str(),

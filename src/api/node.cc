@@ -271,6 +271,9 @@ uint64_t Node::Impl::ReserveLocked(const std::string& model) {
   uint64_t highest = state.reserved;
   if (!state.versions.empty()) highest = std::max(highest, state.versions.rbegin()->first);
   if (auto latest = host->latest(model)) highest = std::max(highest, *latest);
+  if (files) {  // also when recovery is off: a new version must never reuse a file's number
+    if (auto file = files->Latest(model)) highest = std::max(highest, file->version);
+  }
   state.reserved = highest + 1;
   return state.reserved;
 }

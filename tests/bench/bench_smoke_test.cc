@@ -1,0 +1,138 @@
+// `viper bench --quick` end to end on tiny snapshots: real producer, real consumer processes, real
+// files. Checks the exit code, the printed table and that the JSON has every field, with values
+// that are consistent with each other (a figure that was never measured would be 0 or missing).
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "api/process.h"
+
+namespace viper {
+namespace {
+
+using nlohmann::json;
+
+struct Outcome {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+Outcome RunViper(const std::vector<std::string>& args, const testing::TempDir& dir) {
+  const auto out_path = dir / "stdout", err_path = dir / "stderr";
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ::dup2(out, 1);
+    ::dup2(err, 2);
+    std::vector<char*> argv;
+    std::string exe = testing::ViperBinary();
+    argv.push_back(exe.data());
+    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(exe.c_str(), argv.data());
+    ::_exit(127);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, testing::ReadFile(out_path), testing::ReadFile(err_path)};
+}
+
+// Every statistic of one measured quantity: present, n samples, ordered min <= median <= max.
+void ExpectSamples(const json& j, const std::string& what, size_t n, bool positive = true) {
+  SCOPED_TRACE(what);
+  ASSERT_TRUE(j.is_object()) << j.dump();
+  for (const char* key : {"median", "p99", "min", "max", "n", "samples"}) ASSERT_TRUE(j.contains(key)) << key;
+  EXPECT_EQ(j["n"].get<size_t>(), n);
+  EXPECT_EQ(j["samples"].size(), n);
+  EXPECT_LE(j["min"].get<double>(), j["median"].get<double>());
+  EXPECT_LE(j["median"].get<double>(), j["max"].get<double>());
+  if (positive) {
+    EXPECT_GT(j["min"].get<double>(), 0.0);
+  }
+  EXPECT_LT(j["max"].get<double>(), 60.0);  // seconds: a bogus clock difference would be huge
+}
+
+TEST(BenchCli, QuickRunWritesEveryFigure) {
+  testing::TempDir dir;
+  auto json_path = (dir / "bench.json").string();
+  Outcome o = RunViper({"bench", "--quick", "--sizes", "2M,3Mi", "--poll-interval", "0.1", "--notify-count", "30",
+                        "--file-dir", dir.path().string(), "--json", json_path},
+                       dir);
+  ASSERT_EQ(o.exit_code, 0) << o.out << o.err;
+  EXPECT_NE(o.out.find("== targets"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("warm memcpy"), std::string::npos) << o.out;
+  json j = json::parse(testing::ReadFile(json_path));
+  EXPECT_EQ(j["hosts"], 1);
+  EXPECT_EQ(j["quick"], true);
+  const size_t reps = j["reps"].get<size_t>(), baseline = j["baseline_reps"].get<size_t>();
+  EXPECT_EQ(reps, 2u);
+  EXPECT_EQ(baseline, 1u);
+  ASSERT_EQ(j["sizes"].size(), 2u);
+  EXPECT_EQ(j["sizes"][0]["label"], "2M");
+  EXPECT_EQ(j["sizes"][1]["label"], "3Mi");
+  for (const json& s : j["sizes"]) {
+    SCOPED_TRACE(s["label"].get<std::string>());
+    uint64_t want = s["label"] == "2M" ? 2000000 : 3u << 20;
+    EXPECT_GE(s["bytes"].get<uint64_t>(), want);
+    EXPECT_LE(s["bytes"].get<uint64_t>(), want + 4096);  // the dense layer is sized to fill the target
+    EXPECT_EQ(s["tensors"], 10);
+    ExpectSamples(s["memcpy_s"], "memcpy", reps);
+    ExpectSamples(s["checksum_s"], "checksum", reps);
+    EXPECT_GT(s["memcpy_gbps"].get<double>(), 0.0);
+    ASSERT_EQ(s["viper"].size(), 4u);
+    std::set<std::string> combos;
+    for (const json& m : s["viper"]) {
+      std::string name = m["mode"].get<std::string>() + "/" + m["path"].get<std::string>();
+      combos.insert(name);
+      for (const char* key : {"e2e_s", "stall_s", "complete_s"}) ExpectSamples(m[key], name + " " + key, reps);
+      for (const char* key : {"copy_s", "notify_s", "fetch_s", "verify_s"}) ExpectSamples(m[key], name + " " + key, reps, false);
+      EXPECT_GE(m["e2e_s"]["median"].get<double>(), m["complete_s"]["median"].get<double>()) << name;
+      for (const char* key : {"e2e_over_memcpy", "stall_over_memcpy", "e2e_gbps", "fetch_gbps", "speedup_vs_file_poll"})
+        EXPECT_GT(m[key].get<double>(), 0.0) << name << " " << key;
+    }
+    EXPECT_EQ(combos, (std::set<std::string>{"sync/map", "sync/copy", "async/map", "async/copy"}));
+    const json& p = s["file_poll"];
+    ExpectSamples(p["e2e_s"], "file_poll e2e", baseline);
+    ExpectSamples(p["stall_s"], "file_poll stall", baseline);
+    ExpectSamples(p["read_s"], "file_poll read", baseline);
+    EXPECT_GE(p["e2e_s"]["median"].get<double>(), p["stall_s"]["median"].get<double>());
+    EXPECT_DOUBLE_EQ(p["poll_interval_s"].get<double>(), 0.1);
+    EXPECT_FALSE(s.contains("wire"));  // only with --hosts 2
+  }
+  EXPECT_EQ(j["notification"]["count"], 30);
+  ExpectSamples(j["notification"]["notify_s"], "notify", 30, false);
+  ExpectSamples(j["notification"]["e2e_s"], "notify e2e", 30);
+  ASSERT_GE(j["targets"].size(), 4u);
+  for (const json& t : j["targets"]) {
+    for (const char* key : {"name", "value", "threshold", "at_most", "met"}) EXPECT_TRUE(t.contains(key)) << t.dump();
+    bool met = t["at_most"] ? t["value"] <= t["threshold"] : t["value"] >= t["threshold"];
+    EXPECT_EQ(t["met"].get<bool>(), met) << t.dump();
+  }
+  // No baseline file is left behind.
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path()), {}), 3) << "only bench.json, stdout, stderr";
+}
+
+TEST(BenchCli, BadArgumentsAreRefusedClearly) {
+  testing::TempDir dir;
+  Outcome o = RunViper({"bench", "--sizes", "12x"}, dir);
+  EXPECT_EQ(o.exit_code, 2);
+  EXPECT_NE(o.err.find("size '12x'"), std::string::npos) << o.err;
+  o = RunViper({"bench", "--sizes", "1000", "--file-dir", dir.path().string()}, dir);
+  EXPECT_EQ(o.exit_code, 2);
+  EXPECT_NE(o.err.find("too small"), std::string::npos) << o.err;
+  o = RunViper({"bench", "--hosts", "3"}, dir);
+  EXPECT_EQ(o.exit_code, 2);
+  EXPECT_NE(o.err.find("--hosts must be 1 or 2"), std::string::npos) << o.err;
+  o = RunViper({"--help"}, dir);
+  EXPECT_NE(o.out.find("bench"), std::string::npos);
+  EXPECT_EQ(o.out.find("bench-peer"), std::string::npos) << "the internal peer command is hidden";
+}
+
+}  // namespace
+}  // namespace viper

@@ -1,0 +1,95 @@
+// `viper bench`: what one run measures and how (shared by node_cmd_bench.cc, which parses flags
+// and prints, and node_cmd_bench_run.cc, which measures). Not thread-safe; one run at a time.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "viper/status.h"
+
+namespace viper::cli::bench {
+
+// Seconds of repeated measurements of one quantity.
+struct Samples {
+  std::vector<double> s;
+  void Add(double seconds) { s.push_back(seconds); }
+  bool empty() const { return s.empty(); }
+  double Percentile(double p) const;  // nearest rank on the sorted samples; 0 when empty
+  double median() const { return Percentile(50); }
+  double min() const;
+  double max() const;
+  nlohmann::json Json() const;  // {"median","p99","min","max","n","samples"}
+};
+
+struct Config {
+  std::vector<std::pair<std::string, uint64_t>> sizes;  // label, snapshot bytes
+  int warmup = 4;           // untimed publishes per (mode, path): they fault in segments and buffers
+  int reps = 5;             // timed publishes per (mode, path)
+  int baseline_reps = 3;    // timed file + poll updates per size (each waits ~interval/2 on average)
+  int notify_count = 1000;  // small versions for the notification percentiles
+  double poll_interval_s = 1.0;
+  int hosts = 1;            // 1: consumer on this host (map, copy); 2: in namespace h2 (remote)
+  std::string listen = "127.0.0.1:0";  // producer node
+  std::vector<std::string> consumer_prefix;  // prepended to consumer commands (hosts.sh exec h2 --)
+  std::string file_dir;     // baseline files (a disk, not tmpfs)
+  std::string peer_ip;      // --hosts 2: the consumer host's address (wire baselines)
+  std::string wire_bin;     // viper_wire_baseline
+  std::string log_path;     // children's stderr
+  bool quick = false;
+};
+
+struct ModeResult {
+  std::string mode, path;
+  Samples e2e;       // publish called -> live in the consumer
+  Samples stall;     // producer blocked in Publish()
+  Samples copy;      // of which copying tensors into the segment
+  Samples complete;  // publish called -> complete in the host tier (announced)
+  Samples notify;    // complete -> NOTIFY received
+  Samples fetch;     // NOTIFY -> bytes available
+  Samples verify;    // bytes -> checksum verified
+};
+
+struct PollResult {
+  Samples e2e;    // write called -> file read and parsed by the poller
+  Samples stall;  // write + fsync + rename + fsync(dir)
+  Samples read;   // poller: found -> read and parsed
+  double interval_s = 1.0;
+};
+
+struct WireResult {
+  bool ran = false;
+  double tcp_gbps = 0;       // median of viper_wire_baseline streams of the snapshot size
+  double tcp_best_gbps = 0;
+  std::string tcp_cc;
+  double ucx_gbps = 0;       // ucx_perftest tag_bw, one message of the snapshot size
+  std::string ucx_tls;
+  std::string error;         // what failed, if anything
+};
+
+struct SizeResult {
+  std::string label;
+  uint64_t bytes = 0;
+  size_t tensors = 0;
+  Samples memcpy_s;    // warm memcpy of the data region (the floor)
+  Samples checksum_s;  // one xxh3-64 pass over the data region (each end does one)
+  std::vector<ModeResult> modes;
+  PollResult poll;
+  WireResult wire;
+};
+
+struct NotifyResult {
+  int count = 0;
+  uint64_t bytes = 0;
+  Samples notify;  // complete -> NOTIFY received, per version
+  Samples e2e;     // publish called -> live, per version
+};
+
+Result<SizeResult> RunSize(const Config& config, const std::string& label, uint64_t bytes);
+Result<NotifyResult> RunNotify(const Config& config);
+// --hosts 2: fills size.wire (failures are recorded in wire.error, not returned).
+void RunWire(const Config& config, SizeResult& size);
+
+}  // namespace viper::cli::bench

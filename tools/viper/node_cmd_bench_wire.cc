@@ -1,0 +1,92 @@
+// `viper bench --hosts 2`: the raw wire between the two hosts, measured in the same run as Viper's
+// figures: a plain TCP stream (viper_wire_baseline: cubic, 4 MiB buffers, large writes) and UCX's
+// own tag_bw (ucx_perftest, TCP transport), both for one message of the snapshot size, from this
+// host (h1, the producer's) to the consumer's (h2).
+#include <unistd.h>
+
+#include <sstream>
+#include <thread>
+
+#include "bench_child.h"
+#include "bench_types.h"
+
+namespace viper::cli::bench {
+namespace {
+
+using std::chrono::milliseconds;
+
+std::vector<std::string> InPeerHost(const Config& c, std::vector<std::string> argv) {
+  std::vector<std::string> full = c.consumer_prefix;
+  full.insert(full.end(), argv.begin(), argv.end());
+  return full;
+}
+
+Status RunTcp(const Config& c, uint64_t bytes, WireResult& w) {
+  int reps = std::max(c.reps, 3);
+  auto server = LineChild::Start(InPeerHost(c, {c.wire_bin, "server", "--listen", c.peer_ip + ":0", "--clients",
+                                                std::to_string(reps + 1), "--json"}),
+                                 c.log_path);
+  if (!server.ok()) return server.status();
+  VIPER_ASSIGN_OR_RETURN(std::string listening, (*server)->ReadLine(milliseconds(20000)));
+  if (!listening.starts_with("listening ")) return Status::Internal("wire baseline server printed: " + listening);
+  VIPER_ASSIGN_OR_RETURN(std::string out, RunCapture({c.wire_bin, "client", "--connect", listening.substr(10), "--bytes",
+                                                      std::to_string(bytes), "--repeat", std::to_string(reps),
+                                                      "--warmup", "1", "--json"},
+                                                     milliseconds(600000), c.log_path));
+  auto j = nlohmann::json::parse(out, nullptr, false);
+  if (j.is_discarded()) return Status::Corruption("viper_wire_baseline printed non-JSON: " + out);
+  w.tcp_gbps = j.value("gbps", 0.0);
+  w.tcp_best_gbps = j.value("gbps_best", 0.0);
+  w.tcp_cc = j.value("cc", "");
+  (*server)->Stop();
+  return Status::OK();
+}
+
+// ucx_perftest prints a "Final:" row: iterations, latency columns, then bandwidth (MB/s = MiB/s)
+// average and overall.
+Result<double> ParseUcxFinal(const std::string& out) {
+  std::istringstream in(out);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.starts_with("Final:")) continue;
+    std::istringstream cols(line.substr(6));
+    double v[6] = {};
+    for (double& x : v) cols >> x;
+    if (!cols) return Status::Corruption("ucx_perftest Final row not understood: " + line);
+    return v[5] * 1048576.0 / 1e9;
+  }
+  return Status::Corruption("ucx_perftest printed no Final row: " + out.substr(0, 400));
+}
+
+Status RunUcx(const Config& c, uint64_t bytes, WireResult& w) {
+  const std::string port = std::to_string(20000 + ::getpid() % 20000);
+  w.ucx_tls = "tcp";
+  auto server = LineChild::Start(InPeerHost(c, {"env", "UCX_TLS=tcp", "ucx_perftest", "-p", port}), c.log_path);
+  if (!server.ok()) return server.status();
+  int iters = bytes > (256u << 20) ? std::max(c.reps, 3) : 10;
+  Result<std::string> out = Status::Unavailable("not run");
+  for (int attempt = 0; attempt < 20; ++attempt) {  // the server needs a moment to listen
+    std::this_thread::sleep_for(milliseconds(250));
+    out = RunCapture({"env", "UCX_TLS=tcp", "ucx_perftest", c.peer_ip, "-p", port, "-t", "tag_bw", "-s",
+                      std::to_string(bytes), "-n", std::to_string(iters), "-w", "1"},
+                     milliseconds(600000), c.log_path);
+    if (out.ok()) break;
+  }
+  (*server)->Stop(milliseconds(2000));
+  if (!out.ok()) return out.status();
+  VIPER_ASSIGN_OR_RETURN(w.ucx_gbps, ParseUcxFinal(*out));
+  return Status::OK();
+}
+
+}  // namespace
+
+void RunWire(const Config& c, SizeResult& size) {
+  WireResult& w = size.wire;
+  w.ran = true;
+  Status tcp = RunTcp(c, size.bytes, w);
+  Status ucx = RunUcx(c, size.bytes, w);
+  if (!tcp.ok()) w.error += "tcp stream: " + tcp.message() + "; ";
+  if (!ucx.ok()) w.error += "ucx_perftest: " + ucx.message();
+}
+
+}  // namespace viper::cli::bench

@@ -93,6 +93,7 @@ TEST(BenchCli, QuickRunWritesEveryFigure) {
       for (const char* key : {"e2e_s", "stall_s", "complete_s"}) ExpectSamples(m[key], name + " " + key, reps);
       for (const char* key : {"copy_s", "notify_s", "fetch_s", "verify_s"}) ExpectSamples(m[key], name + " " + key, reps, false);
       EXPECT_GE(m["e2e_s"]["median"].get<double>(), m["complete_s"]["median"].get<double>()) << name;
+      EXPECT_GE(m["fresh_segments"].get<int>(), 0);
       for (const char* key : {"e2e_over_memcpy", "stall_over_memcpy", "e2e_gbps", "fetch_gbps", "speedup_vs_file_poll"})
         EXPECT_GT(m[key].get<double>(), 0.0) << name << " " << key;
     }
@@ -103,6 +104,10 @@ TEST(BenchCli, QuickRunWritesEveryFigure) {
     ExpectSamples(p["read_s"], "file_poll read", baseline);
     EXPECT_GE(p["e2e_s"]["median"].get<double>(), p["stall_s"]["median"].get<double>());
     EXPECT_DOUBLE_EQ(p["poll_interval_s"].get<double>(), 0.1);
+    // write + half an interval + read: at least the half interval, at most the parts plus one interval.
+    EXPECT_GE(p["expected_e2e_s"].get<double>(), 0.05);
+    EXPECT_LE(p["expected_e2e_s"].get<double>(),
+              p["stall_s"]["median"].get<double>() + p["read_s"]["median"].get<double>() + 0.1);
     EXPECT_FALSE(s.contains("wire"));  // only with --hosts 2
   }
   EXPECT_EQ(j["notification"]["count"], 30);

@@ -50,6 +50,7 @@ struct ModeResult {
   Samples notify;    // complete -> NOTIFY received
   Samples fetch;     // NOTIFY -> bytes available
   Samples verify;    // bytes -> checksum verified
+  int fresh_segments = 0;  // timed publishes that got a fresh (not recycled) segment: slower
 };
 
 struct PollResult {

@@ -157,6 +157,7 @@ Result<ModeResult> RunMode(const Config& c, Publisher& pub, const SourceModel& m
     if (i < c.warmup) continue;
     r.e2e.Add(Sec(t0, j["live_ns"]));
     r.stall.Add(pr.stall_ns / 1e9);
+    r.fresh_segments += pr.recycled ? 0 : 1;
     r.copy.Add(pr.copy_ns / 1e9);
     r.complete.Add(Sec(t0, j["completed_ns"]));
     r.notify.Add(Sec(j["completed_ns"], j["notified_ns"]));

@@ -173,6 +173,11 @@ void PrintSize(const bench::SizeResult& s) {
               "poll", Ms(p.e2e.median()).c_str(), Ratio(p.e2e.median(), floor), Gbps(s.bytes, p.e2e.median()),
               Ms(p.stall.median()).c_str(), Ratio(p.stall.median(), floor), "-", Ms(p.read.median()).c_str(), "-",
               p.interval_s, Ms(PollExpected(p)).c_str());
+  for (const auto& m : s.modes)
+    if (s.wire.ran)
+      std::printf("   %-6s %-9s transfer (NOTIFY -> bytes here) %.2f GB/s = %.2fx TCP stream, %.2fx ucx tag_bw; end-to-end %.2fx TCP stream\n",
+                  m.mode.c_str(), m.path.c_str(), Gbps(s.bytes, m.fetch.median()), Ratio(Gbps(s.bytes, m.fetch.median()), s.wire.tcp_gbps),
+                  Ratio(Gbps(s.bytes, m.fetch.median()), s.wire.ucx_gbps), Ratio(Gbps(s.bytes, m.e2e.median()), s.wire.tcp_gbps));
 }
 
 json ModeJson(const bench::ModeResult& m, const bench::SizeResult& s) {
@@ -183,7 +188,10 @@ json ModeJson(const bench::ModeResult& m, const bench::SizeResult& s) {
           {"e2e_over_memcpy", Ratio(m.e2e.median(), floor)}, {"stall_over_memcpy", Ratio(m.stall.median(), floor)},
           {"e2e_gbps", Gbps(s.bytes, m.e2e.median())}, {"fetch_gbps", Gbps(s.bytes, m.fetch.median())},
           {"speedup_vs_file_poll", Ratio(PollExpected(s.poll), m.e2e.median())},
-          {"fresh_segments", m.fresh_segments}};
+          {"fresh_segments", m.fresh_segments},
+          {"e2e_over_tcp_stream", Ratio(Gbps(s.bytes, m.e2e.median()), s.wire.tcp_gbps)},
+          {"fetch_over_tcp_stream", Ratio(Gbps(s.bytes, m.fetch.median()), s.wire.tcp_gbps)},
+          {"fetch_over_ucx_tag_bw", Ratio(Gbps(s.bytes, m.fetch.median()), s.wire.ucx_gbps)}};
 }
 
 json SizeJson(const bench::SizeResult& s) {

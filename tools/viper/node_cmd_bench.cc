@@ -299,7 +299,7 @@ ViperCommand bench_command(
       auto f = std::make_shared<BenchFlags>();
       f->app = &app;
       app.add_option("--sizes", f->sizes, "Snapshot sizes, e.g. 64Mi,600M,1.7G")->capture_default_str();
-      app.add_flag("--quick", f->quick, "Fewer repetitions (2 timed, 1 baseline, 200 notifications) unless given");
+      app.add_flag("--quick", f->quick, "Fewer repetitions (2 warm-up, 2 timed, 1 baseline, 200 notifications) unless given");
       app.add_option("--reps", f->reps, "Timed updates per (mode, path)")->capture_default_str();
       app.add_option("--warmup", f->warmup, "Untimed updates first (segments and buffers fault in)")->capture_default_str();
       app.add_option("--baseline-reps", f->baseline_reps, "Timed file + poll updates per size")->capture_default_str();

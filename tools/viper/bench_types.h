@@ -60,12 +60,15 @@ struct PollResult {
   double interval_s = 1.0;
 };
 
+// Measured twice per size, before and after Viper's rows, so that drift of the shared machine
+// shows up in the samples instead of biasing the ratio.
 struct WireResult {
   bool ran = false;
+  std::vector<double> tcp_all, ucx_all;  // GB/s of every timed stream / perftest run
   double tcp_gbps = 0;       // median of viper_wire_baseline streams of the snapshot size
   double tcp_best_gbps = 0;
   std::string tcp_cc;
-  double ucx_gbps = 0;       // ucx_perftest tag_bw, one message of the snapshot size
+  double ucx_gbps = 0;       // ucx_perftest tag_bw, one message of the snapshot size (median of runs)
   std::string ucx_tls;
   std::string error;         // what failed, if anything
 };
@@ -90,7 +93,8 @@ struct NotifyResult {
 
 Result<SizeResult> RunSize(const Config& config, const std::string& label, uint64_t bytes);
 Result<NotifyResult> RunNotify(const Config& config);
-// --hosts 2: fills size.wire (failures are recorded in wire.error, not returned).
-void RunWire(const Config& config, SizeResult& size);
+// --hosts 2: one more measurement of the raw wire for `bytes` into `wire` (failures are recorded
+// in wire.error, not returned); medians are recomputed over every measurement so far.
+void RunWire(const Config& config, uint64_t bytes, WireResult& wire);
 
 }  // namespace viper::cli::bench

@@ -156,8 +156,9 @@ void PrintSize(const bench::SizeResult& s) {
   std::printf("   floor: warm memcpy %s ms (%.2f GB/s); one xxh3 pass %s ms (%.2f GB/s)\n", Ms(floor).c_str(),
               Gbps(s.bytes, floor), Ms(s.checksum_s.median()).c_str(), Gbps(s.bytes, s.checksum_s.median()));
   if (s.wire.ran)
-    std::printf("   wire:  TCP stream %.2f GB/s (cc %s), ucx_perftest tag_bw %.2f GB/s%s%s\n", s.wire.tcp_gbps,
-                s.wire.tcp_cc.c_str(), s.wire.ucx_gbps, s.wire.error.empty() ? "" : "  ERROR: ", s.wire.error.c_str());
+    std::printf("   wire:  TCP stream %.2f GB/s median of %zu (best %.2f, cc %s), ucx_perftest tag_bw %.2f GB/s median of %zu "
+                "(measured before and after the rows)%s%s\n", s.wire.tcp_gbps, s.wire.tcp_all.size(), s.wire.tcp_best_gbps,
+                s.wire.tcp_cc.c_str(), s.wire.ucx_gbps, s.wire.ucx_all.size(), s.wire.error.empty() ? "" : "  ERROR: ", s.wire.error.c_str());
   std::printf("   %-6s %-9s %10s %8s %8s %10s %8s %8s %8s %8s\n", "mode", "path", "e2e ms", "xmemcpy", "GB/s", "stall ms",
               "xmemcpy", "notify", "fetch", "verify");
   // Medians; "*" marks a row where some timed publish got a fresh segment (not recycled).
@@ -204,7 +205,7 @@ json SizeJson(const bench::SizeResult& s) {
                            {"poll_interval_s", s.poll.interval_s}, {"expected_e2e_s", PollExpected(s.poll)}, {"e2e_over_memcpy", Ratio(s.poll.e2e.median(), s.memcpy_s.median())}}}};
   if (s.wire.ran)
     j["wire"] = {{"tcp_gbps", s.wire.tcp_gbps}, {"tcp_best_gbps", s.wire.tcp_best_gbps}, {"tcp_cc", s.wire.tcp_cc},
-                 {"ucx_tag_bw_gbps", s.wire.ucx_gbps}, {"ucx_tls", s.wire.ucx_tls}, {"error", s.wire.error}};
+                 {"ucx_tag_bw_gbps", s.wire.ucx_gbps}, {"tcp_all_gbps", s.wire.tcp_all}, {"ucx_all_gbps", s.wire.ucx_all}, {"ucx_tls", s.wire.ucx_tls}, {"error", s.wire.error}};
   return j;
 }
 
@@ -266,9 +267,12 @@ int RunBench(const BenchFlags& f) {
   std::fflush(stdout);
   std::vector<bench::SizeResult> sizes;
   for (const auto& [label, bytes] : c.sizes) {
+    bench::WireResult wire;
+    if (c.hosts == 2) bench::RunWire(c, bytes, wire);  // before and after Viper's rows
     auto s = bench::RunSize(c, label, bytes);
     if (!s.ok()) return std::filesystem::remove_all(c.file_dir, ec), Fail("bench", s.status());
-    if (c.hosts == 2) bench::RunWire(c, *s);
+    if (c.hosts == 2) bench::RunWire(c, s->bytes, wire);
+    s->wire = std::move(wire);
     PrintSize(*s);
     std::fflush(stdout);
     sizes.push_back(std::move(s).value());

@@ -4,6 +4,7 @@
 // host (h1, the producer's) to the consumer's (h2).
 #include <unistd.h>
 
+#include <algorithm>
 #include <sstream>
 #include <thread>
 
@@ -35,8 +36,7 @@ Status RunTcp(const Config& c, uint64_t bytes, WireResult& w) {
                                                      milliseconds(600000), c.log_path));
   auto j = nlohmann::json::parse(out, nullptr, false);
   if (j.is_discarded()) return Status::Corruption("viper_wire_baseline printed non-JSON: " + out);
-  w.tcp_gbps = j.value("gbps", 0.0);
-  w.tcp_best_gbps = j.value("gbps_best", 0.0);
+  for (const auto& g : j.value("gbps_all", nlohmann::json::array())) w.tcp_all.push_back(g.get<double>());
   w.tcp_cc = j.value("cc", "");
   (*server)->Stop();
   return Status::OK();
@@ -74,19 +74,28 @@ Status RunUcx(const Config& c, uint64_t bytes, WireResult& w) {
   }
   (*server)->Stop(milliseconds(2000));
   if (!out.ok()) return out.status();
-  VIPER_ASSIGN_OR_RETURN(w.ucx_gbps, ParseUcxFinal(*out));
+  VIPER_ASSIGN_OR_RETURN(double gbps, ParseUcxFinal(*out));
+  w.ucx_all.push_back(gbps);
   return Status::OK();
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
 
 }  // namespace
 
-void RunWire(const Config& c, SizeResult& size) {
-  WireResult& w = size.wire;
+void RunWire(const Config& c, uint64_t bytes, WireResult& w) {
   w.ran = true;
-  Status tcp = RunTcp(c, size.bytes, w);
-  Status ucx = RunUcx(c, size.bytes, w);
+  Status tcp = RunTcp(c, bytes, w);
+  Status ucx = RunUcx(c, bytes, w);
   if (!tcp.ok()) w.error += "tcp stream: " + tcp.message() + "; ";
-  if (!ucx.ok()) w.error += "ucx_perftest: " + ucx.message();
+  if (!ucx.ok()) w.error += "ucx_perftest: " + ucx.message() + "; ";
+  w.tcp_gbps = Median(w.tcp_all);
+  w.tcp_best_gbps = w.tcp_all.empty() ? 0 : *std::max_element(w.tcp_all.begin(), w.tcp_all.end());
+  w.ucx_gbps = Median(w.ucx_all);
 }
 
 }  // namespace viper::cli::bench

@@ -39,10 +39,12 @@ struct Config {
   std::string wire_bin;     // viper_wire_baseline
   std::string log_path;     // children's stderr
   bool quick = false;
+  bool diagnose = true;     // add the sync row with the consumer's verification off
 };
 
 struct ModeResult {
   std::string mode, path;
+  bool verified = true;  // the consumer verified the checksum (false: diagnostic row)
   Samples e2e;       // publish called -> live in the consumer
   Samples stall;     // producer blocked in Publish()
   Samples copy;      // of which copying tensors into the segment

@@ -32,6 +32,7 @@ struct BenchFlags {
   int reps = 5, warmup = 4, baseline_reps = 3, notify_count = 1000;
   double poll_interval = 1.0;
   std::string json_path, hosts_script, file_dir = "/var/tmp";
+  bool no_diagnostic_rows = false;
   int hosts = 1;
   int hosts_stage = 0;
   CLI::App* app = nullptr;
@@ -66,6 +67,7 @@ Result<Config> MakeConfig(const BenchFlags& f) {
   c.poll_interval_s = f.poll_interval;
   c.quick = q;
   c.hosts = f.hosts;
+  c.diagnose = !f.no_diagnostic_rows;
   if (c.reps < 1 || c.warmup < 0 || c.baseline_reps < 1 || c.notify_count < 1 || c.poll_interval_s <= 0)
     return Status::InvalidArgument("--reps, --baseline-reps, --notify-count and --poll-interval must be positive");
   c.file_dir = (std::filesystem::path(f.file_dir) / ("viper-bench-" + std::to_string(::getpid()))).string();
@@ -105,6 +107,7 @@ std::vector<std::string> InnerArgs(const BenchFlags& f) {
   };
   add("--reps", f.reps), add("--warmup", f.warmup), add("--baseline-reps", f.baseline_reps), add("--notify-count", f.notify_count);
   if (f.quick) a.push_back("--quick");
+  if (f.no_diagnostic_rows) a.push_back("--no-diagnostic-rows");
   if (!f.json_path.empty()) a.insert(a.end(), {"--json", std::filesystem::absolute(f.json_path).string()});
   return a;
 }
@@ -144,9 +147,12 @@ std::string Ms(double s) { return fmt::format("{:.1f}", s * 1e3); }
 // over a few updates swings by up to one interval, so the targets compare against this.
 double PollExpected(const bench::PollResult& p) { return p.stall.median() + p.interval_s / 2 + p.read.median(); }
 
+// "map", or "map,nover" for the diagnostic row whose consumer skipped the checksum.
+std::string RowPath(const bench::ModeResult& m) { return m.verified ? m.path : m.path + ",nover"; }
+
 const bench::ModeResult* Find(const bench::SizeResult& s, const std::string& mode, const std::string& path) {
   for (const auto& m : s.modes)
-    if (m.mode == mode && m.path == path) return &m;
+    if (m.mode == mode && m.path == path && m.verified) return &m;
   return nullptr;
 }
 
@@ -159,31 +165,33 @@ void PrintSize(const bench::SizeResult& s) {
     std::printf("   wire:  TCP stream %.2f GB/s median of %zu (best %.2f, cc %s), ucx_perftest tag_bw %.2f GB/s median of %zu "
                 "(measured before and after the rows)%s%s\n", s.wire.tcp_gbps, s.wire.tcp_all.size(), s.wire.tcp_best_gbps,
                 s.wire.tcp_cc.c_str(), s.wire.ucx_gbps, s.wire.ucx_all.size(), s.wire.error.empty() ? "" : "  ERROR: ", s.wire.error.c_str());
-  std::printf("   %-6s %-9s %10s %8s %8s %10s %8s %8s %8s %8s\n", "mode", "path", "e2e ms", "xmemcpy", "GB/s", "stall ms",
+  std::printf("   %-6s %-13s %10s %8s %8s %10s %8s %8s %8s %8s\n", "mode", "path", "e2e ms", "xmemcpy", "GB/s", "stall ms",
               "xmemcpy", "notify", "fetch", "verify");
   // Medians; "*" marks a row where some timed publish got a fresh segment (not recycled).
+  // ",nover" rows are diagnostic: the consumer skipped its checksum pass (not a user setting we
+  // recommend; it shows what that pass costs).
   for (const auto& m : s.modes) {
-    std::printf("   %-6s %-9s %10s %8.2f %8.2f %10s %8.2f %8s %8s %8s%s\n", m.mode.c_str(), m.path.c_str(),
+    std::printf("   %-6s %-13s %10s %8.2f %8.2f %10s %8.2f %8s %8s %8s%s\n", m.mode.c_str(), RowPath(m).c_str(),
                 Ms(m.e2e.median()).c_str(), Ratio(m.e2e.median(), floor), Gbps(s.bytes, m.e2e.median()),
                 Ms(m.stall.median()).c_str(), Ratio(m.stall.median(), floor), Ms(m.notify.median()).c_str(),
                 Ms(m.fetch.median()).c_str(), Ms(m.verify.median()).c_str(),
                 m.fresh_segments ? fmt::format("  * {} fresh segment(s)", m.fresh_segments).c_str() : "");
   }
   const auto& p = s.poll;
-  std::printf("   %-6s %-9s %10s %8.2f %8.2f %10s %8.2f %8s %8s %8s   (poll every %.1f s; write+fsync = stall; expected e2e %s ms)\n", "file",
+  std::printf("   %-6s %-13s %10s %8.2f %8.2f %10s %8.2f %8s %8s %8s   (poll every %.1f s; write+fsync = stall; expected e2e %s ms)\n", "file",
               "poll", Ms(p.e2e.median()).c_str(), Ratio(p.e2e.median(), floor), Gbps(s.bytes, p.e2e.median()),
               Ms(p.stall.median()).c_str(), Ratio(p.stall.median(), floor), "-", Ms(p.read.median()).c_str(), "-",
               p.interval_s, Ms(PollExpected(p)).c_str());
   for (const auto& m : s.modes)
     if (s.wire.ran)
-      std::printf("   %-6s %-9s transfer (NOTIFY -> bytes here) %.2f GB/s = %.2fx TCP stream, %.2fx ucx tag_bw; end-to-end %.2fx TCP stream\n",
-                  m.mode.c_str(), m.path.c_str(), Gbps(s.bytes, m.fetch.median()), Ratio(Gbps(s.bytes, m.fetch.median()), s.wire.tcp_gbps),
+      std::printf("   %-6s %-13s transfer (NOTIFY -> bytes here) %.2f GB/s = %.2fx TCP stream, %.2fx ucx tag_bw; end-to-end %.2fx TCP stream\n",
+                  m.mode.c_str(), RowPath(m).c_str(), Gbps(s.bytes, m.fetch.median()), Ratio(Gbps(s.bytes, m.fetch.median()), s.wire.tcp_gbps),
                   Ratio(Gbps(s.bytes, m.fetch.median()), s.wire.ucx_gbps), Ratio(Gbps(s.bytes, m.e2e.median()), s.wire.tcp_gbps));
 }
 
 json ModeJson(const bench::ModeResult& m, const bench::SizeResult& s) {
   double floor = s.memcpy_s.median();
-  return {{"mode", m.mode}, {"path", m.path}, {"e2e_s", m.e2e.Json()}, {"stall_s", m.stall.Json()},
+  return {{"mode", m.mode}, {"path", m.path}, {"verify", m.verified}, {"e2e_s", m.e2e.Json()}, {"stall_s", m.stall.Json()},
           {"copy_s", m.copy.Json()}, {"complete_s", m.complete.Json()}, {"notify_s", m.notify.Json()},
           {"fetch_s", m.fetch.Json()}, {"verify_s", m.verify.Json()},
           {"e2e_over_memcpy", Ratio(m.e2e.median(), floor)}, {"stall_over_memcpy", Ratio(m.stall.median(), floor)},
@@ -310,6 +318,8 @@ ViperCommand bench_command(
       app.add_option("--notify-count", f->notify_count, "Small versions for notification percentiles")->capture_default_str();
       app.add_option("--poll-interval", f->poll_interval, "Baseline polling interval, seconds (TF Serving default 1)")->capture_default_str();
       app.add_option("--file-dir", f->file_dir, "Where baseline files go (a disk, not tmpfs)")->capture_default_str();
+      app.add_flag("--no-diagnostic-rows", f->no_diagnostic_rows,
+                   "Skip the sync row whose consumer skips its checksum (shows what verification costs)");
       app.add_option("--json", f->json_path, "Also write every figure to this JSON file");
       app.add_option("--hosts", f->hosts, "1: one host; 2: producer and consumer in two network namespaces (root)")->capture_default_str();
       app.add_option("--hosts-script", f->hosts_script, "scripts/hosts.sh (default: found beside the build)");

@@ -79,7 +79,9 @@ class Node {
   // A writable segment of `size` bytes (recycled when one fits).
   Result<WriteLease> Allocate(uint64_t size);
   // Registers a complete, sealed version and announces it. `info` must carry model, version,
-  // size, checksum, step and publish_ns; completed_ns and replicas are filled in here.
+  // size, checksum, step and publish_ns; completed_ns is filled in here, and this node's own
+  // replicas (segment, node) are listed first, ahead of any replicas `info` already names (a
+  // relay keeps its upstream's: the producer's node and its file).
   // REQUIRES: the bytes in `lease` are a sealed snapshot of info.size bytes.
   Result<proto::VersionInfo> Commit(WriteLease lease, proto::VersionInfo info);
 
@@ -98,6 +100,41 @@ class Node {
   explicit Node(const NodeOptions& options);
   NodeOptions options_;
   std::string host_key_;
+  std::shared_ptr<Impl> impl_;
+};
+
+// Relay: makes a Node a replica holder of another node's models (`viper serve --upstream`).
+// For each model it subscribes to the upstream node, fetches every new version (over UCX when the
+// upstream is on another host), copies it into this node's host tier under the same version
+// number and commits it, so that consumers on this host map it locally and the catalog lists the
+// upstream's replicas after this node's own. Design: docs/ARCHITECTURE.md "Replicas across nodes".
+//
+// Thread-safety: Start and the destructor from one thread. The Relay must be destroyed before
+// the Node it feeds.
+struct RelayOptions {
+  std::string upstream;             // REQUIRED: the upstream node's "host:port"
+  std::vector<std::string> models;  // REQUIRED: models to replicate
+  std::string token;                // HELLO token for the upstream
+  std::filesystem::path file_dir;   // the upstream's file tier as seen from here (fallback)
+};
+
+struct RelayStats {
+  uint64_t versions_relayed = 0;
+  uint64_t failures = 0;
+};
+
+class Relay {
+ public:
+  // Connects to the upstream (fails if it is unreachable and no file_dir is given).
+  static Result<std::unique_ptr<Relay>> Start(Node& node, const RelayOptions& options);
+  ~Relay();
+  Relay(const Relay&) = delete;
+  Relay& operator=(const Relay&) = delete;
+  RelayStats stats() const;
+
+ private:
+  struct Impl;
+  explicit Relay(std::shared_ptr<Impl> impl);
   std::shared_ptr<Impl> impl_;
 };
 

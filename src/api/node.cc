@@ -295,7 +295,12 @@ Result<proto::VersionInfo> Node::Impl::CommitVersion(WriteLease lease, proto::Ve
   std::string segment = lease.segment_name();
   VIPER_RETURN_IF_ERROR(host->Commit(std::move(lease), info.model, info.version));
   info.completed_ns = WallClockNs();
-  info.replicas = {{proto::ReplicaKind::kHostSegment, host_key, segment}, {proto::ReplicaKind::kNode, host_key, address}};
+  std::vector<proto::Replica> replicas = {{proto::ReplicaKind::kHostSegment, host_key, segment},
+                                          {proto::ReplicaKind::kNode, host_key, address}};
+  for (auto& r : info.replicas)  // a relay's upstream replicas follow ours
+    if (replicas.size() < proto::kMaxReplicas && std::find(replicas.begin(), replicas.end(), r) == replicas.end())
+      replicas.push_back(std::move(r));
+  info.replicas = std::move(replicas);
   std::vector<net::PeerId> subscribers;
   {
     std::lock_guard<std::mutex> lock(mu);

@@ -56,6 +56,9 @@ struct Subscriber::Impl {
   std::optional<proto::VersionInfo> announced;
   int64_t announced_ns = 0;
   uint64_t failed_version = 0;     // the last version whose load failed on every path
+  // The receive buffer of a transfer that broke midway: receives may still be posted into it, so
+  // it returns to the pool only after the client (and its engine) that posted them is gone.
+  std::shared_ptr<const void> poisoned_buffer;
   bool closing = false;
   std::vector<std::function<void(const std::shared_ptr<const ModelVersion>&)>> callbacks;
   SubscriberStats stats;
@@ -126,8 +129,9 @@ std::vector<internal::PathChoice> Subscriber::Impl::RankPaths(const proto::Versi
   if (options.path != FetchPath::kAuto) {
     candidates.push_back(options.path);
   } else {
-    if (same_host) candidates.push_back(FetchPath::kMap);
-    if (connected && !same_host) candidates.push_back(FetchPath::kRemote);
+    // Fallback order (ties keep it): same-node map, same-node copy, remote memory, file.
+    if (same_host) candidates.insert(candidates.end(), {FetchPath::kMap, FetchPath::kCopy});
+    if (connected) candidates.push_back(FetchPath::kRemote);
   }
   if (!options.file_dir.empty() && options.path != FetchPath::kFile) candidates.push_back(FetchPath::kFile);
   return estimator.Rank(candidates, info.size, same_host, connected);
@@ -138,18 +142,24 @@ Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::Load(const proto::Versio
   if (auto ensured = EnsureClient(); ensured.ok()) c = *ensured;
   Status last = Status::Unavailable("no path to " + options.model + " version " + std::to_string(info.version) +
                                     (options.file_dir.empty() ? " (node unreachable and no file_dir)" : ""));
+  std::string fallbacks;  // why earlier paths were abandoned, shown in the reason of the one that worked
   for (const auto& choice : RankPaths(info, c.get())) {
     int64_t start = WallClockNs();
     auto mv = LoadVia(choice.path, info, c.get());
     if (mv.ok()) {
       estimator.Record(choice.path, (*mv)->info.size, WallClockNs() - start);
-      (*mv)->reason = choice.reason;
+      (*mv)->reason = fallbacks.empty() ? choice.reason : choice.reason + "; after " + fallbacks;
+      if (!fallbacks.empty())
+        log(LogLevel::kWarn, kLog, "{} version {} loaded via {} ({})", options.model, (*mv)->version(),
+            fetch_path_name(choice.path), (*mv)->reason);
       return mv;
     }
     last = mv.status();
     log(LogLevel::kWarn, kLog, "{} version {} via {} failed: {}; trying the next path", options.model, info.version,
         fetch_path_name(choice.path), last.message());
+    fallbacks += (fallbacks.empty() ? "" : "; ") + std::string(fetch_path_name(choice.path)) + " failed: " + last.message();
     if (c && (choice.path == FetchPath::kRemote || !c->connected())) DropClient(c), c.reset();
+    if (!c) poisoned_buffer.reset();  // the engine that posted receives into it is gone
   }
   return last;
 }
@@ -232,7 +242,8 @@ Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::LoadRemote(const proto::
   auto ok = client.FetchSend(info.model, info.version, provide);
   if (!ok.ok()) {
     // Receives may still be posted into the buffer: it is only safe to reuse once the client's
-    // engine is gone, so the caller drops the client before this buffer returns to the pool.
+    // engine is gone, so Load() keeps it here until it has dropped the client.
+    poisoned_buffer = std::move(buffer.owner);
     return ok.status();
   }
   auto mv = std::make_shared<ModelVersion>();

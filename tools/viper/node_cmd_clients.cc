@@ -105,6 +105,7 @@ nlohmann::json UpdateJson(const ModelVersion& mv) {
           {"version", mv.info.version},
           {"step", mv.info.step},
           {"bytes", mv.info.size},
+          {"checksum", checksum_hex(mv.info.checksum)},
           {"path", std::string(fetch_path_name(mv.path))},
           {"reason", mv.reason},
           {"publish_ns", t.publish_ns},

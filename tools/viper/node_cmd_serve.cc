@@ -15,6 +15,7 @@ struct ServeFlags {
   NodeOptions node;
   AuthFlags auth;
   std::string address_file;
+  RelayOptions relay;  // with --upstream: this node replicates the upstream's models
 };
 
 int RunServe(const ServeFlags& flags) {
@@ -31,6 +32,15 @@ int RunServe(const ServeFlags& flags) {
 
   auto node = Node::Start(options);
   if (!node.ok()) return Fail("serve", node.status());
+  std::unique_ptr<Relay> relay;  // destroyed before the node
+  if (!flags.relay.upstream.empty()) {
+    RelayOptions ro = flags.relay;
+    ro.token = *token;  // one token for the whole deployment
+    auto started = Relay::Start(**node, ro);
+    if (!started.ok()) return Fail("serve", started.status().WithContext("--upstream " + ro.upstream));
+    relay = std::move(started).value();
+    std::printf("viper serve: relaying from %s\n", ro.upstream.c_str());
+  }
   std::printf("viper serve: %s listening on %s%s%s\n", options.name.empty() ? "node" : options.name.c_str(),
               (*node)->address().c_str(), options.store_dir.empty() ? "" : ", file tier ",
               options.store_dir.string().c_str());
@@ -47,6 +57,7 @@ int RunServe(const ServeFlags& flags) {
   sigwait(&stop, &sig);
   std::printf("viper serve: stopping (signal %d), flushing to the file tier\n", sig);
   std::fflush(stdout);
+  relay.reset();
   node->reset();
   return 0;
 }
@@ -64,8 +75,17 @@ ViperCommand serve_command(
           ->default_val(3)->check(CLI::PositiveNumber);
       app.add_option("--name", flags->node.name, "Node name shown to peers");
       app.add_option("--address-file", flags->address_file, "Write the bound HOST:PORT to this file once listening");
+      app.add_option("--upstream", flags->relay.upstream,
+                     "Relay: replicate the models named by --relay-model from the node at HOST:PORT");
+      app.add_option("--relay-model", flags->relay.models, "Model to relay (repeatable; with --upstream)");
+      app.add_option("--upstream-file-dir", flags->relay.file_dir,
+                     "The upstream's file tier as seen from here (relay's fallback)");
       flags->auth.Add(app);
-      return [flags] { return RunServe(*flags); };
+      return [flags] {
+        if (flags->relay.upstream.empty() != flags->relay.models.empty())
+          return Fail("serve", Status::InvalidArgument("--upstream and --relay-model go together"));
+        return RunServe(*flags);
+      };
     },
     10);
 

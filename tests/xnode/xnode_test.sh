@@ -1,0 +1,247 @@
+#!/usr/bin/env bash
+# Cross-node tests: real `viper` processes on three test hosts (network namespaces from
+# scripts/hosts.sh, always cleaned up). h1 = producer host A, h2 = consumer host B, h3 = a stranger.
+# A directory both hosts see ($TMP/pfs) stands in for the parallel file system.
+# Usage: xnode_test.sh PATH/TO/viper      (root; labels: netns)
+# Prints one line per check and "N passed, N failed"; exits non-zero on any failure.
+set -uo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+HOSTS=$HERE/../../scripts/hosts.sh
+PY=/usr/bin/python3
+
+if [[ ${1:-} != --inner ]]; then
+  VIPER=${1:-}
+  if [[ -z $VIPER || ! -x $VIPER ]]; then
+    echo "xnode_test: first argument must be the viper binary (got '${VIPER}')" >&2
+    exit 2
+  fi
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "xnode_test: must run as root (network namespaces)" >&2
+    exit 2
+  fi
+  export VIPER_HOSTS_QUIET=1
+  exec "$HOSTS" run 3 -- "$0" --inner "$(readlink -f "$VIPER")"
+fi
+
+VIPER=$2
+TMP=$(mktemp -d /tmp/viper-xnode-test.XXXXXX)
+PFS=$TMP/pfs
+mkdir -p "$PFS"
+A=10.77.0.1
+B=10.77.0.2
+PASSED=0
+FAILED=0
+PIDS=()
+# The test hosts share one kernel: UCX would move bulk data by CMA (process_vm_readv) across the
+# namespaces, which separate hosts cannot. Restrict it to TCP, the transport real hosts here use.
+export UCX_TLS=tcp
+
+finish() {
+  local p
+  for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  rm -rf "$TMP"
+}
+trap finish EXIT
+
+pass() { PASSED=$((PASSED + 1)); echo "PASS: $*"; }
+failed() { FAILED=$((FAILED + 1)); echo "FAIL: $*"; }
+check() {  # check "description" command...
+  local what=$1; shift
+  if "$@"; then pass "$what"; else failed "$what"; fi
+}
+on() { local host=$1; shift; "$VIPER_HOSTS_SCRIPT" exec "$host" -- "$@"; }
+# wait_for SECONDS command...: polls the command every 0.1 s.
+wait_for() {
+  local deadline=$((SECONDS + $1)); shift
+  until "$@"; do
+    ((SECONDS >= deadline)) && return 1
+    sleep 0.1
+  done
+}
+fetch_ms() { $PY -c 'import json,sys; j = json.loads(open(sys.argv[1]).read().splitlines()[int(sys.argv[2])]); print(round((j["fetched_ns"] - j["notified_ns"]) / 1e6, 1))' "$1" "$2"; }
+lines() { [[ -f $1 ]] && [[ $(wc -l <"$1") -ge $2 ]]; }
+field() { $PY -c 'import json,sys; print(json.loads(sys.argv[1].splitlines()[int(sys.argv[2])])[sys.argv[3]])' "$(cat "$1")" "$2" "$3"; }
+# checked_checksum FILE SOURCE: if FILE's data region is SOURCE's byte for byte, prints its xxh3
+# (from viper inspect --verify: declared and recomputed); prints nothing otherwise.
+checked_checksum() {
+  $PY - "$1" "$2" <<'EOF' || return 0
+import struct, sys
+def data(path):
+    with open(path, "rb") as f:
+        b = f.read()
+    return b[8 + struct.unpack("<Q", b[:8])[0]:]
+sys.exit(0 if data(sys.argv[1]) == data(sys.argv[2]) else 1)
+EOF
+  "$VIPER" inspect --verify --json "$1" | $PY -c 'import json,sys; c = json.load(sys.stdin)["checksum"]; print(c["computed"] if c["status"] == "ok" else "")'
+}
+# source_checksum HOST_IP PORT MODEL VERSION SOURCE: pulls the version on the producer's own host
+# (a map, no network) and checks it against the source file (see checked_checksum).
+source_checksum() {
+  local out=$TMP/pulled.safetensors
+  on h1 "$VIPER" pull "$3" --version "$4" --connect "$1:$2" -o "$out" >/dev/null 2>&1 || return 0
+  checked_checksum "$out" "$5"
+  rm -f "$out"
+}
+# serve HOST NAME ARGS...: starts a node in HOST (log in $TMP/NAME.log), waits until it listens.
+serve() {
+  local host=$1 name=$2; shift 2
+  # exec all the way down: $! is the node's own pid (hosts.sh exec and ip netns exec exec too).
+  (exec "$VIPER_HOSTS_SCRIPT" exec "$host" -- "$VIPER" serve --name "$name" --address-file "$TMP/$name.addr" "$@" \
+     >"$TMP/$name.log" 2>&1) &
+  PIDS+=($!)
+  eval "PID_$name=$!"
+  wait_for 10 test -s "$TMP/$name.addr" || { echo "node $name did not start:"; cat "$TMP/$name.log"; return 1; }
+}
+stop() { kill -TERM "$1" 2>/dev/null; wait "$1" 2>/dev/null; }
+
+echo "making models"
+$PY "$HERE/make_model.py" "$TMP/big1.safetensors" $((600 << 20)) 1 || exit 1
+$PY "$HERE/make_model.py" "$TMP/big2.safetensors" $((600 << 20)) 2 || exit 1
+$PY "$HERE/make_model.py" "$TMP/mid1.safetensors" $((48 << 20)) 3 || exit 1
+$PY "$HERE/make_model.py" "$TMP/mid2.safetensors" $((48 << 20)) 4 || exit 1
+
+
+# ---------------------------------------------------------------- 1. 600 MB, A -> B, three versions
+test_big() {
+  serve h1 a1 --listen $A:7300 || return
+  on h2 "$VIPER" watch big --connect $A:7300 --json --count 3 --timeout 90 >"$TMP/big.json" 2>"$TMP/big.err" &
+  local watch=$!
+  PIDS+=($watch)
+  local k file start sums=()
+  for k in 1 2 3; do
+    file=$TMP/big$((2 - k % 2)).safetensors  # v1 big1, v2 big2, v3 big1: every version differs from the last
+    start=$(date +%s.%N)
+    on h1 "$VIPER" publish big "$file" --connect $A:7300 >/dev/null || { failed "publish big v$k"; return; }
+    if wait_for 60 lines "$TMP/big.json" $k; then
+      echo "  big v$k: publish start -> live on h2 in $(echo "$(date +%s.%N) - $start" | bc) s" \
+           "(notify->fetched $(fetch_ms "$TMP/big.json" $((k - 1))) ms," \
+           "publish->live $(field "$TMP/big.json" $((k - 1)) publish_to_live_ms) ms)"
+    fi
+    sums+=("$(source_checksum $A 7300 big $k "$file")")
+  done
+  wait "$watch"
+  check "watch on h2 saw 3 versions of the 600 MB model (exit 0)" test $? -eq 0
+  for k in 1 2 3; do
+    local want=${sums[$((k - 1))]}
+    check "big v$k on A: the node holds the source file's bytes" test -n "$want"
+    check "big v$k on h2: version $k" test "$(field "$TMP/big.json" $((k - 1)) version)" = $k
+    check "big v$k on h2: path remote" test "$(field "$TMP/big.json" $((k - 1)) path)" = remote
+    check "big v$k on h2: bit-exact (checksum $want of the source file's data)" \
+      test "$(field "$TMP/big.json" $((k - 1)) checksum)" = "$want"
+  done
+  stop "$PID_a1"
+}
+
+# ---------------------------------------------------------------- 2. A killed mid-transfer -> file tier
+test_kill() {
+  serve h1 a2 --listen $A:7310 --store-dir "$PFS" || return
+  on h2 "$VIPER" watch mid --connect $A:7310 --file-dir "$PFS" --json --count 2 --timeout 40 \
+    >"$TMP/mid.json" 2>"$TMP/mid.err" &
+  local watch=$!
+  PIDS+=($watch)
+  on h1 "$VIPER" publish mid "$TMP/mid1.safetensors" --connect $A:7310 >/dev/null || { failed "publish mid v1"; return; }
+  wait_for 20 lines "$TMP/mid.json" 1 || { failed "mid v1 never reached h2"; return; }
+  # Slow A's link to ~4 s per version so that the kill lands mid-transfer.
+  on h1 tc qdisc add dev eth0 root tbf rate 100mbit burst 256kb latency 200ms
+  on h1 "$VIPER" publish mid "$TMP/mid2.safetensors" --connect $A:7310 >/dev/null || { failed "publish mid v2"; return; }
+  wait_for 10 test -f "$PFS/mid/2.safetensors" || { failed "mid v2 never reached the file tier"; return; }
+  sleep 0.3
+  kill -KILL "$PID_a2"
+  wait "$PID_a2"
+  check "node A died of SIGKILL" test $? -eq 137
+  wait "$watch"
+  check "watch on h2 got 2 versions although A died (exit 0)" test $? -eq 0
+  check "mid v1 came over the network" test "$(field "$TMP/mid.json" 0 path)" = remote
+  check "mid v2 came from the file tier (path file)" test "$(field "$TMP/mid.json" 1 path)" = file
+  local reason
+  reason=$(field "$TMP/mid.json" 1 reason)
+  echo "  reason: $reason"
+  check "mid v2's reason says the remote transfer failed" grep -q "remote failed" <<<"$reason"
+  SUM_MID2=$(checked_checksum "$PFS/mid/2.safetensors" "$TMP/mid2.safetensors")
+  check "mid v2's file holds the source's bytes" test -n "$SUM_MID2"
+  check "mid v2 on h2 is bit-exact" test "$(field "$TMP/mid.json" 1 checksum)" = "$SUM_MID2"
+  check "the subscriber logged the broken transfer" grep -q "via remote failed" "$TMP/mid.err"
+  check "file tier files are owner-only (0600)" test "$(stat -c %a "$PFS/mid/2.safetensors")" = 600
+  on h1 tc qdisc del dev eth0 root
+}
+
+# ---------------------------------------------------------------- 3. two replicas: the local one wins
+test_relay() {
+  serve h1 a3 --listen $A:7320 || return
+  on h1 "$VIPER" publish rel "$TMP/mid1.safetensors" --connect $A:7320 >/dev/null || { failed "publish rel v1"; return; }
+  # The relay node and the consumer share h2's mount namespace (one `exec`): shared memory reachable.
+  on h2 bash -c "
+    VIPER_LOG=info '$VIPER' serve --name b3 --listen $B:7301 --upstream $A:7320 --relay-model rel >'$TMP/b3.log' 2>&1 &
+    relay=\$!
+    for i in \$(seq 100); do '$VIPER' ls --connect $B:7301 --json 2>/dev/null | grep -q '\"version\": 1' && break; sleep 0.1; done
+    '$VIPER' ls --connect $B:7301 --json >'$TMP/rel.ls'
+    '$VIPER' watch rel --connect $B:7301 --json --count 1 --timeout 20 >'$TMP/rel.json' 2>'$TMP/rel.err'
+    echo \$? >'$TMP/rel.rc'
+    kill -TERM \$relay; wait \$relay"
+  check "watch on h2 via the relay node (exit 0)" test "$(cat "$TMP/rel.rc")" = 0
+  check "the relay fetched v1 from A over the network" grep -q "relayed rel version 1 .* via remote" "$TMP/b3.log"
+  check "the relay node lists its own segment and node" grep -q "node:$B:7301" "$TMP/rel.ls"
+  check "the relay node lists A's replica too" grep -q "node:$A:7320" "$TMP/rel.ls"
+  check "the consumer on h2 took the local replica (path map)" test "$(field "$TMP/rel.json" 0 path)" = map
+  echo "  reason: $(field "$TMP/rel.json" 0 reason)"
+  check "reason says same host" grep -q "same host" <<<"$(field "$TMP/rel.json" 0 reason)"
+  stop "$PID_a3"
+}
+
+# ---------------------------------------------------------------- 4. token; garbage on the listener
+test_auth() {
+  echo "s3cret-$$" >"$TMP/token"
+  chmod 600 "$TMP/token"
+  serve h1 a4 --listen $A:7330 --token-file "$TMP/token" || return
+  on h2 "$VIPER" watch tok --connect $A:7330 --token-file "$TMP/token" --json --count 2 --timeout 30 \
+    >"$TMP/tok.json" 2>"$TMP/tok.err" &
+  local watch=$!
+  PIDS+=($watch)
+  on h1 "$VIPER" publish tok "$TMP/mid1.safetensors" --connect $A:7330 --token-file "$TMP/token" >/dev/null ||
+    { failed "publish with the token"; return; }
+  check "ls from h3 without a token is refused" bash -c "! '$VIPER_HOSTS_SCRIPT' exec h3 -- '$VIPER' ls --connect $A:7330 2>'$TMP/notoken.err'"
+  echo wrong >"$TMP/wrong"
+  check "ls from h3 with a wrong token is refused" bash -c "! '$VIPER_HOSTS_SCRIPT' exec h3 -- '$VIPER' ls --connect $A:7330 --token-file '$TMP/wrong' 2>/dev/null"
+  check "the node logged why (no token)" grep -q "HELLO carries no token" "$TMP/a4.log"
+  check "the node logged why (wrong token)" grep -q "HELLO carries a wrong token" "$TMP/a4.log"
+  # Garbage on the listener: UCX's connection manager rejects it (it never reaches Viper as a
+  # peer); whether it closes the socket at once is UCX's business, so we record what it did.
+  on h3 $PY -c "
+import socket
+s = socket.create_connection(('$A', 7330), timeout=5)
+s.sendall(bytes(range(256)) * 256)
+s.settimeout(3)
+try:
+    print('closed by the node' if s.recv(65536) == b'' else 'answered')
+except (socket.timeout, ConnectionResetError) as e:
+    print('reset by the node' if isinstance(e, ConnectionResetError) else 'left idle by the node')
+" >"$TMP/garbage.out" 2>&1
+  echo "  garbage client: $(cat "$TMP/garbage.out")"
+  check "the garbage client got no reply" grep -qv answered "$TMP/garbage.out"
+  on h1 "$VIPER" publish tok "$TMP/mid2.safetensors" --connect $A:7330 --token-file "$TMP/token" >/dev/null ||
+    failed "publish after the garbage"
+  wait "$watch"
+  check "the real consumer still got both versions (exit 0)" test $? -eq 0
+  check "its second version is v2, bit-exact" test "$(field "$TMP/tok.json" 1 checksum)" = "$SUM_MID2"
+  check "host-tier segments are owner-only (0600)" \
+    bash -c "test \"\$(stat -c %a /dev/shm/viper.$PID_a4.* | sort -u)\" = 600"
+  stop "$PID_a4"
+  # Without --listen a node binds loopback only: unreachable from another host.
+  serve h1 a5 || return
+  check "a node without --listen listens on loopback" grep -q "^127.0.0.1:" "$TMP/a5.addr"
+  stop "$PID_a5"
+}
+
+for t in test_big test_kill test_relay test_auth; do
+  echo "== $t"
+  start=$SECONDS
+  $t
+  echo "   ($((SECONDS - start)) s)"
+done
+echo "$PASSED passed, $FAILED failed"
+if ((FAILED > 0)); then
+  for f in "$TMP"/*.log "$TMP"/*.err; do echo "--- $f"; tail -20 "$f"; done
+fi
+((FAILED == 0 && PASSED > 0))

@@ -52,6 +52,7 @@ MESSAGES = {
     13: ("publish_ok", u64(2) + u64(8)),
     14: ("list", u64(3)),
     15: ("list_reply", u64(3) + u32(2) + version_info(version=6) + version_info(replicas=REPLICAS[:1])),
+    16: ("replica", s("nt3") + u64(7) + replica(*REPLICAS[1])),
 }
 
 

@@ -61,6 +61,9 @@ class Client {
                                    const ProgressFn& progress = {});
   void Ack(const std::string& model, uint64_t version);
   Result<std::vector<proto::VersionInfo>> List();
+  // Tells the node that `replica` (a relay node) now holds (model, version) too (REPLICA; no
+  // reply: the node lists it until this connection closes).
+  Status AnnounceReplica(const std::string& model, uint64_t version, const proto::Replica& replica);
   // Hands a complete snapshot buffer to the node, which verifies it and assigns the version.
   Result<uint64_t> Publish(const std::string& model, std::span<const std::byte> snapshot, uint64_t step,
                            int64_t publish_ns);

@@ -107,7 +107,9 @@ class Node {
 // For each model it subscribes to the upstream node, fetches every new version (over UCX when the
 // upstream is on another host), copies it into this node's host tier under the same version
 // number and commits it, so that consumers on this host map it locally and the catalog lists the
-// upstream's replicas after this node's own. Design: docs/ARCHITECTURE.md "Replicas across nodes".
+// upstream's replicas after this node's own; then it announces itself to the upstream (REPLICA),
+// which lists the relay among the version's replicas while the relay stays connected.
+// Design: docs/ARCHITECTURE.md "Replicas across nodes".
 //
 // Thread-safety: Start and the destructor from one thread. The Relay must be destroyed before
 // the Node it feeds.

@@ -33,7 +33,7 @@ inline constexpr uint32_t kMaxFrameBytes = 64 * 1024 * 1024;
 enum class MessageType : uint16_t {
   kHello = 1, kHelloOk = 2, kSubscribe = 3, kUnsubscribe = 4, kNotify = 5, kFetch = 6, kFetchOk = 7,
   kRelease = 8, kAck = 9, kError = 10, kPublish = 11, kPublishReady = 12, kPublishOk = 13,
-  kList = 14, kListReply = 15,
+  kList = 14, kListReply = 15, kReplica = 16,
 };
 std::string_view message_type_name(MessageType type);
 
@@ -152,8 +152,18 @@ struct ListReply {
   bool operator==(const ListReply&) const = default;
 };
 
+// A relay node tells its upstream that it now holds (model, version) too: `replica` is of kind
+// kNode (the relay's own "host:port" and host key). The upstream lists it among the version's
+// replicas (LIST, NOTIFY) until the announcing peer disconnects. No reply.
+struct ReplicaAnnounce {
+  std::string model;
+  uint64_t version = 0;
+  Replica replica;
+  bool operator==(const ReplicaAnnounce&) const = default;
+};
+
 using Message = std::variant<Hello, HelloOk, Subscribe, Unsubscribe, Notify, Fetch, FetchOk, Release,
-                             Ack, Error, Publish, PublishReady, PublishOk, List, ListReply>;
+                             Ack, Error, Publish, PublishReady, PublishOk, List, ListReply, ReplicaAnnounce>;
 
 MessageType type_of(const Message& message);
 std::vector<std::byte> Encode(const Message& message);

@@ -270,6 +270,10 @@ Result<std::vector<proto::VersionInfo>> Client::List() {
   return std::get<proto::ListReply>(std::move(m)).versions;
 }
 
+Status Client::AnnounceReplica(const std::string& model, uint64_t version, const proto::Replica& replica) {
+  return impl_->SendMessage(proto::ReplicaAnnounce{model, version, replica});
+}
+
 Result<uint64_t> Client::Publish(const std::string& model, std::span<const std::byte> snapshot, uint64_t step,
                                  int64_t publish_ns) {
   auto [id, reply] = impl_->NewRequest();

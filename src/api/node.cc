@@ -97,6 +97,8 @@ struct Node::Impl {
     int strikes = 0;
     std::multimap<std::pair<std::string, uint64_t>, ReadLease> leases;
     std::set<std::string> subscriptions;
+    std::vector<std::pair<std::string, uint64_t>> announced;  // versions this relay said it holds
+    proto::Replica replica;                                    // ...as this replica
   };
 
   mutable std::mutex mu;
@@ -116,6 +118,8 @@ struct Node::Impl {
   void HandleRelease(PeerState& p, const proto::Release& m);
   void HandlePublish(net::PeerId peer, const proto::Publish& m);
   void HandleList(net::PeerId peer, const proto::List& m);
+  void HandleReplica(net::PeerId peer, PeerState& p, const proto::ReplicaAnnounce& m);
+  void ForgetReplicasLocked(PeerState& p);
 
   void Send(net::PeerId peer, const proto::Message& message);
   void SendError(net::PeerId peer, uint64_t request_id, proto::ErrorCode code, const std::string& text);
@@ -377,6 +381,7 @@ void Node::Impl::Refuse(net::PeerId peer, const std::string& why) {
   log(LogLevel::kWarn, kLog, "refusing peer {} ({}): {}", peer, it != peers.end() ? it->second.address : "?", why);
   stats.peers_refused++;
   for (auto& [model, state] : models) state.subscribers.erase(peer);
+  if (it != peers.end()) ForgetReplicasLocked(it->second);
   peers.erase(peer);
   engine->Disconnect(peer);
 }
@@ -394,6 +399,7 @@ void Node::Impl::OnPeerClosed(net::PeerId peer, const Status& reason) {
   log(LogLevel::kInfo, kLog, "peer {} ({}) gone: {}; releasing {} lease(s)", peer, it->second.name,
       reason.message(), it->second.leases.size());
   for (auto& [model, state] : models) state.subscribers.erase(peer);
+  ForgetReplicasLocked(it->second);
   peers.erase(it);  // drops its leases: their segments become recyclable
 }
 
@@ -435,6 +441,7 @@ void Node::Impl::Dispatch(net::PeerId peer, PeerState& p, proto::Message& messag
   if (std::holds_alternative<proto::Ack>(message)) return;  // recorded by relays in a later phase
   if (auto* m = std::get_if<proto::Publish>(&message)) return HandlePublish(peer, *m);
   if (auto* m = std::get_if<proto::List>(&message)) return HandleList(peer, *m);
+  if (auto* m = std::get_if<proto::ReplicaAnnounce>(&message)) return HandleReplica(peer, p, *m);
   if (std::holds_alternative<proto::Error>(message)) {
     log(LogLevel::kWarn, kLog, "peer {} reported: {}", peer, std::get<proto::Error>(message).text);
     return;
@@ -534,6 +541,43 @@ void Node::Impl::HandleList(net::PeerId peer, const proto::List& m) {
   for (const auto& [model, state] : models)
     for (const auto& [version, info] : state.versions) reply.versions.push_back(info);
   Send(peer, reply);
+}
+
+// A relay holds a version too: list it among the version's replicas until the relay disconnects.
+void Node::Impl::HandleReplica(net::PeerId peer, PeerState& p, const proto::ReplicaAnnounce& m) {
+  const proto::Replica& r = m.replica;
+  std::string bad = r.kind != proto::ReplicaKind::kNode ? "only a node replica can be announced"
+                    : r.locator.empty() || r.locator.size() > 256 ? "replica locator must be a host:port"
+                    : !p.announced.empty() && !(r == p.replica) ? "a peer announces one replica (itself)"
+                                                                 : "";
+  if (bad.empty() && r.locator == address) bad = "replica locator is this node";
+  if (!bad.empty()) {
+    stats.malformed_messages++;
+    SendError(peer, 0, proto::ErrorCode::kBadRequest, "REPLICA refused: " + bad);
+    if (++p.strikes >= kMaxStrikes) Refuse(peer, "too many bad REPLICA messages");
+    return;
+  }
+  auto state = models.find(m.model);
+  if (state == models.end()) return;  // nothing of that model here (any more): nothing to list
+  auto v = state->second.versions.find(m.version);
+  if (v == state->second.versions.end()) return;
+  auto& replicas = v->second.replicas;
+  if (std::find(replicas.begin(), replicas.end(), r) != replicas.end() || replicas.size() >= proto::kMaxReplicas) return;
+  replicas.push_back(r);
+  p.replica = r;
+  p.announced.emplace_back(m.model, m.version);
+  log(LogLevel::kInfo, kLog, "{} version {} is also held by {} ({})", m.model, m.version, r.locator, p.name);
+}
+
+void Node::Impl::ForgetReplicasLocked(PeerState& p) {
+  for (const auto& [model, version] : p.announced) {
+    auto state = models.find(model);
+    if (state == models.end()) continue;
+    auto v = state->second.versions.find(version);
+    if (v == state->second.versions.end()) continue;
+    std::erase(v->second.replicas, p.replica);
+  }
+  p.announced.clear();
 }
 
 // A client hands us a snapshot: receive it into a segment, then verify and commit on the worker.

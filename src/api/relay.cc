@@ -4,6 +4,7 @@
 #include <map>
 #include <mutex>
 
+#include "viper/client.h"
 #include "viper/log.h"
 #include "viper/node.h"
 #include "viper/subscriber.h"
@@ -21,6 +22,9 @@ struct Relay::Impl {
   mutable std::mutex mu;  // serializes OnVersion; guards below
   RelayStats stats;
   std::map<std::string, uint64_t> relayed;  // model -> newest version committed here
+  std::unique_ptr<Client> announcer;        // tells the upstream what we hold (REPLICA)
+
+  void Announce(const proto::VersionInfo& info);
 
   void OnVersion(const ModelVersion& mv);
   Status Copy(const ModelVersion& mv);
@@ -52,7 +56,30 @@ Status Relay::Impl::Copy(const ModelVersion& mv) {
   VIPER_ASSIGN_OR_RETURN(proto::VersionInfo committed, node->Commit(std::move(lease), std::move(info)));
   log(LogLevel::kInfo, kLog, "relayed {} version {} ({} bytes) from {} via {}", committed.model, committed.version,
       committed.size, options.upstream, fetch_path_name(mv.path));
+  Announce(committed);
   return Status::OK();
+}
+
+// Best effort: a relay that cannot tell the upstream still serves its own host.
+void Relay::Impl::Announce(const proto::VersionInfo& info) {
+  if (!announcer || !announcer->connected()) {
+    ClientOptions co;
+    co.connect = options.upstream;
+    co.token = options.token;
+    co.name = "relay-announcer:" + node->address();
+    auto c = Client::Connect(co);
+    if (!c.ok()) {
+      announcer.reset();
+      log(LogLevel::kWarn, kLog, "cannot announce {} version {} to {}: {}", info.model, info.version, options.upstream,
+          c.status().message());
+      return;
+    }
+    announcer = std::move(c).value();
+  }
+  proto::Replica self{proto::ReplicaKind::kNode, node->host_key(), node->address()};
+  if (Status st = announcer->AnnounceReplica(info.model, info.version, self); !st.ok())
+    log(LogLevel::kWarn, kLog, "cannot announce {} version {} to {}: {}", info.model, info.version, options.upstream,
+        st.message());
 }
 
 Relay::Relay(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -61,6 +88,7 @@ Relay::~Relay() {
   if (!impl_) return;
   for (auto& s : impl_->subscribers) s->Close();  // no callback runs after this
   impl_->subscribers.clear();
+  impl_->announcer.reset();  // the upstream forgets our replicas
 }
 
 Result<std::unique_ptr<Relay>> Relay::Start(Node& node, const RelayOptions& options) {

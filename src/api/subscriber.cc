@@ -143,7 +143,16 @@ Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::Load(const proto::Versio
   Status last = Status::Unavailable("no path to " + options.model + " version " + std::to_string(info.version) +
                                     (options.file_dir.empty() ? " (node unreachable and no file_dir)" : ""));
   std::string fallbacks;  // why earlier paths were abandoned, shown in the reason of the one that worked
-  for (const auto& choice : RankPaths(info, c.get())) {
+  auto ranked = RankPaths(info, c.get());
+  // The file tier is the last resort: if it was tried before a memory path and had nothing yet
+  // (flush still running), it is tried once more after the memory paths failed.
+  for (size_t i = 0; i + 1 < ranked.size(); ++i) {
+    if (ranked[i].path != FetchPath::kFile) continue;
+    ranked.push_back(ranked[i]);
+    ranked.back().reason += " (again: the memory paths failed)";
+    break;
+  }
+  for (const auto& choice : ranked) {
     int64_t start = WallClockNs();
     auto mv = LoadVia(choice.path, info, c.get());
     if (mv.ok()) {

@@ -168,6 +168,8 @@ void put_payload(Writer& w, const ListReply& m) {
   for (const auto& v : m.versions) put(w, v);
 }
 
+void put_payload(Writer& w, const ReplicaAnnounce& m) { w.str(m.model); w.u64(m.version); put(w, m.replica); }
+
 // Payload decoders.
 Message get_payload(Reader& r, MessageType type) {
   switch (type) {
@@ -208,12 +210,16 @@ Message get_payload(Reader& r, MessageType type) {
       for (uint32_t i = 0; i < n && r.ok(); ++i) m.versions.push_back(get_version_info(r));
       return m;
     }
+    case MessageType::kReplica: {
+      ReplicaAnnounce m; m.model = r.str("model"); m.version = r.u64("version"); m.replica = get_replica(r);
+      return m;
+    }
   }
   r.fail("type", "unknown message type " + std::to_string(static_cast<unsigned>(type)));
   return Error{};
 }
 
-bool known_type(uint16_t t) { return t >= 1 && t <= 15; }
+bool known_type(uint16_t t) { return t >= 1 && t <= 16; }
 
 Status malformed(const std::string& why) { return Status::InvalidArgument("malformed message: " + why); }
 
@@ -222,7 +228,7 @@ Status malformed(const std::string& why) { return Status::InvalidArgument("malfo
 std::string_view message_type_name(MessageType type) {
   static constexpr std::string_view kNames[] = {
       "?", "HELLO", "HELLO_OK", "SUBSCRIBE", "UNSUBSCRIBE", "NOTIFY", "FETCH", "FETCH_OK", "RELEASE", "ACK",
-      "ERROR", "PUBLISH", "PUBLISH_READY", "PUBLISH_OK", "LIST", "LIST_REPLY"};
+      "ERROR", "PUBLISH", "PUBLISH_READY", "PUBLISH_OK", "LIST", "LIST_REPLY", "REPLICA"};
   auto i = static_cast<uint16_t>(type);
   return known_type(i) ? kNames[i] : kNames[0];
 }

@@ -44,6 +44,7 @@ std::vector<Message> AllMessages() {
       PublishOk{8, 43},
       List{9},
       ListReply{9, {SampleInfo(), SampleInfo()}},
+      ReplicaAnnounce{"nt3", 42, {ReplicaKind::kNode, "boot:ns2", "10.0.0.2:7301"}},
   };
 }
 
@@ -179,7 +180,7 @@ std::vector<std::byte> ReadAll(const std::filesystem::path& path) {
 TEST(ProtocolDocument, HandAssembledFramesDecodeAndReEncodeIdentically) {
   std::filesystem::path dir = std::filesystem::path(VIPER_SOURCE_DIR) / "fuzz" / "corpus" / "protocol";
   int checked = 0;
-  for (int type = 1; type <= 15; ++type) {
+  for (int type = 1; type <= 16; ++type) {
     std::filesystem::path found;
     for (const auto& entry : std::filesystem::directory_iterator(dir))
       if (entry.path().filename().string().rfind((type < 10 ? "0" : "") + std::to_string(type) + "_", 0) == 0)
@@ -192,7 +193,7 @@ TEST(ProtocolDocument, HandAssembledFramesDecodeAndReEncodeIdentically) {
     EXPECT_EQ(Encode(*decoded), bytes) << found;
     ++checked;
   }
-  EXPECT_EQ(checked, 15);
+  EXPECT_EQ(checked, 16);
   auto other = Decode(ReadAll(dir / "99_other_version"));
   ASSERT_FALSE(other.ok());
   EXPECT_EQ(other.status().code(), StatusCode::kFailedPrecondition);

@@ -179,6 +179,8 @@ test_relay() {
     '$VIPER' ls --connect $B:7301 --json >'$TMP/rel.ls'
     '$VIPER' watch rel --connect $B:7301 --json --count 1 --timeout 20 >'$TMP/rel.json' 2>'$TMP/rel.err'
     echo \$? >'$TMP/rel.rc'
+    for i in \$(seq 50); do '$VIPER' ls --connect $A:7320 --json 2>/dev/null | grep -q 'node:$B:7301' && break; sleep 0.1; done
+    '$VIPER' ls --connect $A:7320 --json >'$TMP/upstream.ls'
     kill -TERM \$relay; wait \$relay"
   check "watch on h2 via the relay node (exit 0)" test "$(cat "$TMP/rel.rc")" = 0
   check "the relay fetched v1 from A over the network" grep -q "relayed rel version 1 .* via remote" "$TMP/b3.log"
@@ -187,6 +189,9 @@ test_relay() {
   check "the consumer on h2 took the local replica (path map)" test "$(field "$TMP/rel.json" 0 path)" = map
   echo "  reason: $(field "$TMP/rel.json" 0 reason)"
   check "reason says same host" grep -q "same host" <<<"$(field "$TMP/rel.json" 0 reason)"
+  check "A's registry lists the relay as a replica (REPLICA message)" grep -q "node:$B:7301" "$TMP/upstream.ls"
+  wait_for 5 bash -c "! '$VIPER_HOSTS_SCRIPT' exec h1 -- '$VIPER' ls --connect $A:7320 --json | grep -q 'node:$B:7301'"
+  check "A forgets the relay's replica once the relay is gone" test $? -eq 0
   stop "$PID_a3"
 }
 
@@ -234,7 +239,7 @@ except (socket.timeout, ConnectionResetError) as e:
   stop "$PID_a5"
 }
 
-for t in test_big test_kill test_relay test_auth; do
+for t in ${XNODE_TESTS:-test_big test_kill test_relay test_auth}; do
   echo "== $t"
   start=$SECONDS
   $t
@@ -242,6 +247,6 @@ for t in test_big test_kill test_relay test_auth; do
 done
 echo "$PASSED passed, $FAILED failed"
 if ((FAILED > 0)); then
-  for f in "$TMP"/*.log "$TMP"/*.err; do echo "--- $f"; tail -20 "$f"; done
+  for f in "$TMP"/*.log "$TMP"/*.err "$TMP"/*.json; do echo "--- $f"; tail -20 "$f"; done
 fi
 ((FAILED == 0 && PASSED > 0))

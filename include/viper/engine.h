@@ -81,6 +81,10 @@ class Engine {
   // Closes endpoints (pending operations complete with Cancelled first), stops the progress
   // thread, releases UCX objects. REQUIRES: not called from a handler; no concurrent calls.
   ~Engine();
+  // What the destructor does, without destroying the object: afterwards the engine's pointer
+  // stays valid for other threads (an owner's worker may still call Send, which then fails with
+  // NotFound, or Post, whose work never runs). Idempotent. REQUIRES: not called from a handler.
+  void Stop();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 

@@ -187,11 +187,16 @@ Result<std::unique_ptr<Node>> Node::Start(const NodeOptions& options) {
 
 Node::~Node() {
   if (!impl_) return;
-  impl_->engine.reset();   // no more handlers, no more bulk completions
-  impl_->worker.reset();   // finishes queued verifications (their replies are dropped)
-  impl_->flusher.reset();  // finishes queued flushes: a clean stop persists what was published
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  impl_->peers.clear();    // drops leases before the host tier goes
+  // The engine is stopped before it is destroyed: the worker may still be replying through it,
+  // and resetting the pointer first would let those replies (and the last handlers) see null.
+  impl_->engine->Stop();   // no more handlers, no more bulk completions
+  impl_->worker->Close();   // finishes queued verifications (their replies fail: no peer is live)
+  impl_->flusher->Close();  // finishes queued flushes: a clean stop persists what was published
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->peers.clear();  // drops leases before the host tier goes
+  }
+  impl_->engine.reset();
 }
 
 // The versions on the file tier become the catalog; the latest of each model is loaded back into

@@ -41,7 +41,10 @@ Publisher::Publisher(const PublisherOptions& options, std::unique_ptr<Node> node
     : options_(options), node_(std::move(node)), impl_(std::make_unique<Impl>()) {}
 
 Publisher::~Publisher() {
-  impl_.reset();  // drains queued versions (TaskQueue destructor) while the node still lives
+  // Queued versions are drained while the node and impl_ still live: the tasks refer to both,
+  // and resetting impl_ first would null the pointer under a running task.
+  impl_->background.Close();
+  impl_.reset();
   node_.reset();
 }
 

@@ -48,7 +48,23 @@ struct Subscriber::Impl {
   SubscriberOptions options;
   std::shared_ptr<internal::BufferPool> pool;
   internal::PathEstimator estimator;
-  std::atomic<std::shared_ptr<const ModelVersion>> live;
+  // The live version. A mutex rather than std::atomic<std::shared_ptr>: libstdc++ 12 implements
+  // that with a lock bit ThreadSanitizer cannot see, and every read here is rare and short.
+  class LiveSlot {
+   public:
+    std::shared_ptr<const ModelVersion> load() const {
+      std::lock_guard<std::mutex> lock(mu_);
+      return value_;
+    }
+    void store(std::shared_ptr<const ModelVersion> v) {
+      std::lock_guard<std::mutex> lock(mu_);
+      value_ = std::move(v);
+    }
+
+   private:
+    mutable std::mutex mu_;
+    std::shared_ptr<const ModelVersion> value_;
+  } live;
 
   std::mutex mu;  // guards everything below
   std::condition_variable cv;

@@ -1,5 +1,6 @@
 // TaskQueue: one background thread running posted functions in FIFO order.
-// Thread-safe. The destructor runs what is queued, then joins.
+// Thread-safe. Close() (and the destructor) runs what is queued, then joins; an owner whose tasks
+// refer to the owner closes the queue before tearing anything down.
 #pragma once
 
 #include <chrono>
@@ -15,13 +16,16 @@ namespace viper::internal {
 class TaskQueue {
  public:
   explicit TaskQueue(std::string name) : name_(std::move(name)), thread_([this] { Run(); }) {}
-  ~TaskQueue() {
+  ~TaskQueue() { Close(); }
+  // Runs what is queued, then stops the thread. Idempotent; tasks posted afterwards never run.
+  // REQUIRES: not called from a task; one thread closes.
+  void Close() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       stopping_ = true;
     }
     cv_.notify_all();
-    thread_.join();
+    if (thread_.joinable()) thread_.join();
   }
   TaskQueue(const TaskQueue&) = delete;
   TaskQueue& operator=(const TaskQueue&) = delete;

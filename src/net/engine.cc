@@ -333,14 +333,19 @@ Result<std::unique_ptr<Engine>> Engine::Start(const EngineOptions& options, Engi
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Engine::~Engine() {
+  Stop();
+  close(impl_->wake_fd);
+}
+
+void Engine::Stop() {
   if (impl_->OnProgressThread()) {
-    log(LogLevel::kError, kLog, "Engine destroyed from its own progress thread (inside a handler): aborting");
+    log(LogLevel::kError, kLog, "Engine stopped from its own progress thread (inside a handler): aborting");
     std::abort();
   }
+  if (!impl_->thread.joinable()) return;
   impl_->stop_requested.store(true, std::memory_order_release);
   impl_->Wake();
   impl_->thread.join();
-  close(impl_->wake_fd);
 }
 
 std::string Engine::listen_address() const { return impl_->listen_address; }

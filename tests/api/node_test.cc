@@ -166,9 +166,11 @@ TEST(SameNode, KilledProducerLeavesTheLastCompleteVersion) {
   std::string addr = WaitForFile(dir / "addr", 20s);
   ASSERT_FALSE(addr.empty()) << producer.log();
   Process consumer({testing::PeerBinary(), "consume", "--model", "m", "--connect", addr, "--until", "99", "--threads",
-                    "2", "--timeout-s", "4", "--result", dir / "c.json"},
+                    "2", "--timeout-s", "6", "--result", dir / "c.json", "--live-file", dir / "c.live"},
                    dir / "c.log");
   ASSERT_EQ(WaitForFile(dir / "producer.state", 20s), "hanging 4") << producer.log();
+  // Version 3 must be live before the kill (on a slow machine the consumer may still be loading it).
+  ASSERT_TRUE(WaitUntil([&] { return ReadFile(dir / "c.live") == "3\n"; }, 20s)) << consumer.log();
   producer.Kill(SIGKILL);
   ASSERT_EQ(consumer.Wait(30s), 0) << consumer.log();
   auto r = ReadResult(dir / "c.json");

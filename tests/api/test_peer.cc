@@ -154,6 +154,13 @@ int Consume(const std::map<std::string, std::string>& f) {
   const double timeout_s = std::stod(Get(f, "timeout-s", "60"));
   auto sub = Subscriber::Start(options);
   if (!sub.ok()) Die("subscribe", sub.status());
+  // --live-file F: F holds the live version, rewritten after every swap (tests wait on it).
+  const std::string live_file = Get(f, "live-file");
+  if (!live_file.empty()) {
+    (*sub)->OnUpdate([live_file](const std::shared_ptr<const ModelVersion>& mv) {
+      WriteFileAtomic(live_file, std::to_string(mv->version()) + "\n");
+    });
+  }
 
   std::atomic<uint64_t> reads{0}, errors{0}, regressions{0};
   std::atomic<int> finished{0};

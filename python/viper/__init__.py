@@ -1,0 +1,222 @@
+"""Viper: model versions from a training job to inference servers, memory to memory.
+
+    import viper
+
+    # producer (embeds a node; consumers connect to its address)
+    with viper.Publisher("nt3", listen="127.0.0.1:7700") as pub:
+        for step in range(steps):
+            loss = train_step()
+            if step % 100 == 0:
+                pub.publish(model.state_dict(), step=step, loss=loss)   # returns a PublishResult
+
+    # consumer (another process, same host or not)
+    with viper.Subscriber("nt3", connect="127.0.0.1:7700") as sub:
+        version = sub.wait_for(1, timeout=30)    # blocks (GIL released) until version >= 1 is live
+        sub.load_into(serving_model)             # copies into the existing parameters
+        version["fc.weight"]                     # read-only numpy view of the version, no copy
+
+Options are keyword arguments with the names and defaults of the C++ options
+(include/viper/{node,publisher,subscriber}.h); times are in seconds. Errors raise subclasses of
+`viper.Error` that also subclass the fitting builtin: InvalidArgumentError (ValueError),
+NotFoundError (LookupError), TimeoutError (TimeoutError), IOError (OSError).
+Every handle has close() and works as a context manager.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+from . import _tensors
+from ._viper import (  # noqa: F401 (re-exported)
+    Error,
+    InvalidArgumentError,
+    IOError,
+    ModelVersion,
+    NotFoundError,
+    PublishResult,
+    Snapshot,
+    TimeoutError,
+    __version__,
+)
+from . import _viper
+
+try:  # issue 6: the online Inference Performance Predictor
+    from ._viper import Scheduler  # noqa: F401
+except ImportError:  # pragma: no cover (older builds)
+    pass
+
+__all__ = ["Error", "InvalidArgumentError", "IOError", "ModelVersion", "Node", "NotFoundError", "PublishResult",
+           "Publisher", "Snapshot", "Subscriber", "TimeoutError", "build_snapshot", "__version__"]
+
+
+class _Handle:
+    """close() once (later calls do nothing) and the context-manager protocol."""
+
+    _impl: Any = None
+
+    def close(self) -> None:
+        impl, self._impl = self._impl, None
+        if impl is not None:
+            impl.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 (interpreter shutdown)
+            pass
+
+    def _live(self):
+        if self._impl is None:
+            raise Error(f"{type(self).__name__} is closed")
+        return self._impl
+
+
+class Node(_Handle):
+    """A Viper node on its own (what `viper serve` runs): holds versions in shared memory, serves
+    subscribers, keeps the file tier. Publishers embed one; use this for a standalone node."""
+
+    def __init__(self, listen: str = "127.0.0.1:0", *, name: str = "", store_dir: str = "",
+                 keep_host_versions: int = 2, keep_file_versions: int = 3, token: str = "", recover: bool = True,
+                 chunk_bytes: int = 4 << 20, chunks_in_flight: int = 8, segment_prefix: str = "viper"):
+        self._impl = _viper._Node(listen, name, str(store_dir), keep_host_versions, keep_file_versions, token,
+                                  recover, chunk_bytes, chunks_in_flight, segment_prefix)
+
+    @property
+    def address(self) -> str:
+        """"host:port" subscribers connect to."""
+        return self._live().address
+
+    def versions(self) -> list:
+        """Every version held, as dicts (model, version, size, checksum, step, ..., replicas)."""
+        return self._live().versions()
+
+    def latest(self, model: str) -> Optional[dict]:
+        """The newest version of `model`, or None."""
+        return self._live().latest(model)
+
+    def wait_flushed(self, timeout: float = 600.0) -> None:
+        """Blocks until every version queued for the file tier is written."""
+        self._live().wait_flushed(timeout)
+
+
+class Publisher(_Handle):
+    """Publishes versions of one model from a training process; embeds a node listening on `listen`.
+
+    mode="async" (default): publish() copies the tensors into a (recycled) shared-memory segment
+    and returns; sealing, announcing and the file-tier copy run in the background. "sync" returns
+    when the version is announced. max_in_flight async versions may be queued before publish()
+    blocks."""
+
+    def __init__(self, model: str, listen: str = "127.0.0.1:0", *, mode: str = "async", alignment: int = 64,
+                 max_in_flight: int = 2, name: str = "", store_dir: str = "", keep_host_versions: int = 2,
+                 keep_file_versions: int = 3, token: str = "", recover: bool = True, chunk_bytes: int = 4 << 20,
+                 chunks_in_flight: int = 8, segment_prefix: str = "viper", scheduler: Any = None):
+        self._scheduler = scheduler
+        self._impl = _viper._Publisher(model, listen, name, str(store_dir), keep_host_versions, keep_file_versions,
+                                       token, recover, chunk_bytes, chunks_in_flight, segment_prefix, mode,
+                                       alignment, max_in_flight)
+
+    def publish(self, tensors: Mapping[str, Any], step: int = 0, loss: Optional[float] = None,
+                **metadata: Any) -> PublishResult:
+        """Publishes `tensors` (a state_dict() or a dict of numpy arrays) as the next version.
+        Extra keyword arguments become string metadata. Returns a PublishResult (version,
+        stall_seconds: how long this call blocked training). GIL released while copying."""
+        if step < 0:
+            raise InvalidArgumentError(f"step must be >= 0, got {step}")
+        entries = _tensors.to_entries(tensors)
+        result = self._live().publish(entries, int(step), None if loss is None else float(loss), metadata)
+        if self._scheduler is not None:
+            self._scheduler.report_publish_stall(result.stall_seconds)
+        return result
+
+    def publish_if_due(self, iteration: int, loss: float, tensors: Mapping[str, Any], **metadata: Any):
+        """With a `scheduler=` (viper.Scheduler): feeds it (iteration, loss) and publishes when it
+        says a checkpoint is due. Returns the PublishResult, or None when nothing was published."""
+        if self._scheduler is None:
+            raise Error("publish_if_due needs Publisher(..., scheduler=viper.Scheduler(...))")
+        if not self._scheduler.step(int(iteration), float(loss)):
+            return None
+        return self.publish(tensors, step=int(iteration), loss=float(loss), **metadata)
+
+    def wait(self, timeout: float = 600.0) -> None:
+        """Blocks until every queued version is announced; raises the first background error."""
+        self._live().wait(timeout)
+
+    @property
+    def address(self) -> str:
+        return self._live().address
+
+    @property
+    def announced_version(self) -> int:
+        """The latest version announced so far (0 if none)."""
+        return self._live().announced_version
+
+    @property
+    def last_stall_seconds(self) -> float:
+        """The stall of the last publish()."""
+        return self._live().last_stall_seconds
+
+    def versions(self) -> list:
+        """The embedded node's versions, as dicts."""
+        return self._live().versions()
+
+
+class Subscriber(_Handle):
+    """Keeps the newest complete version of one model live in a consumer process.
+
+    A loader thread fetches each announced version by the cheapest path (path="auto": map the
+    node's segment when on the same host, else copy, UCX, or the file tier), verifies it and swaps
+    it in; latest() never returns a torn model."""
+
+    def __init__(self, model: str, connect: str = "127.0.0.1:7300", *, token: str = "", name: str = "",
+                 path: str = "auto", verify_checksum: bool = True, file_dir: str = "", chunk_bytes: int = 4 << 20,
+                 request_timeout: float = 30.0, buffers: int = 3):
+        self._impl = _viper._Subscriber(model, connect, token, name, path, verify_checksum, str(file_dir),
+                                        chunk_bytes, request_timeout, buffers)
+
+    def latest(self) -> Optional[ModelVersion]:
+        """The live version (a read-only mapping of numpy views), or None before the first."""
+        return self._live().latest()
+
+    def wait_for(self, version: int = 1, timeout: float = 60.0) -> ModelVersion:
+        """Blocks (GIL released) until a version >= `version` is live and returns it; raises
+        viper.TimeoutError after `timeout` seconds."""
+        if version < 0:
+            raise InvalidArgumentError(f"version must be >= 0, got {version}")
+        return self._live().wait_for(int(version), float(timeout))
+
+    def wait(self, timeout: float = 60.0) -> ModelVersion:
+        """Blocks until the next version after the live one is live (the first, if none is)."""
+        current = self.latest()
+        return self.wait_for((current.version if current is not None else 0) + 1, timeout)
+
+    def load_into(self, module: Any, version: Optional[ModelVersion] = None, strict: bool = True) -> ModelVersion:
+        """Copies `version` (default: the live one) into a torch module's existing parameters and
+        buffers (or a dict of tensors) without reallocating them; returns the version loaded.
+        Raises NotFoundError if no version is live yet, ValueError if names or shapes differ."""
+        if version is None:
+            version = self.latest()
+            if version is None:
+                raise NotFoundError("load_into: no version is live yet (use wait_for first)")
+        _tensors.copy_into_module(version, module, strict=strict)
+        return version
+
+    def stats(self) -> dict:
+        """notifies, updates, skipped, fetch_failures."""
+        return self._live().stats()
+
+    def last_error(self) -> Optional[str]:
+        """Why the last update failed, or None."""
+        return self._live().last_error()
+
+
+def build_snapshot(tensors: Mapping[str, Any], *, model: str = "", version: int = 0, step: int = 0,
+                   loss: Optional[float] = None, alignment: int = 64, **metadata: Any) -> Snapshot:
+    """A sealed safetensors Snapshot built from `tensors` (copied once), e.g. to save() to a file."""
+    return Snapshot._build(_tensors.to_entries(tensors), model, int(version), int(step),
+                           None if loss is None else float(loss), metadata, int(alignment))

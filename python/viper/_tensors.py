@@ -1,0 +1,130 @@
+"""Conversions between Python tensors (numpy arrays, torch tensors) and Viper's wire form.
+
+Publishing: `to_entries` turns a mapping name -> array/tensor into (name, dtype, shape, buffer)
+tuples of C-contiguous host memory that the extension copies once into the segment. GPU tensors
+are copied to host first; non-contiguous ones are made contiguous (one extra copy, only for them).
+
+Loading: `copy_into_module` copies a version into a torch module's existing parameters and buffers
+(`Tensor.copy_`, so they keep their identity, storage, device and dtype).
+
+torch is imported lazily: numpy-only users never pay for it.
+"""
+from __future__ import annotations
+
+import sys
+import warnings
+from typing import Any, Dict, Iterable, List, Mapping, Tuple
+
+import numpy as np
+
+_NUMPY_TO_SAFETENSORS = {
+    np.dtype("float64"): "F64", np.dtype("float32"): "F32", np.dtype("float16"): "F16",
+    np.dtype("int64"): "I64", np.dtype("int32"): "I32", np.dtype("int16"): "I16", np.dtype("int8"): "I8",
+    np.dtype("uint64"): "U64", np.dtype("uint32"): "U32", np.dtype("uint16"): "U16", np.dtype("uint8"): "U8",
+    np.dtype("bool"): "BOOL",
+}
+
+
+def _torch():
+    """The torch module if the caller already uses torch (it is imported then), else None."""
+    return sys.modules.get("torch")
+
+
+def _is_torch_tensor(value: Any) -> bool:
+    torch = _torch()
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def _torch_entry(name: str, tensor) -> Tuple[str, str, List[int], Any]:
+    torch = _torch()
+    t = tensor.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous()
+    shape = list(t.shape)
+    if t.dtype == torch.bfloat16:  # numpy has no bfloat16: ship the bits
+        return name, "BF16", shape, t.view(torch.int16).numpy()
+    array = t.numpy()
+    dtype = _NUMPY_TO_SAFETENSORS.get(array.dtype)
+    if dtype is None:
+        raise TypeError(f"tensor {name!r}: torch dtype {t.dtype} has no safetensors equivalent Viper supports")
+    return name, dtype, shape, array
+
+
+def _numpy_entry(name: str, value: Any) -> Tuple[str, str, List[int], Any]:
+    array = np.asarray(value)
+    dtype = _NUMPY_TO_SAFETENSORS.get(array.dtype)
+    if dtype is None:
+        raise TypeError(f"tensor {name!r}: numpy dtype {array.dtype} has no safetensors equivalent Viper supports "
+                        f"(supported: {', '.join(sorted(str(d) for d in _NUMPY_TO_SAFETENSORS))})")
+    if not array.flags.c_contiguous:
+        array = np.ascontiguousarray(array)
+    return name, dtype, list(array.shape), array
+
+
+def to_entries(tensors: Mapping[str, Any]) -> List[Tuple[str, str, List[int], Any]]:
+    """(name, safetensors dtype, shape, contiguous host buffer) for every tensor, in the mapping's
+    order. Raises TypeError for values that are not arrays/tensors or have unsupported dtypes."""
+    if not isinstance(tensors, Mapping):
+        raise TypeError(f"tensors must be a mapping name -> numpy array or torch tensor, got {type(tensors).__name__}")
+    entries = []
+    for name, value in tensors.items():
+        if not isinstance(name, str):
+            raise TypeError(f"tensor names must be str, got {type(name).__name__}")
+        if _is_torch_tensor(value):
+            entries.append(_torch_entry(name, value))
+        elif isinstance(value, (np.ndarray, np.generic)):
+            entries.append(_numpy_entry(name, value))
+        else:
+            raise TypeError(f"tensor {name!r}: expected a numpy array or torch tensor, got {type(value).__name__}")
+    return entries
+
+
+def as_torch(view: np.ndarray, dtype_name: str):
+    """A torch tensor sharing the read-only view's memory (no copy), with the snapshot's dtype.
+    The tensor must not be written: the memory may be the node's shared segment."""
+    torch = _torch()
+    if torch is None:
+        import torch  # noqa: PLC0415 (lazy)
+    if dtype_name == "BF16":
+        view = view.view(np.int16)  # torch 1.13 has no uint16: reinterpret the bits as int16 first
+    elif dtype_name in ("U16", "U32", "U64"):
+        raise TypeError(f"torch has no {dtype_name.lower()} tensors: read this tensor as a numpy view instead")
+    with warnings.catch_warnings():
+        # torch warns that the array is not writable; the caller only reads it (copy_ source).
+        warnings.simplefilter("ignore", UserWarning)
+        t = torch.from_numpy(view)
+    return t.view(torch.bfloat16) if dtype_name == "BF16" else t
+
+
+def copy_into_module(version, module, strict: bool = True) -> None:
+    """Copies every tensor of `version` into `module`'s state (parameters and buffers) in place.
+
+    strict: every state entry must be in the version and vice versa (ValueError naming the
+    differences otherwise). Shapes must match exactly (ValueError). Nothing is copied unless every
+    check passes, so a bad version leaves the module as it was."""
+    import torch  # noqa: PLC0415 (lazy: only load_into needs torch)
+
+    state: Dict[str, Any] = module.state_dict(keep_vars=True) if hasattr(module, "state_dict") else dict(module)
+    names = set(version.keys())
+    if strict:
+        missing = sorted(set(state) - names)
+        unexpected = sorted(names - set(state))
+        if missing or unexpected:
+            raise ValueError(f"load_into: the version does not match the module: missing {missing[:8]}"
+                             f"{'...' if len(missing) > 8 else ''}, unexpected {unexpected[:8]}"
+                             f"{'...' if len(unexpected) > 8 else ''}")
+    dtypes = version.dtypes
+    pairs = []
+    for name, target in state.items():
+        if name not in names:
+            continue
+        dtype_name, shape = dtypes[name]
+        if tuple(target.shape) != tuple(shape):
+            raise ValueError(f"load_into: tensor {name!r} has shape {tuple(shape)} in the version, "
+                             f"{tuple(target.shape)} in the module")
+        pairs.append((target, as_torch(version[name], dtype_name)))
+    with torch.no_grad():
+        for target, source in pairs:
+            target.copy_(source)  # keeps the parameter's storage, device and dtype
+

@@ -11,6 +11,7 @@ PACKAGES=(
   libhiredis-dev redis-server
   libcli11-dev libfmt-dev libspdlog-dev
   pybind11-dev python3-dev python3-numpy python3-torch python3-pytest python3-venv python3-pip
+  python3-setuptools python3-wheel  # `pip install --no-build-isolation .` (setup.py), offline
   clang libclang-rt-14-dev
   iproute2 iputils-ping procps psmisc
   libopenblas0-openmp  # examples/cl_demo: torch's matmuls on the reference BLAS are ~10x slower

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The README's test command: installs what is missing, builds, and runs every test Viper has.
+#
+#   scripts/test.sh [STAGE...]      stages, in order (default: all of them)
+#     release  RelWithDebInfo build in build/ and the whole CTest suite (unit, integration,
+#              network-namespace and Python tests)
+#     asan     AddressSanitizer + UndefinedBehaviorSanitizer build in build-asan/, every C++ test
+#     tsan     ThreadSanitizer build in build-tsan/, the concurrent suites (net, host tier, node)
+#     fuzz     libFuzzer targets (snapshot and protocol parsers) under ASan+UBSan, 30 s each
+#
+# Needs root (or sudo) for apt-get and for the network-namespace tests. Exits non-zero on the
+# first failing stage. VIPER_JOBS sets build parallelism (default: number of cores).
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+jobs=${VIPER_JOBS:-$(nproc)}
+all_stages=(release asan tsan fuzz)
+stages=("$@")
+((${#stages[@]} > 0)) || stages=("${all_stages[@]}")
+for s in "${stages[@]}"; do
+  [[ " ${all_stages[*]} " == *" $s "* ]] || { echo "test.sh: unknown stage '$s' (one of: ${all_stages[*]})" >&2; exit 2; }
+done
+
+stage_start=0
+begin() { stage_start=$SECONDS; echo; echo "=== test.sh: $1"; }
+end() { echo "=== test.sh: $1 passed in $((SECONDS - stage_start)) s"; }
+
+configure() {  # configure BUILD_DIR CMAKE_ARGS...
+  local dir=$1; shift
+  cmake -S "$root" -B "$root/$dir" -G "Unix Makefiles" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
+}
+
+# The concurrent suites get the sanitizer that finds their bugs; the others run under ASan only.
+TSAN_TESTS=(host_tier_test viper_net_engine_test viper_net_failure_test node_test)
+
+run_release() {
+  begin "release build and full suite"
+  "$root/scripts/build.sh"  # the same build/ as scripts/demo.sh, with the Python package
+  (cd "$root/build" && ctest -j"$jobs" --output-on-failure --timeout 900)
+  end release
+}
+
+run_asan() {
+  begin "ASan+UBSan build and C++ suite"
+  configure build-asan -DVIPER_SANITIZE=ON -DVIPER_WITH_UCX=ON -DVIPER_WITH_PYTHON=OFF -DVIPER_BUILD_BENCH=OFF
+  cmake --build "$root/build-asan" -j"$jobs"
+  (cd "$root/build-asan" &&
+    ASAN_OPTIONS=abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+      ctest -j"$jobs" --output-on-failure --timeout 900 -LE netns)
+  end asan
+}
+
+run_tsan() {
+  begin "ThreadSanitizer build and concurrent suites"
+  configure build-tsan -DVIPER_TSAN=ON -DVIPER_WITH_UCX=ON -DVIPER_WITH_PYTHON=OFF -DVIPER_BUILD_BENCH=OFF
+  cmake --build "$root/build-tsan" -j"$jobs" --target "${TSAN_TESTS[@]}" viper viper_test_peer
+  local regex
+  regex="^($(IFS='|'; echo "${TSAN_TESTS[*]}"))\$"
+  (cd "$root/build-tsan" && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+    ctest -j"$jobs" --output-on-failure --timeout 900 -R "$regex")
+  end tsan
+}
+
+run_fuzz() {
+  begin "fuzzing the parsers of untrusted bytes"
+  VIPER_FUZZ_JOBS=$jobs "$root/fuzz/run_fuzz.sh" 30
+  end fuzz
+}
+
+total_start=$SECONDS
+"$root/scripts/install-deps.sh"
+for s in "${stages[@]}"; do "run_$s"; done
+echo
+echo "=== test.sh: all stages passed (${stages[*]}) in $((SECONDS - total_start)) s"

@@ -72,6 +72,7 @@ class Draft {
   WriteLease lease_;
   uint64_t version_ = 0;
   int64_t publish_ns = 0;
+  std::optional<uint64_t> checksum_;  // set when Publish copied and hashed in one pass (sync)
 };
 
 class Publisher {

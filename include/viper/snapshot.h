@@ -203,6 +203,12 @@ class SnapshotLayout {
   // region (one xxh3 pass), stores it in stamp->checksum, and writes the header.
   // REQUIRES: dst.size() >= total_bytes(), stamp != nullptr.
   Status Seal(std::span<std::byte> dst, VersionStamp* stamp) const;
+  // Copy and checksum in one pass over memory instead of two: copies sources[i] (the bytes of
+  // tensors()[i]) into place in chunks, hashing each chunk while it is still in cache, zeroes the
+  // padding, and returns the checksum of dst's data region (what Seal would compute; finish with
+  // WriteHeader and a stamp carrying it). Errors (InvalidArgument): wrong number of sources, a
+  // source of the wrong size, dst too small.
+  Result<uint64_t> CopyAndChecksum(std::span<std::byte> dst, std::span<const std::span<const std::byte>> sources) const;
 
  private:
   std::vector<TensorInfo> tensors_;

@@ -43,7 +43,13 @@ struct SubscriberOptions {
   std::string token;
   std::string name;
   FetchPath path = FetchPath::kAuto;
-  bool verify_checksum = true;          // verify every version before it goes live
+  // Checksums guard bytes that crossed something that can corrupt them: the network (remote) and
+  // storage (file); those are verified before a version goes live. A mapped or copied segment is
+  // the node's own memory on this host, sealed by the node from those very bytes and kept
+  // unchanged by the lease, so it is trusted unless verify_local is set (docs/ARCHITECTURE.md,
+  // "What a subscriber verifies"). verify_checksum = false verifies nothing.
+  bool verify_checksum = true;
+  bool verify_local = false;            // also verify map and copy (one more pass over the bytes)
   std::filesystem::path file_dir;       // the node's store dir as seen from here (fallback)
   uint32_t chunk_bytes = 4u << 20;
   std::chrono::milliseconds request_timeout{30000};

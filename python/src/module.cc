@@ -374,7 +374,7 @@ void BindSubscriber(py::module_& m) {
 
   py::class_<SubscriberHandle>(m, "_Subscriber")
       .def(py::init([](const std::string& model, const std::string& connect, const std::string& token,
-                       const std::string& name, const std::string& path, bool verify_checksum,
+                       const std::string& name, const std::string& path, bool verify_checksum, bool verify_local,
                        const std::string& file_dir, uint32_t chunk_bytes, double request_timeout, size_t buffers) {
              viper::SubscriberOptions o;
              o.model = model;
@@ -383,6 +383,7 @@ void BindSubscriber(py::module_& m) {
              o.name = name;
              o.path = Unwrap(viper::ParseFetchPath(path));
              o.verify_checksum = verify_checksum;
+             o.verify_local = verify_local;
              o.file_dir = file_dir;
              o.chunk_bytes = chunk_bytes;
              o.request_timeout = SecondsToMs(request_timeout, "request_timeout");
@@ -397,7 +398,7 @@ void BindSubscriber(py::module_& m) {
              return handle;
            }),
            py::arg("model"), py::arg("connect"), py::arg("token"), py::arg("name"), py::arg("path"),
-           py::arg("verify_checksum"), py::arg("file_dir"), py::arg("chunk_bytes"), py::arg("request_timeout"),
+           py::arg("verify_checksum"), py::arg("verify_local"), py::arg("file_dir"), py::arg("chunk_bytes"), py::arg("request_timeout"),
            py::arg("buffers"))
       .def("latest", [](SubscriberHandle& h) -> std::optional<VersionHandle> {
              auto v = Open(h.subscriber, "Subscriber").latest();

@@ -171,13 +171,15 @@ class Subscriber(_Handle):
 
     A loader thread fetches each announced version by the cheapest path (path="auto": map the
     node's segment when on the same host, else copy, UCX, or the file tier), verifies it and swaps
-    it in; latest() never returns a torn model."""
+    it in; latest() never returns a torn model. Bytes that crossed the network or came from a file
+    are checksum-verified (verify_checksum); bytes of the node's segment on this host are trusted
+    unless verify_local=True."""
 
     def __init__(self, model: str, connect: str = "127.0.0.1:7300", *, token: str = "", name: str = "",
-                 path: str = "auto", verify_checksum: bool = True, file_dir: str = "", chunk_bytes: int = 4 << 20,
-                 request_timeout: float = 30.0, buffers: int = 3):
-        self._impl = _viper._Subscriber(model, connect, token, name, path, verify_checksum, str(file_dir),
-                                        chunk_bytes, request_timeout, buffers)
+                 path: str = "auto", verify_checksum: bool = True, verify_local: bool = False, file_dir: str = "",
+                 chunk_bytes: int = 4 << 20, request_timeout: float = 30.0, buffers: int = 3):
+        self._impl = _viper._Subscriber(model, connect, token, name, path, verify_checksum, verify_local,
+                                        str(file_dir), chunk_bytes, request_timeout, buffers)
 
     def latest(self) -> Optional[ModelVersion]:
         """The live version (a read-only mapping of numpy views), or None before the first."""

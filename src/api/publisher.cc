@@ -76,6 +76,16 @@ Result<PublishResult> Publisher::Publish(const std::vector<TensorData>& tensors,
   for (const auto& t : tensors) specs.push_back(t.spec);
   VIPER_ASSIGN_OR_RETURN(Draft draft, Begin(specs, info.metadata));
   const int64_t copy_start = SteadyNs();
+  if (options_.mode == PublishMode::kSync) {
+    // The caller waits for the checksum anyway: copy and hash in one pass over memory (the seal's
+    // separate pass re-read the whole model, about as long as the copy).
+    std::vector<std::span<const std::byte>> sources;
+    sources.reserve(tensors.size());
+    for (const auto& t : tensors) sources.push_back(t.bytes);
+    VIPER_ASSIGN_OR_RETURN(draft.checksum_, draft.layout_->CopyAndChecksum(draft.lease_.data(), sources));
+    return Enqueue(std::move(draft), info, start, SteadyNs() - copy_start);
+  }
+  // Async: only the copy stalls the caller; the checksum pass runs in the background seal.
   for (const auto& t : tensors) {
     std::span<std::byte> dst = draft.tensor(t.spec.name);
     if (dst.size() != t.bytes.size()) {
@@ -113,7 +123,12 @@ Result<PublishResult> Publisher::Enqueue(Draft draft, const PublishInfo& info, i
     stamp.step = info.step;
     stamp.time_ns = static_cast<uint64_t>(WallClockNs());
     stamp.loss = info.loss;
-    VIPER_RETURN_IF_ERROR(draft.layout_->Seal(draft.lease_.data(), &stamp));
+    if (draft.checksum_) {
+      stamp.checksum = *draft.checksum_;
+      VIPER_RETURN_IF_ERROR(draft.layout_->WriteHeader(draft.lease_.data(), stamp));
+    } else {
+      VIPER_RETURN_IF_ERROR(draft.layout_->Seal(draft.lease_.data(), &stamp));
+    }
     proto::VersionInfo vi;
     vi.model = options_.model;
     vi.version = version;

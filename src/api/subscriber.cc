@@ -243,7 +243,7 @@ Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::LoadLeased(FetchPath pat
     hold->mapping = mapped->owner;
     hold->release = std::move(release);
     mv->timings.fetched_ns = WallClockNs();
-    VIPER_RETURN_IF_ERROR(Finish(*mv, mapped->data, hold, options.verify_checksum));
+    VIPER_RETURN_IF_ERROR(Finish(*mv, mapped->data, hold, options.verify_checksum && options.verify_local));
     return mv;
   }
   auto buffer = pool->Acquire(ok.info.size);
@@ -254,7 +254,7 @@ Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::LoadLeased(FetchPath pat
   std::memcpy(buffer->data.data(), mapped->data.data(), ok.info.size);
   release();
   mv->timings.fetched_ns = WallClockNs();
-  VIPER_RETURN_IF_ERROR(Finish(*mv, buffer->data, buffer->owner, options.verify_checksum));
+  VIPER_RETURN_IF_ERROR(Finish(*mv, buffer->data, buffer->owner, options.verify_checksum && options.verify_local));
   return mv;
 }
 

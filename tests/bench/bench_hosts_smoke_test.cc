@@ -27,14 +27,15 @@ TEST(BenchHosts, QuickRunAcrossNamespacesWritesEveryFigure) {
   const json& s = j["sizes"][0];
   std::set<std::string> combos;
   for (const json& m : s["viper"]) {
-    std::string name = m["mode"].get<std::string>() + "/" + m["path"].get<std::string>() + (m["verify"] ? "" : "/nover");
+    std::string name = m["mode"].get<std::string>() + "/" + m["path"].get<std::string>() +
+                       (m["variant"] == "" ? "" : "/" + m["variant"].get<std::string>());
     combos.insert(name);
     ExpectSamples(m["e2e_s"], name + " e2e", 2);
     ExpectSamples(m["fetch_s"], name + " fetch", 2);
     for (const char* key : {"e2e_over_tcp_stream", "fetch_over_tcp_stream", "fetch_over_ucx_tag_bw"})
       EXPECT_GT(m[key].get<double>(), 0.0) << name << " " << key;
   }
-  EXPECT_EQ(combos, (std::set<std::string>{"sync/remote", "async/remote", "sync/remote/nover"}));
+  EXPECT_EQ(combos, (std::set<std::string>{"sync/remote", "async/remote", "sync/remote/no-verify"}));
   const json& w = s["wire"];
   EXPECT_EQ(w["error"], "") << w.dump();
   EXPECT_EQ(w["tcp_cc"], "cubic");

@@ -38,10 +38,11 @@ TEST(BenchCli, QuickRunWritesEveryFigure) {
     ExpectSamples(s["memcpy_s"], "memcpy", reps);
     ExpectSamples(s["checksum_s"], "checksum", reps);
     EXPECT_GT(s["memcpy_gbps"].get<double>(), 0.0);
-    ASSERT_EQ(s["viper"].size(), 5u);  // 4 + the diagnostic sync map row without verification
+    ASSERT_EQ(s["viper"].size(), 5u);  // 4 + the diagnostic sync map row with verify-local
     std::set<std::string> combos;
     for (const json& m : s["viper"]) {
-      std::string name = m["mode"].get<std::string>() + "/" + m["path"].get<std::string>() + (m["verify"] ? "" : "/nover");
+      std::string name = m["mode"].get<std::string>() + "/" + m["path"].get<std::string>() +
+                       (m["variant"] == "" ? "" : "/" + m["variant"].get<std::string>());
       combos.insert(name);
       for (const char* key : {"e2e_s", "stall_s", "complete_s"}) ExpectSamples(m[key], name + " " + key, reps);
       for (const char* key : {"copy_s", "notify_s", "fetch_s", "verify_s"}) ExpectSamples(m[key], name + " " + key, reps, false);
@@ -50,7 +51,7 @@ TEST(BenchCli, QuickRunWritesEveryFigure) {
       for (const char* key : {"e2e_over_memcpy", "stall_over_memcpy", "e2e_gbps", "fetch_gbps", "speedup_vs_file_poll"})
         EXPECT_GT(m[key].get<double>(), 0.0) << name << " " << key;
     }
-    EXPECT_EQ(combos, (std::set<std::string>{"sync/map", "sync/copy", "async/map", "async/copy", "sync/map/nover"}));
+    EXPECT_EQ(combos, (std::set<std::string>{"sync/map", "sync/copy", "async/map", "async/copy", "sync/map/verify-local"}));
     const json& p = s["file_poll"];
     ExpectSamples(p["e2e_s"], "file_poll e2e", baseline);
     ExpectSamples(p["stall_s"], "file_poll stall", baseline);

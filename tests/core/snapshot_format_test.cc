@@ -267,6 +267,42 @@ TEST(SnapshotLayoutTest, ProducerWritesInPlaceThenSeals) {
 
 // A node re-stamps a client's snapshot in place: Of() recovers the layout Viper wrote, and the
 // new stamp changes the header only (the checksum of the data still holds).
+// The one-pass copy+checksum gives exactly what a copy followed by Seal gives, across chunk
+// boundaries (a 1 MiB tensor) and padding, and refuses sources that do not fit the layout.
+TEST(SnapshotLayoutTest, CopyAndChecksumEqualsCopyThenSeal) {
+  auto layout = SnapshotLayout::Make({{"a", DType::kU8, {3}}, {"big", DType::kF32, {262147}}, {"s", DType::kI64, {}},
+                                      {"empty", DType::kF16, {0, 4}}});
+  ASSERT_TRUE(layout.ok()) << layout.status().ToString();
+  std::vector<std::vector<std::byte>> data;
+  std::vector<std::span<const std::byte>> sources;
+  for (size_t i = 0; i < layout->tensors().size(); ++i) data.push_back(Pattern(layout->tensors()[i].nbytes(), int(i)));
+  for (const auto& d : data) sources.emplace_back(d);
+
+  std::vector<std::byte> fused(layout->total_bytes(), std::byte{0xAB});  // garbage padding
+  auto sum = layout->CopyAndChecksum(fused, sources);
+  ASSERT_TRUE(sum.ok()) << sum.status().ToString();
+
+  std::vector<std::byte> plain(layout->total_bytes(), std::byte{0xCD});
+  for (size_t i = 0; i < data.size(); ++i)
+    if (!data[i].empty()) std::memcpy(plain.data() + layout->data_offset() + layout->tensors()[i].begin, data[i].data(), data[i].size());
+  VersionStamp stamp;
+  ASSERT_TRUE(layout->Seal(plain, &stamp).ok());
+  EXPECT_EQ(*sum, stamp.checksum);
+  auto data_of = [&](const std::vector<std::byte>& b) { return std::span<const std::byte>(b).subspan(layout->data_offset()); };
+  EXPECT_TRUE(SameBytes(data_of(fused), data_of(plain)));
+
+  ASSERT_TRUE(layout->WriteHeader(fused, stamp).ok());
+  auto parsed = Snapshot::Parse(fused, nullptr, ParseOptions{.verify_checksum = true, .require_checksum = true});
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+
+  auto short_source = sources;
+  short_source[1] = short_source[1].first(8);
+  EXPECT_EQ(layout->CopyAndChecksum(fused, short_source).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(layout->CopyAndChecksum(fused, std::span(sources).first(2)).status().code(), StatusCode::kInvalidArgument);
+  std::vector<std::byte> small(layout->total_bytes() - 1);
+  EXPECT_EQ(layout->CopyAndChecksum(small, sources).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(SnapshotLayoutTest, OfRecoversViperLayoutAndRefusesForeignOnes) {
   std::vector<std::byte> a(12, std::byte{1}), b(5, std::byte{2});
   auto built = BuildSnapshot({{{"a", DType::kF32, {3}}, a}, {{"b", DType::kU8, {5}}, b}}, VersionStamp{.step = 4},

@@ -39,12 +39,15 @@ struct Config {
   std::string wire_bin;     // viper_wire_baseline
   std::string log_path;     // children's stderr
   bool quick = false;
-  bool diagnose = true;     // add the sync row with the consumer's verification off
+  bool diagnose = true;     // add the sync diagnostic row (see ModeResult::variant)
 };
 
 struct ModeResult {
   std::string mode, path;
-  bool verified = true;  // the consumer verified the checksum (false: diagnostic row)
+  // "" = the consumer's default settings (what users get). Diagnostic rows: "verify-local" (the
+  // consumer also verifies map/copy bytes; shows what that pass costs), "no-verify" (remote: the
+  // consumer verifies nothing).
+  std::string variant;
   Samples e2e;       // publish called -> live in the consumer
   Samples stall;     // producer blocked in Publish()
   Samples copy;      // of which copying tensors into the segment

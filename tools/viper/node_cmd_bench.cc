@@ -147,12 +147,12 @@ std::string Ms(double s) { return fmt::format("{:.1f}", s * 1e3); }
 // over a few updates swings by up to one interval, so the targets compare against this.
 double PollExpected(const bench::PollResult& p) { return p.stall.median() + p.interval_s / 2 + p.read.median(); }
 
-// "map", or "map,nover" for the diagnostic row whose consumer skipped the checksum.
-std::string RowPath(const bench::ModeResult& m) { return m.verified ? m.path : m.path + ",nover"; }
+// "map", or "map,verify-local" / "remote,no-verify" for a diagnostic row.
+std::string RowPath(const bench::ModeResult& m) { return m.variant.empty() ? m.path : m.path + "," + m.variant; }
 
 const bench::ModeResult* Find(const bench::SizeResult& s, const std::string& mode, const std::string& path) {
   for (const auto& m : s.modes)
-    if (m.mode == mode && m.path == path && m.verified) return &m;
+    if (m.mode == mode && m.path == path && m.variant.empty()) return &m;
   return nullptr;
 }
 
@@ -168,8 +168,8 @@ void PrintSize(const bench::SizeResult& s) {
   std::printf("   %-6s %-13s %10s %8s %8s %10s %8s %8s %8s %8s\n", "mode", "path", "e2e ms", "xmemcpy", "GB/s", "stall ms",
               "xmemcpy", "notify", "fetch", "verify");
   // Medians; "*" marks a row where some timed publish got a fresh segment (not recycled).
-  // ",nover" rows are diagnostic: the consumer skipped its checksum pass (not a user setting we
-  // recommend; it shows what that pass costs).
+  // ",verify-local" / ",no-verify" rows are diagnostic: the consumer's checksum pass added or
+  // removed (see SubscriberOptions::verify_local); they show what that pass costs.
   for (const auto& m : s.modes) {
     std::printf("   %-6s %-13s %10s %8.2f %8.2f %10s %8.2f %8s %8s %8s%s\n", m.mode.c_str(), RowPath(m).c_str(),
                 Ms(m.e2e.median()).c_str(), Ratio(m.e2e.median(), floor), Gbps(s.bytes, m.e2e.median()),
@@ -191,7 +191,7 @@ void PrintSize(const bench::SizeResult& s) {
 
 json ModeJson(const bench::ModeResult& m, const bench::SizeResult& s) {
   double floor = s.memcpy_s.median();
-  return {{"mode", m.mode}, {"path", m.path}, {"verify", m.verified}, {"e2e_s", m.e2e.Json()}, {"stall_s", m.stall.Json()},
+  return {{"mode", m.mode}, {"path", m.path}, {"variant", m.variant}, {"e2e_s", m.e2e.Json()}, {"stall_s", m.stall.Json()},
           {"copy_s", m.copy.Json()}, {"complete_s", m.complete.Json()}, {"notify_s", m.notify.Json()},
           {"fetch_s", m.fetch.Json()}, {"verify_s", m.verify.Json()},
           {"e2e_over_memcpy", Ratio(m.e2e.median(), floor)}, {"stall_over_memcpy", Ratio(m.stall.median(), floor)},
@@ -319,7 +319,7 @@ ViperCommand bench_command(
       app.add_option("--poll-interval", f->poll_interval, "Baseline polling interval, seconds (TF Serving default 1)")->capture_default_str();
       app.add_option("--file-dir", f->file_dir, "Where baseline files go (a disk, not tmpfs)")->capture_default_str();
       app.add_flag("--no-diagnostic-rows", f->no_diagnostic_rows,
-                   "Skip the sync row whose consumer skips its checksum (shows what verification costs)");
+                   "Skip the diagnostic sync row whose consumer checksum pass is flipped (verify-local on one host, no-verify across hosts)");
       app.add_option("--json", f->json_path, "Also write every figure to this JSON file");
       app.add_option("--hosts", f->hosts, "1: one host; 2: producer and consumer in two network namespaces (root)")->capture_default_str();
       app.add_option("--hosts-script", f->hosts_script, "scripts/hosts.sh (default: found beside the build)");

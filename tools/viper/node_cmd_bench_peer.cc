@@ -34,6 +34,7 @@ struct PeerFlags {
   std::string connect, model = "nt3", path = "map", dir;
   double interval_s = 1.0;
   bool no_verify = false;
+  bool verify_local = false;
   AuthFlags auth;
 };
 
@@ -71,6 +72,7 @@ int RunSubscribe(const PeerFlags& f) {
   options.token = *token;
   options.path = *path;
   options.verify_checksum = !f.no_verify;
+  options.verify_local = f.verify_local;
   options.name = "viper-bench-peer";
   auto sub = Subscriber::Start(options);
   if (!sub.ok()) return Fail("bench-peer", sub.status());
@@ -145,7 +147,8 @@ ViperCommand bench_peer_command(
       sub->add_option("--connect", f->connect, "Node address HOST:PORT")->required();
       sub->add_option("--model", f->model, "Model name");
       sub->add_option("--path", f->path, "auto|map|copy|remote|file");
-      sub->add_flag("--no-verify", f->no_verify, "Skip the checksum verification");
+      sub->add_flag("--no-verify", f->no_verify, "Verify no checksum");
+      sub->add_flag("--verify-local", f->verify_local, "Also verify map/copy bytes (SubscriberOptions::verify_local)");
       f->auth.Add(*sub);
       auto* poll = app.add_subcommand("poll", "Directory poller (the file baseline)");
       poll->add_option("--dir", f->dir, "Directory of <version>.safetensors files")->required();

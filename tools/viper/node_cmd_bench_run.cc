@@ -144,13 +144,14 @@ Result<std::unique_ptr<Publisher>> StartPublisher(const Config& c, const std::st
 }
 
 // Publishes warmup + reps versions, each after the previous one is live, and times each.
-Result<ModeResult> RunMode(const Config& c, Publisher& pub, const SourceModel& m, const std::string& path, bool verify) {
+Result<ModeResult> RunMode(const Config& c, Publisher& pub, const SourceModel& m, const std::string& path,
+                           const std::string& variant) {
   ModeResult r;
   r.mode = pub.options().mode == PublishMode::kSync ? "sync" : "async";
   r.path = path;
-  r.verified = verify;
+  r.variant = variant;
   std::vector<std::string> args = {"subscribe", "--connect", pub.address(), "--model", "nt3", "--path", path};
-  if (!verify) args.push_back("--no-verify");
+  if (!variant.empty()) args.push_back("--" + variant);
   VIPER_ASSIGN_OR_RETURN(auto peer, StartPeer(c, args));
   for (int i = 0; i < c.warmup + c.reps; ++i) {
     int64_t t0 = WallClockNs();
@@ -286,16 +287,17 @@ Result<SizeResult> RunSize(const Config& c, const std::string& label, uint64_t b
   VIPER_ASSIGN_OR_RETURN(SourceModel m, MakeNt3(bytes));
   out.tensors = m.tensors.size();
   TimeFloor(c, m, out);
-  // Rows: every (mode, path) with verification on (what users get), plus, for sync, the first
-  // path with the consumer's checksum off: a diagnostic that isolates the cost of that pass.
+  // Rows: every (mode, path) with the consumer's defaults (what users get), plus, for sync, the
+  // first path with its checksum pass flipped: a diagnostic that isolates the cost of that pass
+  // (same host: verify-local adds it; remote: no-verify removes it).
   std::vector<std::string> paths = c.hosts == 1 ? std::vector<std::string>{"map", "copy"} : std::vector<std::string>{"remote"};
   for (PublishMode mode : {PublishMode::kSync, PublishMode::kAsync}) {
     VIPER_ASSIGN_OR_RETURN(auto pub, StartPublisher(c, "nt3", mode));
-    std::vector<std::pair<std::string, bool>> rows;
-    for (const auto& path : paths) rows.emplace_back(path, true);
-    if (mode == PublishMode::kSync && c.diagnose) rows.emplace_back(paths.front(), false);
-    for (const auto& [path, verify] : rows) {
-      auto r = RunMode(c, *pub, m, path, verify);
+    std::vector<std::pair<std::string, std::string>> rows;
+    for (const auto& path : paths) rows.emplace_back(path, "");
+    if (mode == PublishMode::kSync && c.diagnose) rows.emplace_back(paths.front(), c.hosts == 1 ? "verify-local" : "no-verify");
+    for (const auto& [path, variant] : rows) {
+      auto r = RunMode(c, *pub, m, path, variant);
       if (!r.ok()) return r.status().WithContext(label + " " + (mode == PublishMode::kSync ? "sync" : "async") + " " + path);
       out.bytes = static_cast<uint64_t>(pub->node().Latest("nt3")->size);
       out.modes.push_back(std::move(r).value());

@@ -3,8 +3,9 @@
 // Modes (PublisherOptions::mode):
 //  - kSync: Publish() returns when the version is in the host tier, sealed and announced.
 //  - kAsync (default): Publish() copies the tensors into a (recycled) segment and returns; sealing
-//    (checksum + header), announcing and the file flush run on a background thread in publish
-//    order. Publishing again while earlier versions are in flight queues them (FIFO, at most
+//    (header), announcing and the file flush run on a background thread in publish order.
+//    Both modes: while Publish() copies, a hash thread checksums what is already copied, so the
+//    checksum costs little beyond the copy on a machine with a second core. Publishing again while earlier versions are in flight queues them (FIFO, at most
 //    max_in_flight; beyond that Publish() waits). Wait() joins everything queued.
 //  - zero-copy: Begin() hands out writable views of each tensor inside a segment; Commit() seals
 //    and announces (sync or async as the mode says). The stall is then only the seal.
@@ -16,6 +17,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <future>
 #include <map>
 #include <memory>
 #include <optional>
@@ -72,7 +74,7 @@ class Draft {
   WriteLease lease_;
   uint64_t version_ = 0;
   int64_t publish_ns = 0;
-  std::optional<uint64_t> checksum_;  // set when Publish copied and hashed in one pass (sync)
+  std::shared_future<uint64_t> checksum_;  // valid when Publish hashed the data while copying it
 };
 
 class Publisher {

@@ -64,6 +64,21 @@ inline constexpr size_t kMaxModelNameBytes = 128;      // VersionStamp::model fi
 
 // xxh3-64 of `bytes`.
 uint64_t checksum64(std::span<const std::byte> bytes);
+// The same checksum computed over bytes that arrive in pieces (in order): Digest() after
+// Update(a), Update(b) equals checksum64(a + b). Move-only; not thread-safe.
+class Checksum64Stream {
+ public:
+  Checksum64Stream();
+  ~Checksum64Stream();
+  Checksum64Stream(Checksum64Stream&& other) noexcept;
+  Checksum64Stream& operator=(Checksum64Stream&& other) noexcept;
+  void Update(std::span<const std::byte> bytes);
+  uint64_t Digest() const;
+
+ private:
+  void* state_ = nullptr;  // an XXH3 state of the implementation checksum64 uses
+  bool avx2_ = false;
+};
 std::string checksum_hex(uint64_t checksum);  // 16 lowercase hex digits
 // Exactly 16 hex digits (either case); anything else is Corruption ("malformed checksum ...").
 Result<uint64_t> parse_checksum_hex(std::string_view hex);
@@ -203,12 +218,6 @@ class SnapshotLayout {
   // region (one xxh3 pass), stores it in stamp->checksum, and writes the header.
   // REQUIRES: dst.size() >= total_bytes(), stamp != nullptr.
   Status Seal(std::span<std::byte> dst, VersionStamp* stamp) const;
-  // Copy and checksum in one pass over memory instead of two: copies sources[i] (the bytes of
-  // tensors()[i]) into place in chunks, hashing each chunk while it is still in cache, zeroes the
-  // padding, and returns the checksum of dst's data region (what Seal would compute; finish with
-  // WriteHeader and a stamp carrying it). Errors (InvalidArgument): wrong number of sources, a
-  // source of the wrong size, dst too small.
-  Result<uint64_t> CopyAndChecksum(std::span<std::byte> dst, std::span<const std::span<const std::byte>> sources) const;
 
  private:
   std::vector<TensorInfo> tensors_;

@@ -1,9 +1,12 @@
 #include "viper/publisher.h"
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 
+#include "hash_follower.h"
 #include "task_queue.h"
+#include "viper/memory.h"
 #include "viper/log.h"
 
 namespace viper {
@@ -31,7 +34,8 @@ std::span<std::byte> Draft::tensor(std::string_view name) const {
 }
 
 struct Publisher::Impl {
-  internal::TaskQueue background{"publisher"};  // seals and announces in publish order
+  internal::TaskQueue hasher{"publisher-hash"};  // checksums Publish() copies as they happen
+  internal::TaskQueue background{"publisher"};   // seals and announces in publish order
   std::mutex mu;
   Status first_error;  // since the last Wait()
   std::atomic<uint64_t> announced{0};
@@ -44,6 +48,7 @@ Publisher::~Publisher() {
   // Queued versions are drained while the node and impl_ still live: the tasks refer to both,
   // and resetting impl_ first would null the pointer under a running task.
   impl_->background.Close();
+  impl_->hasher.Close();  // after background: a queued seal may still wait for its checksum
   impl_.reset();
   node_.reset();
 }
@@ -75,25 +80,30 @@ Result<PublishResult> Publisher::Publish(const std::vector<TensorData>& tensors,
   specs.reserve(tensors.size());
   for (const auto& t : tensors) specs.push_back(t.spec);
   VIPER_ASSIGN_OR_RETURN(Draft draft, Begin(specs, info.metadata));
-  const int64_t copy_start = SteadyNs();
-  if (options_.mode == PublishMode::kSync) {
-    // The caller waits for the checksum anyway: copy and hash in one pass over memory (the seal's
-    // separate pass re-read the whole model, about as long as the copy).
-    std::vector<std::span<const std::byte>> sources;
-    sources.reserve(tensors.size());
-    for (const auto& t : tensors) sources.push_back(t.bytes);
-    VIPER_ASSIGN_OR_RETURN(draft.checksum_, draft.layout_->CopyAndChecksum(draft.lease_.data(), sources));
-    return Enqueue(std::move(draft), info, start, SteadyNs() - copy_start);
-  }
-  // Async: only the copy stalls the caller; the checksum pass runs in the background seal.
-  for (const auto& t : tensors) {
-    std::span<std::byte> dst = draft.tensor(t.spec.name);
-    if (dst.size() != t.bytes.size()) {
-      return Status::InvalidArgument("tensor " + t.spec.name + ": " + std::to_string(t.bytes.size()) +
-                                     " bytes given, shape and dtype need " + std::to_string(dst.size()));
+  const SnapshotLayout& layout = *draft.layout_;
+  for (size_t i = 0; i < tensors.size(); ++i) {  // all checked before the hash thread follows
+    if (tensors[i].bytes.size() != layout.tensors()[i].nbytes()) {
+      return Status::InvalidArgument("tensor " + tensors[i].spec.name + ": " + std::to_string(tensors[i].bytes.size()) +
+                                     " bytes given, shape and dtype need " + std::to_string(layout.tensors()[i].nbytes()));
     }
-    if (!dst.empty()) std::memcpy(dst.data(), t.bytes.data(), dst.size());
   }
+  // Chunks: small enough that the hash thread starts early, large enough that the hand-offs
+  // (one futex wake each) cost nothing measurable.
+  constexpr uint64_t kCopyChunk = 4 << 20;
+  std::span<std::byte> data = draft.lease_.data().subspan(layout.data_offset(), layout.data_bytes());
+  auto follower = std::make_shared<internal::HashFollower>(data);
+  draft.checksum_ = follower->result();
+  impl_->hasher.Post([follower] { follower->Run(); });
+  const int64_t copy_start = SteadyNs();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorInfo& t = layout.tensors()[i];  // tensors are laid out in the given order
+    for (uint64_t at = 0; at < t.nbytes(); at += kCopyChunk) {
+      uint64_t n = std::min(kCopyChunk, t.nbytes() - at);
+      StreamingCopy(data.subspan(t.begin + at, n), tensors[i].bytes.subspan(at, n));
+      follower->Advance(t.begin + at + n);  // padding before t was zeroed by Begin
+    }
+  }
+  follower->Advance(layout.data_bytes());
   return Enqueue(std::move(draft), info, start, SteadyNs() - copy_start);
 }
 
@@ -109,7 +119,12 @@ Result<PublishResult> Publisher::Enqueue(Draft draft, const PublishInfo& info, i
     if (draft.layout_->user_metadata().count(key) == 0 || draft.layout_->user_metadata().at(key) != value)
       return Status::InvalidArgument("metadata key " + key + " must be given to Begin() (the header is laid out there)");
   }
-  VIPER_ASSIGN_OR_RETURN(uint64_t version, node_->ReserveVersion(options_.model));
+  auto reserved = node_->ReserveVersion(options_.model);
+  if (!reserved.ok()) {
+    if (draft.checksum_.valid()) draft.checksum_.wait();  // the hash thread still reads the segment
+    return reserved.status();
+  }
+  const uint64_t version = *reserved;
   PublishResult result;
   result.version = version;
   result.copy_ns = copy_ns;
@@ -123,8 +138,8 @@ Result<PublishResult> Publisher::Enqueue(Draft draft, const PublishInfo& info, i
     stamp.step = info.step;
     stamp.time_ns = static_cast<uint64_t>(WallClockNs());
     stamp.loss = info.loss;
-    if (draft.checksum_) {
-      stamp.checksum = *draft.checksum_;
+    if (draft.checksum_.valid()) {
+      stamp.checksum = draft.checksum_.get();  // hashed while Publish copied (padding zeroed at Begin)
       VIPER_RETURN_IF_ERROR(draft.layout_->WriteHeader(draft.lease_.data(), stamp));
     } else {
       VIPER_RETURN_IF_ERROR(draft.layout_->Seal(draft.lease_.data(), &stamp));

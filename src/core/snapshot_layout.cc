@@ -3,12 +3,8 @@
 // The header is rendered twice in a layout's life: at Make, at the widest possible stamp, to
 // reserve its space; at WriteHeader/Seal, with the real stamp, padded with spaces to that space.
 // The tensor entries and the user metadata are rendered once at Make and reused verbatim.
-#include <xxhash.h>
-
-#include <algorithm>
 #include <charconv>
 #include <cstring>
-#include <memory>
 #include <unordered_set>
 
 #include <fmt/format.h>
@@ -244,42 +240,6 @@ void SnapshotLayout::ZeroPadding(std::span<std::byte> dst) const {
     if (to > from) std::memset(dst.data() + from, 0, to - from);
     pos = t.end;
   }
-}
-
-Result<uint64_t> SnapshotLayout::CopyAndChecksum(std::span<std::byte> dst,
-                                                 std::span<const std::span<const std::byte>> sources) const {
-  if (dst.size() < total_bytes()) {
-    return Status::InvalidArgument(
-        fmt::format("snapshot needs {} bytes but the destination has {}", total_bytes(), dst.size()));
-  }
-  if (sources.size() != tensors_.size()) {
-    return Status::InvalidArgument(fmt::format("{} tensors given, the layout has {}", sources.size(), tensors_.size()));
-  }
-  for (size_t i = 0; i < tensors_.size(); ++i) {
-    if (sources[i].size() != tensors_[i].nbytes()) {
-      return Status::InvalidArgument(fmt::format("tensor {}: {} bytes given, shape and dtype need {}",
-                                                 Quote(tensors_[i].name), sources[i].size(), tensors_[i].nbytes()));
-    }
-  }
-  // Small enough to stay in L2 between the copy and the hash of the same chunk.
-  constexpr uint64_t kChunk = 256 << 10;
-  ZeroPadding(dst);
-  std::byte* data = dst.data() + data_offset_;
-  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(), &XXH3_freeState);
-  if (!state || XXH3_64bits_reset(state.get()) != XXH_OK) return Status::Internal("xxh3: cannot create a hash state");
-  uint64_t hashed = 0;  // data bytes [0, hashed) are in the hash
-  for (size_t i = 0; i < tensors_.size(); ++i) {
-    const TensorInfo& t = tensors_[i];
-    if (t.begin > hashed) XXH3_64bits_update(state.get(), data + hashed, t.begin - hashed);  // zeroed padding
-    for (uint64_t at = 0; at < t.nbytes(); at += kChunk) {
-      uint64_t n = std::min(kChunk, t.nbytes() - at);
-      std::memcpy(data + t.begin + at, sources[i].data() + at, n);
-      XXH3_64bits_update(state.get(), data + t.begin + at, n);
-    }
-    hashed = t.end;
-  }
-  if (data_bytes_ > hashed) XXH3_64bits_update(state.get(), data + hashed, data_bytes_ - hashed);
-  return static_cast<uint64_t>(XXH3_64bits_digest(state.get()));
 }
 
 Status SnapshotLayout::Seal(std::span<std::byte> dst, VersionStamp* stamp) const {

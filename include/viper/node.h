@@ -42,6 +42,10 @@ struct NodeOptions {
   uint32_t chunk_bytes = 4u << 20;     // bulk transfer chunk size (a client may ask for another)
   uint32_t chunks_in_flight = 8;       // bulk sends outstanding per transfer
   std::string segment_prefix = "viper";
+  // Called for every subscriber's ACK (the version is live at that subscriber), on the engine
+  // thread with the node's lock held: must be quick and must not call the node. The embedded
+  // Publisher uses it to measure t_c for its Scheduler.
+  std::function<void(const std::string& model, uint64_t version)> on_ack;
 };
 
 // Identity of this host for "is shared memory reachable": boot id + network and mount namespaces

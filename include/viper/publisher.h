@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "viper/node.h"
+#include "viper/scheduler.h"
 #include "viper/snapshot.h"
 #include "viper/status.h"
 
@@ -40,6 +41,11 @@ struct PublisherOptions {
   PublishMode mode = PublishMode::kAsync;
   uint64_t alignment = 64;         // tensor alignment in the snapshot (1 = gap-free safetensors)
   size_t max_in_flight = 2;        // async versions queued before Publish() blocks
+  // Optional checkpoint policy (the online Inference Performance Predictor). When set, Due() and
+  // PublishIfDue() ask it, and the publisher feeds it the costs it measures: every publish's
+  // stall (t_p), and for every subscriber ACK the time from the end of that publish's stall until
+  // the version was live there (t_c). NodeOptions::on_ack is taken for this.
+  std::shared_ptr<Scheduler> scheduler;
 };
 
 struct PublishInfo {
@@ -87,6 +93,13 @@ class Publisher {
   // Zero-copy: a version laid out for `tensors`, to be filled in place and committed.
   Result<Draft> Begin(const std::vector<TensorSpec>& tensors, const std::map<std::string, std::string>& metadata = {});
   Result<PublishResult> Commit(Draft draft, const PublishInfo& info = {});
+  // With options.scheduler: records the loss of `iteration` and says whether a checkpoint is due
+  // (Scheduler::step). FailedPrecondition without a scheduler; InvalidArgument as step().
+  Result<bool> Due(int64_t iteration, double loss);
+  // Due(), then Publish() with step = iteration and loss set if it is: the training loop's one
+  // call. nullopt when no checkpoint is due.
+  Result<std::optional<PublishResult>> PublishIfDue(int64_t iteration, double loss,
+                                                    const std::vector<TensorData>& tensors, PublishInfo info = {});
   // Waits until every queued version is announced; returns the first background error since the
   // last Wait (or OK).
   Status Wait(std::chrono::milliseconds timeout = std::chrono::minutes(10));

@@ -24,6 +24,7 @@
 #include "bindings.h"
 #include "viper/node.h"
 #include "viper/publisher.h"
+#include "viper/scheduler.h"
 #include "viper/snapshot.h"
 #include "viper/subscriber.h"
 #include "viper/version.h"
@@ -279,7 +280,7 @@ void BindPublisher(py::module_& m) {
                        const std::string& store_dir, size_t keep_host_versions, size_t keep_file_versions,
                        const std::string& token, bool recover, uint32_t chunk_bytes, uint32_t chunks_in_flight,
                        const std::string& segment_prefix, const std::string& mode, uint64_t alignment,
-                       size_t max_in_flight) {
+                       size_t max_in_flight, std::shared_ptr<viper::Scheduler> scheduler) {
              viper::PublisherOptions o;
              o.model = model;
              o.node = NodeOptionsFrom(listen, name, store_dir, keep_host_versions, keep_file_versions, token, recover,
@@ -287,6 +288,7 @@ void BindPublisher(py::module_& m) {
              o.mode = Unwrap(viper::ParsePublishMode(mode));
              o.alignment = alignment;
              o.max_in_flight = max_in_flight;
+             o.scheduler = std::move(scheduler);
              viper::Result<std::unique_ptr<viper::Publisher>> started = viper::Status::OK();
              {
                py::gil_scoped_release release;
@@ -299,7 +301,10 @@ void BindPublisher(py::module_& m) {
            py::arg("model"), py::arg("listen"), py::arg("name"), py::arg("store_dir"), py::arg("keep_host_versions"),
            py::arg("keep_file_versions"), py::arg("token"), py::arg("recover"), py::arg("chunk_bytes"),
            py::arg("chunks_in_flight"), py::arg("segment_prefix"), py::arg("mode"), py::arg("alignment"),
-           py::arg("max_in_flight"))
+           py::arg("max_in_flight"), py::arg("scheduler").none(true))
+      .def("due", [](PublisherHandle& h, int64_t iteration, double loss) {
+             return Unwrap(Open(h.publisher, "Publisher").Due(iteration, loss));
+           })
       .def("publish", [](PublisherHandle& h, const py::list& items, uint64_t step, std::optional<double> loss,
                          const py::dict& metadata) {
              viper::Publisher& pub = Open(h.publisher, "Publisher");

@@ -1,6 +1,155 @@
-// Placeholder until the scheduler bindings land (issue 6; being written by another engineer).
+// viper.Scheduler (the online Inference Performance Predictor, include/viper/scheduler.h) and
+// viper.plan_schedules (what `viper schedule` computes, from a list of (iteration, loss) pairs).
+// Times are seconds (floats) on the Python side and integer nanoseconds inside, as in the CLI.
+#include <pybind11/stl.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
 #include "bindings.h"
+#include "viper/schedule.h"
+#include "viper/scheduler.h"
 
 namespace viper_py {
-void BindSchedule(py::module_&) {}
+namespace {
+
+using viper::Status;
+
+int64_t SecondsToNs(double seconds, const char* what, bool allow_zero) {
+  if (!std::isfinite(seconds) || seconds < 0 || (!allow_zero && seconds == 0) || seconds > 9.0e9) {
+    Raise(Status::InvalidArgument(std::string(what) + " must be a finite number of seconds " +
+                                  (allow_zero ? ">= 0" : "> 0") + ", got " + std::to_string(seconds)));
+  }
+  return static_cast<int64_t>(std::llround(seconds * 1e9));
+}
+
+double NsToSeconds(int64_t ns) { return static_cast<double>(ns) / 1e9; }
+
+py::dict FitDict(const viper::LossFit& fit) {
+  py::dict d;
+  d["family"] = std::string(viper::loss_family_name(fit.curve.family()));
+  d["formula"] = fit.curve.ToString();
+  py::dict params;
+  for (const auto& [name, value] : fit.curve.parameters()) params[py::str(name)] = value;
+  d["parameters"] = params;
+  d["mse"] = fit.mse;
+  d["smoothing_window"] = fit.smoothing_window;
+  return d;
+}
+
+py::dict StateDict(const viper::SchedulerState& s) {
+  py::dict d;
+  d["iteration"] = s.iteration;
+  d["t_train"] = NsToSeconds(s.t_train_ns);
+  d["t_p"] = NsToSeconds(s.t_p_ns);
+  d["t_c"] = NsToSeconds(s.t_c_ns);
+  d["fit"] = s.fit ? py::object(FitDict(*s.fit)) : py::none();
+  d["taken"] = s.taken;
+  d["planned"] = s.planned;
+  d["predicted_cil"] = s.predicted_cil;
+  d["plans"] = s.plans;
+  d["last_plan_status"] = s.last_plan_status.ok() ? py::object(py::none()) : py::object(py::str(s.last_plan_status.ToString()));
+  return d;
+}
+
+py::dict ScheduleDict(const viper::Schedule& s) {
+  py::dict d;
+  d["name"] = s.policy;
+  d["cil"] = s.cil;
+  d["checkpoints"] = s.checkpoints();
+  d["schedule"] = s.iterations;
+  d["interval"] = s.interval;
+  d["threshold"] = s.threshold;
+  d["stride"] = s.stride;
+  return d;
+}
+
+}  // namespace
+
+void BindSchedule(py::module_& m) {
+  py::class_<viper::Scheduler, std::shared_ptr<viper::Scheduler>>(
+      m, "Scheduler",
+      "The online Inference Performance Predictor: fed (iteration, loss) every training step, it fits the loss "
+      "curve at warmup_end, plans the checkpoints that minimise the consumers' cumulative inference loss, re-plans "
+      "periodically with the measured time per iteration and the reported checkpoint costs, and answers "
+      "should_checkpoint(iteration). Pass it to viper.Publisher(scheduler=...) and call publish_if_due(). "
+      "Times are seconds. Thread-safe.")
+      .def(py::init([](const std::string& policy, int64_t warmup_end, int64_t end, int64_t epoch, double t_infer,
+                       int64_t requests, double t_train, double t_p, double t_c, int64_t refit_every,
+                       bool checkpoint_at_warmup_end) {
+             viper::SchedulerOptions o;
+             o.policy = policy;
+             o.warmup_end = warmup_end;
+             o.end = end;
+             o.epoch = epoch;
+             o.t_infer_ns = SecondsToNs(t_infer, "t_infer", /*allow_zero=*/false);
+             o.requests = requests;
+             o.t_train_ns = SecondsToNs(t_train, "t_train", true);
+             o.t_p_ns = SecondsToNs(t_p, "t_p", true);
+             o.t_c_ns = SecondsToNs(t_c, "t_c", true);
+             o.refit_every = refit_every;
+             o.checkpoint_at_warmup_end = checkpoint_at_warmup_end;
+             std::unique_ptr<viper::Scheduler> created = Unwrap(viper::Scheduler::Create(std::move(o)));
+             return std::shared_ptr<viper::Scheduler>(std::move(created));
+           }),
+           py::arg("policy") = "optimal", py::kw_only(), py::arg("warmup_end"), py::arg("end"), py::arg("epoch") = 0,
+           py::arg("t_infer"), py::arg("requests"), py::arg("t_train") = 0.0, py::arg("t_p") = 0.0,
+           py::arg("t_c") = 0.0, py::arg("refit_every") = 0, py::arg("checkpoint_at_warmup_end") = true,
+           "policy: one of none, epoch, fixed, greedy, sqrt, optimal. warmup_end (s) < end (e): iterations. "
+           "t_infer: seconds between inference requests; requests: how many in all. t_train = 0: measured from the "
+           "calls; t_p, t_c: initial estimates of the publish stall and the update latency (replaced by reports).")
+      .def("observe", [](viper::Scheduler& s, int64_t iteration, double loss) {
+             ThrowIfError(s.observe(iteration, loss));
+           }, py::arg("iteration"), py::arg("loss"),
+           "Records the loss after `iteration` (strictly increasing; finite loss, else ValueError). Plans at "
+           "warmup_end and re-plans every refit_every iterations.")
+      .def("should_checkpoint", &viper::Scheduler::should_checkpoint, py::arg("iteration"),
+           "True if a checkpoint is due after `iteration` (a planned one in (previous asked, iteration]).")
+      .def("step", [](viper::Scheduler& s, int64_t iteration, double loss) { return Unwrap(s.step(iteration, loss)); },
+           py::arg("iteration"), py::arg("loss"), "observe() then should_checkpoint().")
+      .def("report_publish_stall", &viper::Scheduler::report_publish_stall, py::arg("seconds"),
+           "The producer's stall for one publish (t_p); viper.Publisher reports it itself.")
+      .def("report_update_latency", &viper::Scheduler::report_update_latency, py::arg("seconds"),
+           "From the end of a publish's stall to the version live at a consumer (t_c).")
+      .def("state", [](const viper::Scheduler& s) { return StateDict(s.state()); },
+           "A dict: iteration, t_train, t_p, t_c (seconds), fit (family, formula, parameters, mse) or None, taken, "
+           "planned, predicted_cil, plans, last_plan_status (None when the last plan succeeded).");
+
+  m.def("plan_schedules", [](const std::vector<std::pair<int64_t, double>>& losses, int64_t warmup_end, int64_t end,
+                             int64_t epoch, double t_train, double t_p, double t_c, double t_infer, int64_t requests,
+                             std::vector<std::string> policies) {
+          std::vector<viper::LossSample> samples;
+          samples.reserve(losses.size());
+          for (const auto& [iteration, loss] : losses) samples.push_back({iteration, loss});
+          viper::ScheduleProblem problem;
+          problem.warmup_end = warmup_end;
+          problem.end = end;
+          problem.t_train_ns = SecondsToNs(t_train, "t_train", false);
+          problem.t_p_ns = SecondsToNs(t_p, "t_p", true);
+          problem.t_c_ns = SecondsToNs(t_c, "t_c", true);
+          problem.t_infer_ns = SecondsToNs(t_infer, "t_infer", false);
+          problem.requests = requests;
+          viper::FittedInputs fitted = Unwrap(viper::FitScheduleInputs(samples, problem, epoch));
+          if (policies.empty()) {
+            for (std::string_view p : viper::SchedulePolicies()) {
+              if (p == "epoch" && epoch <= 0) continue;  // needs an epoch length
+              policies.emplace_back(p);
+            }
+          }
+          py::list schedules;
+          for (const auto& policy : policies) schedules.append(ScheduleDict(Unwrap(viper::MakeSchedule(policy, fitted.inputs))));
+          py::dict out;
+          out["fit"] = FitDict(fitted.fit);
+          out["schedules"] = schedules;
+          return out;
+        },
+        py::arg("losses"), py::kw_only(), py::arg("warmup_end"), py::arg("end"), py::arg("epoch") = 0,
+        py::arg("t_train"), py::arg("t_p"), py::arg("t_c"), py::arg("t_infer"), py::arg("requests"),
+        py::arg("policies") = std::vector<std::string>{},
+        "What `viper schedule` computes: fits the (iteration, loss) pairs up to warmup_end and returns "
+        "{'fit': {...}, 'schedules': [{'name', 'cil', 'checkpoints', 'schedule', ...}, ...]} for each policy "
+        "(default: every policy; epoch only with epoch > 0). Times in seconds.");
+}
+
 }  // namespace viper_py

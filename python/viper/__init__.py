@@ -39,13 +39,11 @@ from ._viper import (  # noqa: F401 (re-exported)
 )
 from . import _viper
 
-try:  # issue 6: the online Inference Performance Predictor
-    from ._viper import Scheduler  # noqa: F401
-except ImportError:  # pragma: no cover (older builds)
-    pass
+from ._viper import Scheduler, plan_schedules  # noqa: F401 (the Inference Performance Predictor)
 
 __all__ = ["Error", "InvalidArgumentError", "IOError", "ModelVersion", "Node", "NotFoundError", "PublishResult",
-           "Publisher", "Snapshot", "Subscriber", "TimeoutError", "build_snapshot", "__version__"]
+           "Publisher", "Scheduler", "Snapshot", "Subscriber", "TimeoutError", "build_snapshot", "plan_schedules",
+           "__version__"]
 
 
 class _Handle:
@@ -115,11 +113,12 @@ class Publisher(_Handle):
     def __init__(self, model: str, listen: str = "127.0.0.1:0", *, mode: str = "async", alignment: int = 64,
                  max_in_flight: int = 2, name: str = "", store_dir: str = "", keep_host_versions: int = 2,
                  keep_file_versions: int = 3, token: str = "", recover: bool = True, chunk_bytes: int = 4 << 20,
-                 chunks_in_flight: int = 8, segment_prefix: str = "viper", scheduler: Any = None):
-        self._scheduler = scheduler
+                 chunks_in_flight: int = 8, segment_prefix: str = "viper", scheduler: Optional[Scheduler] = None):
+        if scheduler is not None and not isinstance(scheduler, Scheduler):
+            raise TypeError(f"scheduler must be a viper.Scheduler, got {type(scheduler).__name__}")
         self._impl = _viper._Publisher(model, listen, name, str(store_dir), keep_host_versions, keep_file_versions,
                                        token, recover, chunk_bytes, chunks_in_flight, segment_prefix, mode,
-                                       alignment, max_in_flight)
+                                       alignment, max_in_flight, scheduler)
 
     def publish(self, tensors: Mapping[str, Any], step: int = 0, loss: Optional[float] = None,
                 **metadata: Any) -> PublishResult:
@@ -129,17 +128,14 @@ class Publisher(_Handle):
         if step < 0:
             raise InvalidArgumentError(f"step must be >= 0, got {step}")
         entries = _tensors.to_entries(tensors)
-        result = self._live().publish(entries, int(step), None if loss is None else float(loss), metadata)
-        if self._scheduler is not None:
-            self._scheduler.report_publish_stall(result.stall_seconds)
-        return result
+        return self._live().publish(entries, int(step), None if loss is None else float(loss), metadata)
 
     def publish_if_due(self, iteration: int, loss: float, tensors: Mapping[str, Any], **metadata: Any):
-        """With a `scheduler=` (viper.Scheduler): feeds it (iteration, loss) and publishes when it
-        says a checkpoint is due. Returns the PublishResult, or None when nothing was published."""
-        if self._scheduler is None:
-            raise Error("publish_if_due needs Publisher(..., scheduler=viper.Scheduler(...))")
-        if not self._scheduler.step(int(iteration), float(loss)):
+        """With `scheduler=` (a viper.Scheduler): feeds it (iteration, loss) and publishes when it
+        says a checkpoint is due; the tensors are not touched otherwise. Returns the PublishResult,
+        or None. The publisher feeds the scheduler the stall of every publish (t_p) and, from the
+        subscribers' acknowledgements, the time until a version is live at them (t_c)."""
+        if not self._live().due(int(iteration), float(loss)):
             return None
         return self.publish(tensors, step=int(iteration), loss=float(loss), **metadata)
 

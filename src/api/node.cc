@@ -443,7 +443,10 @@ void Node::Impl::Dispatch(net::PeerId peer, PeerState& p, proto::Message& messag
   }
   if (auto* m = std::get_if<proto::Fetch>(&message)) return HandleFetch(peer, p, *m);
   if (auto* m = std::get_if<proto::Release>(&message)) return HandleRelease(p, *m);
-  if (std::holds_alternative<proto::Ack>(message)) return;  // recorded by relays in a later phase
+  if (auto* m = std::get_if<proto::Ack>(&message)) {
+    if (options.on_ack) options.on_ack(m->model, m->version);
+    return;
+  }
   if (auto* m = std::get_if<proto::Publish>(&message)) return HandlePublish(peer, *m);
   if (auto* m = std::get_if<proto::List>(&message)) return HandleList(peer, *m);
   if (auto* m = std::get_if<proto::ReplicaAnnounce>(&message)) return HandleReplica(peer, p, *m);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <mutex>
 
 #include "hash_follower.h"
@@ -33,12 +34,36 @@ std::span<std::byte> Draft::tensor(std::string_view name) const {
   return lease_.data().subspan(layout_->data_offset() + t->begin, t->nbytes());
 }
 
+namespace internal {
+// What the scheduler learns from this publisher: stalls directly, and t_c from the ACKs the node
+// receives (ACK time - end of that version's stall). Shared with the node's on_ack callback.
+struct PolicyFeedback {
+  std::shared_ptr<Scheduler> scheduler;
+  std::mutex mu;
+  std::map<uint64_t, int64_t> stall_end_ns;  // version -> CLOCK_REALTIME when its publish returned
+
+  void Published(uint64_t version, int64_t stall_ns) {
+    scheduler->report_publish_stall(static_cast<double>(stall_ns) / 1e9);
+    std::lock_guard<std::mutex> lock(mu);
+    stall_end_ns[version] = WallClockNs();
+    while (stall_end_ns.size() > 64) stall_end_ns.erase(stall_end_ns.begin());
+  }
+  void Acked(uint64_t version) {
+    int64_t now = WallClockNs();
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = stall_end_ns.find(version);
+    if (it != stall_end_ns.end()) scheduler->report_update_latency(static_cast<double>(now - it->second) / 1e9);
+  }
+};
+}  // namespace internal
+
 struct Publisher::Impl {
   internal::TaskQueue hasher{"publisher-hash"};  // checksums Publish() copies as they happen
   internal::TaskQueue background{"publisher"};   // seals and announces in publish order
   std::mutex mu;
   Status first_error;  // since the last Wait()
   std::atomic<uint64_t> announced{0};
+  std::shared_ptr<internal::PolicyFeedback> feedback;  // with options.scheduler
 };
 
 Publisher::Publisher(const PublisherOptions& options, std::unique_ptr<Node> node)
@@ -56,8 +81,20 @@ Publisher::~Publisher() {
 Result<std::unique_ptr<Publisher>> Publisher::Start(const PublisherOptions& options) {
   VIPER_RETURN_IF_ERROR(ValidateModelName(options.model));
   if (options.max_in_flight < 1) return Status::InvalidArgument("max_in_flight must be >= 1");
-  VIPER_ASSIGN_OR_RETURN(auto node, Node::Start(options.node));
-  return std::unique_ptr<Publisher>(new Publisher(options, std::move(node)));
+  NodeOptions node_options = options.node;
+  std::shared_ptr<internal::PolicyFeedback> feedback;
+  if (options.scheduler) {
+    if (node_options.on_ack) return Status::InvalidArgument("PublisherOptions: scheduler and node.on_ack cannot both be set");
+    feedback = std::make_shared<internal::PolicyFeedback>();
+    feedback->scheduler = options.scheduler;
+    node_options.on_ack = [feedback, model = options.model](const std::string& acked_model, uint64_t version) {
+      if (acked_model == model) feedback->Acked(version);
+    };
+  }
+  VIPER_ASSIGN_OR_RETURN(auto node, Node::Start(node_options));
+  auto publisher = std::unique_ptr<Publisher>(new Publisher(options, std::move(node)));
+  publisher->impl_->feedback = std::move(feedback);
+  return publisher;
 }
 
 uint64_t Publisher::announced_version() const { return impl_->announced.load(); }
@@ -173,7 +210,24 @@ Result<PublishResult> Publisher::Enqueue(Draft draft, const PublishInfo& info, i
     });
   }
   result.stall_ns = SteadyNs() - started_ns;
+  if (impl_->feedback) impl_->feedback->Published(version, result.stall_ns);
   return result;
+}
+
+Result<bool> Publisher::Due(int64_t iteration, double loss) {
+  if (!options_.scheduler) return Status::FailedPrecondition("Publisher::Due needs PublisherOptions::scheduler");
+  return options_.scheduler->step(iteration, loss);
+}
+
+Result<std::optional<PublishResult>> Publisher::PublishIfDue(int64_t iteration, double loss,
+                                                             const std::vector<TensorData>& tensors, PublishInfo info) {
+  VIPER_ASSIGN_OR_RETURN(bool due, Due(iteration, loss));
+  if (!due) return std::optional<PublishResult>();
+  if (iteration < 0) return Status::InvalidArgument("iteration must be >= 0");
+  info.step = static_cast<uint64_t>(iteration);
+  info.loss = loss;
+  VIPER_ASSIGN_OR_RETURN(PublishResult published, Publish(tensors, info));
+  return std::optional<PublishResult>(std::move(published));
 }
 
 Status Publisher::Wait(std::chrono::milliseconds timeout) {

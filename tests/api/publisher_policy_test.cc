@@ -1,0 +1,108 @@
+// The Scheduler as the Publisher's checkpoint policy (issue 6, online mode), with a real embedded
+// node and a real Subscriber in this process: PublishIfDue publishes exactly when the scheduler
+// says so, and the scheduler learns t_p from the publishes and t_c from the subscriber's ACKs.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <thread>
+#include <vector>
+
+#include "viper/publisher.h"
+#include "viper/subscriber.h"
+
+namespace viper {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr int64_t kInitialTpNs = 7'000'000'000;  // sentinels the measurements must replace
+constexpr int64_t kInitialTcNs = 9'000'000'000;
+
+std::shared_ptr<Scheduler> EpochScheduler() {
+  SchedulerOptions o;
+  o.policy = "epoch";
+  o.warmup_end = 5;
+  o.end = 50;
+  o.epoch = 10;
+  o.t_infer_ns = 10'000'000;
+  o.requests = 1000;
+  o.t_train_ns = 1'000'000;
+  o.t_p_ns = kInitialTpNs;
+  o.t_c_ns = kInitialTcNs;
+  auto s = Scheduler::Create(o);
+  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  return s.ok() ? std::shared_ptr<Scheduler>(std::move(s).value()) : nullptr;
+}
+
+// ACKs arrive on the node's engine thread shortly after each version went live.
+bool WaitUntilAcked(const Scheduler& scheduler) {
+  auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    int64_t t_c = scheduler.state().t_c_ns;
+    if (t_c != kInitialTcNs) return t_c > 0 && t_c < 1'000'000'000;
+    std::this_thread::sleep_for(10ms);
+  }
+  return false;
+}
+
+TEST(PublisherPolicy, PublishesWhenDueAndLearnsTheCostsFromPublishesAndAcks) {
+  auto scheduler = EpochScheduler();
+  ASSERT_NE(scheduler, nullptr);
+  PublisherOptions options;
+  options.model = "m";
+  options.mode = PublishMode::kSync;
+  options.scheduler = scheduler;
+  options.node.segment_prefix = "viper-policy-test";
+  auto pub = Publisher::Start(options);
+  ASSERT_TRUE(pub.ok()) << pub.status().ToString();
+  SubscriberOptions sub_options;
+  sub_options.model = "m";
+  sub_options.connect = (*pub)->address();
+  auto sub = Subscriber::Start(sub_options);
+  ASSERT_TRUE(sub.ok()) << sub.status().ToString();
+
+  std::vector<float> weights(1 << 16, 0.0f);
+  std::vector<int64_t> published_at;
+  for (int64_t it = 0; it <= 50; ++it) {
+    std::fill(weights.begin(), weights.end(), static_cast<float>(it));
+    std::vector<TensorData> tensors = {{{"w", DType::kF32, {static_cast<int64_t>(weights.size())}},
+                                        std::as_bytes(std::span<const float>(weights))}};
+    auto r = (*pub)->PublishIfDue(it, 2.0 * std::exp(-0.05 * static_cast<double>(it)) + 0.1, tensors);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    if (!r->has_value()) continue;
+    published_at.push_back(it);
+    // Each version must be live (and ACKed) before training goes on, so that t_c is measured.
+    auto live = (*sub)->WaitFor((*r)->version, 10s);
+    ASSERT_TRUE(live.ok()) << live.status().ToString();
+    EXPECT_EQ((*live)->info.step, static_cast<uint64_t>(it));
+    EXPECT_EQ((*live)->snapshot.loss().value_or(-1), 2.0 * std::exp(-0.05 * static_cast<double>(it)) + 0.1);
+  }
+  // The warm-up model at s = 5, then one every epoch of 10 iterations after it.
+  EXPECT_EQ(published_at, (std::vector<int64_t>{5, 15, 25, 35, 45}));
+  SchedulerState state = scheduler->state();
+  EXPECT_EQ(state.taken, (std::vector<int64_t>{15, 25, 35, 45}));
+  // Measured costs replaced the initial estimates: sub-second on one host.
+  EXPECT_GT(state.t_p_ns, 0);
+  EXPECT_LT(state.t_p_ns, 1'000'000'000);
+  bool acked = WaitUntilAcked(*scheduler);
+  EXPECT_TRUE(acked) << "t_c still " << scheduler->state().t_c_ns << " ns";
+}
+
+TEST(PublisherPolicy, DueWithoutASchedulerIsAnError) {
+  PublisherOptions options;
+  options.model = "m";
+  options.node.segment_prefix = "viper-policy-test";
+  auto pub = Publisher::Start(options);
+  ASSERT_TRUE(pub.ok()) << pub.status().ToString();
+  EXPECT_EQ((*pub)->Due(1, 0.5).status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*pub)->PublishIfDue(1, 0.5, {}).status().code(), StatusCode::kFailedPrecondition);
+
+  options.scheduler = EpochScheduler();
+  auto with_policy = Publisher::Start(options);
+  ASSERT_TRUE(with_policy.ok()) << with_policy.status().ToString();
+  EXPECT_EQ((*with_policy)->Due(3, std::nan("")).status().code(), StatusCode::kInvalidArgument);  // NaN loss
+}
+
+}  // namespace
+}  // namespace viper

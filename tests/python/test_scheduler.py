@@ -1,0 +1,79 @@
+"""viper.Scheduler (the online Inference Performance Predictor) and viper.plan_schedules, from
+Python, wired into a real Publisher with a real Subscriber."""
+import math
+
+import numpy as np
+import pytest
+
+import viper
+
+
+def loss_at(it):
+    return 2.0 * math.exp(-0.002 * it) + 0.1
+
+
+def test_plan_schedules_matches_the_cli_pipeline_and_optimal_is_best():
+    losses = [(i, loss_at(i)) for i in range(0, 101)]
+    result = viper.plan_schedules(losses, warmup_end=100, end=2000, epoch=200, t_train=0.01, t_p=0.2, t_c=0.1,
+                                  t_infer=0.01, requests=5000)
+    assert result["fit"]["family"] == "exp+c"
+    assert result["fit"]["parameters"]["b"] == pytest.approx(0.002, rel=1e-4)
+    by_name = {s["name"]: s for s in result["schedules"]}
+    assert set(by_name) == {"none", "epoch", "fixed", "greedy", "sqrt", "optimal"}
+    for s in by_name.values():
+        assert by_name["optimal"]["cil"] <= s["cil"] + 1e-9, s["name"]
+        assert s["checkpoints"] == len(s["schedule"])
+    assert by_name["epoch"]["schedule"][:3] == [300, 500, 700]
+    only = viper.plan_schedules(losses, warmup_end=100, end=2000, t_train=0.01, t_p=0.2, t_c=0.1, t_infer=0.01,
+                                requests=5000, policies=["sqrt"])
+    assert [s["name"] for s in only["schedules"]] == ["sqrt"]
+
+
+def test_bad_inputs_raise_value_errors():
+    with pytest.raises(ValueError, match="policy"):
+        viper.Scheduler("bogus", warmup_end=1, end=2, t_infer=1, requests=1)
+    with pytest.raises(ValueError):
+        viper.Scheduler("optimal", warmup_end=10, end=10, t_infer=1, requests=1)  # e <= s
+    with pytest.raises(ValueError):
+        viper.Scheduler("optimal", warmup_end=1, end=10, t_infer=0, requests=1)
+    s = viper.Scheduler("optimal", warmup_end=10, end=100, t_infer=0.01, requests=100)
+    with pytest.raises(ValueError):
+        s.observe(1, float("nan"))
+    s.observe(2, 1.0)
+    with pytest.raises(ValueError):
+        s.observe(2, 1.0)  # iterations must increase
+    with pytest.raises(ValueError):
+        viper.plan_schedules([], warmup_end=1, end=10, t_train=1, t_p=0, t_c=0, t_infer=1, requests=1)
+
+
+def test_online_scheduler_plans_close_to_the_offline_optimum():
+    s = viper.Scheduler("optimal", warmup_end=100, end=2000, t_infer=0.01, requests=5000, t_train=0.01, t_p=0.2,
+                        t_c=0.1)
+    due = [it for it in range(0, 2001) if s.step(it, loss_at(it))]
+    state = s.state()
+    assert due[0] == 100 and due[1:] == state["taken"]
+    assert state["fit"]["family"] == "exp+c" and state["plans"] >= 1 and state["last_plan_status"] is None
+    offline = viper.plan_schedules([(i, loss_at(i)) for i in range(101)], warmup_end=100, end=2000, t_train=0.01,
+                                   t_p=0.2, t_c=0.1, t_infer=0.01, requests=5000, policies=["optimal"])
+    assert state["predicted_cil"] == pytest.approx(offline["schedules"][0]["cil"], rel=1e-3)
+
+
+def test_publisher_publishes_when_due_and_feeds_the_scheduler():
+    sched = viper.Scheduler("epoch", warmup_end=5, end=50, epoch=10, t_infer=0.01, requests=1000, t_train=0.001,
+                            t_p=7.0, t_c=9.0)
+    with viper.Publisher("m", mode="sync", scheduler=sched) as pub, \
+            viper.Subscriber("m", connect=pub.address) as sub:
+        published = []
+        for it in range(51):
+            r = pub.publish_if_due(it, loss_at(it), {"w": np.full(4096, it, dtype=np.float32)})
+            if r is not None:
+                published.append(it)
+                live = sub.wait_for(r.version, timeout=10)
+                assert live.step == it and float(live["w"][0]) == it
+        assert published == [5, 15, 25, 35, 45]
+        state = sched.state()
+        assert 0 < state["t_p"] < 1.0  # measured stalls replaced the 7 s estimate
+    with pytest.raises(TypeError):
+        viper.Publisher("m", scheduler="optimal")
+    with viper.Publisher("m") as plain, pytest.raises(viper.Error):
+        plain.publish_if_due(1, 0.5, {"w": np.zeros(1, dtype=np.float32)})

@@ -140,10 +140,12 @@ class HostTier {
 // A read-only mapping of a segment created by another process (a consumer mapping the node's
 // segment under a LEASE). `size` is the snapshot size (the segment may be larger). Errors:
 // InvalidArgument (bad name, size 0, segment smaller than `size`), NotFound (no such segment).
+// populate: fault every page in now (MAP_POPULATE), in one kernel pass, for a caller that reads
+// all of it at once (the copy path); a zero-copy reader leaves pages to fault in on first use.
 struct MappedSegment {
   std::shared_ptr<const void> owner;  // unmaps when the last reference goes
   std::span<const std::byte> data;
 };
-Result<MappedSegment> MapSegmentReadOnly(const std::string& name, uint64_t size);
+Result<MappedSegment> MapSegmentReadOnly(const std::string& name, uint64_t size, bool populate = false);
 
 }  // namespace viper

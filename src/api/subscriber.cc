@@ -219,7 +219,7 @@ Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::LoadLeased(FetchPath pat
                                                                     Client& client) {
   VIPER_ASSIGN_OR_RETURN(proto::FetchOk ok, client.FetchLease(info.model, info.version));
   auto release = client.Releaser(ok.info.model, ok.info.version);
-  auto mapped = MapSegmentReadOnly(ok.segment, ok.info.size);
+  auto mapped = MapSegmentReadOnly(ok.segment, ok.info.size, /*populate=*/path == FetchPath::kCopy);
   if (!mapped.ok()) {
     release();
     return mapped.status();

@@ -52,7 +52,7 @@ std::vector<std::string> HostTier::FindStaleSegments(const std::string& prefix) 
   return stale;
 }
 
-Result<MappedSegment> MapSegmentReadOnly(const std::string& name, uint64_t size) {
+Result<MappedSegment> MapSegmentReadOnly(const std::string& name, uint64_t size, bool populate) {
   if (name.empty() || name.size() > NAME_MAX || name.find('/') != std::string::npos || name.front() == '.') {
     return Status::InvalidArgument(fmt::format("'{}' is not a shared-memory segment name", name));
   }
@@ -72,7 +72,7 @@ Result<MappedSegment> MapSegmentReadOnly(const std::string& name, uint64_t size)
     return Status::InvalidArgument(fmt::format("segment {} is {}, smaller than the {} expected", name,
                                                FormatBytes(static_cast<uint64_t>(st.st_size)), FormatBytes(size)));
   }
-  void* base = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  void* base = ::mmap(nullptr, size, PROT_READ, MAP_SHARED | (populate ? MAP_POPULATE : 0), fd, 0);
   int err = errno;
   ::close(fd);  // the mapping keeps the segment alive
   if (base == MAP_FAILED) return Status::FromErrno(fmt::format("segment {}: mmap of {} failed", name, FormatBytes(size)), err);

@@ -31,6 +31,13 @@ class DemoConfig:
     consumer_threads: int = 1
     init_path: str = ""                # version 0 (written by the driver)
     viper_address: str = "127.0.0.1:0"
+    # Checkpoint schedule chosen by the IPP (viper.Scheduler) instead of the interval policy:
+    # "" (interval policy), or one of epoch, fixed, greedy, sqrt, optimal. See policy.IppPolicy.
+    schedule: str = ""
+    schedule_warmup_iters: int = 40   # s: the loss curve is fitted and the run planned here
+    schedule_epoch_iters: int = 0     # "epoch": iterations per epoch (0 = a quarter of e - s)
+    schedule_t_p_s: float = 0.1       # initial estimate of the publish stall t_p (until one is measured)
+    schedule_t_c_s: float = 0.5       # initial estimate of the update latency t_c
 
     def __post_init__(self):
         checks = {
@@ -41,6 +48,11 @@ class DemoConfig:
             "request_batch": self.request_batch >= 1, "poll_interval_s": self.poll_interval_s > 0,
             "producer_threads": self.producer_threads >= 1,
             "consumer_threads": self.consumer_threads >= 1,
+            "schedule": self.schedule in ("", "epoch", "fixed", "greedy", "sqrt", "optimal"),
+            "schedule_warmup_iters": self.schedule_warmup_iters >= 2,
+            "schedule_epoch_iters": self.schedule_epoch_iters >= 0,
+            "schedule_t_p_s": self.schedule_t_p_s >= 0,
+            "schedule_t_c_s": self.schedule_t_c_s >= 0,
         }
         bad = [k for k, ok in checks.items() if not ok]
         if bad:

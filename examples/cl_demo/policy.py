@@ -64,3 +64,77 @@ class IntervalPolicy(PublishPolicy):
 
     def describe(self) -> dict:
         return {"policy": "interval", "every_iters": self.every_iters, "every_s": self.every_s}
+
+
+class IppPolicy(PublishPolicy):
+    """Checkpoints chosen by the Inference Performance Predictor (viper.Scheduler).
+
+    The run is bounded by wall-clock time while the IPP plans in iterations, so the scheduler is
+    made at the end of the warm-up (iteration s = warmup_iters): the time per iteration so far
+    gives t_train and the last iteration e = s + remaining time / t_train; requests M = duration /
+    request interval, t_infer = request interval. It gets every loss seen so far, fits the curve,
+    plans, and from then on answers every step; publish stalls are reported to it (t_p: the estimate
+    t_p_s is replaced by the stall of the warm-up checkpoint, which triggers a re-plan), and t_c
+    stays at its estimate. `policy` is any of viper's schedulers: epoch (every epoch_iters,
+    default (e - s) / 4), fixed (best constant interval), greedy, sqrt, optimal.
+    describe() reports the plan, its predicted CIL, and the predicted CIL of every other policy on
+    the same fitted curve and costs (viper.plan_schedules), to print beside the measured CIL."""
+
+    def __init__(self, policy: str, warmup_iters: int, duration_s: float, request_interval_s: float,
+                 epoch_iters: int = 0, t_p_s: float = 0.1, t_c_s: float = 0.5,
+                 clock: Callable[[], float] = time.monotonic):
+        import viper  # noqa: PLC0415 (only this policy needs the bindings)
+        if warmup_iters < 2:
+            raise ValueError(f"IppPolicy: warmup_iters must be >= 2, got {warmup_iters}")
+        self._viper = viper
+        self.policy = policy
+        self.warmup_iters = warmup_iters
+        self.duration_s = duration_s
+        self.request_interval_s = request_interval_s
+        self.epoch_iters = epoch_iters
+        self.t_p_s = t_p_s
+        self.t_c_s = t_c_s
+        self._clock = clock
+        self._start: Optional[float] = None
+        self._samples = []
+        self._stalls = []
+        self._scheduler = None
+        self._plan: dict = {}
+
+    def should_publish(self, iteration: int, loss: float) -> bool:
+        now = self._clock()
+        if self._start is None:
+            self._start, self._first = now, iteration
+        if self._scheduler is None:
+            self._samples.append((iteration, loss))
+            if iteration < self.warmup_iters:
+                return False
+            self._make_scheduler(iteration, now)
+            for it, value in self._samples[:-1]:
+                self._scheduler.observe(it, value)
+        return self._scheduler.step(iteration, loss)
+
+    def _make_scheduler(self, s: int, now: float) -> None:
+        t_train = max(1e-6, (now - self._start) / max(1, s - self._first))
+        remaining = max(0.0, self.duration_s - (now - self._start))
+        e = s + max(2, int(remaining / t_train))
+        epoch = self.epoch_iters or max(1, (e - s) // 4)
+        requests = max(1, int(self.duration_s / self.request_interval_s))
+        t_p = sorted(self._stalls)[len(self._stalls) // 2] if self._stalls else self.t_p_s
+        costs = dict(t_train=t_train, t_p=t_p, t_c=self.t_c_s, t_infer=self.request_interval_s, requests=requests)
+        self._scheduler = self._viper.Scheduler(self.policy, warmup_end=s, end=e, epoch=epoch, **costs)
+        alternatives = self._viper.plan_schedules(self._samples, warmup_end=s, end=e, epoch=epoch, **costs)
+        self._plan = {"warmup_end": s, "end": e, "epoch": epoch, **costs,
+                      "predicted_cil_by_policy": {p["name"]: p["cil"] for p in alternatives["schedules"]},
+                      "checkpoints_by_policy": {p["name"]: p["checkpoints"] for p in alternatives["schedules"]}}
+
+    def on_published(self, iteration: int, stall_s: float) -> None:
+        self._stalls.append(stall_s)
+        if self._scheduler is not None:
+            self._scheduler.report_publish_stall(stall_s)
+
+    def describe(self) -> dict:
+        out = {"policy": f"ipp-{self.policy}", "warmup_iters": self.warmup_iters, "plan": self._plan}
+        if self._scheduler is not None:
+            out["state"] = self._scheduler.state()
+        return out

@@ -59,6 +59,11 @@ def load_version0(cfg: DemoConfig) -> NT3Like:
 def make_policy(cfg: DemoConfig, transport: Transport) -> PublishPolicy:
     if transport.name == "none":
         return NeverPublish()
+    if cfg.schedule:
+        from cl_demo.policy import IppPolicy  # noqa: PLC0415 (needs `import viper`)
+        return IppPolicy(cfg.schedule, warmup_iters=cfg.schedule_warmup_iters, duration_s=cfg.duration_s,
+                         request_interval_s=cfg.request_interval_s, epoch_iters=cfg.schedule_epoch_iters,
+                         t_p_s=cfg.schedule_t_p_s, t_c_s=cfg.schedule_t_c_s)
     return IntervalPolicy(every_iters=cfg.publish_every_iters, every_s=cfg.publish_every_s)
 
 

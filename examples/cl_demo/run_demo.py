@@ -121,8 +121,10 @@ def child_env(viper_path) -> dict:
     return env
 
 
-def run_one(name: str, cfg: DemoConfig, workdir: str, viper_path) -> dict:
-    """One run: producer + consumer processes on a shared start time. Returns their JSON records."""
+def run_one(name: str, cfg: DemoConfig, workdir: str, viper_path, transport: str = "") -> dict:
+    """One run (directory run-<name>): producer + consumer processes on a shared start time, moving
+    versions by `transport` (default: the transport called `name`). Returns their JSON records."""
+    transport = transport or name
     rundir = os.path.join(workdir, f"run-{name}")
     shutil.rmtree(rundir, ignore_errors=True)
     os.makedirs(rundir)
@@ -134,7 +136,7 @@ def run_one(name: str, cfg: DemoConfig, workdir: str, viper_path) -> dict:
     t0 = time.perf_counter()
     try:
         for role in ("producer", "consumer"):
-            procs[role] = _spawn(role, name, cfg_path, rundir, viper_path)
+            procs[role] = _spawn(role, transport, cfg_path, rundir, viper_path)
         for role, p in procs.items():
             _expect_ready(role, p, rundir, deadline=time.monotonic() + 180)
         phases = {"startup_s": time.perf_counter() - t0}

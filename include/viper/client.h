@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <memory>
 #include <span>
 #include <string>
@@ -57,8 +58,12 @@ class Client {
   // A callable that releases the lease later, even after this Client is gone (then it does nothing).
   std::function<void()> Releaser(const std::string& model, uint64_t version) const;
   // Receives (model, version; 0 = latest) over UCX into the buffer `provide` returns.
+  // data_checksum: if set, receives the xxh3-64 of the snapshot's data region, computed on this
+  // thread while the chunks arrive (each contiguous prefix is hashed as soon as it is complete),
+  // so verifying costs little beyond the transfer; nullopt if the header length in the first 8
+  // bytes is out of range (the parse that follows reports it).
   Result<proto::FetchOk> FetchSend(const std::string& model, uint64_t version, const BufferProvider& provide,
-                                   const ProgressFn& progress = {});
+                                   const ProgressFn& progress = {}, std::optional<uint64_t>* data_checksum = nullptr);
   void Ack(const std::string& model, uint64_t version);
   Result<std::vector<proto::VersionInfo>> List();
   // Tells the node that `replica` (a relay node) now holds (model, version) too (REPLICA; no

@@ -2,15 +2,20 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <condition_variable>
+#include <cstring>
 #include <future>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
+#include <vector>
 
 #include "viper/engine.h"
 #include "viper/log.h"
 #include "viper/node.h"
+#include "viper/snapshot.h"
 
 namespace viper {
 
@@ -206,7 +211,7 @@ void Client::Ack(const std::string& model, uint64_t version) { (void)impl_->Send
 
 // Posts one receive per chunk into the provided buffer, then waits for all of them.
 Result<proto::FetchOk> Client::FetchSend(const std::string& model, uint64_t version, const BufferProvider& provide,
-                                         const ProgressFn& progress) {
+                                         const ProgressFn& progress, std::optional<uint64_t>* data_checksum) {
   uint64_t tag = impl_->next_tag.fetch_add(1ull << 24);
   auto [id, reply] = impl_->NewRequest();
   VIPER_RETURN_IF_ERROR(
@@ -227,25 +232,57 @@ Result<proto::FetchOk> Client::FetchSend(const std::string& model, uint64_t vers
     std::condition_variable cv;
     uint32_t remaining;
     uint64_t received = 0;
+    std::vector<uint8_t> done;  // per chunk, set by its completion
     Status first_error;
   };
   auto state = std::make_shared<State>();
   state->remaining = ok.chunks;
+  state->done.assign(ok.chunks, 0);
   for (uint32_t i = 0; i < ok.chunks; ++i) {
     uint64_t begin = static_cast<uint64_t>(i) * ok.chunk_bytes;
     uint64_t len = std::min<uint64_t>(ok.chunk_bytes, size - begin);
-    impl_->engine->RecvBulk(impl_->node, tag + i, buffer->subspan(begin, len), [state, len](const Status& st) {
+    impl_->engine->RecvBulk(impl_->node, tag + i, buffer->subspan(begin, len), [state, len, i](const Status& st) {
       std::lock_guard<std::mutex> lock(state->mu);
       if (!st.ok() && state->first_error.ok()) state->first_error = st;
       state->received += st.ok() ? len : 0;
+      state->done[i] = st.ok() ? 1 : 0;
       state->remaining--;
       state->cv.notify_all();
     });
   }
+  // Hashes the data region [8 + N, size) as its chunks complete in order; N is the header length
+  // in the first 8 bytes (a hostile value just means nothing is hashed: the parse rejects it).
+  std::optional<Checksum64Stream> stream;
+  uint64_t data_begin = 0, hashed_chunks = 0;
+  if (data_checksum != nullptr) data_checksum->reset();
+  auto hash_ready = [&](std::unique_lock<std::mutex>& held) {
+    if (data_checksum == nullptr) return;
+    uint64_t first = hashed_chunks, last = hashed_chunks;
+    while (last < ok.chunks && state->done[last]) ++last;
+    if (last == first) return;
+    held.unlock();
+    if (first == 0) {
+      uint64_t n = 0;
+      std::memcpy(&n, buffer->data(), std::min<uint64_t>(8, size));  // little-endian u64, as the format says
+      if (size >= 8 && n <= size - 8) {
+        data_begin = 8 + n;
+        stream.emplace();
+      }
+    }
+    if (stream) {
+      uint64_t from = std::max(first * ok.chunk_bytes, data_begin);
+      uint64_t to = std::min(last * ok.chunk_bytes, size);
+      if (to > from) stream->Update(std::span<const std::byte>(buffer->data() + from, to - from));
+    }
+    held.lock();
+    hashed_chunks = last;
+  };
   std::unique_lock<std::mutex> lock(state->mu);
   auto deadline = std::chrono::steady_clock::now() + impl_->options.timeout;
   uint64_t last = 0;
   while (state->remaining > 0) {
+    hash_ready(lock);
+    if (state->remaining == 0) break;
     if (state->cv.wait_until(lock, deadline) == std::cv_status::timeout && state->remaining > 0) {
       // Abandon: receives stay posted into `buffer`, so the buffer must not be reused. The caller
       // treats a timed-out transfer's buffer as poisoned; disconnecting cancels the receives.
@@ -259,6 +296,8 @@ Result<proto::FetchOk> Client::FetchSend(const std::string& model, uint64_t vers
     }
   }
   if (!state->first_error.ok()) return state->first_error.WithContext("transfer of " + model + " failed");
+  hash_ready(lock);
+  if (stream && hashed_chunks == ok.chunks) *data_checksum = stream->Digest();
   return ok;
 }
 

@@ -264,7 +264,10 @@ Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::LoadRemote(const proto::
     VIPER_ASSIGN_OR_RETURN(buffer, pool->Acquire(actual.size));
     return buffer.data;
   };
-  auto ok = client.FetchSend(info.model, info.version, provide);
+  // The checksum is computed while the chunks arrive (FetchSend), not in a pass after them.
+  std::optional<uint64_t> received_checksum;
+  auto ok = client.FetchSend(info.model, info.version, provide, {},
+                             options.verify_checksum ? &received_checksum : nullptr);
   if (!ok.ok()) {
     // Receives may still be posted into the buffer: it is only safe to reuse once the client's
     // engine is gone, so Load() keeps it here until it has dropped the client.
@@ -275,7 +278,18 @@ Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::LoadRemote(const proto::
   mv->info = ok->info;
   mv->path = FetchPath::kRemote;
   mv->timings.fetched_ns = WallClockNs();
-  VIPER_RETURN_IF_ERROR(Finish(*mv, buffer.data, buffer.owner, options.verify_checksum));
+  std::span<const std::byte> bytes = buffer.data;
+  if (bytes.size() > mv->info.size) bytes = bytes.first(mv->info.size);
+  VIPER_RETURN_IF_ERROR(Finish(*mv, bytes, buffer.owner, /*verify=*/false));
+  if (options.verify_checksum) {
+    // Finish parsed the header, so the data region hashed during the transfer is the right one.
+    if (!received_checksum || *received_checksum != mv->info.checksum) {
+      return Status::Corruption(options.model + " version " + std::to_string(mv->info.version) + ": checksum " +
+                                (received_checksum ? checksum_hex(*received_checksum) : std::string("(none)")) +
+                                " != announced " + checksum_hex(mv->info.checksum));
+    }
+    mv->timings.verified_ns = WallClockNs();
+  }
   return mv;
 }
 

@@ -70,6 +70,54 @@ TEST_P(SubscriberVerify, LocalBytesAreTrustedByDefaultAndCheckedWithVerifyLocal)
   EXPECT_EQ((*loaded)->snapshot.tensor_data((*loaded)->snapshot.tensors()[0])[100], std::byte{8});
 }
 
+// Bytes that crossed the network are verified by default, and here the checksum is computed while
+// the chunks arrive (Client::FetchSend): a segment changed after its seal must still be caught.
+TEST(SubscriberVerifyRemote, TransferredBytesAreVerifiedByDefault) {
+  auto pub = StartSyncPublisher();
+  ASSERT_NE(pub, nullptr);
+  PublishThenCorrupt(*pub);
+
+  auto checking = StartSubscriber(*pub, FetchPath::kRemote, /*verify_local=*/false);
+  ASSERT_NE(checking, nullptr);
+  EXPECT_EQ(checking->WaitFor(1, 3s).status().code(), StatusCode::kTimeout);
+  EXPECT_EQ(checking->last_error().code(), StatusCode::kCorruption) << checking->last_error().ToString();
+
+  SubscriberOptions options;
+  options.model = "m";
+  options.connect = pub->address();
+  options.path = FetchPath::kRemote;
+  options.verify_checksum = false;
+  auto unchecked = Subscriber::Start(options);
+  ASSERT_TRUE(unchecked.ok()) << unchecked.status().ToString();
+  auto loaded = (*unchecked)->WaitFor(1, 10s);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_EQ((*loaded)->snapshot.tensor_data((*loaded)->snapshot.tensors()[0])[100], std::byte{8});
+}
+
+// A clean multi-chunk transfer (chunks smaller than the header + data, so the data region starts
+// inside the first chunk and spans many) verifies and goes live.
+TEST(SubscriberVerifyRemote, ManyChunkTransferVerifies) {
+  auto pub = StartSyncPublisher();
+  ASSERT_NE(pub, nullptr);
+  std::vector<uint8_t> bytes(3 << 20);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 7 + 3);
+  std::vector<TensorData> tensors = {{{"a", DType::kU8, {1000}}, std::as_bytes(std::span(bytes).first(1000))},
+                                     {{"b", DType::kU8, {static_cast<int64_t>(bytes.size() - 1000)}},
+                                      std::as_bytes(std::span(bytes).subspan(1000))}};
+  ASSERT_TRUE(pub->Publish(tensors).ok());
+  SubscriberOptions options;
+  options.model = "m";
+  options.connect = pub->address();
+  options.path = FetchPath::kRemote;
+  options.chunk_bytes = 64 << 10;
+  auto sub = Subscriber::Start(options);
+  ASSERT_TRUE(sub.ok()) << sub.status().ToString();
+  auto loaded = (*sub)->WaitFor(1, 10s);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString() << " " << (*sub)->last_error().ToString();
+  EXPECT_EQ((*loaded)->path, FetchPath::kRemote);
+  EXPECT_EQ((*loaded)->snapshot.compute_checksum(), (*loaded)->info.checksum);
+}
+
 INSTANTIATE_TEST_SUITE_P(SameHostPaths, SubscriberVerify, ::testing::Values(FetchPath::kMap, FetchPath::kCopy),
                          [](const auto& info) { return std::string(fetch_path_name(info.param)); });
 

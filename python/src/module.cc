@@ -353,13 +353,17 @@ void BindSubscriber(py::module_& m) {
                                     "One whole model version held by a subscriber: a read-only mapping name -> numpy "
                                     "view (no copy). Holding it keeps the version's memory alive.");
   BindTensorMapping<VersionHandle>(version);
-  version.def_property_readonly("version", [](const VersionHandle& h) { return h.version->version(); })
-      .def_property_readonly("model", [](const VersionHandle& h) { return h.version->info.model; })
-      .def_property_readonly("step", [](const VersionHandle& h) { return h.version->info.step; })
-      .def_property_readonly("checksum", [](const VersionHandle& h) { return viper::checksum_hex(h.version->info.checksum); })
+  version.def_property_readonly("version", [](const VersionHandle& h) { return h.version->version(); },
+                                "The version number (assigned by the producer's node, increasing).")
+      .def_property_readonly("model", [](const VersionHandle& h) { return h.version->info.model; }, "The model name.")
+      .def_property_readonly("step", [](const VersionHandle& h) { return h.version->info.step; },
+                             "The training step the producer published it at.")
+      .def_property_readonly("checksum", [](const VersionHandle& h) { return viper::checksum_hex(h.version->info.checksum); },
+                             "xxh3-64 of the data region, 16 hex digits, as the node announced it.")
       .def_property_readonly("path", [](const VersionHandle& h) { return std::string(viper::fetch_path_name(h.version->path)); },
                              "The path that delivered it: map, copy, remote or file.")
-      .def_property_readonly("reason", [](const VersionHandle& h) { return h.version->reason; })
+      .def_property_readonly("reason", [](const VersionHandle& h) { return h.version->reason; },
+                             "Why that path was chosen (and which paths failed first, if any).")
       .def_property_readonly("timings", [](const VersionHandle& h) {
         const viper::UpdateTimings& t = h.version->timings;
         py::dict d;
@@ -582,7 +586,7 @@ void BindSnapshot(py::module_& m) {
         auto c = h.snap.declared_checksum();
         if (!c) return std::nullopt;
         return viper::checksum_hex(*c);
-      })
+      }, "The declared viper.checksum (16 hex digits), or None.")
       .def("__repr__", [](const SnapshotHandle& h) {
         return "Snapshot(tensors=" + std::to_string(h.snap.tensors().size()) + ", nbytes=" +
                std::to_string(h.snap.bytes().size()) + ")";

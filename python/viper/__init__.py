@@ -145,6 +145,7 @@ class Publisher(_Handle):
 
     @property
     def address(self) -> str:
+        """"host:port" of the embedded node: what subscribers connect to."""
         return self._live().address
 
     @property

@@ -78,10 +78,18 @@ TEST(PublisherPolicy, PublishesWhenDueAndLearnsTheCostsFromPublishesAndAcks) {
     EXPECT_EQ((*live)->info.step, static_cast<uint64_t>(it));
     EXPECT_EQ((*live)->snapshot.loss().value_or(-1), 2.0 * std::exp(-0.05 * static_cast<double>(it)) + 0.1);
   }
-  // The warm-up model at s = 5, then one every epoch of 10 iterations after it.
-  EXPECT_EQ(published_at, (std::vector<int64_t>{5, 15, 25, 35, 45}));
+  // The warm-up model at s = 5, then exactly the checkpoints the scheduler took. Which ones
+  // depends on timing: a measured t_p or t_c that moves the estimate by > 10% re-plans, and an
+  // epoch schedule re-planned at iteration n counts its epochs from there (so 15 may become 25);
+  // the gaps are never shorter than the epoch.
   SchedulerState state = scheduler->state();
-  EXPECT_EQ(state.taken, (std::vector<int64_t>{15, 25, 35, 45}));
+  std::vector<int64_t> expected = {5};
+  expected.insert(expected.end(), state.taken.begin(), state.taken.end());
+  EXPECT_EQ(published_at, expected);
+  ASSERT_FALSE(state.taken.empty());
+  for (size_t i = 1; i < published_at.size(); ++i) EXPECT_GE(published_at[i] - published_at[i - 1], 10) << i;
+  EXPECT_LE(published_at.back(), 50);
+  EXPECT_GE(state.plans, 1);
   // Measured costs replaced the initial estimates: sub-second on one host.
   EXPECT_GT(state.t_p_ns, 0);
   EXPECT_LT(state.t_p_ns, 1'000'000'000);

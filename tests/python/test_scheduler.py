@@ -70,8 +70,11 @@ def test_publisher_publishes_when_due_and_feeds_the_scheduler():
                 published.append(it)
                 live = sub.wait_for(r.version, timeout=10)
                 assert live.step == it and float(live["w"][0]) == it
-        assert published == [5, 15, 25, 35, 45]
         state = sched.state()
+        # Exactly the scheduler's answers: the warm-up model at s = 5, then what it took (a measured
+        # t_p/t_c that moves an estimate by > 10% re-plans, so which epochs depends on timing).
+        assert published == [5] + state["taken"] and len(published) >= 2
+        assert all(b - a >= 10 for a, b in zip(published, published[1:]))
         assert 0 < state["t_p"] < 1.0  # measured stalls replaced the 7 s estimate
     with pytest.raises(TypeError):
         viper.Publisher("m", scheduler="optimal")

@@ -110,6 +110,13 @@ TEST(PublisherPolicy, DueWithoutASchedulerIsAnError) {
   auto with_policy = Publisher::Start(options);
   ASSERT_TRUE(with_policy.ok()) << with_policy.status().ToString();
   EXPECT_EQ((*with_policy)->Due(3, std::nan("")).status().code(), StatusCode::kInvalidArgument);  // NaN loss
+
+  // The policy takes the node's ACK hook for t_c: a second user of it is refused, not overridden.
+  options.node.on_ack = [](const std::string&, uint64_t) {};
+  auto both = Publisher::Start(options);
+  ASSERT_FALSE(both.ok());
+  EXPECT_EQ(both.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(both.status().message().find("on_ack"), std::string::npos) << both.status().ToString();
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 """viper.Scheduler (the online Inference Performance Predictor) and viper.plan_schedules, from
 Python, wired into a real Publisher with a real Subscriber."""
 import math
+import time
 
 import numpy as np
 import pytest
@@ -76,6 +77,11 @@ def test_publisher_publishes_when_due_and_feeds_the_scheduler():
         assert published == [5] + state["taken"] and len(published) >= 2
         assert all(b - a >= 10 for a, b in zip(published, published[1:]))
         assert 0 < state["t_p"] < 1.0  # measured stalls replaced the 7 s estimate
+        # t_c comes from the subscriber's ACKs, received on the node's engine thread shortly after.
+        deadline = time.monotonic() + 5
+        while sched.state()["t_c"] == 9.0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert 0 < sched.state()["t_c"] < 1.0  # measured, replacing the 9 s estimate
     with pytest.raises(TypeError):
         viper.Publisher("m", scheduler="optimal")
     with viper.Publisher("m") as plain, pytest.raises(viper.Error):

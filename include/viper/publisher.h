@@ -4,7 +4,8 @@
 //  - kSync: Publish() returns when the version is in the host tier, sealed and announced.
 //  - kAsync (default): Publish() copies the tensors into a (recycled) segment and returns; sealing
 //    (header), announcing and the file flush run on a background thread in publish order.
-//    Both modes: while Publish() copies, a hash thread checksums what is already copied, so the
+//    The caller's stall is the copy alone; the checksum is computed by the background seal.
+//  - kSync: while Publish() copies, a hash thread checksums what is already copied, so the
 //    checksum costs little beyond the copy on a machine with a second core. Publishing again while earlier versions are in flight queues them (FIFO, at most
 //    max_in_flight; beyond that Publish() waits). Wait() joins everything queued.
 //  - zero-copy: Begin() hands out writable views of each tensor inside a segment; Commit() seals

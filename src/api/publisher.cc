@@ -124,10 +124,22 @@ Result<PublishResult> Publisher::Publish(const std::vector<TensorData>& tensors,
                                      " bytes given, shape and dtype need " + std::to_string(layout.tensors()[i].nbytes()));
     }
   }
-  // Chunks: small enough that the hash thread starts early, large enough that the hand-offs
+  std::span<std::byte> data = draft.lease_.data().subspan(layout.data_offset(), layout.data_bytes());
+  if (options_.mode == PublishMode::kAsync) {
+    // Async mode is for the smallest stall: copy alone (the hash thread beside the copy would
+    // share the memory bandwidth and lengthen it: 1.27-1.34x memcpy against 1.10-1.14x), and the
+    // background seal hashes afterwards.
+    const int64_t copy_start = SteadyNs();
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const TensorInfo& t = layout.tensors()[i];
+      if (t.nbytes() != 0) std::memcpy(data.data() + t.begin, tensors[i].bytes.data(), t.nbytes());
+    }
+    return Enqueue(std::move(draft), info, start, SteadyNs() - copy_start);
+  }
+  // Sync mode is for the shortest time to live: the hash thread checksums each chunk right behind
+  // the copy. Chunks: small enough that the hash starts early, large enough that the hand-offs
   // (one futex wake each) cost nothing measurable.
   constexpr uint64_t kCopyChunk = 4 << 20;
-  std::span<std::byte> data = draft.lease_.data().subspan(layout.data_offset(), layout.data_bytes());
   auto follower = std::make_shared<internal::HashFollower>(data);
   draft.checksum_ = follower->result();
   impl_->hasher.Post([follower] { follower->Run(); });

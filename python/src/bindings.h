@@ -13,6 +13,11 @@
 
 #include <pybind11/pybind11.h>
 
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
 #include "viper/status.h"
 
 namespace viper_py {
@@ -31,6 +36,20 @@ T Unwrap(viper::Result<T> result) {
   if (!result.ok()) Raise(result.status());
   return std::move(result).value();
 }
+
+// Python passes times as seconds (floats); the C++ options hold integer ns or ms. InvalidArgument
+// (ValueError) names `what` for a non-finite, negative, too large, or (unless allow_zero) zero value.
+inline int64_t SecondsToNs(double seconds, const char* what, bool allow_zero = true) {
+  if (!std::isfinite(seconds) || seconds < 0 || (!allow_zero && seconds == 0) || seconds > 9.0e9) {
+    Raise(viper::Status::InvalidArgument(std::string(what) + " must be a finite number of seconds " +
+                                         (allow_zero ? ">= 0" : "> 0") + ", got " + std::to_string(seconds)));
+  }
+  return static_cast<int64_t>(std::llround(seconds * 1e9));
+}
+inline std::chrono::milliseconds SecondsToMs(double seconds, const char* what) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::nanoseconds(SecondsToNs(seconds, what)));
+}
+inline double NsToSeconds(int64_t ns) { return static_cast<double>(ns) / 1e9; }
 
 // Each binds its part of the module; called once from PYBIND11_MODULE in module.cc.
 void BindErrors(py::module_& m);     // module.cc: exception classes (first)

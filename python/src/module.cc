@@ -54,15 +54,6 @@ py::object MakeError(py::module_& m, const char* name, py::tuple bases, const ch
   return obj;
 }
 
-std::chrono::milliseconds SecondsToMs(double seconds, const char* what) {
-  if (!std::isfinite(seconds) || seconds < 0) {
-    Raise(Status::InvalidArgument(std::string(what) + " must be a finite number of seconds >= 0, got " +
-                                  std::to_string(seconds)));
-  }
-  return std::chrono::milliseconds(static_cast<int64_t>(std::llround(seconds * 1000.0)));
-}
-
-double NsToSeconds(int64_t ns) { return static_cast<double>(ns) / 1e9; }
 
 // ---------------------------------------------------------------- tensors as numpy views
 
@@ -202,22 +193,41 @@ std::map<std::string, std::string> StringMetadata(const py::dict& metadata) {
 
 // ---------------------------------------------------------------- options from keyword arguments
 
-viper::NodeOptions NodeOptionsFrom(const std::string& listen, const std::string& name, const std::string& store_dir,
-                                   size_t keep_host_versions, size_t keep_file_versions, const std::string& token,
-                                   bool recover, uint32_t chunk_bytes, uint32_t chunks_in_flight,
-                                   const std::string& segment_prefix) {
-  viper::NodeOptions o;
-  o.listen = listen;
-  o.name = name;
-  o.store_dir = store_dir;
-  o.keep_host_versions = keep_host_versions;
-  o.keep_file_versions = keep_file_versions;
-  o.token = token;
-  o.recover = recover;
-  o.chunk_bytes = chunk_bytes;
-  o.chunks_in_flight = chunks_in_flight;
-  o.segment_prefix = segment_prefix;
-  return o;
+// The node's options are one bound object (`_NodeOptions`, made by python/viper/__init__.py from
+// keyword arguments) so that Node and Publisher take them the same way.
+void BindNodeOptions(py::module_& m) {
+  py::class_<viper::NodeOptions>(m, "_NodeOptions")
+      .def(py::init([](const std::string& listen, const std::string& name, const std::string& store_dir,
+                       size_t keep_host_versions, size_t keep_file_versions, const std::string& token, bool recover,
+                       uint32_t chunk_bytes, uint32_t chunks_in_flight, const std::string& segment_prefix) {
+             viper::NodeOptions o;
+             o.listen = listen;
+             o.name = name;
+             o.store_dir = store_dir;
+             o.keep_host_versions = keep_host_versions;
+             o.keep_file_versions = keep_file_versions;
+             o.token = token;
+             o.recover = recover;
+             o.chunk_bytes = chunk_bytes;
+             o.chunks_in_flight = chunks_in_flight;
+             o.segment_prefix = segment_prefix;
+             return o;
+           }),
+           py::arg("listen"), py::arg("name"), py::arg("store_dir"), py::arg("keep_host_versions"),
+           py::arg("keep_file_versions"), py::arg("token"), py::arg("recover"), py::arg("chunk_bytes"),
+           py::arg("chunks_in_flight"), py::arg("segment_prefix"));
+}
+
+// Starts a Node, Publisher or Subscriber (they listen or connect, which may block) with the GIL
+// released; raises the mapped exception on failure.
+template <typename T, typename Options>
+std::unique_ptr<T> StartWithoutGil(const Options& options) {
+  viper::Result<std::unique_ptr<T>> started = viper::Status::OK();
+  {
+    py::gil_scoped_release release;
+    started = T::Start(options);
+  }
+  return Unwrap(std::move(started));
 }
 
 // Handles own their C++ object until close(); every method after close() raises.
@@ -276,32 +286,21 @@ void BindPublisher(py::module_& m) {
       });
 
   py::class_<PublisherHandle>(m, "_Publisher")
-      .def(py::init([](const std::string& model, const std::string& listen, const std::string& name,
-                       const std::string& store_dir, size_t keep_host_versions, size_t keep_file_versions,
-                       const std::string& token, bool recover, uint32_t chunk_bytes, uint32_t chunks_in_flight,
-                       const std::string& segment_prefix, const std::string& mode, uint64_t alignment,
-                       size_t max_in_flight, std::shared_ptr<viper::Scheduler> scheduler) {
+      .def(py::init([](const std::string& model, const viper::NodeOptions& node, const std::string& mode,
+                       uint64_t alignment, size_t max_in_flight, std::shared_ptr<viper::Scheduler> scheduler) {
              viper::PublisherOptions o;
              o.model = model;
-             o.node = NodeOptionsFrom(listen, name, store_dir, keep_host_versions, keep_file_versions, token, recover,
-                                      chunk_bytes, chunks_in_flight, segment_prefix);
+             o.node = node;
              o.mode = Unwrap(viper::ParsePublishMode(mode));
              o.alignment = alignment;
              o.max_in_flight = max_in_flight;
              o.scheduler = std::move(scheduler);
-             viper::Result<std::unique_ptr<viper::Publisher>> started = viper::Status::OK();
-             {
-               py::gil_scoped_release release;
-               started = viper::Publisher::Start(o);
-             }
              auto handle = std::make_unique<PublisherHandle>();
-             handle->publisher = Unwrap(std::move(started));
+             handle->publisher = StartWithoutGil<viper::Publisher>(o);
              return handle;
            }),
-           py::arg("model"), py::arg("listen"), py::arg("name"), py::arg("store_dir"), py::arg("keep_host_versions"),
-           py::arg("keep_file_versions"), py::arg("token"), py::arg("recover"), py::arg("chunk_bytes"),
-           py::arg("chunks_in_flight"), py::arg("segment_prefix"), py::arg("mode"), py::arg("alignment"),
-           py::arg("max_in_flight"), py::arg("scheduler").none(true))
+           py::arg("model"), py::arg("node"), py::arg("mode"), py::arg("alignment"), py::arg("max_in_flight"),
+           py::arg("scheduler").none(true))
       .def("due", [](PublisherHandle& h, int64_t iteration, double loss) {
              return Unwrap(Open(h.publisher, "Publisher").Due(iteration, loss));
            })
@@ -397,13 +396,8 @@ void BindSubscriber(py::module_& m) {
              o.chunk_bytes = chunk_bytes;
              o.request_timeout = SecondsToMs(request_timeout, "request_timeout");
              o.buffers = buffers;
-             viper::Result<std::unique_ptr<viper::Subscriber>> started = viper::Status::OK();
-             {
-               py::gil_scoped_release release;
-               started = viper::Subscriber::Start(o);
-             }
              auto handle = std::make_unique<SubscriberHandle>();
-             handle->subscriber = Unwrap(std::move(started));
+             handle->subscriber = StartWithoutGil<viper::Subscriber>(o);
              return handle;
            }),
            py::arg("model"), py::arg("connect"), py::arg("token"), py::arg("name"), py::arg("path"),
@@ -447,23 +441,12 @@ void BindSubscriber(py::module_& m) {
 
 void BindNode(py::module_& m) {
   py::class_<NodeHandle>(m, "_Node")
-      .def(py::init([](const std::string& listen, const std::string& name, const std::string& store_dir,
-                       size_t keep_host_versions, size_t keep_file_versions, const std::string& token, bool recover,
-                       uint32_t chunk_bytes, uint32_t chunks_in_flight, const std::string& segment_prefix) {
-             viper::NodeOptions o = NodeOptionsFrom(listen, name, store_dir, keep_host_versions, keep_file_versions,
-                                                    token, recover, chunk_bytes, chunks_in_flight, segment_prefix);
-             viper::Result<std::unique_ptr<viper::Node>> started = viper::Status::OK();
-             {
-               py::gil_scoped_release release;
-               started = viper::Node::Start(o);
-             }
+      .def(py::init([](const viper::NodeOptions& o) {
              auto handle = std::make_unique<NodeHandle>();
-             handle->node = Unwrap(std::move(started));
+             handle->node = StartWithoutGil<viper::Node>(o);
              return handle;
            }),
-           py::arg("listen"), py::arg("name"), py::arg("store_dir"), py::arg("keep_host_versions"),
-           py::arg("keep_file_versions"), py::arg("token"), py::arg("recover"), py::arg("chunk_bytes"),
-           py::arg("chunks_in_flight"), py::arg("segment_prefix"))
+           py::arg("options"))
       .def_property_readonly("address", [](NodeHandle& h) { return Open(h.node, "Node").address(); })
       .def("versions", [](NodeHandle& h) {
              py::list out;
@@ -594,6 +577,7 @@ void BindSnapshot(py::module_& m) {
 }
 
 void BindApi(py::module_& m) {
+  BindNodeOptions(m);
   BindNode(m);
   BindPublisher(m);
   BindSubscriber(m);

@@ -16,15 +16,6 @@ namespace {
 
 using viper::Status;
 
-int64_t SecondsToNs(double seconds, const char* what, bool allow_zero) {
-  if (!std::isfinite(seconds) || seconds < 0 || (!allow_zero && seconds == 0) || seconds > 9.0e9) {
-    Raise(Status::InvalidArgument(std::string(what) + " must be a finite number of seconds " +
-                                  (allow_zero ? ">= 0" : "> 0") + ", got " + std::to_string(seconds)));
-  }
-  return static_cast<int64_t>(std::llround(seconds * 1e9));
-}
-
-double NsToSeconds(int64_t ns) { return static_cast<double>(ns) / 1e9; }
 
 py::dict FitDict(const viper::LossFit& fit) {
   py::dict d;

@@ -81,8 +81,9 @@ class Node(_Handle):
     def __init__(self, listen: str = "127.0.0.1:0", *, name: str = "", store_dir: str = "",
                  keep_host_versions: int = 2, keep_file_versions: int = 3, token: str = "", recover: bool = True,
                  chunk_bytes: int = 4 << 20, chunks_in_flight: int = 8, segment_prefix: str = "viper"):
-        self._impl = _viper._Node(listen, name, str(store_dir), keep_host_versions, keep_file_versions, token,
-                                  recover, chunk_bytes, chunks_in_flight, segment_prefix)
+        self._impl = _viper._Node(_viper._NodeOptions(listen, name, str(store_dir), keep_host_versions,
+                                                      keep_file_versions, token, recover, chunk_bytes,
+                                                      chunks_in_flight, segment_prefix))
 
     @property
     def address(self) -> str:
@@ -116,9 +117,9 @@ class Publisher(_Handle):
                  chunks_in_flight: int = 8, segment_prefix: str = "viper", scheduler: Optional[Scheduler] = None):
         if scheduler is not None and not isinstance(scheduler, Scheduler):
             raise TypeError(f"scheduler must be a viper.Scheduler, got {type(scheduler).__name__}")
-        self._impl = _viper._Publisher(model, listen, name, str(store_dir), keep_host_versions, keep_file_versions,
-                                       token, recover, chunk_bytes, chunks_in_flight, segment_prefix, mode,
-                                       alignment, max_in_flight, scheduler)
+        node = _viper._NodeOptions(listen, name, str(store_dir), keep_host_versions, keep_file_versions, token,
+                                   recover, chunk_bytes, chunks_in_flight, segment_prefix)
+        self._impl = _viper._Publisher(model, node, mode, alignment, max_in_flight, scheduler)
 
     def publish(self, tensors: Mapping[str, Any], step: int = 0, loss: Optional[float] = None,
                 **metadata: Any) -> PublishResult:

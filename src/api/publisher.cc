@@ -164,15 +164,17 @@ Result<PublishResult> Publisher::Commit(Draft draft, const PublishInfo& info) {
 // Reserves the version number now (versions follow call order), then seals and announces on the
 // background thread (async) or here (sync).
 Result<PublishResult> Publisher::Enqueue(Draft draft, const PublishInfo& info, int64_t started_ns, int64_t copy_ns) {
+  // On failure the draft's segment goes back to the pool: not while the hash thread still reads it.
+  auto fail = [&draft](Status why) {
+    if (draft.checksum_.valid()) draft.checksum_.wait();
+    return why;
+  };
   for (const auto& [key, value] : info.metadata) {
     if (draft.layout_->user_metadata().count(key) == 0 || draft.layout_->user_metadata().at(key) != value)
-      return Status::InvalidArgument("metadata key " + key + " must be given to Begin() (the header is laid out there)");
+      return fail(Status::InvalidArgument("metadata key " + key + " must be given to Begin() (the header is laid out there)"));
   }
   auto reserved = node_->ReserveVersion(options_.model);
-  if (!reserved.ok()) {
-    if (draft.checksum_.valid()) draft.checksum_.wait();  // the hash thread still reads the segment
-    return reserved.status();
-  }
+  if (!reserved.ok()) return fail(reserved.status());
   const uint64_t version = *reserved;
   PublishResult result;
   result.version = version;

@@ -91,7 +91,9 @@ struct Subscriber::Impl {
   Result<std::shared_ptr<ModelVersion>> LoadLeased(FetchPath path, const proto::VersionInfo& info, Client& client);
   Result<std::shared_ptr<ModelVersion>> LoadRemote(const proto::VersionInfo& info, Client& client);
   Result<std::shared_ptr<ModelVersion>> LoadFile(const proto::VersionInfo& info);
-  Status Finish(ModelVersion& mv, std::span<const std::byte> bytes, std::shared_ptr<const void> owner, bool verify);
+  // `hashed`: the data region's checksum if it was computed while the bytes arrived.
+  Status Finish(ModelVersion& mv, std::span<const std::byte> bytes, std::shared_ptr<const void> owner, bool verify,
+                std::optional<uint64_t> hashed = std::nullopt);
 };
 
 void Subscriber::Impl::OnNotify(const proto::VersionInfo& info) {
@@ -198,14 +200,15 @@ Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::LoadVia(FetchPath path, 
   return LoadLeased(path, info, *client);
 }
 
-// Verifies (optionally) and parses `bytes` into `mv`, tying them to `owner`.
+// Parses `bytes` into `mv`, tying them to `owner`, and verifies them if asked (with the checksum
+// computed during the transfer when there is one, else with one pass now).
 Status Subscriber::Impl::Finish(ModelVersion& mv, std::span<const std::byte> bytes, std::shared_ptr<const void> owner,
-                                bool verify) {
+                                bool verify, std::optional<uint64_t> hashed) {
   if (bytes.size() != mv.info.size)
     return Status::Corruption("received " + std::to_string(bytes.size()) + " bytes, announced " + std::to_string(mv.info.size));
   VIPER_ASSIGN_OR_RETURN(mv.snapshot, Snapshot::Parse(bytes, std::move(owner)));
   if (verify) {
-    uint64_t sum = mv.snapshot.compute_checksum();
+    uint64_t sum = hashed ? *hashed : mv.snapshot.compute_checksum();
     if (sum != mv.info.checksum)
       return Status::Corruption(options.model + " version " + std::to_string(mv.info.version) + ": checksum " +
                                 checksum_hex(sum) + " != announced " + checksum_hex(mv.info.checksum));
@@ -278,18 +281,7 @@ Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::LoadRemote(const proto::
   mv->info = ok->info;
   mv->path = FetchPath::kRemote;
   mv->timings.fetched_ns = WallClockNs();
-  std::span<const std::byte> bytes = buffer.data;
-  if (bytes.size() > mv->info.size) bytes = bytes.first(mv->info.size);
-  VIPER_RETURN_IF_ERROR(Finish(*mv, bytes, buffer.owner, /*verify=*/false));
-  if (options.verify_checksum) {
-    // Finish parsed the header, so the data region hashed during the transfer is the right one.
-    if (!received_checksum || *received_checksum != mv->info.checksum) {
-      return Status::Corruption(options.model + " version " + std::to_string(mv->info.version) + ": checksum " +
-                                (received_checksum ? checksum_hex(*received_checksum) : std::string("(none)")) +
-                                " != announced " + checksum_hex(mv->info.checksum));
-    }
-    mv->timings.verified_ns = WallClockNs();
-  }
+  VIPER_RETURN_IF_ERROR(Finish(*mv, buffer.data, buffer.owner, options.verify_checksum, received_checksum));
   return mv;
 }
 

@@ -19,6 +19,7 @@ struct PathChoice {
   FetchPath path;
   double predicted_s = 0;
   std::string reason;
+  std::string node;  // kRemote from another node that holds the version ("host:port"); empty = ours
 };
 
 class PathEstimator {
@@ -34,7 +35,7 @@ class PathEstimator {
       char reason[160];
       std::snprintf(reason, sizeof reason, "%s: predicted %.3f s at %.2f GB/s (%s)", std::string(fetch_path_name(p)).c_str(),
                     t, e.bytes_per_s / 1e9, e.samples ? "measured" : "default");
-      out.push_back({p, t, std::string(same_host ? "same host, " : connected ? "other host, " : "node unreachable, ") + reason});
+      out.push_back({p, t, std::string(same_host ? "same host, " : connected ? "other host, " : "node unreachable, ") + reason, {}});
     }
     std::stable_sort(out.begin(), out.end(), [](const PathChoice& a, const PathChoice& b) {
       return a.predicted_s < b.predicted_s;

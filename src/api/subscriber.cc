@@ -75,6 +75,11 @@ struct Subscriber::Impl {
   // The receive buffer of a transfer that broke midway: receives may still be posted into it, so
   // it returns to the pool only after the client (and its engine) that posted them is gone.
   std::shared_ptr<const void> poisoned_buffer;
+  // Loader thread only: other nodes that held versions of the model (relays, from the replica
+  // lists of NOTIFYs), newest first. A remote transfer that breaks is retried from them before the
+  // file tier: a relay holds each version soon after it is announced, often before the NOTIFY we
+  // got listed it.
+  std::vector<std::string> other_nodes;
   bool closing = false;
   std::vector<std::function<void(const std::shared_ptr<const ModelVersion>&)>> callbacks;
   SubscriberStats stats;
@@ -90,6 +95,8 @@ struct Subscriber::Impl {
   Result<std::shared_ptr<ModelVersion>> LoadVia(FetchPath path, const proto::VersionInfo& info, Client* client);
   Result<std::shared_ptr<ModelVersion>> LoadLeased(FetchPath path, const proto::VersionInfo& info, Client& client);
   Result<std::shared_ptr<ModelVersion>> LoadRemote(const proto::VersionInfo& info, Client& client);
+  Result<std::shared_ptr<ModelVersion>> LoadFromOtherNode(const std::string& node, const proto::VersionInfo& info);
+  void AddOtherNodeChoices(const proto::VersionInfo& info, std::vector<internal::PathChoice>& ranked);
   Result<std::shared_ptr<ModelVersion>> LoadFile(const proto::VersionInfo& info);
   // `hashed`: the data region's checksum if it was computed while the bytes arrived.
   Status Finish(ModelVersion& mv, std::span<const std::byte> bytes, std::shared_ptr<const void> owner, bool verify,
@@ -162,6 +169,7 @@ Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::Load(const proto::Versio
                                     (options.file_dir.empty() ? " (node unreachable and no file_dir)" : ""));
   std::string fallbacks;  // why earlier paths were abandoned, shown in the reason of the one that worked
   auto ranked = RankPaths(info, c.get());
+  AddOtherNodeChoices(info, ranked);
   // The file tier is the last resort: if it was tried before a memory path and had nothing yet
   // (flush still running), it is tried once more after the memory paths failed.
   for (size_t i = 0; i + 1 < ranked.size(); ++i) {
@@ -172,7 +180,7 @@ Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::Load(const proto::Versio
   }
   for (const auto& choice : ranked) {
     int64_t start = WallClockNs();
-    auto mv = LoadVia(choice.path, info, c.get());
+    auto mv = choice.node.empty() ? LoadVia(choice.path, info, c.get()) : LoadFromOtherNode(choice.node, info);
     if (mv.ok()) {
       estimator.Record(choice.path, (*mv)->info.size, WallClockNs() - start);
       (*mv)->reason = fallbacks.empty() ? choice.reason : choice.reason + "; after " + fallbacks;
@@ -184,8 +192,9 @@ Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::Load(const proto::Versio
     last = mv.status();
     log(LogLevel::kWarn, kLog, "{} version {} via {} failed: {}; trying the next path", options.model, info.version,
         fetch_path_name(choice.path), last.message());
-    fallbacks += (fallbacks.empty() ? "" : "; ") + std::string(fetch_path_name(choice.path)) + " failed: " + last.message();
-    if (c && (choice.path == FetchPath::kRemote || !c->connected())) DropClient(c), c.reset();
+    fallbacks += (fallbacks.empty() ? "" : "; ") + std::string(fetch_path_name(choice.path)) +
+                 (choice.node.empty() ? "" : " from " + choice.node) + " failed: " + last.message();
+    if (c && choice.node.empty() && (choice.path == FetchPath::kRemote || !c->connected())) DropClient(c), c.reset();
     if (!c) poisoned_buffer.reset();  // the engine that posted receives into it is gone
   }
   return last;
@@ -198,6 +207,52 @@ Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::LoadVia(FetchPath path, 
   if (path == FetchPath::kRemote) return LoadRemote(info, *client);
   if (!client->same_host()) return Status::FailedPrecondition("map/copy need the node on this host");
   return LoadLeased(path, info, *client);
+}
+
+// Remembers the other nodes in `info`'s replica list and, when a remote transfer is a candidate
+// (not pinned to map/copy/file), adds one per other node known, right after our node's remote
+// path (or before the file tier when our node is unreachable).
+void Subscriber::Impl::AddOtherNodeChoices(const proto::VersionInfo& info, std::vector<internal::PathChoice>& ranked) {
+  constexpr size_t kMaxOtherNodes = 4;
+  for (const auto& r : info.replicas) {
+    if (r.kind != proto::ReplicaKind::kNode || r.locator == options.connect) continue;
+    std::erase(other_nodes, r.locator);
+    other_nodes.insert(other_nodes.begin(), r.locator);
+  }
+  if (other_nodes.size() > kMaxOtherNodes) other_nodes.resize(kMaxOtherNodes);
+  if (options.path != FetchPath::kAuto && options.path != FetchPath::kRemote) return;
+  if (other_nodes.empty()) return;
+  auto at = std::find_if(ranked.begin(), ranked.end(), [](const auto& c) { return c.path == FetchPath::kRemote; });
+  if (at != ranked.end()) {
+    ++at;
+  } else {
+    at = std::find_if(ranked.begin(), ranked.end(), [](const auto& c) { return c.path == FetchPath::kFile; });
+  }
+  std::vector<internal::PathChoice> extra;
+  for (const auto& node : other_nodes)
+    extra.push_back({FetchPath::kRemote, 0, "remote from node " + node + " (another replica)", node});
+  ranked.insert(at, extra.begin(), extra.end());
+}
+
+// A remote transfer from another node, over a connection made for it and closed after it.
+Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::LoadFromOtherNode(const std::string& node,
+                                                                          const proto::VersionInfo& info) {
+  ClientOptions co;
+  co.connect = node;
+  co.token = options.token;
+  co.name = options.name;
+  co.timeout = options.request_timeout;
+  co.chunk_bytes = options.chunk_bytes;
+  // A buffer an earlier broken transfer poisoned stays aside; one this transfer poisons is safe
+  // again once the client below (and its engine) is gone.
+  auto earlier_poisoned = std::move(poisoned_buffer);
+  Result<std::shared_ptr<ModelVersion>> loaded = Status::Unavailable("not tried");
+  {
+    auto other = Client::Connect(co);
+    loaded = other.ok() ? LoadRemote(info, **other) : Result<std::shared_ptr<ModelVersion>>(other.status());
+  }
+  poisoned_buffer = std::move(earlier_poisoned);
+  return loaded;
 }
 
 // Parses `bytes` into `mv`, tying them to `owner`, and verifies them if asked (with the checksum

@@ -242,7 +242,49 @@ except (socket.timeout, ConnectionResetError) as e:
   stop "$PID_a5"
 }
 
-for t in ${XNODE_TESTS:-test_big test_kill test_relay test_auth}; do
+# ---------------------------------------------------------------- 5. relay killed mid-transfer -> the upstream's memory
+# A consumer on h3 is connected to relay node B (h2), whose versions list A's node as the upstream
+# replica. B dies mid-transfer: the consumer takes the version from A's memory, not from a file.
+test_failover() {
+  serve h1 a6 --listen $A:7340 || return
+  # The relay and its own log live in h2; its NOTIFYs carry A's replicas after its own.
+  (exec "$VIPER_HOSTS_SCRIPT" exec h2 -- env VIPER_LOG=info "$VIPER" serve --name b6 --listen $B:7341 --upstream $A:7340 --relay-model fo \
+     --address-file "$TMP/b6.addr" >"$TMP/b6.log" 2>&1) &
+  local relay=$!
+  PIDS+=($relay)
+  wait_for 10 test -s "$TMP/b6.addr" || { failed "relay b6 did not start"; cat "$TMP/b6.log"; return; }
+  on h3 "$VIPER" watch fo --connect $B:7341 --json --count 2 --timeout 40 >"$TMP/fo.json" 2>"$TMP/fo.err" &
+  local watch=$!
+  PIDS+=($watch)
+  sleep 0.5  # subscribed before the first version
+  on h1 "$VIPER" publish fo "$TMP/mid1.safetensors" --connect $A:7340 >/dev/null || { failed "publish fo v1"; return; }
+  wait_for 20 lines "$TMP/fo.json" 1 || { failed "fo v1 never reached h3"; return; }
+  # Slow B's outgoing link to ~4 s per version (A -> B stays fast) so that B dies mid-transfer.
+  on h2 tc qdisc add dev eth0 root tbf rate 100mbit burst 256kb latency 200ms
+  on h1 "$VIPER" publish fo "$TMP/mid2.safetensors" --connect $A:7340 >/dev/null || { failed "publish fo v2"; return; }
+  wait_for 10 grep -q "relayed fo version 2" "$TMP/b6.log" || { failed "relay never got fo v2"; cat "$TMP/b6.log"; return; }
+  sleep 0.5
+  kill -KILL "$relay"
+  wait "$relay"
+  check "relay node B died of SIGKILL" test $? -eq 137
+  wait "$watch"
+  check "watch on h3 got 2 versions although B died (exit 0)" test $? -eq 0
+  check "fo v1 came over the network from B" test "$(field "$TMP/fo.json" 0 path)" = remote
+  check "fo v2 came over the network too (path remote, not file)" test "$(field "$TMP/fo.json" 1 path)" = remote
+  local reason
+  reason=$(field "$TMP/fo.json" 1 reason)
+  echo "  reason: $reason"
+  check "fo v2's reason names A's node as the replica it came from" grep -q "remote from node $A:7340" <<<"$reason"
+  check "fo v2's reason says the transfer from B failed" grep -q "after remote failed" <<<"$reason"
+  local want
+  want=$(source_checksum $A 7340 fo 2 "$TMP/mid2.safetensors")
+  check "A holds fo v2 as published" test -n "$want"
+  check "fo v2 on h3 is bit-exact" test "$(field "$TMP/fo.json" 1 checksum)" = "$want"
+  on h2 tc qdisc del dev eth0 root
+  stop "$PID_a6"
+}
+
+for t in ${XNODE_TESTS:-test_big test_kill test_relay test_auth test_failover}; do
   echo "== $t"
   start=$SECONDS
   $t

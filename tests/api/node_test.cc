@@ -67,10 +67,10 @@ TEST(SameNode, ProducerAndConsumersNeverSeeATornModel) {
   std::string addr = WaitForFile(dir / "addr", 20s);
   ASSERT_FALSE(addr.empty()) << producer.log();
   Process map_consumer({testing::PeerBinary(), "consume", "--model", "m", "--connect", addr, "--until", "60",
-                        "--threads", "3", "--path", "map", "--result", dir / "map.json"},
+                        "--threads", "3", "--min-reads", "25", "--path", "map", "--result", dir / "map.json"},
                        dir / "map.log");
   Process copy_consumer({testing::PeerBinary(), "consume", "--model", "m", "--connect", addr, "--until", "60",
-                         "--threads", "3", "--path", "copy", "--result", dir / "copy.json"},
+                         "--threads", "3", "--min-reads", "25", "--path", "copy", "--result", dir / "copy.json"},
                         dir / "copy.log");
   ASSERT_EQ(map_consumer.Wait(90s), 0) << map_consumer.log();
   ASSERT_EQ(copy_consumer.Wait(90s), 0) << copy_consumer.log();

@@ -7,7 +7,9 @@
 //       starts publishing once N peers are connected. With --hang-in-version V it writes
 //       half of version V in place (zero-copy draft) and hangs there, writing "hanging V" to S.
 //   consume --model M --connect A --until V [--threads K] [--path map|copy|auto] --result F [--timeout-s T]
-//       Reads the live model from K threads in a loop until every thread has seen version >= V,
+//           [--min-reads R]
+//       Reads the live model from K threads in a loop until every thread has seen version >= V
+//       (and has read at least R times: a producer may finish before a late consumer's first read),
 //       verifying each read (checksum of the data region against the header, version pattern of
 //       every tensor), and writes a JSON result.
 //   hold --model M --connect A --state-file S [--path map]
@@ -151,6 +153,7 @@ int Consume(const std::map<std::string, std::string>& f) {
   options.path = *path;
   const uint64_t until = std::stoull(Get(f, "until", "1"));
   const int threads = std::stoi(Get(f, "threads", "3"));
+  const uint64_t min_reads = std::stoull(Get(f, "min-reads", "0"));
   const double timeout_s = std::stod(Get(f, "timeout-s", "60"));
   auto sub = Subscriber::Start(options);
   if (!sub.ok()) Die("subscribe", sub.status());
@@ -171,7 +174,7 @@ int Consume(const std::map<std::string, std::string>& f) {
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t) {
     pool.emplace_back([&] {
-      uint64_t last = 0;
+      uint64_t last = 0, mine = 0;
       while (std::chrono::steady_clock::now() < deadline) {
         auto mv = (*sub)->latest();  // one reference for the whole "inference"
         if (!mv) {
@@ -179,7 +182,7 @@ int Consume(const std::map<std::string, std::string>& f) {
           continue;
         }
         std::string err = VerifyRead(*mv);
-        reads++;
+        reads++, mine++;
         if (!err.empty()) {
           errors++;
           std::lock_guard<std::mutex> lock(mu);
@@ -191,7 +194,7 @@ int Consume(const std::map<std::string, std::string>& f) {
           distinct_seen.push_back(mv->version());
         }
         last = mv->version();
-        if (last >= until) break;
+        if (last >= until && mine >= min_reads) break;
       }
       finished++;
     });

@@ -37,10 +37,12 @@ enum class MessageType : uint16_t {
 };
 std::string_view message_type_name(MessageType type);
 
-enum class ReplicaKind : uint8_t { kHostSegment = 1, kNode = 2, kFile = 3 };
+enum class ReplicaKind : uint8_t { kHostSegment = 1, kNode = 2, kFile = 3, kRelay = 4 };
 
 // One copy of a version: a shared-memory segment on host `host_key`, a node reachable at
-// `locator` = "host:port" that sends it over UCX, or a file at `locator` (a path).
+// `locator` = "host:port" that sends it over UCX, or a file at `locator` (a path). kRelay: a
+// node at `locator` that relays the model and will hold this version once it has fetched it (a
+// NOTIFY goes out before any relay holds the version; its REPLICA then lists it as kNode).
 struct Replica {
   ReplicaKind kind = ReplicaKind::kNode;
   std::string host_key;

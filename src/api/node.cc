@@ -120,6 +120,7 @@ struct Node::Impl {
   void HandleList(net::PeerId peer, const proto::List& m);
   void HandleReplica(net::PeerId peer, PeerState& p, const proto::ReplicaAnnounce& m);
   void ForgetReplicasLocked(PeerState& p);
+  void ListRelaysLocked(proto::VersionInfo& info);
 
   void Send(net::PeerId peer, const proto::Message& message);
   void SendError(net::PeerId peer, uint64_t request_id, proto::ErrorCode code, const std::string& text);
@@ -306,13 +307,15 @@ Result<proto::VersionInfo> Node::Impl::CommitVersion(WriteLease lease, proto::Ve
   info.completed_ns = WallClockNs();
   std::vector<proto::Replica> replicas = {{proto::ReplicaKind::kHostSegment, host_key, segment},
                                           {proto::ReplicaKind::kNode, host_key, address}};
-  for (auto& r : info.replicas)  // a relay's upstream replicas follow ours
-    if (replicas.size() < proto::kMaxReplicas && std::find(replicas.begin(), replicas.end(), r) == replicas.end())
+  for (auto& r : info.replicas)  // a relay's upstream replicas follow ours (not this node as a relay)
+    if (replicas.size() < proto::kMaxReplicas && r.locator != address &&
+        std::find(replicas.begin(), replicas.end(), r) == replicas.end())
       replicas.push_back(std::move(r));
   info.replicas = std::move(replicas);
   std::vector<net::PeerId> subscribers;
   {
     std::lock_guard<std::mutex> lock(mu);
+    ListRelaysLocked(info);
     ModelState& state = models[info.model];
     state.versions[info.version] = info;
     PruneLocked(info.model);
@@ -570,6 +573,7 @@ void Node::Impl::HandleReplica(net::PeerId peer, PeerState& p, const proto::Repl
   auto v = state->second.versions.find(m.version);
   if (v == state->second.versions.end()) return;
   auto& replicas = v->second.replicas;
+  std::erase(replicas, proto::Replica{proto::ReplicaKind::kRelay, r.host_key, r.locator});  // it holds it now
   if (std::find(replicas.begin(), replicas.end(), r) != replicas.end() || replicas.size() >= proto::kMaxReplicas) return;
   replicas.push_back(r);
   p.replica = r;
@@ -578,14 +582,29 @@ void Node::Impl::HandleReplica(net::PeerId peer, PeerState& p, const proto::Repl
 }
 
 void Node::Impl::ForgetReplicasLocked(PeerState& p) {
+  const proto::Replica relay{proto::ReplicaKind::kRelay, p.replica.host_key, p.replica.locator};
   for (const auto& [model, version] : p.announced) {
     auto state = models.find(model);
     if (state == models.end()) continue;
+    for (auto& [number, info] : state->second.versions) std::erase(info.replicas, relay);  // listed, never fetched
     auto v = state->second.versions.find(version);
     if (v == state->second.versions.end()) continue;
     std::erase(v->second.replicas, p.replica);
   }
   p.announced.clear();
+}
+
+// Relays of the model (peers that announced a version of it) will hold this version soon after
+// its NOTIFY: they are listed as kRelay so that a consumer whose transfer from here breaks can
+// fetch from one of them instead of the file tier.
+void Node::Impl::ListRelaysLocked(proto::VersionInfo& info) {
+  for (const auto& [id, p] : peers) {
+    bool relays_model = std::any_of(p.announced.begin(), p.announced.end(),
+                                    [&](const auto& held) { return held.first == info.model; });
+    if (!relays_model || info.replicas.size() >= proto::kMaxReplicas) continue;
+    proto::Replica relay{proto::ReplicaKind::kRelay, p.replica.host_key, p.replica.locator};
+    if (std::find(info.replicas.begin(), info.replicas.end(), relay) == info.replicas.end()) info.replicas.push_back(relay);
+  }
 }
 
 // A client hands us a snapshot: receive it into a segment, then verify and commit on the worker.

@@ -215,7 +215,8 @@ Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::LoadVia(FetchPath path, 
 void Subscriber::Impl::AddOtherNodeChoices(const proto::VersionInfo& info, std::vector<internal::PathChoice>& ranked) {
   constexpr size_t kMaxOtherNodes = 4;
   for (const auto& r : info.replicas) {
-    if (r.kind != proto::ReplicaKind::kNode || r.locator == options.connect) continue;
+    bool node = r.kind == proto::ReplicaKind::kNode || r.kind == proto::ReplicaKind::kRelay;
+    if (!node || r.locator == options.connect) continue;
     std::erase(other_nodes, r.locator);
     other_nodes.insert(other_nodes.begin(), r.locator);
   }

@@ -107,7 +107,7 @@ void put(Writer& w, const VersionInfo& v) {
 Replica get_replica(Reader& r) {
   Replica out;
   uint8_t kind = r.u8("replica.kind");
-  if (r.ok() && (kind < 1 || kind > 3)) r.fail("replica.kind", "unknown replica kind " + std::to_string(kind));
+  if (r.ok() && (kind < 1 || kind > 4)) r.fail("replica.kind", "unknown replica kind " + std::to_string(kind));
   out.kind = static_cast<ReplicaKind>(kind);
   out.host_key = r.str("replica.host_key");
   out.locator = r.str("replica.locator");

@@ -23,7 +23,8 @@ VersionInfo SampleInfo() {
   v.metadata = {{"loss", "0.25"}, {"viper.model", "nt3"}};
   v.replicas = {{ReplicaKind::kHostSegment, "host-a", "viper.123.4"},
                 {ReplicaKind::kNode, "host-a", "127.0.0.1:7000"},
-                {ReplicaKind::kFile, "host-a", "/pfs/nt3/42.safetensors"}};
+                {ReplicaKind::kFile, "host-a", "/pfs/nt3/42.safetensors"},
+                {ReplicaKind::kRelay, "host-b", "10.0.0.2:7301"}};
   return v;
 }
 

@@ -284,7 +284,54 @@ test_failover() {
   stop "$PID_a6"
 }
 
-for t in ${XNODE_TESTS:-test_big test_kill test_relay test_auth test_failover}; do
+# ---------------------------------------------------------------- 6. producer's node killed mid-transfer -> a relay
+# The consumer on h3 is connected to A; relay B (h2) relays the model from A, so A's NOTIFYs list
+# B as a relay (replica kind 4). A dies while the consumer is still receiving (A's link to h3 is
+# slowed, its link to B is not): the consumer takes the version from B's memory.
+test_failover_to_relay() {
+  serve h1 a7 --listen $A:7350 || return
+  (exec "$VIPER_HOSTS_SCRIPT" exec h2 -- env VIPER_LOG=info "$VIPER" serve --name b7 --listen $B:7351 --upstream $A:7350 \
+     --relay-model fr --address-file "$TMP/b7.addr" >"$TMP/b7.log" 2>&1) &
+  local relay=$!
+  PIDS+=($relay)
+  wait_for 10 test -s "$TMP/b7.addr" || { failed "relay b7 did not start"; cat "$TMP/b7.log"; return; }
+  on h3 "$VIPER" watch fr --connect $A:7350 --json --count 2 --timeout 40 >"$TMP/fr.json" 2>"$TMP/fr.err" &
+  local watch=$!
+  PIDS+=($watch)
+  sleep 0.5
+  on h1 "$VIPER" publish fr "$TMP/mid1.safetensors" --connect $A:7350 >/dev/null || { failed "publish fr v1"; return; }
+  wait_for 20 lines "$TMP/fr.json" 1 || { failed "fr v1 never reached h3"; return; }
+  wait_for 10 grep -q "relayed fr version 1" "$TMP/b7.log" || { failed "relay never got fr v1"; return; }
+  sleep 0.3  # B's REPLICA for v1 reaches A: A now knows B relays fr
+  on h1 "$VIPER" ls --connect $A:7350 --json >"$TMP/fr1.ls"
+  check "A lists B as a node holding fr v1" grep -q "node:$B:7351" "$TMP/fr1.ls"
+  # Only the traffic from A to h3 is slowed (~4 s for the 48 MiB version).
+  on h1 tc qdisc add dev eth0 root handle 1: htb default 1
+  on h1 tc class add dev eth0 parent 1: classid 1:1 htb rate 10gbit
+  on h1 tc class add dev eth0 parent 1: classid 1:3 htb rate 100mbit
+  on h1 tc filter add dev eth0 parent 1: protocol ip u32 match ip dst 10.77.0.3/32 flowid 1:3
+  on h1 "$VIPER" publish fr "$TMP/mid2.safetensors" --connect $A:7350 >/dev/null || { failed "publish fr v2"; return; }
+  wait_for 10 grep -q "relayed fr version 2" "$TMP/b7.log" || { failed "relay never got fr v2"; cat "$TMP/b7.log"; return; }
+  local want
+  want=$(source_checksum $A 7350 fr 2 "$TMP/mid2.safetensors")
+  check "A holds fr v2 as published" test -n "$want"
+  kill -KILL "$PID_a7"
+  wait "$PID_a7"
+  check "node A died of SIGKILL" test $? -eq 137
+  wait "$watch"
+  check "watch on h3 got 2 versions although A died (exit 0)" test $? -eq 0
+  check "fr v2 came over the network (path remote, not file)" test "$(field "$TMP/fr.json" 1 path)" = remote
+  local reason
+  reason=$(field "$TMP/fr.json" 1 reason)
+  echo "  reason: $reason"
+  check "fr v2's reason names relay B as the replica it came from" grep -q "remote from node $B:7351" <<<"$reason"
+  check "fr v2's reason says the transfer from A failed" grep -q "after remote failed" <<<"$reason"
+  check "fr v2 on h3 is bit-exact" test "$(field "$TMP/fr.json" 1 checksum)" = "$want"
+  on h1 tc qdisc del dev eth0 root 2>/dev/null
+  kill -TERM "$relay" 2>/dev/null; wait "$relay" 2>/dev/null
+}
+
+for t in ${XNODE_TESTS:-test_big test_kill test_relay test_auth test_failover test_failover_to_relay}; do
   echo "== $t"
   start=$SECONDS
   $t

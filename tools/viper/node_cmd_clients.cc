@@ -299,6 +299,7 @@ std::string ReplicaText(const proto::Replica& r) {
     case proto::ReplicaKind::kHostSegment: return "shm:" + r.locator;
     case proto::ReplicaKind::kNode: return "node:" + r.locator;
     case proto::ReplicaKind::kFile: return "file:" + r.locator;
+    case proto::ReplicaKind::kRelay: return "relay:" + r.locator;
   }
   return "?";
 }

@@ -5,7 +5,15 @@
 // and then arms the worker and blocks in epoll on the worker's event fd and the queue's eventfd
 // (no busy CPU when idle). Peers are endpoints created by Connect() or accepted by the listener,
 // all with UCX peer-failure detection; a peer whose connection fails (process killed, network
-// gone) is reported once through on_peer_closed and forgotten: nothing waits on it forever.
+// gone) is reported once through on_peer_closed and forgotten: nothing waits on it forever; a
+// peer that disconnects gracefully says so (on_peer_closed with Unavailable on the other side).
+//
+// Connecting: the listener is the engine's own TCP socket, not UCX's. Connect() sends a
+// bootstrap frame (token + this worker's UCX address) over TCP and gets the node's address back;
+// both sides then make UCX endpoints from the worker addresses (src/net/bootstrap.h). A listener
+// drops, with a logged reason, any connection that does not send a well-formed frame within
+// handshake_timeout or lacks its token, before UCX sees anything from it. An engine cannot
+// connect to its own listener.
 //
 // Messages: control messages are UCX active messages; the engine copies them, so the caller's
 // buffer is reusable when Send() returns. They arrive in the order they were sent on one peer
@@ -40,6 +48,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "viper/status.h"
@@ -56,7 +65,16 @@ struct EngineOptions {
   std::chrono::milliseconds close_timeout{1000};
   // Largest control message accepted from a peer (untrusted input); larger ones close the peer.
   size_t max_message_bytes = size_t{64} << 20;
+  // Shared secret. Connect sends it in its bootstrap frame; a listener with a token drops any
+  // connection whose frame lacks it (logged) before UCX sees anything from that peer. Empty =
+  // none sent, none required.
+  std::string token;
+  // A connection to the listener must deliver its bootstrap frame within this, or it is closed.
+  std::chrono::milliseconds handshake_timeout{5000};
 };
+
+// Constant-time (in the length of `expected`) comparison of a presented token.
+bool TokensEqual(std::string_view presented, std::string_view expected);
 
 struct EngineHandlers {
   // A control message arrived. `bytes` is valid only during the call. May run for a peer whose

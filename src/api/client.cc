@@ -155,6 +155,7 @@ Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options, Cl
   eh.on_message = [raw](net::PeerId, std::span<const std::byte> bytes) { raw->OnMessage(bytes); };
   eh.on_peer_closed = [raw](net::PeerId, const Status& why) { raw->OnClosed(why); };
   net::EngineOptions eo;  // no listener
+  eo.token = options.token;
   VIPER_ASSIGN_OR_RETURN(impl->engine, net::Engine::Start(eo, std::move(eh)));
   auto peer = impl->engine->Connect(options.connect);
   if (!peer.ok()) return peer.status().WithContext("cannot connect to node " + options.connect);

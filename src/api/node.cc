@@ -36,12 +36,6 @@ std::string NamespaceInode(const char* path) {
   return ::stat(path, &st) == 0 ? std::to_string(st.st_ino) : "?";
 }
 
-bool TokensEqual(const std::string& a, const std::string& b) {  // constant time in the length of b
-  unsigned diff = a.size() != b.size();
-  for (size_t i = 0; i < b.size(); ++i) diff |= static_cast<unsigned>(b[i] ^ (i < a.size() ? a[i] : 0));
-  return diff == 0;
-}
-
 uint32_t ClampChunk(uint32_t asked, uint32_t fallback) {
   uint32_t chunk = asked == 0 ? fallback : asked;
   return std::clamp<uint32_t>(chunk, 64u << 10, 256u << 20);
@@ -170,6 +164,7 @@ Result<std::unique_ptr<Node>> Node::Start(const NodeOptions& options) {
 
   net::EngineOptions engine_options;
   engine_options.listen = options.listen.empty() ? "127.0.0.1:0" : options.listen;
+  engine_options.token = options.token;  // checked in the bootstrap frame already, then in HELLO
   net::EngineHandlers handlers;
   Impl* raw = impl.get();  // the engine is destroyed before the Impl
   handlers.on_message = [raw](net::PeerId peer, std::span<const std::byte> bytes) { raw->OnMessage(peer, bytes); };
@@ -464,7 +459,7 @@ void Node::Impl::Dispatch(net::PeerId peer, PeerState& p, proto::Message& messag
 }
 
 void Node::Impl::HandleHello(net::PeerId peer, PeerState& p, const proto::Hello& m) {
-  if (!options.token.empty() && !TokensEqual(m.token, options.token)) {
+  if (!options.token.empty() && !net::TokensEqual(m.token, options.token)) {
     std::string why = m.token.empty() ? "HELLO carries no token" : "HELLO carries a wrong token";
     SendError(peer, 0, proto::ErrorCode::kUnauthorized, why);
     return Refuse(peer, why);

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "address.h"
+#include "bootstrap.h"
 #include "viper/engine.h"
 
 namespace viper::net {
@@ -30,7 +31,10 @@ using Clock = std::chrono::steady_clock;
 namespace detail {
 
 // Active-message ids. kControlAm carries the user's messages; the others are the engine's own.
-enum AmId : unsigned { kControlAm = 1, kPingAm = 2, kPongAm = 3 };
+// kByeAm: "I am closing this connection" (graceful close, after our last send completed): endpoints
+// made from worker addresses tell the remote nothing when they close, unlike those of a
+// connection manager.
+enum AmId : unsigned { kControlAm = 1, kPingAm = 2, kPongAm = 3, kByeAm = 4 };
 
 // user_data of UCX requests; each is deleted by its completion callback. Ops that belong to a
 // peer are listed in Peer::ops so that closing the peer can stamp the reason on them (and cancel
@@ -80,6 +84,7 @@ struct Peer {
   ucp_ep_h ep = nullptr;
   std::string address;
   Phase phase = Phase::kConnecting;
+  bool say_bye = false;  // graceful close of an open peer: send kByeAm before the flush
   // Set while Connect() waits for the handshake.
   std::shared_ptr<std::promise<Result<PeerId>>> connect;
   Clock::time_point connect_deadline{};
@@ -108,6 +113,7 @@ struct Engine::Impl {
   EngineOptions options;
   EngineHandlers handlers;
   std::string listen_address;
+  std::vector<std::byte> worker_address;  // this worker's UCX address, sent in bootstrap frames
 
   // ---- any thread
   std::mutex queue_mu;
@@ -128,7 +134,7 @@ struct Engine::Impl {
   // ---- progress thread only
   ucp_context_h context = nullptr;
   ucp_worker_h worker = nullptr;
-  ucp_listener_h listener = nullptr;
+  std::unique_ptr<detail::Acceptor> acceptor;  // the listener (its own thread; bootstrap.h)
   int epoll_fd = -1;
   int worker_fd = -1;
   PeerId next_peer_id = 1;
@@ -154,8 +160,8 @@ struct Engine::Impl {
 
   // engine_peers.cc: endpoints
   Status CreateListener(const std::string& host_port);
-  void Accept(ucp_conn_request_h request);
-  void StartConnect(const std::string& address, const detail::SockAddr& addr,
+  Status AcceptAddress(const std::vector<std::byte>& client_address, const std::string& peer_address);
+  void StartConnect(const std::string& address, const std::vector<std::byte>& node_address,
                     std::shared_ptr<std::promise<Result<PeerId>>> waiter);
   detail::Peer* AddPeer(ucp_ep_h ep, std::string address);
   detail::Peer* FindPeer(PeerId id);
@@ -173,6 +179,7 @@ struct Engine::Impl {
   ucs_status_t OnControlAm(void* data, size_t length, const ucp_am_recv_param_t* param);
   void OnPing(const ucp_am_recv_param_t* param);
   void OnPong(const ucp_am_recv_param_t* param);
+  void OnBye(const ucp_am_recv_param_t* param);
   void FetchRendezvous();
   void OnAmData(detail::AmDataOp* op, ucs_status_t status);
   void DeliverReady(detail::Peer& peer);

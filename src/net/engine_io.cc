@@ -21,6 +21,12 @@ ucs_status_t PingAmCb(void* arg, const void* header, size_t header_length, void*
   return UCS_OK;
 }
 
+ucs_status_t ByeAmCb(void* arg, const void* header, size_t header_length, void* data, size_t length,
+                     const ucp_am_recv_param_t* param) {
+  static_cast<Engine::Impl*>(arg)->OnBye(param);
+  return UCS_OK;
+}
+
 ucs_status_t PongAmCb(void* arg, const void* header, size_t header_length, void* data, size_t length,
                       const ucp_am_recv_param_t* param) {
   static_cast<Engine::Impl*>(arg)->OnPong(param);
@@ -69,7 +75,7 @@ Status Engine::Impl::RegisterAmHandlers() {
     ucp_am_recv_callback_t cb;
   };
   for (Entry e : {Entry{detail::kControlAm, ControlAmCb}, Entry{detail::kPingAm, PingAmCb},
-                  Entry{detail::kPongAm, PongAmCb}}) {
+                  Entry{detail::kPongAm, PongAmCb}, Entry{detail::kByeAm, ByeAmCb}}) {
     ucp_am_handler_param_t param{};
     param.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
                        UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
@@ -170,6 +176,16 @@ void Engine::Impl::DeliverReady(detail::Peer& peer) {
 void Engine::Impl::OnPing(const ucp_am_recv_param_t* param) {
   detail::Peer* peer = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? PeerOfEp(param->reply_ep) : nullptr;
   if (peer != nullptr && !peer->closing()) SendAm(*peer, detail::kPongAm, nullptr, nullptr);
+}
+
+// The remote closes gracefully: everything it sent has arrived (it says bye after its last send
+// completed). Closed after progress returns, like every peer removal.
+void Engine::Impl::OnBye(const ucp_am_recv_param_t* param) {
+  detail::Peer* peer = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? PeerOfEp(param->reply_ep) : nullptr;
+  if (peer == nullptr || peer->closing()) return;
+  PeerId id = peer->id;
+  Status reason = Status::Unavailable(fmt::format("peer {} ({}) closed the connection", id, peer->address));
+  deferred.push_back([this, id, reason] { ClosePeer(id, reason, /*notify=*/true, /*graceful=*/false); });
 }
 
 void Engine::Impl::OnPong(const ucp_am_recv_param_t* param) {

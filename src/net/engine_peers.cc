@@ -12,12 +12,6 @@ namespace {
 
 constexpr const char* kLog = "net";
 
-void OnConnRequestCb(ucp_conn_request_h request, void* arg) {
-  auto* impl = static_cast<Engine::Impl*>(arg);
-  // Creating an endpoint inside a UCX callback is avoided: do it once progress returns.
-  impl->deferred.push_back([impl, request] { impl->Accept(request); });
-}
-
 void OnEpErrorCb(void* arg, ucp_ep_h ep, ucs_status_t status) {
   auto* impl = static_cast<Engine::Impl*>(arg);
   impl->deferred.push_back([impl, ep, status] { impl->OnEpError(ep, status); });
@@ -51,67 +45,59 @@ Status Engine::Impl::CreateListener(const std::string& host_port) {
   VIPER_ASSIGN_OR_RETURN(auto parsed, ParseHostPort(host_port));
   Result<detail::SockAddr> addr = detail::Resolve(parsed.first, parsed.second);
   if (!addr.ok()) return addr.status().WithContext(fmt::format("listen on {}", host_port));
-  ucp_listener_params_t params{};
-  params.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
-  params.sockaddr.addr = addr->get();
-  params.sockaddr.addrlen = addr->length;
-  params.conn_handler.cb = OnConnRequestCb;
-  params.conn_handler.arg = this;
-  ucs_status_t st = ucp_listener_create(worker, &params, &listener);
-  if (st == UCS_ERR_BUSY) {
-    return Status::Unavailable(fmt::format("listen on {}: address already in use", host_port));
-  }
-  if (st != UCS_OK) return detail::FromUcs(st, fmt::format("listen on {}", host_port));
-  ucp_listener_attr_t attr{};
-  attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
-  st = ucp_listener_query(listener, &attr);
-  if (st != UCS_OK) return detail::FromUcs(st, fmt::format("listen on {}: querying the bound port", host_port));
-  listen_address = detail::FormatSockAddr(reinterpret_cast<const sockaddr*>(&attr.sockaddr));
+  // Runs on the acceptor thread: the endpoint is made here, on the progress thread, and the
+  // client gets our address only after it exists (its first message then finds it).
+  auto admit = [this](std::vector<std::byte> client_address, const std::string& peer) -> Status {
+    auto made = std::make_shared<std::promise<Status>>();
+    std::future<Status> result = made->get_future();
+    Post([this, client_address = std::move(client_address), peer, made] { made->set_value(AcceptAddress(client_address, peer)); });
+    while (result.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
+      if (stop_requested.load(std::memory_order_acquire)) return Status::Cancelled("the engine is shutting down");
+    }
+    return result.get();
+  };
+  detail::Acceptor::Options acceptor_options;
+  acceptor_options.handshake_timeout = options.handshake_timeout;
+  acceptor_options.token = options.token;
+  auto started = detail::Acceptor::Start(*addr, worker_address, std::move(admit), acceptor_options);
+  if (!started.ok()) return started.status().WithContext(fmt::format("listen on {}", host_port));
+  acceptor = std::move(started).value();
+  listen_address = acceptor->address();
   log(LogLevel::kInfo, kLog, "listening on {}", listen_address);
   return Status::OK();
 }
 
-void Engine::Impl::Accept(ucp_conn_request_h request) {
-  ucp_conn_request_attr_t attr{};
-  attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
-  std::string address = "?";
-  if (ucp_conn_request_query(request, &attr) == UCS_OK) {
-    address = detail::FormatSockAddr(reinterpret_cast<const sockaddr*>(&attr.client_address));
-  }
-  if (stopping || listener == nullptr) {
-    if (listener != nullptr) ucp_listener_reject(listener, request);
-    return;
-  }
+Status Engine::Impl::AcceptAddress(const std::vector<std::byte>& client_address, const std::string& peer_address) {
+  if (stopping) return Status::Unavailable("the engine is shutting down");
+  // Both endpoints of a connection to ourselves would live in this worker, and UCX would pair
+  // each with itself: messages would arrive on the sending side's peer. Nothing needs it.
+  if (client_address == worker_address) return Status::InvalidArgument("this engine connected to its own listener");
   ucp_ep_params_t params{};
-  params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  params.conn_request = request;
+  params.address = reinterpret_cast<const ucp_address_t*>(client_address.data());
   params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
   params.err_handler = ErrHandler(this);
   ucp_ep_h ep = nullptr;
   ucs_status_t st = ucp_ep_create(worker, &params, &ep);
-  if (st != UCS_OK) {
-    log(LogLevel::kWarn, kLog, "accepting a connection from {} failed: {}", address, ucs_status_string(st));
-    return;
-  }
-  detail::Peer* peer = AddPeer(ep, address);
+  if (st != UCS_OK) return detail::FromUcs(st, fmt::format("accepting a connection from {}", peer_address));
+  detail::Peer* peer = AddPeer(ep, peer_address);
   MarkOpen(*peer);
-  log(LogLevel::kInfo, kLog, "accepted peer {} from {}", peer->id, address);
-  if (handlers.on_peer_accepted) handlers.on_peer_accepted(peer->id, address);
+  log(LogLevel::kInfo, kLog, "accepted peer {} from {}", peer->id, peer_address);
+  if (handlers.on_peer_accepted) handlers.on_peer_accepted(peer->id, peer_address);
+  return Status::OK();
 }
 
-void Engine::Impl::StartConnect(const std::string& address, const detail::SockAddr& addr,
+void Engine::Impl::StartConnect(const std::string& address, const std::vector<std::byte>& node_address,
                                 std::shared_ptr<std::promise<Result<PeerId>>> waiter) {
   if (stopping) {
     waiter->set_value(Status::Unavailable(fmt::format("connect to {}: the engine is shutting down", address)));
     return;
   }
   ucp_ep_params_t params{};
-  params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-  params.sockaddr.addr = addr.get();
-  params.sockaddr.addrlen = addr.length;
+  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  params.address = reinterpret_cast<const ucp_address_t*>(node_address.data());
   params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
   params.err_handler = ErrHandler(this);
   ucp_ep_h ep = nullptr;
@@ -124,8 +110,8 @@ void Engine::Impl::StartConnect(const std::string& address, const detail::SockAd
   peer->connect = std::move(waiter);
   peer->connect_deadline = Clock::now() + options.connect_timeout;
   connecting++;
-  // The endpoint is usable once the listener's engine answers this ping (UCX queues the send
-  // until the wire-up is done; a refused connection fails the endpoint instead).
+  // The endpoint is usable once the node's engine answers this ping (UCX queues the send until
+  // the wire-up is done; an unreachable node fails the endpoint instead).
   SendAm(*peer, detail::kPingAm, nullptr, nullptr);
 }
 
@@ -220,6 +206,7 @@ void Engine::Impl::ClosePeer(PeerId id, const Status& reason, bool notify, bool 
     peer->connect.reset();
   }
   peer->phase = detail::Peer::Phase::kDraining;
+  peer->say_bye = graceful && was_open;
   peer->close_deadline = Clock::now() + options.close_timeout;
   closing++;
   peer->inbox.clear();
@@ -234,7 +221,13 @@ void Engine::Impl::ClosePeer(PeerId id, const Status& reason, bool notify, bool 
 
 // Called whenever a closing peer's operation ends: once none is left, flush the endpoint.
 void Engine::Impl::AdvanceClose(detail::Peer& peer) {
-  if (peer.phase == detail::Peer::Phase::kDraining && peer.ops.empty()) StartFlush(peer);
+  if (peer.phase != detail::Peer::Phase::kDraining || !peer.ops.empty()) return;
+  if (peer.say_bye) {  // after our last send completed, so the remote has everything before it
+    peer.say_bye = false;
+    SendAm(peer, detail::kByeAm, nullptr, nullptr);
+    if (!peer.ops.empty()) return;  // its completion advances the close again
+  }
+  StartFlush(peer);
 }
 
 void Engine::Impl::StartFlush(detail::Peer& peer) {

@@ -276,5 +276,120 @@ TEST_F(EngineTest, RestartedListenerRebindsItsPortAtOnce) {
   }
 }
 
+// How the engine answered a raw TCP client that sent `bytes` to its listener: "closed" or
+// "reset" (what it must do), "answered" or "idle" (still open after `wait`).
+std::string RawClient(uint16_t port, const std::string& bytes, std::chrono::milliseconds wait) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(port);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return "connect failed";
+  }
+  if (!bytes.empty()) (void)send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+  timeval tv{};
+  tv.tv_sec = wait.count() / 1000;
+  tv.tv_usec = (wait.count() % 1000) * 1000;
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  char buf[256];
+  ssize_t n = recv(fd, buf, sizeof(buf), 0);
+  int err = errno;
+  close(fd);
+  if (n == 0) return "closed";
+  if (n > 0) return "answered";
+  return err == ECONNRESET ? "reset" : "idle";
+}
+
+uint16_t PortOf(const std::string& host_port) { return static_cast<uint16_t>(std::stoi(host_port.substr(host_port.rfind(':') + 1))); }
+
+// The listener is the engine's own socket (src/net/bootstrap.h): nothing a raw client sends
+// reaches UCX before a well-formed bootstrap frame. UCX 1.13's own listener aborted the whole
+// process on the first payload below and left the second open forever.
+TEST_F(EngineTest, GarbageOnTheListenerIsDroppedAndTheEngineKeepsServing) {
+  EngineOptions options;
+  options.listen = "127.0.0.1:0";
+  auto server = StartEngine(options);
+  const uint16_t port = PortOf(server->listen_address());
+  std::string ascending;
+  for (int i = 0; i < 256 * 64; ++i) ascending.push_back(static_cast<char>(i & 0xff));
+  auto frame = [](uint16_t version, uint32_t length, const std::string& body) {
+    std::string f = "VIPB";
+    f += static_cast<char>(version & 0xff), f += static_cast<char>(version >> 8);
+    f += std::string(2, '\0');
+    for (int i = 0; i < 4; ++i) f += static_cast<char>((length >> (8 * i)) & 0xff);
+    return f + body;
+  };
+  const std::vector<std::pair<std::string, std::string>> garbage = {
+      {"UCX connection-manager header with trailing bytes", std::string("\x10", 1) + std::string(7, '\0') + std::string(100, 'x')},
+      {"bytes 0..255 repeated", ascending},
+      {"an HTTP request", "GET / HTTP/1.0\r\n\r\n"},
+      {"a frame of another version", frame(9, 8, "12345678")},
+      {"a frame claiming 2 GiB", frame(1, 0x7fffffffu, "xx")},
+      {"a frame with an empty address", frame(1, 0, "")},
+  };
+  for (const auto& [what, bytes] : garbage) {
+    std::string answer = RawClient(port, bytes, 3s);
+    EXPECT_TRUE(answer == "closed" || answer == "reset") << what << ": " << answer;
+  }
+  // A client that connects and says nothing is dropped after the handshake deadline (5 s).
+  auto t0 = std::chrono::steady_clock::now();
+  std::string silent = RawClient(port, "", 10s);
+  double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_TRUE(silent == "closed" || silent == "reset") << "silent client: " << silent;
+  EXPECT_LT(waited, 8.0);
+  std::printf("silent client dropped after %.1f s\n", waited);
+  // The engine still accepts a real peer, and nothing above became one.
+  EXPECT_EQ(server->stats().peers, 0u);
+  auto client = StartEngine();
+  Result<PeerId> peer = client->Connect(server->listen_address());
+  ASSERT_TRUE(peer.ok()) << peer.status().ToString();
+  auto accepted = events_.WaitAccepted(5s);
+  ASSERT_TRUE(accepted);
+  ASSERT_TRUE(client->Send(*peer, AsBytes("still serving")).ok());
+  auto m = events_.NextMessage(5s);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->text(), "still serving");
+}
+
+// A listener with a token checks it in the bootstrap frame, before UCX sees the peer's worker
+// address: UCX 1.13 aborts the process on a malformed one (ucp_address_unpack), so without the
+// token nobody gets that far.
+TEST_F(EngineTest, ListenerWithTokenDropsPeersWithoutItBeforeUcxSeesThem) {
+  EngineOptions options;
+  options.listen = "127.0.0.1:0";
+  options.token = "s3cret";
+  auto server = StartEngine(options);
+  const uint16_t port = PortOf(server->listen_address());
+  // A well-formed frame without the token, carrying bytes that are no UCX address.
+  std::string frame = "VIPB";
+  frame += std::string("\x01\x00\x00\x00", 4);
+  frame += std::string("\x20\x00\x00\x00", 4);
+  frame += std::string(32, 'x');
+  std::string answer = RawClient(port, frame, 3s);
+  EXPECT_TRUE(answer == "closed" || answer == "reset") << answer;
+  EngineOptions wrong;
+  wrong.token = "guess";
+  auto intruder = Engine::Start(wrong, {});
+  ASSERT_TRUE(intruder.ok());
+  Result<PeerId> refused = (*intruder)->Connect(server->listen_address());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kUnavailable) << refused.status().ToString();
+  auto anonymous = Engine::Start({}, {});
+  ASSERT_TRUE(anonymous.ok());
+  EXPECT_FALSE((*anonymous)->Connect(server->listen_address()).ok());
+  EXPECT_EQ(server->stats().peers, 0u);
+  EngineOptions right;
+  right.token = "s3cret";
+  auto client = StartEngine(right);
+  Result<PeerId> peer = client->Connect(server->listen_address());
+  ASSERT_TRUE(peer.ok()) << peer.status().ToString();
+  ASSERT_TRUE(client->Send(*peer, AsBytes("with the token")).ok());
+  auto m = events_.NextMessage(5s);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->text(), "with the token");
+}
+
 }  // namespace
 }  // namespace viper::net::testing

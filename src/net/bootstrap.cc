@@ -291,9 +291,13 @@ void Acceptor::Impl::AcceptNew() {
     int fd = ::accept4(listen_fd.get(), reinterpret_cast<sockaddr*>(&from.storage), &from.length,
                        SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
-      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
-        log(LogLevel::kWarn, kLog, "accept failed: {}", std::strerror(errno));
-      if (errno == EINTR || errno == ECONNABORTED) continue;
+      const int err = errno;
+      if (err == EINTR || err == ECONNABORTED) continue;
+      if (err == EAGAIN || err == EWOULDBLOCK) return;
+      log(LogLevel::kWarn, kLog, "accept failed: {}", std::strerror(err));
+      // Out of file descriptors (EMFILE/ENFILE) leaves the connection queued and the listener
+      // readable: back off instead of spinning on poll.
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
       return;
     }
     Pending p;

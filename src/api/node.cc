@@ -92,6 +92,7 @@ struct Node::Impl {
     std::multimap<std::pair<std::string, uint64_t>, ReadLease> leases;
     std::set<std::string> subscriptions;
     std::vector<std::pair<std::string, uint64_t>> announced;  // versions this relay said it holds
+    std::set<std::string> relayed_models;                      // ...and their models
     proto::Replica replica;                                    // ...as this replica
   };
 
@@ -573,15 +574,21 @@ void Node::Impl::HandleReplica(net::PeerId peer, PeerState& p, const proto::Repl
   replicas.push_back(r);
   p.replica = r;
   p.announced.emplace_back(m.model, m.version);
+  p.relayed_models.insert(m.model);
   log(LogLevel::kInfo, kLog, "{} version {} is also held by {} ({})", m.model, m.version, r.locator, p.name);
 }
 
 void Node::Impl::ForgetReplicasLocked(PeerState& p) {
   const proto::Replica relay{proto::ReplicaKind::kRelay, p.replica.host_key, p.replica.locator};
+  for (const auto& model : p.relayed_models) {  // listed as a relay in versions it never fetched
+    auto state = models.find(model);
+    if (state == models.end()) continue;
+    for (auto& [number, info] : state->second.versions) std::erase(info.replicas, relay);
+  }
+  p.relayed_models.clear();
   for (const auto& [model, version] : p.announced) {
     auto state = models.find(model);
     if (state == models.end()) continue;
-    for (auto& [number, info] : state->second.versions) std::erase(info.replicas, relay);  // listed, never fetched
     auto v = state->second.versions.find(version);
     if (v == state->second.versions.end()) continue;
     std::erase(v->second.replicas, p.replica);
@@ -594,9 +601,7 @@ void Node::Impl::ForgetReplicasLocked(PeerState& p) {
 // fetch from one of them instead of the file tier.
 void Node::Impl::ListRelaysLocked(proto::VersionInfo& info) {
   for (const auto& [id, p] : peers) {
-    bool relays_model = std::any_of(p.announced.begin(), p.announced.end(),
-                                    [&](const auto& held) { return held.first == info.model; });
-    if (!relays_model || info.replicas.size() >= proto::kMaxReplicas) continue;
+    if (p.relayed_models.count(info.model) == 0 || info.replicas.size() >= proto::kMaxReplicas) continue;
     proto::Replica relay{proto::ReplicaKind::kRelay, p.replica.host_key, p.replica.locator};
     if (std::find(info.replicas.begin(), info.replicas.end(), relay) == info.replicas.end()) info.replicas.push_back(relay);
   }

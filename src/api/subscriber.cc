@@ -88,6 +88,7 @@ struct Subscriber::Impl {
 
   void OnNotify(const proto::VersionInfo& info);
   Result<std::shared_ptr<Client>> EnsureClient();
+  ClientOptions ClientOptionsFor(const std::string& node) const;
   void DropClient(const std::shared_ptr<Client>& broken);
   void Run();
   Result<std::shared_ptr<ModelVersion>> Load(const proto::VersionInfo& info);
@@ -115,17 +116,22 @@ void Subscriber::Impl::OnNotify(const proto::VersionInfo& info) {
   cv.notify_all();
 }
 
+ClientOptions Subscriber::Impl::ClientOptionsFor(const std::string& node) const {
+  ClientOptions co;
+  co.connect = node;
+  co.token = options.token;
+  co.name = options.name;
+  co.timeout = options.request_timeout;
+  co.chunk_bytes = options.chunk_bytes;
+  return co;
+}
+
 Result<std::shared_ptr<Client>> Subscriber::Impl::EnsureClient() {
   {
     std::lock_guard<std::mutex> lock(mu);
     if (client && client->connected()) return client;
   }
-  ClientOptions co;
-  co.connect = options.connect;
-  co.token = options.token;
-  co.name = options.name;
-  co.timeout = options.request_timeout;
-  co.chunk_bytes = options.chunk_bytes;
+  ClientOptions co = ClientOptionsFor(options.connect);
   ClientHandlers handlers;
   handlers.on_notify = [this](const proto::VersionInfo& info) { OnNotify(info); };
   handlers.on_disconnect = [this](const Status& why) {
@@ -238,18 +244,12 @@ void Subscriber::Impl::AddOtherNodeChoices(const proto::VersionInfo& info, std::
 // A remote transfer from another node, over a connection made for it and closed after it.
 Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::LoadFromOtherNode(const std::string& node,
                                                                           const proto::VersionInfo& info) {
-  ClientOptions co;
-  co.connect = node;
-  co.token = options.token;
-  co.name = options.name;
-  co.timeout = options.request_timeout;
-  co.chunk_bytes = options.chunk_bytes;
   // A buffer an earlier broken transfer poisoned stays aside; one this transfer poisons is safe
   // again once the client below (and its engine) is gone.
   auto earlier_poisoned = std::move(poisoned_buffer);
   Result<std::shared_ptr<ModelVersion>> loaded = Status::Unavailable("not tried");
   {
-    auto other = Client::Connect(co);
+    auto other = Client::Connect(ClientOptionsFor(node));
     loaded = other.ok() ? LoadRemote(info, **other) : Result<std::shared_ptr<ModelVersion>>(other.status());
   }
   poisoned_buffer = std::move(earlier_poisoned);

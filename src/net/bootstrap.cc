@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "viper/fd.h"
 #include "viper/engine.h"
 #include "viper/log.h"
 
@@ -87,23 +88,6 @@ Status ReadExact(int fd, std::byte* out, size_t size, SteadyClock::time_point de
   }
   return Status::OK();
 }
-
-class Fd {
- public:
-  explicit Fd(int fd = -1) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  Fd& operator=(Fd&& o) noexcept {
-    std::swap(fd_, o.fd_);
-    return *this;
-  }
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
 
 }  // namespace
 

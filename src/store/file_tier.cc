@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 
 #include "store_util.h"
+#include "viper/fd.h"
 #include "viper/log.h"
 
 namespace viper {
@@ -34,23 +35,6 @@ constexpr uint64_t kReadChunk = 8ull << 20;
 constexpr uint64_t kWriteChunk = 64ull << 20;
 
 std::atomic<uint64_t> g_temp_seq{0};
-
-// Closes a file descriptor on scope exit.
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-  // Closes now; returns close()'s result (it can report a deferred write error).
-  int Close() { return ::close(std::exchange(fd_, -1)); }
-
- private:
-  int fd_;
-};
 
 Status FsyncDir(const fs::path& dir) {
   Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));

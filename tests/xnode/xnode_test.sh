@@ -248,12 +248,9 @@ except (socket.timeout, ConnectionResetError) as e:
 # replica. B dies mid-transfer: the consumer takes the version from A's memory, not from a file.
 test_failover() {
   serve h1 a6 --listen $A:7340 || return
-  # The relay and its own log live in h2; its NOTIFYs carry A's replicas after its own.
-  (exec "$VIPER_HOSTS_SCRIPT" exec h2 -- env VIPER_LOG=info "$VIPER" serve --name b6 --listen $B:7341 --upstream $A:7340 --relay-model fo \
-     --address-file "$TMP/b6.addr" >"$TMP/b6.log" 2>&1) &
-  local relay=$!
-  PIDS+=($relay)
-  wait_for 10 test -s "$TMP/b6.addr" || { failed "relay b6 did not start"; cat "$TMP/b6.log"; return; }
+  # The relay lives in h2 (its log says what it relayed); its NOTIFYs carry A's replicas after its own.
+  VIPER_LOG=info serve h2 b6 --listen $B:7341 --upstream $A:7340 --relay-model fo || return
+  local relay=$PID_b6
   on h3 "$VIPER" watch fo --connect $B:7341 --json --count 2 --timeout 40 >"$TMP/fo.json" 2>"$TMP/fo.err" &
   local watch=$!
   PIDS+=($watch)
@@ -291,11 +288,8 @@ test_failover() {
 # slowed, its link to B is not): the consumer takes the version from B's memory.
 test_failover_to_relay() {
   serve h1 a7 --listen $A:7350 || return
-  (exec "$VIPER_HOSTS_SCRIPT" exec h2 -- env VIPER_LOG=info "$VIPER" serve --name b7 --listen $B:7351 --upstream $A:7350 \
-     --relay-model fr --address-file "$TMP/b7.addr" >"$TMP/b7.log" 2>&1) &
-  local relay=$!
-  PIDS+=($relay)
-  wait_for 10 test -s "$TMP/b7.addr" || { failed "relay b7 did not start"; cat "$TMP/b7.log"; return; }
+  VIPER_LOG=info serve h2 b7 --listen $B:7351 --upstream $A:7350 --relay-model fr || return
+  local relay=$PID_b7
   on h3 "$VIPER" watch fr --connect $A:7350 --json --count 2 --timeout 40 >"$TMP/fr.json" 2>"$TMP/fr.err" &
   local watch=$!
   PIDS+=($watch)

@@ -28,8 +28,11 @@ struct UcxDefault {
 // (The listener, whose UCX_TCP_CM_REUSEADDR=y was a default here, is now the engine's own
 // socket, bootstrap.h, which sets SO_REUSEADDR itself.)
 constexpr std::array<UcxDefault, 2> kUcxDefaults{{
-    // 256 KiB TCP segments instead of 8/64 KiB: endpoints made from worker addresses (bootstrap.h)
-    // get no TCP put lane, so rendezvous data moves as active-message fragments of this size.
+    // 256 KiB TCP segments instead of 8/64 KiB: UCX 1.13 gives endpoints with peer-failure handling
+    // (which Viper needs: a dead peer must end its pending transfers) rendezvous put/get lanes only
+    // on memory domains that can invalidate registrations, and TCP's cannot
+    // (ucp_wireup_add_rma_bw_lanes); so over TCP rendezvous data moves as active-message
+    // fragments of this size (docs/ARCHITECTURE.md, "The listener is Viper's own socket").
     // 600 MB across two namespaces: 207.9 ms transfer with the defaults, 166.2 ms with 256 KiB
     // (viper bench --hosts 2; the connection-manager endpoints of before: 151.5 ms).
     {"TX_SEG_SIZE", "UCX_TCP_TX_SEG_SIZE", "256K"},

@@ -202,6 +202,43 @@ test_wire_cli() {
   check "  ... names the peer" stderr_has "connect to 127.0.0.1:1"
   check "wire: loopback 16 MB completes" expect_rc 0 "$WIRE" loopback --bytes 16M --json
   check "  ... prints a figure" grep -qE '"gbps":[0-9]' "$TMP/out"
+  check "wire: a --verify server refuses a stream over 16 GiB (exit 2)" wire_verify_refuses_huge
+  check "wire: --land and --verify servers take 3 streams of 24 MB; the digest is xxh3 of the bytes" wire_verify_digest
+}
+
+# The client's payload is its 4 MiB buffer of 0x5a bytes, repeated: the --verify server's digest of
+# every stream must equal XXH3-64 of 24e6 such bytes, computed here by libxxhash itself.
+wire_verify_digest() {
+  local expected sink
+  expected=$(/usr/bin/python3 -c 'import ctypes; x = ctypes.CDLL("libxxhash.so.0"); x.XXH3_64bits.restype = ctypes.c_uint64
+data = b"\x5a" * 24000000; print("%016x" % x.XXH3_64bits(data, len(data)))') || return 1
+  for sink in --land --verify; do
+    "$WIRE" server --listen 127.0.0.1:0 --clients 3 --timeout 20 "$sink" > "$TMP/verify_server" 2>&1 &
+    local srv=$! port=""
+    for _ in $(seq 100); do
+      port=$(sed -nE 's/^listening 127.0.0.1:([0-9]+)$/\1/p' "$TMP/verify_server"); [[ -n $port ]] && break; sleep 0.1
+    done
+    "$WIRE" client --connect "127.0.0.1:$port" --bytes 24M --repeat 2 --warmup 1 --timeout 20 > /dev/null || return 1
+    wait "$srv" || return 1
+    [[ $(grep -c "received 24000000 bytes" "$TMP/verify_server") == 3 ]] || return 1
+    if [[ $sink == --verify ]]; then
+      [[ $(grep -c "xxh3 $expected" "$TMP/verify_server") == 3 ]] || { cat "$TMP/verify_server"; echo "expected $expected"; return 1; }
+    fi
+  done
+}
+
+# The announced size is checked before anything is allocated.
+wire_verify_refuses_huge() {
+  "$WIRE" server --listen 127.0.0.1:0 --clients 1 --timeout 10 --verify > "$TMP/huge_server" 2>&1 &
+  local srv=$! port=""
+  for _ in $(seq 100); do
+    port=$(sed -nE 's/^listening 127.0.0.1:([0-9]+)$/\1/p' "$TMP/huge_server"); [[ -n $port ]] && break; sleep 0.1
+  done
+  # "VPRWIRE1" + u64 little-endian 2^35 (32 GiB), then nothing.
+  printf 'VPRWIRE1\x00\x00\x00\x00\x08\x00\x00\x00' > "/dev/tcp/127.0.0.1/$port" || return 1
+  wait "$srv"
+  local rc=$?
+  [[ $rc == 2 ]] && grep -q "16 GiB limit" "$TMP/huge_server"
 }
 
 # A peer that does not speak the protocol gets a clear error, not a hang or a crash.

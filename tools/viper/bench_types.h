@@ -70,7 +70,12 @@ struct PollResult {
 struct WireResult {
   bool ran = false;
   std::vector<double> tcp_all, ucx_all;  // GB/s of every timed stream / perftest run
+  // The same stream received into one buffer of the snapshot's size (`--land`), and also hashed
+  // with xxh3 as it arrives (`--verify`): what a receiver that keeps and verifies a whole model
+  // can reach at best on this machine (viper_wire_baseline's header).
+  std::vector<double> landed_all, verified_all;
   double tcp_gbps = 0;       // median of viper_wire_baseline streams of the snapshot size
+  double landed_gbps = 0, verified_gbps = 0;
   double tcp_best_gbps = 0;
   std::string tcp_cc;
   double ucx_gbps = 0;       // ucx_perftest tag_bw, one message of the snapshot size (median of runs)

@@ -1,7 +1,8 @@
 // `viper bench --hosts 2`: the raw wire between the two hosts, measured in the same run as Viper's
-// figures: a plain TCP stream (viper_wire_baseline: cubic, 4 MiB buffers, large writes) and UCX's
-// own tag_bw (ucx_perftest, TCP transport), both for one message of the snapshot size, from this
-// host (h1, the producer's) to the consumer's (h2).
+// figures: a plain TCP stream (viper_wire_baseline: cubic, 4 MiB buffers, large writes), the same
+// stream landed in a snapshot-sized buffer and landed + hashed (the verified-receive ceiling), and
+// UCX's own tag_bw (ucx_perftest, TCP transport), each for one message of the snapshot size, from
+// this host (h1, the producer's) to the consumer's (h2).
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,11 +23,12 @@ std::vector<std::string> InPeerHost(const Config& c, std::vector<std::string> ar
   return full;
 }
 
-Status RunTcp(const Config& c, uint64_t bytes, WireResult& w) {
+// `sink` is the server's flag: "" (the plain wire), "--land" or "--verify".
+Status RunTcp(const Config& c, uint64_t bytes, const std::string& sink, std::vector<double>& gbps_all, std::string* cc) {
   int reps = std::max(c.reps, 3);
-  auto server = LineChild::Start(InPeerHost(c, {c.wire_bin, "server", "--listen", c.peer_ip + ":0", "--clients",
-                                                std::to_string(reps + 1), "--json"}),
-                                 c.log_path);
+  std::vector<std::string> argv{c.wire_bin, "server", "--listen", c.peer_ip + ":0", "--clients", std::to_string(reps + 1), "--json"};
+  if (!sink.empty()) argv.push_back(sink);
+  auto server = LineChild::Start(InPeerHost(c, argv), c.log_path);
   if (!server.ok()) return server.status();
   VIPER_ASSIGN_OR_RETURN(std::string listening, (*server)->ReadLine(milliseconds(20000)));
   if (!listening.starts_with("listening ")) return Status::Internal("wire baseline server printed: " + listening);
@@ -36,8 +38,8 @@ Status RunTcp(const Config& c, uint64_t bytes, WireResult& w) {
                                                      milliseconds(600000), c.log_path));
   auto j = nlohmann::json::parse(out, nullptr, false);
   if (j.is_discarded()) return Status::Corruption("viper_wire_baseline printed non-JSON: " + out);
-  for (const auto& g : j.value("gbps_all", nlohmann::json::array())) w.tcp_all.push_back(g.get<double>());
-  w.tcp_cc = j.value("cc", "");
+  for (const auto& g : j.value("gbps_all", nlohmann::json::array())) gbps_all.push_back(g.get<double>());
+  if (cc != nullptr) *cc = j.value("cc", "");
   (*server)->Stop();
   return Status::OK();
 }
@@ -89,13 +91,19 @@ double Median(std::vector<double> v) {
 
 void RunWire(const Config& c, uint64_t bytes, WireResult& w) {
   w.ran = true;
-  Status tcp = RunTcp(c, bytes, w);
+  Status tcp = RunTcp(c, bytes, "", w.tcp_all, &w.tcp_cc);
+  Status landed = RunTcp(c, bytes, "--land", w.landed_all, nullptr);
+  Status verified = RunTcp(c, bytes, "--verify", w.verified_all, nullptr);
   Status ucx = RunUcx(c, bytes, w);
   if (!tcp.ok()) w.error += "tcp stream: " + tcp.message() + "; ";
+  if (!landed.ok()) w.error += "tcp stream --land: " + landed.message() + "; ";
+  if (!verified.ok()) w.error += "tcp stream --verify: " + verified.message() + "; ";
   if (!ucx.ok()) w.error += "ucx_perftest: " + ucx.message() + "; ";
   w.tcp_gbps = Median(w.tcp_all);
   w.tcp_best_gbps = w.tcp_all.empty() ? 0 : *std::max_element(w.tcp_all.begin(), w.tcp_all.end());
   w.ucx_gbps = Median(w.ucx_all);
+  w.landed_gbps = Median(w.landed_all);
+  w.verified_gbps = Median(w.verified_all);
 }
 
 }  // namespace viper::cli::bench

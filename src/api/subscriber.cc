@@ -438,6 +438,12 @@ void Subscriber::Impl::Run() {
     lock.unlock();
     if (c) c->Ack(frozen->info.model, frozen->version());
     for (auto& cb : listeners) cb(frozen);
+    // The next version needs a second buffer while readers hold this one: map and fault it in
+    // now, between versions, instead of during the next transfer (BufferPool::KeepSpare).
+    if (frozen->path != FetchPath::kMap) {
+      Status spare = pool->KeepSpare(frozen->info.size);
+      if (!spare.ok()) log(LogLevel::kWarn, kLog, "no spare receive buffer for {}: {}", options.model, spare.message());
+    }
     lock.lock();
   }
 }

@@ -1,5 +1,9 @@
 #include "viper/memory.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdint>
 #include <cstring>
 
@@ -58,6 +62,16 @@ void StreamingCopy(std::span<std::byte> dst, std::span<const std::byte> src) {
 #else
   if (n != 0) std::memcpy(d, s, n);
 #endif
+}
+
+void PrefaultForWrite(void* base, size_t size) {
+#ifndef MADV_POPULATE_WRITE
+  constexpr int MADV_POPULATE_WRITE = 23;  // <linux/mman.h> of Linux 5.14; older headers lack it
+#endif
+  if (size == 0 || ::madvise(base, size, MADV_POPULATE_WRITE) == 0 || errno != EINVAL) return;
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  volatile std::byte* p = static_cast<std::byte*>(base);
+  for (size_t i = 0; i < size; i += page) p[i] = std::byte{0};
 }
 
 }  // namespace viper

@@ -22,6 +22,7 @@
 #include "store_util.h"
 #include "viper/file_tier.h"
 #include "viper/log.h"
+#include "viper/memory.h"
 
 namespace viper {
 namespace {
@@ -106,10 +107,15 @@ Result<std::shared_ptr<Mapping>> CreateSegment(const std::string& name, uint64_t
 }
 
 // Backs the first `size` bytes with real tmpfs pages, so that a full /dev/shm fails here with a
-// clear error instead of killing the writer with SIGBUS on its first store into a hole.
+// clear error instead of killing the writer with SIGBUS on its first store into a hole, and maps
+// them into our page tables in one pass (fallocate does not): the producer's first copy into a
+// fresh 1.7 GB segment otherwise faults 415k pages one by one (0.98-4.8 s against 0.14 s).
 Status Reserve(const Mapping& map, uint64_t size) {
   int err = ::posix_fallocate(map.fd, 0, static_cast<off_t>(size));
-  if (err == 0) return Status::OK();
+  if (err == 0) {
+    PrefaultForWrite(map.base, size);
+    return Status::OK();
+  }
   return Status::FromErrno(
       fmt::format("segment {}: reserving {} in {} failed", map.name, FormatBytes(size), kShmDir), err);
 }

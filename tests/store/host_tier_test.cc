@@ -2,6 +2,7 @@
 #include "viper/host_tier.h"
 
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -82,6 +83,24 @@ TEST(HostTier, AllocateCommitAcquireRoundTrip) {
   EXPECT_EQ(s.committed_segments, 1u);
   EXPECT_EQ(s.fresh_allocations, 1u);
   EXPECT_GE(s.mapped_bytes, kSize);
+}
+
+// Allocate maps the reserved pages into the writer's page tables (Reserve: fallocate, then
+// PrefaultForWrite), so the producer's copy into a fresh segment takes no page faults: 64 MiB
+// written page by page would take 16384 minor faults without it.
+TEST(HostTier, FreshSegmentsAreWrittenWithoutPageFaults) {
+  auto tier = OpenTier(Options());
+  ASSERT_TRUE(tier);
+  constexpr uint64_t kBig = 64u << 20;
+  auto lease = tier->Allocate(kBig);
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  rusage before{}, after{};
+  ::getrusage(RUSAGE_THREAD, &before);
+  for (size_t i = 0; i < kBig; i += page) lease->data()[i] = std::byte{1};
+  ::getrusage(RUSAGE_THREAD, &after);
+  long faults = (after.ru_minflt - before.ru_minflt) + (after.ru_majflt - before.ru_majflt);
+  EXPECT_LT(faults, 64) << faults << " page faults writing a fresh 64 MiB segment (" << kBig / page << " pages)";
 }
 
 TEST(HostTier, RecyclingReusesARetiredSegment) {

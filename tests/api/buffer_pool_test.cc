@@ -1,0 +1,113 @@
+// BufferPool (src/api/buffer_pool.h): receive buffers are pre-faulted when mapped, reused after
+// their last reader lets go, and KeepSpare() maps the second buffer of double buffering ahead.
+// Residency is checked with mincore(), i.e. what the kernel has actually faulted in.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "buffer_pool.h"
+
+namespace viper::internal {
+namespace {
+
+constexpr size_t kSize = 64u << 20;
+
+// Fraction of the pages of [p, p + n) that are resident.
+double Resident(const void* p, size_t n) {
+  size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> vec((n + page - 1) / page);
+  EXPECT_EQ(::mincore(const_cast<void*>(p), n, vec.data()), 0) << std::strerror(errno);
+  size_t in = 0;
+  for (unsigned char v : vec) in += v & 1;
+  return static_cast<double>(in) / static_cast<double>(vec.size());
+}
+
+BufferPool::Lease Take(BufferPool& pool, size_t size) {
+  auto r = pool.Acquire(size);
+  if (!r.ok()) {
+    ADD_FAILURE() << r.status().ToString();
+    return {};
+  }
+  return std::move(r).value();
+}
+
+TEST(BufferPool, NewBuffersArePrefaultedAndReusedAfterTheLastReader) {
+  auto pool = std::make_shared<BufferPool>(3);
+  BufferPool::Lease first = Take(*pool, kSize);
+  ASSERT_NE(first.data.data(), nullptr);
+  EXPECT_EQ(first.data.size(), kSize);
+  EXPECT_EQ(Resident(first.data.data(), kSize), 1.0);  // before anything was written to it
+  std::byte* address = first.data.data();
+  auto reader = first.owner;  // a reader still holds the version
+  first = BufferPool::Lease{};
+  BufferPool::Lease second = Take(*pool, kSize);
+  EXPECT_NE(second.data.data(), address) << "handed out while a reader held it";
+  EXPECT_EQ(pool->mapped(), 2u);
+  reader.reset();
+  BufferPool::Lease third = Take(*pool, kSize - 4096);  // fits the returned one
+  EXPECT_EQ(third.data.data(), address);
+  EXPECT_EQ(pool->mapped(), 2u);
+}
+
+TEST(BufferPool, KeepSpareMapsTheSecondBufferOnceAndNoMore) {
+  auto pool = std::make_shared<BufferPool>(3);
+  BufferPool::Lease live = Take(*pool, kSize);
+  ASSERT_TRUE(pool->KeepSpare(kSize).ok());
+  EXPECT_EQ(pool->mapped(), 2u);
+  ASSERT_TRUE(pool->KeepSpare(kSize).ok());  // a free one fits: nothing new
+  EXPECT_EQ(pool->mapped(), 2u);
+  BufferPool::Lease next = Take(*pool, kSize);  // the spare, already resident
+  ASSERT_NE(next.data.data(), nullptr);
+  EXPECT_NE(next.data.data(), live.data.data());
+  EXPECT_EQ(Resident(next.data.data(), kSize), 1.0);
+  EXPECT_EQ(pool->mapped(), 2u);
+  ASSERT_TRUE(pool->KeepSpare(kSize).ok());  // two made, both leased: double buffering is the limit
+  EXPECT_EQ(pool->mapped(), 2u);
+}
+
+TEST(BufferPool, KeepsAtMostMaxFreeAndBuffersOutliveThePool) {
+  auto pool = std::make_shared<BufferPool>(1);
+  BufferPool::Lease a = Take(*pool, 1u << 20);
+  BufferPool::Lease b = Take(*pool, 1u << 20);
+  EXPECT_EQ(pool->mapped(), 2u);
+  a = BufferPool::Lease{};
+  b = BufferPool::Lease{};  // the second free one is unmapped
+  EXPECT_EQ(pool->mapped(), 1u);
+  BufferPool::Lease held = Take(*pool, 1u << 20);
+  ASSERT_NE(held.data.data(), nullptr);
+  pool.reset();
+  std::memset(held.data.data(), 1, held.data.size());  // still mapped; unmapped by its last owner
+  held = BufferPool::Lease{};
+}
+
+// Readers release buffers on their own threads while the subscriber's thread acquires (TSan).
+TEST(BufferPool, ConcurrentAcquireAndRelease) {
+  auto pool = std::make_shared<BufferPool>(3);
+  std::atomic<bool> failed{false};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 200; ++i) {
+        auto lease = pool->Acquire((1u << 20) + 4096u * static_cast<unsigned>(t));
+        if (!lease.ok()) {
+          failed = true;
+          return;
+        }
+        lease->data[0] = std::byte{1};
+        if (i % 50 == 0) (void)pool->KeepSpare(1u << 20);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_FALSE(failed);
+  EXPECT_LE(pool->mapped(), 3u + 4u);
+}
+
+}  // namespace
+}  // namespace viper::internal

@@ -60,6 +60,11 @@ struct PolicyFeedback {
 struct Publisher::Impl {
   internal::TaskQueue hasher{"publisher-hash"};  // checksums Publish() copies as they happen
   internal::TaskQueue background{"publisher"};   // seals and announces in publish order
+  // Makes the host tier's next segment while training runs (HostTier::KeepSpare): without it the
+  // first keep_versions + 1 publishes each create and fault in a fresh segment on the caller's
+  // thread. Its own thread, so that an async seal never waits behind it.
+  internal::TaskQueue spare{"publisher-spare"};
+  std::atomic<bool> closing{false};
   std::mutex mu;
   Status first_error;  // since the last Wait()
   std::atomic<uint64_t> announced{0};
@@ -72,8 +77,10 @@ Publisher::Publisher(const PublisherOptions& options, std::unique_ptr<Node> node
 Publisher::~Publisher() {
   // Queued versions are drained while the node and impl_ still live: the tasks refer to both,
   // and resetting impl_ first would null the pointer under a running task.
+  impl_->closing = true;  // a queued spare is not made any more
   impl_->background.Close();
   impl_->hasher.Close();  // after background: a queued seal may still wait for its checksum
+  impl_->spare.Close();
   impl_.reset();
   node_.reset();
 }
@@ -200,9 +207,15 @@ Result<PublishResult> Publisher::Enqueue(Draft draft, const PublishInfo& info, i
     vi.publish_ns = draft.publish_ns;
     vi.metadata = draft.layout_->user_metadata();
     if (info.loss) vi.metadata[std::string(kMetaLoss)] = std::to_string(*info.loss);
+    const uint64_t size = vi.size;
     VIPER_RETURN_IF_ERROR(node_->Commit(std::move(draft.lease_), std::move(vi)).status());
     uint64_t prev = impl_->announced.load();
     while (prev < version && !impl_->announced.compare_exchange_weak(prev, version)) {}
+    impl_->spare.Post([this, size] {
+      if (impl_->closing) return;
+      Status st = node_->host_tier().KeepSpare(size);
+      if (!st.ok()) log(LogLevel::kWarn, kLog, "{}: {}", options_.model, st.message());
+    });
     return Status::OK();
   };
 

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
 #include <map>
 #include <utility>
@@ -152,7 +153,10 @@ class HostPool {
   uint64_t tick = 0;
   uint64_t recycled_allocations = 0;
   uint64_t fresh_allocations = 0;
+  uint64_t spare_segments = 0;  // made by KeepSpare
   bool shut_down = false;
+  uint64_t spare_size = 0;             // size a KeepSpare() is making a segment for, 0 if none
+  std::condition_variable spare_done;  // signalled when that segment is in the free pool (or failed)
 
   // The free segment that best fits `size` (smallest adequate capacity), or 0.
   uint64_t FindFree(uint64_t size) const {
@@ -320,8 +324,14 @@ Result<WriteLease> HostTier::Allocate(uint64_t size) {
   bool recycled = false;
   uint64_t reserved = 0;
   {
-    std::lock_guard<std::mutex> lock(pool.mu);
+    std::unique_lock<std::mutex> lock(pool.mu);
     id = pool.FindFree(size);
+    if (id == 0 && pool.spare_size != 0 && FitsForRecycling(FreshCapacity(pool.spare_size), size)) {
+      // The spare being made fits: waiting for it costs no more than making another one, and
+      // two fresh segments filled at once would compete for the same pages.
+      pool.spare_done.wait(lock, [&] { return pool.spare_size == 0; });
+      id = pool.FindFree(size);
+    }
     if (id != 0) {
       Segment& seg = pool.segments.at(id);
       seg.state = SegState::kWriting;
@@ -366,6 +376,43 @@ Result<WriteLease> HostTier::Allocate(uint64_t size) {
   lease.data_ = std::span<std::byte>(map->base, size);
   lease.recycled_ = recycled;
   return lease;
+}
+
+Status HostTier::KeepSpare(uint64_t size) {
+  if (size == 0) return Status::InvalidArgument("host tier: cannot keep a spare segment of 0 bytes");
+  HostPool& pool = *impl_->pool;
+  {
+    std::lock_guard<std::mutex> lock(pool.mu);
+    if (pool.shut_down || pool.spare_size != 0 || pool.FindFree(size) != 0) return Status::OK();
+    size_t fitting = 0;
+    for (const auto& [id, seg] : pool.segments) fitting += FitsForRecycling(seg.map->capacity, size) ? 1 : 0;
+    if (fitting >= options_.keep_versions + 1) return Status::OK();  // one model's steady state
+    pool.spare_size = size;
+  }
+  uint64_t id = g_next_seq.fetch_add(1);
+  std::string name = fmt::format("{}.{}.{}", options_.prefix, ::getpid(), id);
+  Result<std::shared_ptr<Mapping>> map = CreateSegment(name, FreshCapacity(size), options_.mode);
+  Status st = map.ok() ? Reserve(**map, size) : map.status();
+  if (!st.ok() && map.ok()) UnlinkSegment(name);
+  std::vector<std::shared_ptr<Mapping>> victims;
+  {
+    std::lock_guard<std::mutex> lock(pool.mu);
+    pool.spare_size = 0;
+    if (st.ok() && pool.shut_down) {
+      UnlinkSegment(name);  // the tier closed meanwhile; its mapping goes with `map`
+    } else if (st.ok()) {
+      Segment seg;
+      seg.map = *map;
+      seg.size = size;
+      seg.reserved = size;
+      pool.segments.emplace(id, std::move(seg));
+      pool.MakeFree(id, &victims);
+      ++pool.spare_segments;
+    }
+  }
+  pool.spare_done.notify_all();
+  HostPool::Drop(std::move(victims));
+  return st.WithContext("keeping a spare segment");
 }
 
 Status HostTier::Commit(WriteLease lease, const std::string& model, uint64_t version) {
@@ -480,6 +527,7 @@ HostTierStats HostTier::stats() const {
   }
   s.recycled_allocations = impl_->pool->recycled_allocations;
   s.fresh_allocations = impl_->pool->fresh_allocations;
+  s.spare_segments = impl_->pool->spare_segments;
   return s;
 }
 

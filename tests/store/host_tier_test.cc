@@ -103,6 +103,62 @@ TEST(HostTier, FreshSegmentsAreWrittenWithoutPageFaults) {
   EXPECT_LT(faults, 64) << faults << " page faults writing a fresh 64 MiB segment (" << kBig / page << " pages)";
 }
 
+TEST(HostTier, KeepSpareMakesTheNextAllocateRecycleUpToOneModelsSteadyState) {
+  auto tier = OpenTier(Options(/*keep=*/2));
+  ASSERT_TRUE(tier);
+  EXPECT_EQ(tier->KeepSpare(0).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(tier->KeepSpare(kSize).ok());
+  EXPECT_EQ(tier->stats().free_segments, 1u);
+  EXPECT_EQ(tier->stats().spare_segments, 1u);
+  ASSERT_TRUE(tier->KeepSpare(kSize).ok());  // a free one fits: nothing new
+  EXPECT_EQ(tier->stats().spare_segments, 1u);
+  for (uint64_t v = 1; v <= 4; ++v) {
+    auto lease = tier->Allocate(kSize);
+    ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+    EXPECT_TRUE(lease->recycled()) << "version " << v;
+    testing::FillPattern(lease->data(), v);
+    ASSERT_TRUE(tier->Commit(std::move(*lease), "m", v).ok());
+    ASSERT_TRUE(tier->KeepSpare(kSize).ok());  // what the publisher does after each commit
+  }
+  HostTierStats s = tier->stats();
+  EXPECT_EQ(s.fresh_allocations, 0u);
+  EXPECT_EQ(s.recycled_allocations, 4u);
+  // keep_versions + 1 segments of this size: 2 committed + the free one for the next version.
+  EXPECT_EQ(s.spare_segments, 3u);
+  EXPECT_EQ(s.committed_segments + s.free_segments, 3u);
+  auto read = tier->Acquire("m", 4);
+  ASSERT_TRUE(read.ok());
+  EXPECT_TRUE(SameBytes(read->data(), Pattern(4)));
+}
+
+// Allocate and KeepSpare from two threads (the producer and the publisher's spare thread): every
+// lease is usable and distinct, and the tier never holds more than keep_versions + 2 segments.
+TEST(HostTier, AllocateAndKeepSpareConcurrently) {
+  auto tier = OpenTier(Options(/*keep=*/2));
+  ASSERT_TRUE(tier);
+  std::atomic<bool> stop{false};
+  std::thread spare([&] {
+    while (!stop) {
+      Status st = tier->KeepSpare(kSize);
+      if (!st.ok()) ADD_FAILURE() << st.ToString();
+    }
+  });
+  for (uint64_t v = 1; v <= 50; ++v) {
+    auto lease = tier->Allocate(kSize);
+    ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+    testing::FillPattern(lease->data(), v);
+    ASSERT_TRUE(tier->Commit(std::move(*lease), "m", v).ok());
+    auto read = tier->Acquire("m", v);
+    ASSERT_TRUE(read.ok());
+    EXPECT_TRUE(SameBytes(read->data(), Pattern(v))) << "version " << v;
+  }
+  stop = true;
+  spare.join();
+  HostTierStats s = tier->stats();
+  EXPECT_LE(s.committed_segments + s.free_segments + s.writing_segments, 4u);
+  EXPECT_EQ(s.committed_segments, 2u);
+}
+
 TEST(HostTier, RecyclingReusesARetiredSegment) {
   auto tier = OpenTier(Options(/*keep=*/2));
   ASSERT_TRUE(tier);

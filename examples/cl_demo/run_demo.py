@@ -23,7 +23,6 @@ import json
 import os
 import select
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -106,12 +105,6 @@ def version0(cfg: DemoConfig, workdir: str) -> dict:
     return info
 
 
-def free_loopback_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def child_env(viper_path) -> dict:
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = "1"
@@ -129,7 +122,7 @@ def run_one(name: str, cfg: DemoConfig, workdir: str, viper_path, transport: str
     shutil.rmtree(rundir, ignore_errors=True)
     os.makedirs(rundir)
     _remove_models(cfg, rundir)
-    cfg.viper_address = f"127.0.0.1:{free_loopback_port()}"
+    cfg.viper_address = "127.0.0.1:0"  # the producer's node picks the port (ViperTransport)
     cfg_path = os.path.join(rundir, "config.json")
     cfg.save(cfg_path)
     procs = {}

@@ -239,12 +239,18 @@ class ViperTransport(Transport):
 
     name = "viper"
 
-    def __init__(self, address: str, model: str = "nt3"):
+    def __init__(self, address: str, model: str = "nt3", address_file: str | None = None):
+        """`address`: where the producer's node listens; with port 0 the node picks a free port and
+        the producer writes the address it got to `address_file`, where the consumer reads it (a
+        port chosen ahead by the parent could be taken by another process before the node binds)."""
         err = viper_import_error()
         if err is not None:
             raise RuntimeError(f"ViperTransport: the viper Python bindings are not importable ({err})")
+        if address.endswith(":0") and not address_file:
+            raise ValueError("ViperTransport: listening on port 0 needs an address_file for the consumer")
         self.address = address
         self.model = model
+        self.address_file = address_file
         self._pub = None
         self._sub = None
 
@@ -253,6 +259,12 @@ class ViperTransport(Transport):
 
     def start_producer(self) -> None:
         self._pub = _viper_module.Publisher(self.model, listen=self.address)
+        if self.address_file:
+            self.address = self._pub.address
+            tmp = self.address_file + ".tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(self.address + "\n")
+            os.replace(tmp, self.address_file)  # the consumer never reads a half-written address
 
     def publish(self, state_dict, step, meta) -> float:
         start = time.perf_counter()
@@ -264,7 +276,16 @@ class ViperTransport(Transport):
         return float(reported) if reported is not None else wall
 
     def start_consumer(self, deadline_ns: int) -> None:
-        """Connects, retrying while the producer's node is not listening yet."""
+        """Connects, retrying while the producer's node is not listening yet (or, with port 0,
+        has not written its address yet)."""
+        while self.address.endswith(":0"):
+            try:
+                with open(self.address_file, encoding="utf-8") as f:
+                    self.address = f.read().strip()
+            except FileNotFoundError:
+                if time.time_ns() >= deadline_ns:
+                    raise RuntimeError(f"ViperTransport: the producer wrote no address to {self.address_file}") from None
+                time.sleep(0.05)
         while True:
             try:
                 self._sub = _viper_module.Subscriber(self.model, connect=self.address)
@@ -309,5 +330,5 @@ def make_transport(name: str, workdir: str, cfg) -> Transport:
     if name == "file":
         return FileTransport(cfg.file_dir or os.path.join(workdir, "models"), poll_interval_s=cfg.poll_interval_s)
     if name == "viper":
-        return ViperTransport(cfg.viper_address)
+        return ViperTransport(cfg.viper_address, address_file=os.path.join(workdir, "viper.address"))
     raise ValueError(f"unknown transport {name!r}: expected none, file or viper")

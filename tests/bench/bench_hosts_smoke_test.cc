@@ -44,6 +44,8 @@ TEST(BenchHosts, QuickRunAcrossNamespacesWritesEveryFigure) {
   EXPECT_GT(w["tcp_gbps"].get<double>(), 0.0);
   EXPECT_GT(w["ucx_tag_bw_gbps"].get<double>(), 0.0);
   EXPECT_GT(w["landed_gbps"].get<double>(), 0.0);
+  EXPECT_EQ(w["ucx_peer_failure_all_gbps"].size(), 2u);
+  EXPECT_GT(w["ucx_tag_bw_peer_failure_gbps"].get<double>(), 0.0);
   EXPECT_GT(w["verified_gbps"].get<double>(), 0.0);
   ExpectSamples(s["file_poll"]["e2e_s"], "file_poll e2e", 1);
   ExpectSamples(j["notification"]["notify_s"], "notify", 30, false);

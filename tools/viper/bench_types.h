@@ -79,6 +79,10 @@ struct WireResult {
   double tcp_best_gbps = 0;
   std::string tcp_cc;
   double ucx_gbps = 0;       // ucx_perftest tag_bw, one message of the snapshot size (median of runs)
+  // The same with peer-failure handling (`ucx_perftest -e`), as Viper's endpoints must have: over
+  // TCP it loses the rendezvous put lane (docs/ARCHITECTURE.md, "The listener is Viper's own socket").
+  std::vector<double> ucx_peer_all;
+  double ucx_peer_gbps = 0;
   std::string ucx_tls;
   std::string error;         // what failed, if anything
 };

@@ -172,9 +172,10 @@ void PrintSize(const bench::SizeResult& s) {
   std::printf("   floor: warm memcpy %s ms (%.2f GB/s); one xxh3 pass %s ms (%.2f GB/s)\n", Ms(floor).c_str(),
               Gbps(s.bytes, floor), Ms(s.checksum_s.median()).c_str(), Gbps(s.bytes, s.checksum_s.median()));
   if (s.wire.ran)
-    std::printf("   wire:  TCP stream %.2f GB/s median of %zu (best %.2f, cc %s), ucx_perftest tag_bw %.2f GB/s median of %zu "
-                "(measured before and after the rows)%s%s\n", s.wire.tcp_gbps, s.wire.tcp_all.size(), s.wire.tcp_best_gbps,
-                s.wire.tcp_cc.c_str(), s.wire.ucx_gbps, s.wire.ucx_all.size(), s.wire.error.empty() ? "" : "  ERROR: ", s.wire.error.c_str());
+    std::printf("   wire:  TCP stream %.2f GB/s median of %zu (best %.2f, cc %s), ucx_perftest tag_bw %.2f GB/s median of %zu, "
+                "with peer-failure handling (-e) %.2f GB/s (measured before and after the rows)%s%s\n", s.wire.tcp_gbps,
+                s.wire.tcp_all.size(), s.wire.tcp_best_gbps, s.wire.tcp_cc.c_str(), s.wire.ucx_gbps, s.wire.ucx_all.size(),
+                s.wire.ucx_peer_gbps, s.wire.error.empty() ? "" : "  ERROR: ", s.wire.error.c_str());
   if (s.wire.ran)
     std::printf("          TCP stream landed in one %s buffer %.2f GB/s (%.2fx), landed + xxh3 as it arrives %.2f GB/s (%.2fx): "
                 "the verified-receive ceiling\n", HumanBytes(static_cast<double>(s.bytes)).c_str(), s.wire.landed_gbps,
@@ -233,6 +234,7 @@ json SizeJson(const bench::SizeResult& s) {
   if (s.wire.ran)
     j["wire"] = {{"tcp_gbps", s.wire.tcp_gbps}, {"tcp_best_gbps", s.wire.tcp_best_gbps}, {"tcp_cc", s.wire.tcp_cc},
                  {"ucx_tag_bw_gbps", s.wire.ucx_gbps}, {"tcp_all_gbps", s.wire.tcp_all},
+                 {"ucx_tag_bw_peer_failure_gbps", s.wire.ucx_peer_gbps}, {"ucx_peer_failure_all_gbps", s.wire.ucx_peer_all},
                  {"landed_gbps", s.wire.landed_gbps}, {"landed_all_gbps", s.wire.landed_all},
                  {"verified_gbps", s.wire.verified_gbps}, {"verified_all_gbps", s.wire.verified_all}, {"ucx_all_gbps", s.wire.ucx_all}, {"ucx_tls", s.wire.ucx_tls}, {"error", s.wire.error}};
   return j;

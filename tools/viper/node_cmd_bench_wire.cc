@@ -60,24 +60,28 @@ Result<double> ParseUcxFinal(const std::string& out) {
   return Status::Corruption("ucx_perftest printed no Final row: " + out.substr(0, 400));
 }
 
-Status RunUcx(const Config& c, uint64_t bytes, WireResult& w) {
-  const std::string port = std::to_string(20000 + ::getpid() % 20000);
+// peer_failure: both sides with `-e` (endpoints with peer-failure handling).
+Status RunUcx(const Config& c, uint64_t bytes, bool peer_failure, std::vector<double>& gbps_all, WireResult& w) {
+  const std::string port = std::to_string(20000 + ::getpid() % 20000 + (peer_failure ? 1 : 0));
   w.ucx_tls = "tcp";
-  auto server = LineChild::Start(InPeerHost(c, {"env", "UCX_TLS=tcp", "ucx_perftest", "-p", port}), c.log_path);
+  std::vector<std::string> server_argv{"env", "UCX_TLS=tcp", "ucx_perftest", "-p", port};
+  if (peer_failure) server_argv.push_back("-e");
+  auto server = LineChild::Start(InPeerHost(c, server_argv), c.log_path);
   if (!server.ok()) return server.status();
   int iters = bytes > (256u << 20) ? std::max(c.reps, 3) : 10;
   Result<std::string> out = Status::Unavailable("not run");
   for (int attempt = 0; attempt < 20; ++attempt) {  // the server needs a moment to listen
     std::this_thread::sleep_for(milliseconds(250));
-    out = RunCapture({"env", "UCX_TLS=tcp", "ucx_perftest", c.peer_ip, "-p", port, "-t", "tag_bw", "-s",
-                      std::to_string(bytes), "-n", std::to_string(iters), "-w", "1"},
-                     milliseconds(600000), c.log_path);
+    std::vector<std::string> argv{"env", "UCX_TLS=tcp", "ucx_perftest", c.peer_ip, "-p", port, "-t", "tag_bw", "-s",
+                                  std::to_string(bytes), "-n", std::to_string(iters), "-w", "1"};
+    if (peer_failure) argv.push_back("-e");
+    out = RunCapture(argv, milliseconds(600000), c.log_path);
     if (out.ok()) break;
   }
   (*server)->Stop(milliseconds(2000));
   if (!out.ok()) return out.status();
   VIPER_ASSIGN_OR_RETURN(double gbps, ParseUcxFinal(*out));
-  w.ucx_all.push_back(gbps);
+  gbps_all.push_back(gbps);
   return Status::OK();
 }
 
@@ -94,14 +98,17 @@ void RunWire(const Config& c, uint64_t bytes, WireResult& w) {
   Status tcp = RunTcp(c, bytes, "", w.tcp_all, &w.tcp_cc);
   Status landed = RunTcp(c, bytes, "--land", w.landed_all, nullptr);
   Status verified = RunTcp(c, bytes, "--verify", w.verified_all, nullptr);
-  Status ucx = RunUcx(c, bytes, w);
+  Status ucx = RunUcx(c, bytes, /*peer_failure=*/false, w.ucx_all, w);
+  Status ucx_peer = RunUcx(c, bytes, /*peer_failure=*/true, w.ucx_peer_all, w);
   if (!tcp.ok()) w.error += "tcp stream: " + tcp.message() + "; ";
   if (!landed.ok()) w.error += "tcp stream --land: " + landed.message() + "; ";
   if (!verified.ok()) w.error += "tcp stream --verify: " + verified.message() + "; ";
   if (!ucx.ok()) w.error += "ucx_perftest: " + ucx.message() + "; ";
+  if (!ucx_peer.ok()) w.error += "ucx_perftest -e: " + ucx_peer.message() + "; ";
   w.tcp_gbps = Median(w.tcp_all);
   w.tcp_best_gbps = w.tcp_all.empty() ? 0 : *std::max_element(w.tcp_all.begin(), w.tcp_all.end());
   w.ucx_gbps = Median(w.ucx_all);
+  w.ucx_peer_gbps = Median(w.ucx_peer_all);
   w.landed_gbps = Median(w.landed_all);
   w.verified_gbps = Median(w.verified_all);
 }

@@ -3,7 +3,7 @@
 // pre-faulted buffer in large writes; the server reads into a reused buffer and acknowledges the
 // byte count; the client times header-sent -> ack-received and prints GB/s (1e9 bytes/s).
 //
-//   viper_wire_baseline server   --listen ADDR:PORT [--clients K] [--verify] [options]
+//   viper_wire_baseline server   --listen ADDR:PORT [--clients K] [--land | --verify] [options]
 //   viper_wire_baseline client   --connect ADDR:PORT --bytes N [--repeat R] [--json] [options]
 //   viper_wire_baseline loopback --bytes N [--repeat R] [--json] [options]
 //
@@ -351,17 +351,19 @@ Result<uint64_t> ServeStream(int fd, Sink& sink) {
   // The hash follows the receive on its own thread, a piece behind (as a Viper consumer hashes
   // chunks while later ones arrive); receiving and hashing on one thread measured slower (600 MB
   // over loopback: 3.98 GB/s inline).
+  // `landed` is how many bytes have arrived, or kAbandoned when the stream broke off.
+  constexpr uint64_t kAbandoned = UINT64_MAX;
   std::atomic<uint64_t> landed{0};
-  std::atomic<bool> abandoned{false};
   std::thread hasher;
   if (sink.verify) {
-    hasher = std::thread([&sink, &landed, &abandoned, total] {
+    hasher = std::thread([&sink, &landed, total] {
       viper::Checksum64Stream hash;
       uint64_t hashed = 0;
-      while (hashed < total && !abandoned.load(std::memory_order_acquire)) {
+      while (hashed < total) {
         uint64_t ready = landed.load(std::memory_order_acquire);
+        if (ready == kAbandoned) return;
         if (ready == hashed) {
-          landed.wait(ready, std::memory_order_acquire);
+          landed.wait(ready, std::memory_order_acquire);  // returns once the value changed
           continue;
         }
         hash.Update(std::span<const std::byte>(reinterpret_cast<const std::byte*>(sink.landing.data()) + hashed,
@@ -373,9 +375,10 @@ Result<uint64_t> ServeStream(int fd, Sink& sink) {
   }
   auto stop_hasher = [&](bool abandon) {
     if (!hasher.joinable()) return;
-    if (abandon) abandoned.store(true, std::memory_order_release);
-    landed.fetch_add(0, std::memory_order_release);
-    landed.notify_all();
+    if (abandon) {
+      landed.store(kAbandoned, std::memory_order_release);
+      landed.notify_all();
+    }
     hasher.join();
   };
   uint64_t got = 0;

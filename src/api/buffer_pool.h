@@ -9,7 +9,6 @@
 #include <sys/mman.h>
 
 #include <algorithm>
-
 #include <cstddef>
 #include <memory>
 #include <mutex>

@@ -121,6 +121,25 @@ Status Reserve(const Mapping& map, uint64_t size) {
       fmt::format("segment {}: reserving {} in {} failed", map.name, FormatBytes(size), kShmDir), err);
 }
 
+// A new segment `<prefix>.<pid>.<seq>` for `size` bytes, reserved (and faulted in); its seq is
+// its id in the pool. Nothing is left in /dev/shm on failure.
+struct FreshSegment {
+  uint64_t id = 0;
+  std::shared_ptr<Mapping> map;
+};
+Result<FreshSegment> CreateReservedSegment(const HostTierOptions& options, uint64_t size) {
+  FreshSegment fresh;
+  fresh.id = g_next_seq.fetch_add(1);
+  std::string name = fmt::format("{}.{}.{}", options.prefix, ::getpid(), fresh.id);
+  VIPER_ASSIGN_OR_RETURN(fresh.map, CreateSegment(name, FreshCapacity(size), options.mode));
+  Status st = Reserve(*fresh.map, size);
+  if (!st.ok()) {
+    UnlinkSegment(name);
+    return st;
+  }
+  return fresh;
+}
+
 enum class SegState { kWriting, kCommitted, kRetiredLeased, kFree };
 
 struct Segment {
@@ -342,18 +361,13 @@ Result<WriteLease> HostTier::Allocate(uint64_t size) {
     }
   }
   if (!recycled) {
-    id = g_next_seq.fetch_add(1);
-    std::string name = fmt::format("{}.{}.{}", options_.prefix, ::getpid(), id);
-    VIPER_ASSIGN_OR_RETURN(map, CreateSegment(name, FreshCapacity(size), options_.mode));
-  }
-  if (size > reserved) {
+    VIPER_ASSIGN_OR_RETURN(FreshSegment fresh, CreateReservedSegment(options_, size));
+    id = fresh.id;
+    map = std::move(fresh.map);
+  } else if (size > reserved) {
     Status st = Reserve(*map, size);
     if (!st.ok()) {
-      if (recycled) {
-        Abort(id);
-      } else {
-        UnlinkSegment(map->name);
-      }
+      Abort(id);
       return st;
     }
   }
@@ -389,30 +403,26 @@ Status HostTier::KeepSpare(uint64_t size) {
     if (fitting >= options_.keep_versions + 1) return Status::OK();  // one model's steady state
     pool.spare_size = size;
   }
-  uint64_t id = g_next_seq.fetch_add(1);
-  std::string name = fmt::format("{}.{}.{}", options_.prefix, ::getpid(), id);
-  Result<std::shared_ptr<Mapping>> map = CreateSegment(name, FreshCapacity(size), options_.mode);
-  Status st = map.ok() ? Reserve(**map, size) : map.status();
-  if (!st.ok() && map.ok()) UnlinkSegment(name);
+  Result<FreshSegment> fresh = CreateReservedSegment(options_, size);
   std::vector<std::shared_ptr<Mapping>> victims;
   {
     std::lock_guard<std::mutex> lock(pool.mu);
     pool.spare_size = 0;
-    if (st.ok() && pool.shut_down) {
-      UnlinkSegment(name);  // the tier closed meanwhile; its mapping goes with `map`
-    } else if (st.ok()) {
+    if (fresh.ok() && pool.shut_down) {
+      UnlinkSegment(fresh->map->name);  // the tier closed meanwhile; the mapping goes with `fresh`
+    } else if (fresh.ok()) {
       Segment seg;
-      seg.map = *map;
+      seg.map = fresh->map;
       seg.size = size;
       seg.reserved = size;
-      pool.segments.emplace(id, std::move(seg));
-      pool.MakeFree(id, &victims);
+      pool.segments.emplace(fresh->id, std::move(seg));
+      pool.MakeFree(fresh->id, &victims);
       ++pool.spare_segments;
     }
   }
   pool.spare_done.notify_all();
   HostPool::Drop(std::move(victims));
-  return st.WithContext("keeping a spare segment");
+  return fresh.status().WithContext("keeping a spare segment");
 }
 
 Status HostTier::Commit(WriteLease lease, const std::string& model, uint64_t version) {

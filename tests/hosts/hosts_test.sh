@@ -203,6 +203,7 @@ test_wire_cli() {
   check "wire: loopback 16 MB completes" expect_rc 0 "$WIRE" loopback --bytes 16M --json
   check "  ... prints a figure" grep -qE '"gbps":[0-9]' "$TMP/out"
   check "wire: a --verify server refuses a stream over 16 GiB (exit 2)" wire_verify_refuses_huge
+  check "wire: a --verify server whose client stops mid-stream exits 1 and says how far it got" wire_verify_broken_stream
   check "wire: --land and --verify servers take 3 streams of 24 MB; the digest is xxh3 of the bytes" wire_verify_digest
 }
 
@@ -225,6 +226,21 @@ data = b"\x5a" * 24000000; print("%016x" % x.XXH3_64bits(data, len(data)))') || 
       [[ $(grep -c "xxh3 $expected" "$TMP/verify_server") == 3 ]] || { cat "$TMP/verify_server"; echo "expected $expected"; return 1; }
     fi
   done
+}
+
+# The client announces 24e6 bytes, sends 1000 and closes: the hash thread must not wait forever.
+wire_verify_broken_stream() {
+  "$WIRE" server --listen 127.0.0.1:0 --clients 1 --timeout 10 --verify > "$TMP/broken_server" 2>&1 &
+  local srv=$! port=""
+  for _ in $(seq 100); do
+    port=$(sed -nE 's/^listening 127.0.0.1:([0-9]+)$/\1/p' "$TMP/broken_server"); [[ -n $port ]] && break; sleep 0.1
+  done
+  # "VPRWIRE1" + u64 little-endian 24000000 (0x016e3600), then 1000 bytes.
+  { printf 'VPRWIRE1\x00\x36\x6e\x01\x00\x00\x00\x00'; head -c 1000 /dev/zero; } > "/dev/tcp/127.0.0.1/$port" || return 1
+  local rc=0
+  timeout 10 tail --pid="$srv" -f /dev/null || return 1  # a hung server fails here
+  wait "$srv" || rc=$?
+  [[ $rc == 1 ]] && grep -q "after 1000 of 24000000 bytes" "$TMP/broken_server"
 }
 
 # The announced size is checked before anything is allocated.

@@ -61,21 +61,23 @@ Result<double> ParseUcxFinal(const std::string& out) {
 }
 
 // peer_failure: both sides with `-e` (endpoints with peer-failure handling).
-Status RunUcx(const Config& c, uint64_t bytes, bool peer_failure, std::vector<double>& gbps_all, WireResult& w) {
+Status RunUcx(const Config& c, uint64_t bytes, bool peer_failure, std::vector<double>& gbps_all) {
   const std::string port = std::to_string(20000 + ::getpid() % 20000 + (peer_failure ? 1 : 0));
-  w.ucx_tls = "tcp";
-  std::vector<std::string> server_argv{"env", "UCX_TLS=tcp", "ucx_perftest", "-p", port};
-  if (peer_failure) server_argv.push_back("-e");
-  auto server = LineChild::Start(InPeerHost(c, server_argv), c.log_path);
+  auto perftest = [&](std::vector<std::string> args) {
+    std::vector<std::string> argv{"env", "UCX_TLS=tcp", "ucx_perftest"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    if (peer_failure) argv.push_back("-e");
+    return argv;
+  };
+  auto server = LineChild::Start(InPeerHost(c, perftest({"-p", port})), c.log_path);
   if (!server.ok()) return server.status();
   int iters = bytes > (256u << 20) ? std::max(c.reps, 3) : 10;
   Result<std::string> out = Status::Unavailable("not run");
   for (int attempt = 0; attempt < 20; ++attempt) {  // the server needs a moment to listen
     std::this_thread::sleep_for(milliseconds(250));
-    std::vector<std::string> argv{"env", "UCX_TLS=tcp", "ucx_perftest", c.peer_ip, "-p", port, "-t", "tag_bw", "-s",
-                                  std::to_string(bytes), "-n", std::to_string(iters), "-w", "1"};
-    if (peer_failure) argv.push_back("-e");
-    out = RunCapture(argv, milliseconds(600000), c.log_path);
+    out = RunCapture(perftest({c.peer_ip, "-p", port, "-t", "tag_bw", "-s", std::to_string(bytes), "-n",
+                               std::to_string(iters), "-w", "1"}),
+                     milliseconds(600000), c.log_path);
     if (out.ok()) break;
   }
   (*server)->Stop(milliseconds(2000));
@@ -95,16 +97,16 @@ double Median(std::vector<double> v) {
 
 void RunWire(const Config& c, uint64_t bytes, WireResult& w) {
   w.ran = true;
-  Status tcp = RunTcp(c, bytes, "", w.tcp_all, &w.tcp_cc);
-  Status landed = RunTcp(c, bytes, "--land", w.landed_all, nullptr);
-  Status verified = RunTcp(c, bytes, "--verify", w.verified_all, nullptr);
-  Status ucx = RunUcx(c, bytes, /*peer_failure=*/false, w.ucx_all, w);
-  Status ucx_peer = RunUcx(c, bytes, /*peer_failure=*/true, w.ucx_peer_all, w);
-  if (!tcp.ok()) w.error += "tcp stream: " + tcp.message() + "; ";
-  if (!landed.ok()) w.error += "tcp stream --land: " + landed.message() + "; ";
-  if (!verified.ok()) w.error += "tcp stream --verify: " + verified.message() + "; ";
-  if (!ucx.ok()) w.error += "ucx_perftest: " + ucx.message() + "; ";
-  if (!ucx_peer.ok()) w.error += "ucx_perftest -e: " + ucx_peer.message() + "; ";
+  w.ucx_tls = "tcp";
+  const std::pair<const char*, Status> runs[] = {
+      {"tcp stream", RunTcp(c, bytes, "", w.tcp_all, &w.tcp_cc)},
+      {"tcp stream --land", RunTcp(c, bytes, "--land", w.landed_all, nullptr)},
+      {"tcp stream --verify", RunTcp(c, bytes, "--verify", w.verified_all, nullptr)},
+      {"ucx_perftest", RunUcx(c, bytes, /*peer_failure=*/false, w.ucx_all)},
+      {"ucx_perftest -e", RunUcx(c, bytes, /*peer_failure=*/true, w.ucx_peer_all)},
+  };
+  for (const auto& [what, st] : runs)
+    if (!st.ok()) w.error += std::string(what) + ": " + st.message() + "; ";
   w.tcp_gbps = Median(w.tcp_all);
   w.tcp_best_gbps = w.tcp_all.empty() ? 0 : *std::max_element(w.tcp_all.begin(), w.tcp_all.end());
   w.ucx_gbps = Median(w.ucx_all);

@@ -11,8 +11,7 @@
 #include <mutex>
 #include <thread>
 
-#include "buffer_pool.h"
-#include "path_estimator.h"
+#include "subscriber_impl.h"
 #include "viper/file_tier.h"
 #include "viper/host_tier.h"
 #include "viper/log.h"
@@ -43,66 +42,6 @@ std::string_view fetch_path_name(FetchPath path) {
   }
   return "?";
 }
-
-struct Subscriber::Impl {
-  SubscriberOptions options;
-  std::shared_ptr<internal::BufferPool> pool;
-  internal::PathEstimator estimator;
-  // The live version. A mutex rather than std::atomic<std::shared_ptr>: libstdc++ 12 implements
-  // that with a lock bit ThreadSanitizer cannot see, and every read here is rare and short.
-  class LiveSlot {
-   public:
-    std::shared_ptr<const ModelVersion> load() const {
-      std::lock_guard<std::mutex> lock(mu_);
-      return value_;
-    }
-    void store(std::shared_ptr<const ModelVersion> v) {
-      std::lock_guard<std::mutex> lock(mu_);
-      value_ = std::move(v);
-    }
-
-   private:
-    mutable std::mutex mu_;
-    std::shared_ptr<const ModelVersion> value_;
-  } live;
-
-  std::mutex mu;  // guards everything below
-  std::condition_variable cv;
-  std::shared_ptr<Client> client;  // replaced when the connection is lost
-  std::optional<proto::VersionInfo> announced;
-  int64_t announced_ns = 0;
-  uint64_t failed_version = 0;     // the last version whose load failed on every path
-  // The receive buffer of a transfer that broke midway: receives may still be posted into it, so
-  // it returns to the pool only after the client (and its engine) that posted them is gone.
-  std::shared_ptr<const void> poisoned_buffer;
-  // Loader thread only: other nodes that held versions of the model (relays, from the replica
-  // lists of NOTIFYs), newest first. A remote transfer that breaks is retried from them before the
-  // file tier: a relay holds each version soon after it is announced, often before the NOTIFY we
-  // got listed it.
-  std::vector<std::string> other_nodes;
-  bool closing = false;
-  std::vector<std::function<void(const std::shared_ptr<const ModelVersion>&)>> callbacks;
-  SubscriberStats stats;
-  Status last_error;
-  std::thread loader;
-
-  void OnNotify(const proto::VersionInfo& info);
-  Result<std::shared_ptr<Client>> EnsureClient();
-  ClientOptions ClientOptionsFor(const std::string& node) const;
-  void DropClient(const std::shared_ptr<Client>& broken);
-  void Run();
-  Result<std::shared_ptr<ModelVersion>> Load(const proto::VersionInfo& info);
-  std::vector<internal::PathChoice> RankPaths(const proto::VersionInfo& info, Client* client);
-  Result<std::shared_ptr<ModelVersion>> LoadVia(FetchPath path, const proto::VersionInfo& info, Client* client);
-  Result<std::shared_ptr<ModelVersion>> LoadLeased(FetchPath path, const proto::VersionInfo& info, Client& client);
-  Result<std::shared_ptr<ModelVersion>> LoadRemote(const proto::VersionInfo& info, Client& client);
-  Result<std::shared_ptr<ModelVersion>> LoadFromOtherNode(const std::string& node, const proto::VersionInfo& info);
-  void AddOtherNodeChoices(const proto::VersionInfo& info, std::vector<internal::PathChoice>& ranked);
-  Result<std::shared_ptr<ModelVersion>> LoadFile(const proto::VersionInfo& info);
-  // `hashed`: the data region's checksum if it was computed while the bytes arrived.
-  Status Finish(ModelVersion& mv, std::span<const std::byte> bytes, std::shared_ptr<const void> owner, bool verify,
-                std::optional<uint64_t> hashed = std::nullopt);
-};
 
 void Subscriber::Impl::OnNotify(const proto::VersionInfo& info) {
   std::lock_guard<std::mutex> lock(mu);

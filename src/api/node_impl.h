@@ -1,0 +1,109 @@
+// Node::Impl: the node's private state and its handlers, shared by the .cc files that implement
+// the node (node.cc: start, catalog, messages). Include only from src/api.
+//
+// Locking: `mu` guards models, peers and stats. Message handlers run on the engine's progress
+// thread with `mu` held (OnMessage takes it); file flushes and client-publish verification run on
+// the `flusher` and `worker` task queues and take `mu` themselves.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "task_queue.h"
+#include "viper/engine.h"
+#include "viper/file_tier.h"
+#include "viper/host_tier.h"
+#include "viper/node.h"
+#include "viper/protocol.h"
+
+namespace viper {
+
+// Bytes being sent to a peer in chunks, with a window of sends in flight. Lives until the last
+// chunk completes; holds what keeps the bytes valid (a lease or a file mapping).
+struct BulkSend {
+  std::shared_ptr<const void> hold;
+  std::span<const std::byte> bytes;
+  net::PeerId peer = 0;
+  uint64_t tag = 0;
+  uint32_t chunk = 0;
+  uint32_t chunks = 0;
+  uint32_t next = 0;
+  uint32_t done = 0;
+  bool failed = false;
+};
+
+struct Node::Impl {
+  NodeOptions options;
+  std::string host_key;
+  std::string address;
+  std::unique_ptr<HostTier> host;
+  std::unique_ptr<FileTier> files;
+  std::unique_ptr<internal::TaskQueue> worker;   // verifies client publishes
+  std::unique_ptr<internal::TaskQueue> flusher;  // writes versions to the file tier
+  std::unique_ptr<net::Engine> engine;           // declared last: destroyed first
+
+  struct ModelState {
+    std::map<uint64_t, proto::VersionInfo> versions;
+    std::set<net::PeerId> subscribers;
+    uint64_t reserved = 0;
+  };
+  struct PeerState {
+    std::string address;
+    bool hello = false;
+    std::string host_key;
+    std::string name;
+    int strikes = 0;
+    std::multimap<std::pair<std::string, uint64_t>, ReadLease> leases;
+    std::set<std::string> subscriptions;
+    std::vector<std::pair<std::string, uint64_t>> announced;  // versions this relay said it holds
+    std::set<std::string> relayed_models;                      // ...and their models
+    proto::Replica replica;                                    // ...as this replica
+  };
+
+  mutable std::mutex mu;
+  std::map<std::string, ModelState> models;
+  std::map<net::PeerId, PeerState> peers;
+  NodeStats stats;
+  std::atomic<uint64_t> next_tag{1};
+
+  // --- message handling (progress thread) ---
+  void OnMessage(net::PeerId peer, std::span<const std::byte> bytes);
+  void OnPeerAccepted(net::PeerId peer, const std::string& address);
+  void OnPeerClosed(net::PeerId peer, const Status& reason);
+  void Dispatch(net::PeerId peer, PeerState& p, proto::Message& message);
+  void HandleHello(net::PeerId peer, PeerState& p, const proto::Hello& m);
+  void HandleSubscribe(net::PeerId peer, PeerState& p, const proto::Subscribe& m);
+  void HandleFetch(net::PeerId peer, PeerState& p, const proto::Fetch& m);
+  void HandleRelease(PeerState& p, const proto::Release& m);
+  void HandlePublish(net::PeerId peer, const proto::Publish& m);
+  void HandleList(net::PeerId peer, const proto::List& m);
+  void HandleReplica(net::PeerId peer, PeerState& p, const proto::ReplicaAnnounce& m);
+  void ForgetReplicasLocked(PeerState& p);
+  void ListRelaysLocked(proto::VersionInfo& info);
+
+  void Send(net::PeerId peer, const proto::Message& message);
+  void SendError(net::PeerId peer, uint64_t request_id, proto::ErrorCode code, const std::string& text);
+  void Refuse(net::PeerId peer, const std::string& why);  // REQUIRES: mu held
+  void StartBulkSend(std::shared_ptr<BulkSend> send);
+  void PumpBulkSend(const std::shared_ptr<BulkSend>& send);
+  void FinishClientPublish(net::PeerId peer, uint64_t request_id, std::string model, WriteLease lease,
+                           uint64_t step, int64_t publish_ns);
+
+  // --- catalog (REQUIRES: mu held) ---
+  std::optional<proto::VersionInfo> FindLocked(const std::string& model, uint64_t version) const;
+  void PruneLocked(const std::string& model);
+  uint64_t ReserveLocked(const std::string& model);
+  Result<proto::VersionInfo> CommitVersion(WriteLease lease, proto::VersionInfo info);
+  void QueueFlush(const proto::VersionInfo& info);
+  Status Recover();
+};
+
+}  // namespace viper

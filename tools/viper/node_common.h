@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 
 #include "viper/status.h"
+#include "viper/units.h"
 
 namespace viper::cli {
 
@@ -36,8 +37,5 @@ struct AuthFlags {
 inline void AddConnect(CLI::App& app, std::string& connect) {
   app.add_option("--connect", connect, "Node address HOST:PORT")->default_val("127.0.0.1:7300");
 }
-
-std::string HumanBytes(double bytes);
-std::string HumanSeconds(double seconds);
 
 }  // namespace viper::cli

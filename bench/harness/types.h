@@ -1,5 +1,5 @@
-// `viper bench`: what one run measures and how (shared by node_cmd_bench.cc, which parses flags
-// and prints, and node_cmd_bench_run.cc, which measures). Not thread-safe; one run at a time.
+// `viper bench`: what one run measures and how (the configuration and the results every part of
+// the harness shares). Not thread-safe; one run at a time.
 #pragma once
 
 #include <cstdint>
@@ -10,7 +10,7 @@
 
 #include "viper/status.h"
 
-namespace viper::cli::bench {
+namespace viper::bench {
 
 // Seconds of repeated measurements of one quantity.
 struct Samples {
@@ -96,6 +96,7 @@ struct SizeResult {
   std::vector<ModeResult> modes;
   PollResult poll;
   WireResult wire;
+  nlohmann::json sections = nlohmann::json::object();  // figures of registered sections, by name (section.h)
 };
 
 struct NotifyResult {
@@ -105,10 +106,4 @@ struct NotifyResult {
   Samples e2e;     // publish called -> live, per version
 };
 
-Result<SizeResult> RunSize(const Config& config, const std::string& label, uint64_t bytes);
-Result<NotifyResult> RunNotify(const Config& config);
-// --hosts 2: one more measurement of the raw wire for `bytes` into `wire` (failures are recorded
-// in wire.error, not returned); medians are recomputed over every measurement so far.
-void RunWire(const Config& config, uint64_t bytes, WireResult& wire);
-
-}  // namespace viper::cli::bench
+}  // namespace viper::bench

@@ -1,8 +1,8 @@
-#include "node_common.h"
+#include "viper/units.h"
 
 #include <fmt/format.h>
 
-namespace viper::cli {
+namespace viper {
 
 std::string HumanBytes(double bytes) {
   const char* units[] = {"B", "KB", "MB", "GB", "TB"};
@@ -17,4 +17,4 @@ std::string HumanSeconds(double seconds) {
   return fmt::format("{:.2f} s", seconds);
 }
 
-}  // namespace viper::cli
+}  // namespace viper

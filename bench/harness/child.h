@@ -8,12 +8,13 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "viper/status.h"
 
-namespace viper::cli::bench {
+namespace viper::bench {
 
 class LineChild {
  public:
@@ -54,4 +55,4 @@ Result<std::string> RunCapture(const std::vector<std::string>& argv, std::chrono
 // Absolute path of the running executable (/proc/self/exe).
 std::string SelfExe();
 
-}  // namespace viper::cli::bench
+}  // namespace viper::bench

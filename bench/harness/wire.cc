@@ -9,10 +9,10 @@
 #include <sstream>
 #include <thread>
 
-#include "bench_child.h"
-#include "bench_types.h"
+#include "harness/child.h"
+#include "harness/measure.h"
 
-namespace viper::cli::bench {
+namespace viper::bench {
 namespace {
 
 using std::chrono::milliseconds;
@@ -115,4 +115,4 @@ void RunWire(const Config& c, uint64_t bytes, WireResult& w) {
   w.verified_gbps = Median(w.verified_all);
 }
 
-}  // namespace viper::cli::bench
+}  // namespace viper::bench

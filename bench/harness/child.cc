@@ -1,6 +1,5 @@
-// Child-process helpers of `viper bench` (see bench_child.h). Named node_cmd_bench_* so that the
-// CLI's CMake glob builds it with the other node commands.
-#include "bench_child.h"
+// Child-process helpers of `viper bench` (see child.h).
+#include "harness/child.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -15,7 +14,7 @@
 
 extern char** environ;
 
-namespace viper::cli::bench {
+namespace viper::bench {
 namespace {
 
 std::string Describe(int status) {
@@ -157,4 +156,4 @@ Result<std::string> RunCapture(const std::vector<std::string>& argv, std::chrono
   return out;
 }
 
-}  // namespace viper::cli::bench
+}  // namespace viper::bench

@@ -1,0 +1,37 @@
+// `viper bench`: Viper's update path against the floor (warm memcpy) and the baseline users run
+// today (safetensors file + fsync, consumer polling the directory), for NT3-shaped snapshots; plus
+// the notification latency over many small versions and the parts registered in section.h.
+// The CLI command (tools/viper/node_cmd_bench.cc) turns flags into a Config and calls Run.
+//
+// --hosts 2 re-runs the command as root inside two network namespaces (scripts/hosts.sh run 2 --
+// hosts.sh exec h1 -- viper bench ... --hosts-stage 2): the producer in h1, every consumer in h2,
+// and adds the raw wire measured across the same veth (TCP stream, ucx_perftest tag_bw).
+// Not thread-safe; one run per process.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "harness/types.h"
+#include "viper/status.h"
+
+namespace viper::bench {
+
+// Measures every size of `config` (printing each one's table as it completes), then the
+// notification latency and the registered once-parts, and prints the targets; writes every figure
+// to `json_path` unless it is empty. Creates config.file_dir and removes it afterwards.
+Status Run(const Config& config, const std::string& json_path);
+
+// scripts/hosts.sh: `explicit_path` if not empty, else $VIPER_HOSTS_SCRIPT, else the one beside
+// the build tree (build/bin/../../scripts), else ./scripts/hosts.sh; the first executable one.
+Result<std::string> FindHostsScript(const std::string& explicit_path);
+
+// Replaces this process by `hosts.sh run 2 -- hosts.sh exec h1 -- inner_argv...` (hosts.sh found
+// by FindHostsScript(hosts_script)); returns only on failure. REQUIRES: root (network namespaces).
+Status ExecInHosts(const std::string& hosts_script, const std::vector<std::string>& inner_argv);
+
+// Inside h1 (the inner stage): the producer listens on h1's address from $VIPER_HOSTS, consumers
+// and wire servers run in h2 through `hosts.sh exec h2 --`.
+Status ConfigureHosts(const std::string& hosts_script, Config& config);
+
+}  // namespace viper::bench

@@ -1,0 +1,62 @@
+// `viper bench --hosts 2` staging (see bench.h): re-running the command inside two network
+// namespaces made by scripts/hosts.sh, and the inner stage's configuration.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <sstream>
+
+#include "harness/bench.h"
+#include "harness/child.h"
+
+namespace viper::bench {
+namespace {
+
+// "h1=10.77.0.1 h2=10.77.0.2" -> the address of `host`.
+Result<std::string> HostAddress(const std::string& host) {
+  const char* env = std::getenv("VIPER_HOSTS");
+  if (!env) return Status::FailedPrecondition("VIPER_HOSTS is not set (run through scripts/hosts.sh run)");
+  std::stringstream ss(env);
+  for (std::string item; ss >> item;)
+    if (item.starts_with(host + "=")) return item.substr(host.size() + 1);
+  return Status::NotFound(host + " is not in VIPER_HOSTS=" + env);
+}
+
+}  // namespace
+
+Result<std::string> FindHostsScript(const std::string& explicit_path) {
+  std::vector<std::string> candidates;
+  if (!explicit_path.empty()) candidates.push_back(explicit_path);
+  if (const char* env = std::getenv("VIPER_HOSTS_SCRIPT")) candidates.push_back(env);
+  auto exe_dir = std::filesystem::path(SelfExe()).parent_path();
+  candidates.push_back((exe_dir / "../../scripts/hosts.sh").string());
+  candidates.push_back("scripts/hosts.sh");
+  for (const auto& c : candidates)
+    if (::access(c.c_str(), X_OK) == 0) return std::filesystem::canonical(c).string();
+  return Status::NotFound("scripts/hosts.sh not found (give --hosts-script)");
+}
+
+Status ExecInHosts(const std::string& hosts_script, const std::vector<std::string>& inner_argv) {
+  if (::geteuid() != 0) return Status::PermissionDenied("--hosts 2 creates network namespaces: run as root");
+  VIPER_ASSIGN_OR_RETURN(std::string script, FindHostsScript(hosts_script));
+  std::vector<std::string> argv = {script, "run", "2", "--", script, "exec", "h1", "--"};
+  argv.insert(argv.end(), inner_argv.begin(), inner_argv.end());
+  std::vector<char*> raw;
+  for (auto& a : argv) raw.push_back(a.data());
+  raw.push_back(nullptr);
+  std::fflush(stdout);
+  ::execv(raw[0], raw.data());
+  return Status::FromErrno("exec " + script);
+}
+
+Status ConfigureHosts(const std::string& hosts_script, Config& c) {
+  VIPER_ASSIGN_OR_RETURN(std::string script, FindHostsScript(hosts_script));
+  VIPER_ASSIGN_OR_RETURN(std::string h1, HostAddress("h1"));
+  VIPER_ASSIGN_OR_RETURN(c.peer_ip, HostAddress("h2"));
+  c.listen = h1 + ":0";
+  c.consumer_prefix = {script, "exec", "h2", "--"};
+  return Status::OK();
+}
+
+}  // namespace viper::bench

@@ -1,0 +1,30 @@
+// The measurements of `viper bench`, each a function of the run's Config (bench.cc calls them in
+// order and prints what they return). Every consumer is a separate process (`viper bench-peer`),
+// so the figures include what a real inference server pays.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "harness/section.h"
+#include "harness/types.h"
+#include "harness/update.h"
+
+namespace viper::bench {
+
+// The floor (warm memcpy, one checksum pass), Viper's rows for every (publish mode, fetch path),
+// the file + polling baseline and the registered per-size sections (section.h), for an NT3-shaped
+// snapshot of about `bytes`.
+Result<SizeResult> RunSize(const Config& config, const std::string& label, uint64_t bytes, Report& report);
+
+// The file + polling baseline for `m` (see PollResult).
+Result<PollResult> RunPoll(const Config& config, const SourceModel& m, const std::string& label);
+
+// Notification latency over config.notify_count small versions.
+Result<NotifyResult> RunNotify(const Config& config);
+
+// --hosts 2: one more measurement of the raw wire for `bytes` into `wire` (failures are recorded
+// in wire.error, not returned); medians are recomputed over every measurement so far.
+void RunWire(const Config& config, uint64_t bytes, WireResult& wire);
+
+}  // namespace viper::bench

@@ -1,0 +1,23 @@
+// The consumer processes of `viper bench` (run as `viper bench-peer ...`, hidden; in the consumer's
+// network namespace for --hosts 2). Each prints one JSON object per line on stdout, first
+// {"ready":true,...} once it is able to see a version, and returns when its stdin closes (the
+// bench closes it, or dies).
+#pragma once
+
+#include <string>
+
+#include "viper/status.h"
+#include "viper/subscriber.h"
+
+namespace viper::bench {
+
+// A viper::Subscriber with `options`; one line per version swapped in, with its timings
+// (CLOCK_REALTIME ns: publish, completed, notified, fetched, verified, live).
+Status RunSubscriberPeer(const SubscriberOptions& options);
+
+// The baseline users run today: every `interval_s` seconds (fixed grid, as TensorFlow Serving's
+// file_system_poll_wait_seconds) list `dir` for <version>.safetensors, read the newest new one
+// into a reused buffer and parse it; one line per version loaded (found_ns, live_ns).
+Status RunPollerPeer(const std::string& dir, double interval_s);
+
+}  // namespace viper::bench

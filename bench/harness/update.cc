@@ -1,0 +1,147 @@
+// The pieces of every update row (see update.h).
+#include "harness/update.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "viper/node.h"
+
+namespace viper::bench {
+
+using nlohmann::json;
+using std::chrono::milliseconds;
+
+Result<Buffer> Buffer::Make(size_t size, int fill) {
+  void* p = ::mmap(nullptr, std::max<size_t>(size, 1), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return Status::FromErrno("bench buffer: mmap of " + std::to_string(size) + " bytes");
+  ::madvise(p, size, MADV_HUGEPAGE);
+  std::memset(p, fill, size);
+  Buffer b;
+  b.data_ = static_cast<std::byte*>(p);
+  b.size_ = size;
+  return b;
+}
+
+Buffer::Buffer(Buffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(o.size_) {}
+
+Buffer& Buffer::operator=(Buffer&& o) noexcept {
+  std::swap(data_, o.data_);
+  std::swap(size_, o.size_);
+  return *this;
+}
+
+Buffer::~Buffer() {
+  if (data_) ::munmap(data_, std::max<size_t>(size_, 1));
+}
+
+namespace {
+
+constexpr int64_t kDense = 200;  // NT3's first dense layer width
+
+Result<json> ReadJsonLine(LineChild& child, milliseconds timeout) {
+  VIPER_ASSIGN_OR_RETURN(std::string line, child.ReadLine(timeout));
+  json j = json::parse(line, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return Status::Corruption(child.name() + " printed a non-JSON line: " + line);
+  return j;
+}
+
+}  // namespace
+
+Result<SourceModel> MakeNt3(uint64_t bytes) {
+  std::vector<TensorSpec> fixed = {
+      {"conv1.weight", DType::kF32, {128, 1, 20}}, {"conv1.bias", DType::kF32, {128}},
+      {"conv2.weight", DType::kF32, {128, 128, 10}}, {"conv2.bias", DType::kF32, {128}},
+      {"dense1.weight", DType::kF32, {kDense, 1}},   {"dense1.bias", DType::kF32, {kDense}},
+      {"dense2.weight", DType::kF32, {20, kDense}},  {"dense2.bias", DType::kF32, {20}},
+      {"out.weight", DType::kF32, {2, 20}},          {"out.bias", DType::kF32, {2}}};
+  VIPER_ASSIGN_OR_RETURN(SnapshotLayout probe, SnapshotLayout::Make(fixed));
+  if (bytes < probe.total_bytes() + 1000000)
+    return Status::InvalidArgument("snapshot size " + std::to_string(bytes) + " is too small: at least " +
+                                   std::to_string(probe.total_bytes() + 1000000) + " bytes");
+  // The smallest dense layer that reaches `bytes` (alignment padding may add a few bytes more).
+  fixed[4].shape[1] = static_cast<int64_t>((bytes - probe.total_bytes() + kDense * 4 - 1) / (kDense * 4)) + 1;
+  VIPER_ASSIGN_OR_RETURN(SnapshotLayout layout, SnapshotLayout::Make(fixed));
+  SourceModel m;
+  m.specs = fixed;
+  m.data_bytes = layout.data_bytes();
+  VIPER_ASSIGN_OR_RETURN(m.source, Buffer::Make(layout.data_bytes(), 0x3c));
+  for (const TensorInfo& t : layout.tensors()) {
+    const TensorSpec* spec = nullptr;
+    for (const auto& s : m.specs) spec = s.name == t.name ? &s : spec;
+    m.tensors.push_back({*spec, std::span<const std::byte>(m.source.data() + t.begin, t.nbytes())});
+  }
+  return m;
+}
+
+Result<json> WaitVersion(LineChild& child, uint64_t v, milliseconds timeout) {
+  for (;;) {
+    VIPER_ASSIGN_OR_RETURN(json j, ReadJsonLine(child, timeout));
+    uint64_t got = j.value("version", uint64_t{0});
+    if (got == v) return j;
+    if (got > v) return Status::Internal("consumer went from below version " + std::to_string(v) + " to " + std::to_string(got));
+  }
+}
+
+PublishInfo AtStep(int i) {
+  PublishInfo info;
+  info.step = static_cast<uint64_t>(i);
+  return info;
+}
+
+milliseconds TransferTimeout(uint64_t bytes) { return milliseconds(60000 + bytes / 50000); }  // >= 50 MB/s
+
+Result<std::unique_ptr<LineChild>> StartPeer(const Config& c, std::vector<std::string> args) {
+  std::vector<std::string> argv = c.consumer_prefix;
+  argv.push_back(SelfExe());
+  argv.push_back("bench-peer");
+  argv.insert(argv.end(), args.begin(), args.end());
+  VIPER_ASSIGN_OR_RETURN(auto child, LineChild::Start(argv, c.log_path));
+  VIPER_ASSIGN_OR_RETURN(json ready, ReadJsonLine(*child, milliseconds(30000)));
+  if (!ready.value("ready", false)) return Status::Internal("consumer did not report ready: " + ready.dump());
+  return child;
+}
+
+Result<std::unique_ptr<Publisher>> StartPublisher(const Config& c, const std::string& model, PublishMode mode) {
+  PublisherOptions o;
+  o.model = model;
+  o.mode = mode;
+  o.node.listen = c.listen;
+  o.node.recover = false;
+  o.node.segment_prefix = "viperbench" + std::to_string(::getpid());
+  return Publisher::Start(o);
+}
+
+Result<ModeResult> RunMode(const Config& c, Publisher& pub, const SourceModel& m, const std::string& path,
+                           const std::string& variant) {
+  ModeResult r;
+  r.mode = pub.options().mode == PublishMode::kSync ? "sync" : "async";
+  r.path = path;
+  r.variant = variant;
+  std::vector<std::string> args = {"subscribe", "--connect", pub.address(), "--model", "nt3", "--path", path};
+  if (!variant.empty()) args.push_back("--" + variant);
+  VIPER_ASSIGN_OR_RETURN(auto peer, StartPeer(c, args));
+  for (int i = 0; i < c.warmup + c.reps; ++i) {
+    int64_t t0 = WallClockNs();
+    VIPER_ASSIGN_OR_RETURN(PublishResult pr, pub.Publish(m.tensors, AtStep(i)));
+    VIPER_ASSIGN_OR_RETURN(json j, WaitVersion(*peer, pr.version, TransferTimeout(pr.bytes)));
+    if (j.value("path", "") != path) return Status::Internal("consumer loaded via " + j.value("path", "") + ", not " + path);
+    if (i < c.warmup) continue;
+    r.e2e.Add(Sec(t0, j["live_ns"]));
+    r.stall.Add(pr.stall_ns / 1e9);
+    r.fresh_segments += pr.recycled ? 0 : 1;
+    r.copy.Add(pr.copy_ns / 1e9);
+    r.complete.Add(Sec(t0, j["completed_ns"]));
+    r.notify.Add(Sec(j["completed_ns"], j["notified_ns"]));
+    r.fetch.Add(Sec(j["notified_ns"], j["fetched_ns"]));
+    r.verify.Add(Sec(j["fetched_ns"], j["verified_ns"]));
+  }
+  VIPER_RETURN_IF_ERROR(pub.Wait());
+  peer->Stop();
+  return r;
+}
+
+}  // namespace viper::bench

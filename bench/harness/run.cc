@@ -44,7 +44,7 @@ Status RunCoreRows(const Config& c, const SourceModel& m, SizeResult& out) {
     if (mode == PublishMode::kSync && c.diagnose) rows.emplace_back(paths.front(), c.hosts == 1 ? "verify-local" : "no-verify");
     for (const auto& [path, variant] : rows) {
       auto r = RunMode(c, *pub, m, path, variant);
-      if (!r.ok()) return r.status().WithContext(out.label + " " + (mode == PublishMode::kSync ? "sync" : "async") + " " + path);
+      if (!r.ok()) return r.status().WithContext(out.label + " " + std::string(publish_mode_name(mode)) + " " + path);
       out.bytes = static_cast<uint64_t>(pub->node().Latest("nt3")->size);
       out.modes.push_back(std::move(r).value());
     }

@@ -118,7 +118,7 @@ Result<std::unique_ptr<Publisher>> StartPublisher(const Config& c, const std::st
 Result<ModeResult> RunMode(const Config& c, Publisher& pub, const SourceModel& m, const std::string& path,
                            const std::string& variant) {
   ModeResult r;
-  r.mode = pub.options().mode == PublishMode::kSync ? "sync" : "async";
+  r.mode = publish_mode_name(pub.options().mode);
   r.path = path;
   r.variant = variant;
   std::vector<std::string> args = {"subscribe", "--connect", pub.address(), "--model", "nt3", "--path", path};

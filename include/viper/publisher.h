@@ -35,6 +35,7 @@ namespace viper {
 
 enum class PublishMode { kSync, kAsync };
 Result<PublishMode> ParsePublishMode(std::string_view name);  // "sync" | "async"
+std::string_view publish_mode_name(PublishMode mode);          // "sync" | "async"
 
 struct PublisherOptions {
   std::string model;               // REQUIRED: see ValidateModelName

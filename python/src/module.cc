@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "bindings.h"
+#include "options.h"
 #include "viper/node.h"
 #include "viper/publisher.h"
 #include "viper/scheduler.h"
@@ -193,29 +194,58 @@ std::map<std::string, std::string> StringMetadata(const py::dict& metadata) {
 
 // ---------------------------------------------------------------- options from keyword arguments
 
-// The node's options are one bound object (`_NodeOptions`, made by python/viper/__init__.py from
-// keyword arguments) so that Node and Publisher take them the same way.
-void BindNodeOptions(py::module_& m) {
-  py::class_<viper::NodeOptions>(m, "_NodeOptions")
-      .def(py::init([](const std::string& listen, const std::string& name, const std::string& store_dir,
-                       size_t keep_host_versions, size_t keep_file_versions, const std::string& token, bool recover,
-                       uint32_t chunk_bytes, uint32_t chunks_in_flight, const std::string& segment_prefix) {
-             viper::NodeOptions o;
-             o.listen = listen;
-             o.name = name;
-             o.store_dir = store_dir;
-             o.keep_host_versions = keep_host_versions;
-             o.keep_file_versions = keep_file_versions;
-             o.token = token;
-             o.recover = recover;
-             o.chunk_bytes = chunk_bytes;
-             o.chunks_in_flight = chunks_in_flight;
-             o.segment_prefix = segment_prefix;
-             return o;
-           }),
-           py::arg("listen"), py::arg("name"), py::arg("store_dir"), py::arg("keep_host_versions"),
-           py::arg("keep_file_versions"), py::arg("token"), py::arg("recover"), py::arg("chunk_bytes"),
-           py::arg("chunks_in_flight"), py::arg("segment_prefix"));
+// Node, Publisher and Subscriber take their options as keyword arguments with the names and
+// defaults of the C++ structs (options.h); the node's table is defined once and included in the
+// publisher's (a Publisher embeds a node).
+OptionsTable<viper::NodeOptions> NodeOptionsTable() {
+  using O = viper::NodeOptions;
+  OptionsTable<O> t;
+  t.Plain("listen", &O::listen, "HOST:PORT to listen on; port 0 = any free port")
+      .Plain("name", &O::name, "shown to peers; empty = node-<pid>")
+      .Path("store_dir", &O::store_dir, "file tier directory; empty = no file tier")
+      .Plain("keep_host_versions", &O::keep_host_versions, "versions per model kept in shared memory")
+      .Plain("keep_file_versions", &O::keep_file_versions, "versions per model kept on the file tier")
+      .Plain("token", &O::token, "shared secret every peer must present; empty = none")
+      .Plain("recover", &O::recover, "on start, load each model's latest file into memory")
+      .Plain("chunk_bytes", &O::chunk_bytes, "bulk transfer chunk size")
+      .Plain("chunks_in_flight", &O::chunks_in_flight, "bulk sends outstanding per transfer")
+      .Plain("segment_prefix", &O::segment_prefix, "name prefix of the shared-memory segments");
+  return t;
+}
+
+OptionsTable<viper::PublisherOptions> PublisherOptionsTable() {
+  using O = viper::PublisherOptions;
+  OptionsTable<O> t;
+  t.Plain("model", &O::model, "the model's name")
+      .Named("mode", &O::mode, viper::ParsePublishMode, viper::publish_mode_name,
+             "async: publish() returns after the copy; sync: after the version is announced")
+      .Plain("alignment", &O::alignment, "tensor alignment in the snapshot (1 = gap-free safetensors)")
+      .Plain("max_in_flight", &O::max_in_flight, "async versions queued before publish() blocks")
+      .Include(&O::node, NodeOptionsTable());
+  return t;
+}
+
+OptionsTable<viper::SubscriberOptions> SubscriberOptionsTable() {
+  using O = viper::SubscriberOptions;
+  OptionsTable<O> t;
+  t.Plain("model", &O::model, "the model's name")
+      .Plain("connect", &O::connect, "HOST:PORT of the node")
+      .Plain("token", &O::token, "the node's shared secret")
+      .Plain("name", &O::name, "shown to the node")
+      .Named("path", &O::path, viper::ParseFetchPath, viper::fetch_path_name, "auto, map, copy, remote or file")
+      .Plain("verify_checksum", &O::verify_checksum, "verify bytes that crossed the network or came from a file")
+      .Plain("verify_local", &O::verify_local, "also verify mapped and copied bytes of this host's node")
+      .Path("file_dir", &O::file_dir, "the node's store_dir as seen from here (the file fallback)")
+      .Plain("chunk_bytes", &O::chunk_bytes, "bulk transfer chunk size asked for")
+      .Seconds("request_timeout", &O::request_timeout, "seconds a request to the node may take")
+      .Plain("buffers", &O::buffers, "reused receive buffers kept (copy, remote and file paths)");
+  return t;
+}
+
+void BindOptionsClasses(py::module_& m) {
+  BindOptions(m, "_NodeOptions", "viper.Node", NodeOptionsTable());
+  BindOptions(m, "_PublisherOptions", "viper.Publisher", PublisherOptionsTable());
+  BindOptions(m, "_SubscriberOptions", "viper.Subscriber", SubscriberOptionsTable());
 }
 
 // Starts a Node, Publisher or Subscriber (they listen or connect, which may block) with the GIL
@@ -286,21 +316,13 @@ void BindPublisher(py::module_& m) {
       });
 
   py::class_<PublisherHandle>(m, "_Publisher")
-      .def(py::init([](const std::string& model, const viper::NodeOptions& node, const std::string& mode,
-                       uint64_t alignment, size_t max_in_flight, std::shared_ptr<viper::Scheduler> scheduler) {
-             viper::PublisherOptions o;
-             o.model = model;
-             o.node = node;
-             o.mode = Unwrap(viper::ParsePublishMode(mode));
-             o.alignment = alignment;
-             o.max_in_flight = max_in_flight;
+      .def(py::init([](viper::PublisherOptions o, std::shared_ptr<viper::Scheduler> scheduler) {
              o.scheduler = std::move(scheduler);
              auto handle = std::make_unique<PublisherHandle>();
              handle->publisher = StartWithoutGil<viper::Publisher>(o);
              return handle;
            }),
-           py::arg("model"), py::arg("node"), py::arg("mode"), py::arg("alignment"), py::arg("max_in_flight"),
-           py::arg("scheduler").none(true))
+           py::arg("options"), py::arg("scheduler").none(true))
       .def("due", [](PublisherHandle& h, int64_t iteration, double loss) {
              return Unwrap(Open(h.publisher, "Publisher").Due(iteration, loss));
            })
@@ -381,28 +403,12 @@ void BindSubscriber(py::module_& m) {
       });
 
   py::class_<SubscriberHandle>(m, "_Subscriber")
-      .def(py::init([](const std::string& model, const std::string& connect, const std::string& token,
-                       const std::string& name, const std::string& path, bool verify_checksum, bool verify_local,
-                       const std::string& file_dir, uint32_t chunk_bytes, double request_timeout, size_t buffers) {
-             viper::SubscriberOptions o;
-             o.model = model;
-             o.connect = connect;
-             o.token = token;
-             o.name = name;
-             o.path = Unwrap(viper::ParseFetchPath(path));
-             o.verify_checksum = verify_checksum;
-             o.verify_local = verify_local;
-             o.file_dir = file_dir;
-             o.chunk_bytes = chunk_bytes;
-             o.request_timeout = SecondsToMs(request_timeout, "request_timeout");
-             o.buffers = buffers;
+      .def(py::init([](const viper::SubscriberOptions& o) {
              auto handle = std::make_unique<SubscriberHandle>();
              handle->subscriber = StartWithoutGil<viper::Subscriber>(o);
              return handle;
            }),
-           py::arg("model"), py::arg("connect"), py::arg("token"), py::arg("name"), py::arg("path"),
-           py::arg("verify_checksum"), py::arg("verify_local"), py::arg("file_dir"), py::arg("chunk_bytes"), py::arg("request_timeout"),
-           py::arg("buffers"))
+           py::arg("options"))
       .def("latest", [](SubscriberHandle& h) -> std::optional<VersionHandle> {
              auto v = Open(h.subscriber, "Subscriber").latest();
              if (!v) return std::nullopt;
@@ -577,7 +583,7 @@ void BindSnapshot(py::module_& m) {
 }
 
 void BindApi(py::module_& m) {
-  BindNodeOptions(m);
+  BindOptionsClasses(m);
   BindNode(m);
   BindPublisher(m);
   BindSubscriber(m);

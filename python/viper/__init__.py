@@ -23,6 +23,7 @@ Every handle has close() and works as a context manager.
 """
 from __future__ import annotations
 
+import textwrap
 from typing import Any, Mapping, Optional
 
 from . import _tensors
@@ -78,12 +79,8 @@ class Node(_Handle):
     """A Viper node on its own (what `viper serve` runs): holds versions in shared memory, serves
     subscribers, keeps the file tier. Publishers embed one; use this for a standalone node."""
 
-    def __init__(self, listen: str = "127.0.0.1:0", *, name: str = "", store_dir: str = "",
-                 keep_host_versions: int = 2, keep_file_versions: int = 3, token: str = "", recover: bool = True,
-                 chunk_bytes: int = 4 << 20, chunks_in_flight: int = 8, segment_prefix: str = "viper"):
-        self._impl = _viper._Node(_viper._NodeOptions(listen, name, str(store_dir), keep_host_versions,
-                                                      keep_file_versions, token, recover, chunk_bytes,
-                                                      chunks_in_flight, segment_prefix))
+    def __init__(self, listen: str = "127.0.0.1:0", **options: Any):
+        self._impl = _viper._Node(_viper._NodeOptions(listen=listen, **options))
 
     @property
     def address(self) -> str:
@@ -111,15 +108,11 @@ class Publisher(_Handle):
     when the version is announced. max_in_flight async versions may be queued before publish()
     blocks."""
 
-    def __init__(self, model: str, listen: str = "127.0.0.1:0", *, mode: str = "async", alignment: int = 64,
-                 max_in_flight: int = 2, name: str = "", store_dir: str = "", keep_host_versions: int = 2,
-                 keep_file_versions: int = 3, token: str = "", recover: bool = True, chunk_bytes: int = 4 << 20,
-                 chunks_in_flight: int = 8, segment_prefix: str = "viper", scheduler: Optional[Scheduler] = None):
+    def __init__(self, model: str, listen: str = "127.0.0.1:0", *, scheduler: Optional[Scheduler] = None,
+                 **options: Any):
         if scheduler is not None and not isinstance(scheduler, Scheduler):
             raise TypeError(f"scheduler must be a viper.Scheduler, got {type(scheduler).__name__}")
-        node = _viper._NodeOptions(listen, name, str(store_dir), keep_host_versions, keep_file_versions, token,
-                                   recover, chunk_bytes, chunks_in_flight, segment_prefix)
-        self._impl = _viper._Publisher(model, node, mode, alignment, max_in_flight, scheduler)
+        self._impl = _viper._Publisher(_viper._PublisherOptions(model=model, listen=listen, **options), scheduler)
 
     def publish(self, tensors: Mapping[str, Any], step: int = 0, loss: Optional[float] = None,
                 **metadata: Any) -> PublishResult:
@@ -173,11 +166,8 @@ class Subscriber(_Handle):
     are checksum-verified (verify_checksum); bytes of the node's segment on this host are trusted
     unless verify_local=True."""
 
-    def __init__(self, model: str, connect: str = "127.0.0.1:7300", *, token: str = "", name: str = "",
-                 path: str = "auto", verify_checksum: bool = True, verify_local: bool = False, file_dir: str = "",
-                 chunk_bytes: int = 4 << 20, request_timeout: float = 30.0, buffers: int = 3):
-        self._impl = _viper._Subscriber(model, connect, token, name, path, verify_checksum, verify_local,
-                                        str(file_dir), chunk_bytes, request_timeout, buffers)
+    def __init__(self, model: str, connect: str = "127.0.0.1:7300", **options: Any):
+        self._impl = _viper._Subscriber(_viper._SubscriberOptions(model=model, connect=connect, **options))
 
     def latest(self) -> Optional[ModelVersion]:
         """The live version (a read-only mapping of numpy views), or None before the first."""
@@ -213,6 +203,13 @@ class Subscriber(_Handle):
     def last_error(self) -> Optional[str]:
         """Why the last update failed, or None."""
         return self._live().last_error()
+
+
+# Each class's keyword arguments, with their defaults, from the one table in python/src/module.cc.
+Node.__doc__ += "\n\n" + textwrap.indent(_viper._NodeOptions.__doc__, "    ")
+Publisher.__doc__ += "\n\n" + textwrap.indent(_viper._PublisherOptions.__doc__ + "  scheduler (None): a viper.Scheduler "
+                                               "that decides when publish_if_due() publishes\n", "    ")
+Subscriber.__doc__ += "\n\n" + textwrap.indent(_viper._SubscriberOptions.__doc__, "    ")
 
 
 def build_snapshot(tensors: Mapping[str, Any], *, model: str = "", version: int = 0, step: int = 0,

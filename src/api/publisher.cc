@@ -27,6 +27,8 @@ Result<PublishMode> ParsePublishMode(std::string_view name) {
   return Status::InvalidArgument("publish mode '" + std::string(name) + "' is not one of sync|async");
 }
 
+std::string_view publish_mode_name(PublishMode mode) { return mode == PublishMode::kSync ? "sync" : "async"; }
+
 std::span<std::byte> Draft::tensor(std::string_view name) const {
   if (!layout_) return {};
   const TensorInfo* t = layout_->find(name);

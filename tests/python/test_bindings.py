@@ -252,6 +252,30 @@ def test_blocking_calls_release_the_gil():
     assert ticks[0] > 10_000, ticks[0]
 
 
+def test_options_are_keywords_of_one_table(tmp_path):
+    # Node and Publisher share the node's keywords (one table in python/src/module.cc); the C++
+    # defaults apply to what is not given, and every class documents its keywords with them.
+    for cls in (viper.Node, viper.Publisher, viper.Subscriber):
+        assert "keep_host_versions (2)" in cls.__doc__ or cls is viper.Subscriber
+        assert "chunk_bytes (4194304)" in cls.__doc__
+    with pytest.raises(TypeError, match="unexpected keyword argument 'keep_host_version'"):
+        viper.Node(keep_host_version=2)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'buffer'"):
+        viper.Subscriber("m", buffer=3)
+    with pytest.raises(TypeError, match=r"keep_host_versions=-1: expected an int >= 0"):
+        viper.Publisher("m", keep_host_versions=-1)
+    with pytest.raises(TypeError, match=r"recover='no': expected a bool"):
+        viper.Node(recover="no")
+    with pytest.raises(TypeError):
+        viper.Node("127.0.0.1:0", "name")  # options are keyword-only
+    store = tmp_path / "store"  # a pathlib.Path is a path
+    with viper.Publisher("m", mode="sync", store_dir=store, keep_file_versions=1, segment_prefix="vopt") as pub:
+        pub.publish({"w": np.ones(4, dtype=np.float32)})
+    assert (store / "m" / "1.safetensors").is_file()  # close() flushed it
+    with viper.Node(store_dir=store, segment_prefix="vopt2") as node:  # recover=True by default
+        assert node.latest("m")["version"] == 1
+
+
 def test_handles_close_once_and_work_as_context_managers():
     pub = viper.Publisher("m")
     address = pub.address

@@ -1,17 +1,14 @@
 // `viper inspect` end to end: runs the built bin/viper on real files and checks stdout, stderr
 // and the exit code.
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
+#include "cli/run_viper.h"
 #include "core/snapshot_bytes.h"
 #include "viper/snapshot.h"
 
@@ -20,40 +17,8 @@ namespace {
 
 using nlohmann::json;
 
-struct Outcome {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string Slurp(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// Runs bin/viper with `args`, stdout and stderr captured in files of `dir`.
-Outcome RunViper(const std::vector<std::string>& args, const testing::TempDir& dir) {
-  const auto out_path = dir.path() / "stdout", err_path = dir.path() / "stderr";
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    ::dup2(out, 1);
-    ::dup2(err, 2);
-    std::vector<char*> argv;
-    std::string exe = VIPER_BINARY_DIR "/bin/viper";
-    argv.push_back(exe.data());
-    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    ::execv(exe.c_str(), argv.data());
-    ::_exit(127);
-  }
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, Slurp(out_path), Slurp(err_path)};
-}
+using testing::Outcome;
+using testing::RunViper;
 
 size_t Lines(const std::string& text) { return std::count(text.begin(), text.end(), '\n'); }
 
@@ -88,7 +53,7 @@ class InspectCli : public ::testing::Test {
 };
 
 TEST_F(InspectCli, TextListsTensorsMetadataAndChecksum) {
-  Outcome r = RunViper({"inspect", good_path_}, run_dir_);
+  Outcome r = RunViper({"inspect", good_path_}, run_dir_.path());
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.err, "");
   EXPECT_NE(r.out.find("file      " + good_path_ + "\n"), std::string::npos) << r.out;
@@ -105,13 +70,13 @@ TEST_F(InspectCli, TextListsTensorsMetadataAndChecksum) {
   EXPECT_NE(r.out.find("  viper.model = nt3\n"), std::string::npos);
   EXPECT_NE(r.out.find("  viper.version = 42\n"), std::string::npos);
 
-  Outcome verified = RunViper({"inspect", "--verify", good_path_}, run_dir_);
+  Outcome verified = RunViper({"inspect", "--verify", good_path_}, run_dir_.path());
   EXPECT_EQ(verified.exit_code, 0) << verified.err;
   EXPECT_NE(verified.out.find("checksum  " + checksum_ + " (verified ok)"), std::string::npos) << verified.out;
 }
 
 TEST_F(InspectCli, JsonIsOneObjectWithEverything) {
-  Outcome r = RunViper({"inspect", "--json", "--verify", good_path_}, run_dir_);
+  Outcome r = RunViper({"inspect", "--json", "--verify", good_path_}, run_dir_.path());
   ASSERT_EQ(r.exit_code, 0) << r.err;
   json j = json::parse(r.out);  // throws (fails the test) unless stdout is exactly one JSON value
   ASSERT_TRUE(j.is_object());
@@ -130,7 +95,7 @@ TEST_F(InspectCli, JsonIsOneObjectWithEverything) {
   EXPECT_EQ(j["metadata"]["viper.step"], "4200");
   EXPECT_EQ(j["metadata"]["viper.loss"], "0.5");
 
-  Outcome unverified = RunViper({"inspect", "--json", good_path_}, run_dir_);
+  Outcome unverified = RunViper({"inspect", "--json", good_path_}, run_dir_.path());
   ASSERT_EQ(unverified.exit_code, 0);
   EXPECT_EQ(json::parse(unverified.out)["checksum"],
             json({{"status", "declared"}, {"declared", checksum_}, {"computed", nullptr}}));
@@ -140,17 +105,17 @@ TEST_F(InspectCli, VerifyReportsMismatchAndFails) {
   std::vector<std::byte> bad = good_;
   bad[data_offset_ + 70] ^= std::byte{0x01};
   std::string path = Write("tampered.safetensors", bad);
-  Outcome quick = RunViper({"inspect", path}, run_dir_);
+  Outcome quick = RunViper({"inspect", path}, run_dir_.path());
   EXPECT_EQ(quick.exit_code, 0) << "without --verify the data is not read";
 
-  Outcome r = RunViper({"inspect", "--verify", path}, run_dir_);
+  Outcome r = RunViper({"inspect", "--verify", path}, run_dir_.path());
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.out.find("checksum  MISMATCH: declared " + checksum_ + ", data hashes to "), std::string::npos) << r.out;
   EXPECT_EQ(Lines(r.err), 1u) << r.err;
   EXPECT_EQ(r.err.rfind("viper inspect: " + path + ": checksum mismatch: viper.checksum is " + checksum_, 0), 0u)
       << r.err;
 
-  Outcome j = RunViper({"inspect", "--verify", "--json", path}, run_dir_);
+  Outcome j = RunViper({"inspect", "--verify", "--json", path}, run_dir_.path());
   EXPECT_EQ(j.exit_code, 1);
   EXPECT_EQ(json::parse(j.out)["checksum"]["status"], "mismatch");
 }
@@ -158,10 +123,10 @@ TEST_F(InspectCli, VerifyReportsMismatchAndFails) {
 TEST_F(InspectCli, FileWithoutChecksumSaysNotDeclared) {
   std::string path = Write("plain.safetensors",
                            testing::Raw(R"({"x":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})", "ab"));
-  Outcome r = RunViper({"inspect", "--verify", path}, run_dir_);
+  Outcome r = RunViper({"inspect", "--verify", path}, run_dir_.path());
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("checksum  not declared\n"), std::string::npos) << r.out;
-  Outcome j = RunViper({"inspect", "--json", path}, run_dir_);
+  Outcome j = RunViper({"inspect", "--json", path}, run_dir_.path());
   EXPECT_EQ(json::parse(j.out)["checksum"]["status"], "absent");
 }
 
@@ -187,7 +152,7 @@ TEST_F(InspectCli, MalformedFilesGiveOneLineWithPathAndReason) {
     for (bool as_json : {false, true}) {
       std::vector<std::string> args = {"inspect", path};
       if (as_json) args.push_back("--json");
-      Outcome r = RunViper(args, run_dir_);
+      Outcome r = RunViper(args, run_dir_.path());
       EXPECT_EQ(r.exit_code, 1) << reason;
       EXPECT_EQ(r.out, "") << reason;
       EXPECT_EQ(Lines(r.err), 1u) << r.err;
@@ -199,18 +164,18 @@ TEST_F(InspectCli, MalformedFilesGiveOneLineWithPathAndReason) {
 
 TEST_F(InspectCli, MissingFileAndBadUsage) {
   std::string missing = (dir_.path() / "absent.safetensors").string();
-  Outcome r = RunViper({"inspect", missing}, run_dir_);
+  Outcome r = RunViper({"inspect", missing}, run_dir_.path());
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_EQ(r.err, "viper inspect: " + missing + ": cannot open: No such file or directory\n");
 
-  Outcome dir = RunViper({"inspect", dir_.path().string()}, run_dir_);
+  Outcome dir = RunViper({"inspect", dir_.path().string()}, run_dir_.path());
   EXPECT_EQ(dir.exit_code, 1);
   EXPECT_EQ(dir.err, "viper inspect: " + dir_.path().string() + ": not a regular file\n");
 
-  Outcome no_file = RunViper({"inspect"}, run_dir_);
+  Outcome no_file = RunViper({"inspect"}, run_dir_.path());
   EXPECT_EQ(no_file.exit_code, 2);
   EXPECT_NE(no_file.err.find("file is required"), std::string::npos) << no_file.err;
-  Outcome bad_flag = RunViper({"inspect", "--frobnicate", good_path_}, run_dir_);
+  Outcome bad_flag = RunViper({"inspect", "--frobnicate", good_path_}, run_dir_.path());
   EXPECT_EQ(bad_flag.exit_code, 2);
   EXPECT_EQ(Lines(bad_flag.err), 1u) << bad_flag.err;
 }
@@ -219,7 +184,7 @@ TEST_F(InspectCli, HostileNamesAreEscapedInText) {
   std::string header = R"({"\u001b[2Jx":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},)"
                        R"("__metadata__":{"k":"a\u0007b"}})";
   std::string path = Write("hostile.safetensors", testing::Raw(header, "z"));
-  Outcome r = RunViper({"inspect", path}, run_dir_);
+  Outcome r = RunViper({"inspect", path}, run_dir_.path());
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out.find('\x1b'), std::string::npos);
   EXPECT_EQ(r.out.find('\x07'), std::string::npos);

@@ -10,8 +10,7 @@ WIRE=${1:-}
 export VIPER_HOSTS_QUIET=1
 TMP=$(mktemp -d /tmp/viper-hosts-test.XXXXXX)
 BASE=vt$$   # every prefix of this test starts with it
-PASSED=0
-FAILED=0
+source "$HERE/../check.sh"
 
 if [[ -z $WIRE || ! -x $WIRE ]]; then
   echo "hosts_test: first argument must be the viper_wire_baseline binary (got '${WIRE}')" >&2
@@ -31,13 +30,6 @@ finish() {
   rm -rf "$TMP"
 }
 trap finish EXIT
-
-pass() { PASSED=$((PASSED + 1)); echo "PASS: $*"; }
-failed() { FAILED=$((FAILED + 1)); echo "FAIL: $*"; }
-check() {  # check "description" command...
-  local what=$1; shift
-  if "$@"; then pass "$what"; else failed "$what"; fi
-}
 
 # True when nothing named <prefix>-* exists: no namespace, and no link in the root namespace.
 no_leftovers() {

@@ -4,7 +4,6 @@ Run: /usr/bin/python3 -m pytest tests/python/test_demo_baseline.py
 The end-to-end test starts real producer and consumer processes that train and serve a small model
 (a few MiB) for a few seconds each, with real files; it takes about 20-30 s.
 """
-import json
 import math
 import os
 import subprocess
@@ -13,16 +12,15 @@ import sys
 import pytest
 import torch
 
-EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples")
-sys.path.insert(0, os.path.abspath(EXAMPLES))
+from demo_run import EXAMPLES, RUN_DEMO, run_small_demo  # tests/python is on sys.path
+
+sys.path.insert(0, EXAMPLES)
 
 from cl_demo.data import DriftingStream, StreamConfig, request_generator  # noqa: E402
 from cl_demo.model import ModelConfig, NT3Like, state_bytes  # noqa: E402
 from cl_demo.policy import IntervalPolicy  # noqa: E402
 from cl_demo.results import summarize  # noqa: E402
 from cl_demo.transports import FileTransport  # noqa: E402
-
-RUN_DEMO = os.path.join(os.path.abspath(EXAMPLES), "cl_demo", "run_demo.py")
 
 
 # ---- drift generator -------------------------------------------------------------------------
@@ -163,16 +161,7 @@ def test_file_transport_round_trip(tmp_path):
 @pytest.fixture(scope="module")
 def small_demo(tmp_path_factory):
     """Runs the demo once: reference (no publishing) then file transport, small and fast."""
-    work = tmp_path_factory.mktemp("cl_demo")
-    out = work / "results.json"
-    cmd = [sys.executable, RUN_DEMO, "--model-mb", "2", "--duration", "6", "--period", "16",
-           "--transports", "none,file", "--publish-every-s", "0.5", "--poll-interval", "0.5",
-           "--request-interval", "0.05", "--pretrain-iters", "40", "--workdir", str(work),
-           "--json", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"run_demo failed\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-    with open(out, encoding="utf-8") as f:
-        return json.load(f), proc.stdout
+    return run_small_demo(tmp_path_factory.mktemp("cl_demo"), "none,file")
 
 
 def test_demo_prints_side_by_side_table(small_demo):

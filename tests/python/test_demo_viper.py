@@ -4,15 +4,13 @@ This is the demo's contract test of the `viper` Python bindings: it runs only wh
 works (build the bindings and put them on PYTHONPATH); elsewhere pytest reports it as skipped,
 with the import error as the reason. Run: /usr/bin/python3 -m pytest tests/python/test_demo_viper.py
 """
-import json
 import math
-import os
-import subprocess
 import sys
 
 import pytest
 
-EXAMPLES = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples"))
+from demo_run import EXAMPLES, run_small_demo  # tests/python is on sys.path
+
 sys.path.insert(0, EXAMPLES)
 
 from cl_demo.transports import viper_import_error  # noqa: E402
@@ -23,16 +21,7 @@ pytestmark = pytest.mark.skipif(VIPER_ERROR is not None, reason=f"import viper f
 
 @pytest.fixture(scope="module")
 def viper_demo(tmp_path_factory):
-    work = tmp_path_factory.mktemp("cl_demo_viper")
-    out = work / "results.json"
-    cmd = [sys.executable, os.path.join(EXAMPLES, "cl_demo", "run_demo.py"), "--model-mb", "2",
-           "--duration", "6", "--period", "16", "--transports", "file,viper", "--require-viper",
-           "--publish-every-s", "0.5", "--poll-interval", "0.5", "--request-interval", "0.05",
-           "--pretrain-iters", "40", "--workdir", str(work), "--json", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"run_demo failed\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-    with open(out, encoding="utf-8") as f:
-        return json.load(f), proc.stdout
+    return run_small_demo(tmp_path_factory.mktemp("cl_demo_viper"), "file,viper", "--require-viper")
 
 
 def test_viper_run_is_complete_and_sane(viper_demo):

@@ -1,58 +1,23 @@
 // `viper schedule`: the real binary on generated loss logs (the worked example, bad logs, bad
 // flags).
-#include <fcntl.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "cli/run_viper.h"
+
 namespace {
 
-struct Output {
-  int exit_code = -1;
-  std::string out, err;
-};
+using Output = viper::testing::Outcome;
 
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// Runs bin/viper with `args`, stdout and stderr captured through files.
-Output RunViper(const std::vector<std::string>& args) {
-  const std::string dir = ::testing::TempDir();
-  const std::string out_path = dir + "viper_schedule_cli.out", err_path = dir + "viper_schedule_cli.err";
-  const pid_t pid = fork();
-  if (pid == 0) {
-    const int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    const int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    dup2(out, 1), dup2(err, 2);
-    std::vector<char*> argv;
-    const std::string binary = std::string(VIPER_BINARY_DIR) + "/bin/viper";
-    argv.push_back(const_cast<char*>(binary.c_str()));
-    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    execv(binary.c_str(), argv.data());
-    _exit(127);
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  Output o;
-  o.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  o.out = Slurp(out_path);
-  o.err = Slurp(err_path);
-  return o;
-}
+// Runs bin/viper with `args`, stdout and stderr captured through files of gtest's temp dir.
+Output RunViper(const std::vector<std::string>& args) { return viper::testing::RunViper(args, ::testing::TempDir()); }
 
 std::string WriteFile(const std::string& name, const std::string& text) {
   const std::string path = ::testing::TempDir() + name;

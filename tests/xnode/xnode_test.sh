@@ -30,8 +30,7 @@ PFS=$TMP/pfs
 mkdir -p "$PFS"
 A=10.77.0.1
 B=10.77.0.2
-PASSED=0
-FAILED=0
+source "$HERE/../check.sh"
 PIDS=()
 # The test hosts share one kernel: UCX would move bulk data by CMA (process_vm_readv) across the
 # namespaces, which separate hosts cannot. Restrict it to TCP, the transport real hosts here use.
@@ -45,12 +44,6 @@ finish() {
 }
 trap finish EXIT
 
-pass() { PASSED=$((PASSED + 1)); echo "PASS: $*"; }
-failed() { FAILED=$((FAILED + 1)); echo "FAIL: $*"; }
-check() {  # check "description" command...
-  local what=$1; shift
-  if "$@"; then pass "$what"; else failed "$what"; fi
-}
 on() { local host=$1; shift; "$VIPER_HOSTS_SCRIPT" exec "$host" -- "$@"; }
 # wait_for SECONDS command...: polls the command every 0.1 s.
 wait_for() {

@@ -1,0 +1,51 @@
+// Runs the built bin/viper as a user would (a child process) and captures what it printed: shared
+// by the CLI tests of every layer (inspect, schedule, bench).
+#pragma once
+
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace viper::testing {
+
+struct Outcome {
+  int exit_code = -1;  // 128 + signal if a signal ended it
+  std::string out, err;
+};
+
+// Runs bin/viper with `args`; its stdout and stderr go through the files `dir`/stdout and
+// `dir`/stderr (overwritten).
+inline Outcome RunViper(const std::vector<std::string>& args, const std::filesystem::path& dir) {
+  const auto out_path = dir / "stdout", err_path = dir / "stderr";
+  const std::string exe = std::string(VIPER_BINARY_DIR) + "/bin/viper";
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ::dup2(out, 1);
+    ::dup2(err, 2);
+    std::vector<char*> argv;
+    argv.push_back(const_cast<char*>(exe.c_str()));
+    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(exe.c_str(), argv.data());
+    ::_exit(127);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  auto slurp = [](const std::filesystem::path& path) {
+    std::ifstream in(path, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), slurp(out_path), slurp(err_path)};
+}
+
+}  // namespace viper::testing

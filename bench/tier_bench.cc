@@ -40,6 +40,7 @@
 #include "viper/file_tier.h"
 #include "viper/host_tier.h"
 #include "viper/snapshot.h"
+#include "viper/units.h"
 
 namespace viper::bench {
 namespace {
@@ -58,23 +59,11 @@ struct Config {
 
 Config g_cfg;
 
-// "64MiB", "600MB", "1.7GB", "4096": bytes (decimal units are powers of 1000).
+// "64MiB", "600MB", "1.7GB", "4096" (viper/units.h), more than zero.
 Result<uint64_t> ParseSize(const std::string& text) {
-  size_t pos = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &pos);
-  } catch (...) {
-    return Status::InvalidArgument(fmt::format("size '{}' does not start with a number", text));
-  }
-  static const std::map<std::string, double> kUnits = {
-      {"", 1},     {"B", 1},           {"KB", 1e3},          {"MB", 1e6},          {"GB", 1e9},
-      {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}};
-  auto unit = kUnits.find(text.substr(pos));
-  if (unit == kUnits.end() || value <= 0) {
-    return Status::InvalidArgument(fmt::format("size '{}': expected a positive number with B, KB, MB, GB, KiB, MiB or GiB", text));
-  }
-  return static_cast<uint64_t>(value * unit->second);
+  VIPER_ASSIGN_OR_RETURN(uint64_t bytes, ParseBytes(text, "size"));
+  if (bytes == 0) return Status::InvalidArgument(fmt::format("size '{}' must be more than 0 bytes", text));
+  return bytes;
 }
 
 std::string Human(uint64_t bytes) {

@@ -49,6 +49,7 @@
 #include "viper/fd.h"
 #include "viper/snapshot.h"
 #include "viper/status.h"
+#include "viper/units.h"
 
 namespace {
 
@@ -75,31 +76,12 @@ struct Options {
 // ---------------------------------------------------------------------------------------------
 // Parsing of untrusted command-line values.
 
-// "123", "64M" / "1.7G" (decimal: k M G T) or "4Mi" (binary: Ki Mi Gi Ti).
+// "123", "64M" / "1.7G" (decimal: k M G T) or "4Mi" (binary: Ki Mi Gi Ti): viper/units.h, at
+// most kMaxBytes.
 Result<uint64_t> ParseBytes(std::string_view text) {
-  std::string s(text);
-  char* end = nullptr;
-  errno = 0;
-  double number = std::strtod(s.c_str(), &end);
-  if (end == s.c_str() || errno != 0 || number < 0) {
-    return Status::InvalidArgument("byte count '" + s + "': expected a non-negative number with an "
-                                   "optional suffix k, M, G, T (x1000) or Ki, Mi, Gi, Ti (x1024)");
-  }
-  std::string_view suffix(end);
-  static const std::pair<std::string_view, double> kUnits[] = {
-      {"", 1},      {"B", 1},      {"k", 1e3},        {"K", 1e3},        {"M", 1e6},
-      {"G", 1e9},   {"T", 1e12},   {"Ki", 1024.0},    {"Mi", 1048576.0}, {"Gi", 1073741824.0},
-      {"Ti", 1099511627776.0}};
-  for (const auto& [name, scale] : kUnits) {
-    if (suffix != name) continue;
-    double bytes = number * scale;
-    if (bytes > static_cast<double>(kMaxBytes)) {
-      return Status::InvalidArgument("byte count '" + s + "' exceeds the limit of 1 TiB");
-    }
-    return static_cast<uint64_t>(bytes + 0.5);
-  }
-  return Status::InvalidArgument("byte count '" + s + "': unknown suffix '" + std::string(suffix) +
-                                 "' (use k, M, G, T, Ki, Mi, Gi or Ti)");
+  VIPER_ASSIGN_OR_RETURN(uint64_t bytes, viper::ParseBytes(text));
+  if (bytes > kMaxBytes) return Status::InvalidArgument("byte count '" + std::string(text) + "' exceeds the limit of 1 TiB");
+  return bytes;
 }
 
 struct Endpoint {

@@ -2,13 +2,13 @@
 // prints). --hosts 2 re-runs this command inside two network namespaces with --hosts-stage 2.
 #include <unistd.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <sstream>
 
 #include "command.h"
 #include "harness/bench.h"
 #include "harness/child.h"
+#include "viper/units.h"
 
 namespace viper::cli {
 namespace {
@@ -29,16 +29,11 @@ struct BenchFlags {
   CLI::App* app = nullptr;
 };
 
-// "64Mi", "600M", "1.7G", "1000000": decimal k M G, binary Ki Mi Gi.
+// "64Mi", "600M", "1.7G", "1000000" (viper/units.h), more than zero.
 Result<uint64_t> ParseSize(const std::string& text) {
-  char* end = nullptr;
-  double n = std::strtod(text.c_str(), &end);
-  std::string unit(end);
-  const std::pair<const char*, double> units[] = {{"", 1},    {"k", 1e3},         {"M", 1e6},           {"G", 1e9},
-                                                  {"Ki", 1024}, {"Mi", 1048576.0}, {"Gi", 1073741824.0}};
-  for (const auto& [name, scale] : units)
-    if (end != text.c_str() && n > 0 && unit == name) return static_cast<uint64_t>(n * scale);
-  return Status::InvalidArgument("size '" + text + "': expected a positive number with an optional k, M, G, Ki, Mi or Gi");
+  VIPER_ASSIGN_OR_RETURN(uint64_t bytes, ParseBytes(text, "size"));
+  if (bytes == 0) return Status::InvalidArgument("size '" + text + "' must be more than 0 bytes");
+  return bytes;
 }
 
 Result<bench::Config> MakeConfig(const BenchFlags& f) {

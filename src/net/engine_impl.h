@@ -163,6 +163,9 @@ struct Engine::Impl {
   Status AcceptAddress(const std::vector<std::byte>& client_address, const std::string& peer_address);
   void StartConnect(const std::string& address, const std::vector<std::byte>& node_address,
                     std::shared_ptr<std::promise<Result<PeerId>>> waiter);
+  // An endpoint to the worker whose address is `worker_address`, with peer-failure handling
+  // reported to OnEpError; `what` names the attempt in the error.
+  Result<ucp_ep_h> CreateEndpoint(const std::vector<std::byte>& worker_address, const std::string& what);
   detail::Peer* AddPeer(ucp_ep_h ep, std::string address);
   detail::Peer* FindPeer(PeerId id);
   detail::Peer* PeerOfEp(ucp_ep_h ep);

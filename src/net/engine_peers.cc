@@ -72,15 +72,7 @@ Status Engine::Impl::AcceptAddress(const std::vector<std::byte>& client_address,
   // Both endpoints of a connection to ourselves would live in this worker, and UCX would pair
   // each with itself: messages would arrive on the sending side's peer. Nothing needs it.
   if (client_address == worker_address) return Status::InvalidArgument("this engine connected to its own listener");
-  ucp_ep_params_t params{};
-  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  params.address = reinterpret_cast<const ucp_address_t*>(client_address.data());
-  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-  params.err_handler = ErrHandler(this);
-  ucp_ep_h ep = nullptr;
-  ucs_status_t st = ucp_ep_create(worker, &params, &ep);
-  if (st != UCS_OK) return detail::FromUcs(st, fmt::format("accepting a connection from {}", peer_address));
+  VIPER_ASSIGN_OR_RETURN(ucp_ep_h ep, CreateEndpoint(client_address, fmt::format("accepting a connection from {}", peer_address)));
   detail::Peer* peer = AddPeer(ep, peer_address);
   MarkOpen(*peer);
   log(LogLevel::kInfo, kLog, "accepted peer {} from {}", peer->id, peer_address);
@@ -94,25 +86,31 @@ void Engine::Impl::StartConnect(const std::string& address, const std::vector<st
     waiter->set_value(Status::Unavailable(fmt::format("connect to {}: the engine is shutting down", address)));
     return;
   }
-  ucp_ep_params_t params{};
-  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  params.address = reinterpret_cast<const ucp_address_t*>(node_address.data());
-  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-  params.err_handler = ErrHandler(this);
-  ucp_ep_h ep = nullptr;
-  ucs_status_t st = ucp_ep_create(worker, &params, &ep);
-  if (st != UCS_OK) {
-    waiter->set_value(detail::FromUcs(st, fmt::format("connect to {}: creating the endpoint", address)));
+  Result<ucp_ep_h> ep = CreateEndpoint(node_address, fmt::format("connect to {}: creating the endpoint", address));
+  if (!ep.ok()) {
+    waiter->set_value(ep.status());
     return;
   }
-  detail::Peer* peer = AddPeer(ep, address);
+  detail::Peer* peer = AddPeer(*ep, address);
   peer->connect = std::move(waiter);
   peer->connect_deadline = Clock::now() + options.connect_timeout;
   connecting++;
   // The endpoint is usable once the node's engine answers this ping (UCX queues the send until
   // the wire-up is done; an unreachable node fails the endpoint instead).
   SendAm(*peer, detail::kPingAm, nullptr, nullptr);
+}
+
+Result<ucp_ep_h> Engine::Impl::CreateEndpoint(const std::vector<std::byte>& address, const std::string& what) {
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  params.address = reinterpret_cast<const ucp_address_t*>(address.data());
+  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  params.err_handler = ErrHandler(this);
+  ucp_ep_h ep = nullptr;
+  ucs_status_t st = ucp_ep_create(worker, &params, &ep);
+  if (st != UCS_OK) return detail::FromUcs(st, what);
+  return ep;
 }
 
 detail::Peer* Engine::Impl::AddPeer(ucp_ep_h ep, std::string address) {

@@ -140,11 +140,7 @@ int RunWatch(const WatchFlags& f) {
   options.path = *path;
   options.file_dir = f.file_dir;
   options.name = "viper-watch";
-  sigset_t stop;
-  sigemptyset(&stop);
-  sigaddset(&stop, SIGINT);
-  sigaddset(&stop, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  sigset_t stop = BlockStopSignals();  // before any thread starts
   auto sub = Subscriber::Start(options);
   if (!sub.ok()) return Fail("watch", sub.status());
   std::mutex mu;

@@ -23,12 +23,7 @@ int RunServe(const ServeFlags& flags) {
   auto token = flags.auth.Resolve();
   if (!token.ok()) return Fail("serve", token.status());
   options.token = *token;
-  // Block the stop signals before any thread starts so that only sigwait below receives them.
-  sigset_t stop;
-  sigemptyset(&stop);
-  sigaddset(&stop, SIGINT);
-  sigaddset(&stop, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  sigset_t stop = BlockStopSignals();  // before any thread starts
 
   auto node = Node::Start(options);
   if (!node.ok()) return Fail("serve", node.status());

@@ -1,5 +1,8 @@
-// Options shared by the node commands: where the node is and how to authenticate.
+// Shared by the node commands: where the node is, how to authenticate, how a command stops.
 #pragma once
+
+#include <pthread.h>
+#include <signal.h>
 
 #include <cstdlib>
 #include <fstream>
@@ -33,6 +36,18 @@ struct AuthFlags {
     app.add_option("--token-file", token_file, "File holding the shared secret (default: $VIPER_TOKEN)");
   }
 };
+
+// Blocks SIGINT and SIGTERM in this thread (and every thread started after it) and returns them
+// as a set for sigwait: call before any thread starts, so that only the command's sigwait sees
+// them and it can shut down in order.
+inline sigset_t BlockStopSignals() {
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  return stop;
+}
 
 inline void AddConnect(CLI::App& app, std::string& connect) {
   app.add_option("--connect", connect, "Node address HOST:PORT")->default_val("127.0.0.1:7300");

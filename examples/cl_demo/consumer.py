@@ -13,7 +13,6 @@ writes into a module a request still holds. So every request sees one whole vers
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import threading
@@ -24,7 +23,8 @@ import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # examples/
 
-from cl_demo.runtime import set_torch_threads, sleep_until_ns, tune_malloc, wait_for_start, write_json  # noqa: E402
+from cl_demo.runtime import (make_logger, parse_role_args, set_torch_threads, sleep_until_ns, tune_malloc,  # noqa: E402
+                             wait_for_start, write_json)
 
 tune_malloc()
 
@@ -129,17 +129,11 @@ def serve(cfg: DemoConfig, buffers: DoubleBuffer, start_ns: int, loader: Loader)
     return rows
 
 
-def _log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')} {os.path.basename(__file__)}] {msg}", file=sys.stderr, flush=True)
+_log = make_logger(__file__)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", required=True, help="DemoConfig JSON written by run_demo.py")
-    ap.add_argument("--transport", required=True, choices=["none", "file", "viper"])
-    ap.add_argument("--workdir", required=True, help="directory of this run (file transport: models/)")
-    ap.add_argument("--out", required=True, help="where to write the consumer's results JSON")
-    args = ap.parse_args(argv)
+    args = parse_role_args("consumer", __doc__, argv)
 
     cfg = DemoConfig.load(args.config)
     _log(f"imports done in {time.perf_counter() - _T0:.1f} s")

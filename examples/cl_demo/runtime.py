@@ -1,10 +1,12 @@
 """Process-level helpers shared by the producer, the consumer and the driver."""
 from __future__ import annotations
 
+import argparse
 import ctypes
 import json
 import math
 import os
+import sys
 import time
 
 # glibc mallopt parameters (malloc.h).
@@ -78,3 +80,22 @@ def percentile(values, q: float) -> float:
     pos = (len(xs) - 1) * q / 100.0
     lo, hi = math.floor(pos), math.ceil(pos)
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def make_logger(script_path: str):
+    """log(msg) for one process of the demo: "[HH:MM:SS <script name>] msg" on stderr."""
+    name = os.path.basename(script_path)
+
+    def log(msg: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')} {name}] {msg}", file=sys.stderr, flush=True)
+    return log
+
+
+def parse_role_args(role: str, description: str, argv=None) -> argparse.Namespace:
+    """The command line run_demo.py gives the producer and the consumer (`role`)."""
+    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", required=True, help="DemoConfig JSON written by run_demo.py")
+    ap.add_argument("--transport", required=True, choices=["none", "file", "viper"])
+    ap.add_argument("--workdir", required=True, help="directory of this run (file transport: models/)")
+    ap.add_argument("--out", required=True, help=f"where to write the {role}'s results JSON")
+    return ap.parse_args(argv)

@@ -188,7 +188,7 @@ Status RecordFile::ReadInto(uint64_t i, std::span<std::byte> dst) const {
   if (fd_) {
     Status st = data_internal::PreadAll(fd_->get(), dst, e.offset);
     if (!st.ok()) return st.WithContext(fmt::format("{} record {}", name_, i));
-  } else {
+  } else if (e.length > 0) {
     std::memcpy(dst.data(), memory_.data() + e.offset, e.length);
   }
   if (uint64_t c = checksum64(dst); c != e.checksum) {
@@ -237,7 +237,7 @@ Status RecordWriter::Append(std::span<const std::byte> bytes, int64_t label) {
 Status RecordWriter::Finish(std::span<const std::byte> metadata) {
   if (finished_) return Status::FailedPrecondition(fmt::format("record file {}: Finish called twice", path_.string()));
   std::vector<std::byte> tail(metadata.size() + index_.size() * kRecordIndexEntryBytes);
-  std::memcpy(tail.data(), metadata.data(), metadata.size());
+  if (!metadata.empty()) std::memcpy(tail.data(), metadata.data(), metadata.size());
   std::byte* p = tail.data() + metadata.size();
   for (const RecordEntry& e : index_) {
     Store64(p, e.offset);

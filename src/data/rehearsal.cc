@@ -1,0 +1,262 @@
+// RehearsalBuffer: reservoir and class-balanced sampling, draws, spill and restore.
+// Contract: include/viper/rehearsal.h.
+#include "viper/rehearsal.h"
+
+#include <algorithm>
+#include <cstring>
+#include <unordered_set>
+
+#include <fmt/format.h>
+
+#include "rehearsal_state.h"
+#include "viper/log.h"
+#include "viper/record_file.h"
+
+namespace viper {
+
+namespace {
+constexpr const char* kSpillName = "rehearsal.vrec";
+}
+
+std::string_view rehearsal_policy_name(RehearsalPolicy policy) {
+  return policy == RehearsalPolicy::kClassBalanced ? "class_balanced" : "reservoir";
+}
+
+RehearsalBuffer::RehearsalBuffer(const RehearsalOptions& options) : options_(options), rng_(options.seed) {}
+
+Result<std::unique_ptr<RehearsalBuffer>> RehearsalBuffer::Open(const RehearsalOptions& options) {
+  if (options.capacity < 1) return Status::InvalidArgument("RehearsalOptions: capacity must be >= 1");
+  if (options.policy != RehearsalPolicy::kReservoir && options.policy != RehearsalPolicy::kClassBalanced) {
+    return Status::InvalidArgument(fmt::format("RehearsalOptions: unknown policy {}", static_cast<uint32_t>(options.policy)));
+  }
+  std::unique_ptr<RehearsalBuffer> b(new RehearsalBuffer(options));
+  b->slots_.reserve(std::min<size_t>(options.capacity, 1 << 20));
+  if (!options.spill_dir.empty() && options.restore) {
+    std::error_code ec;
+    if (std::filesystem::exists(b->spill_path(), ec)) VIPER_RETURN_IF_ERROR(b->Restore());
+  }
+  return b;
+}
+
+std::filesystem::path RehearsalBuffer::spill_path() const {
+  return options_.spill_dir.empty() ? std::filesystem::path() : options_.spill_dir / kSpillName;
+}
+
+size_t RehearsalBuffer::RandomBelow(size_t n) { return std::uniform_int_distribution<size_t>(0, n - 1)(rng_); }
+
+void RehearsalBuffer::AddMember(size_t index) {
+  auto& m = members_[slots_[index].label];
+  member_pos_[index] = m.size();
+  m.push_back(index);
+}
+
+// Takes slot `index` out of its class's list (swapping in the list's last member).
+void RehearsalBuffer::RemoveMember(size_t index) {
+  int64_t label = slots_[index].label;
+  auto& m = members_[label];
+  size_t pos = member_pos_[index];
+  m[pos] = m.back();
+  member_pos_[m[pos]] = pos;
+  m.pop_back();
+  if (m.empty()) members_.erase(label);
+}
+
+void RehearsalBuffer::Insert(Slot slot) {
+  slots_.push_back(std::move(slot));
+  member_pos_.push_back(0);
+  AddMember(slots_.size() - 1);
+}
+
+void RehearsalBuffer::Replace(size_t index, Slot slot) {
+  RemoveMember(index);
+  slots_[index] = std::move(slot);
+  AddMember(index);
+}
+
+void RehearsalBuffer::RemoveAt(size_t index) {
+  RemoveMember(index);
+  size_t last = slots_.size() - 1;
+  if (index != last) {
+    RemoveMember(last);
+    slots_[index] = std::move(slots_[last]);
+    AddMember(index);
+  }
+  slots_.pop_back();
+  member_pos_.pop_back();
+}
+
+// The slot a new sample of `label` replaces in a full buffer, or none: CBRS (see the header).
+std::optional<size_t> RehearsalBuffer::ChooseBalanced(int64_t label) {
+  size_t largest = 0;
+  for (const auto& [l, m] : members_) largest = std::max(largest, m.size());
+  auto own = members_.find(label);
+  size_t own_count = own == members_.end() ? 0 : own->second.size();
+  if (own_count < largest) {
+    std::vector<const std::vector<size_t>*> big;
+    for (const auto& [l, m] : members_) {
+      if (m.size() == largest) big.push_back(&m);
+    }
+    const auto& victims = *big[RandomBelow(big.size())];
+    return victims[RandomBelow(victims.size())];
+  }
+  // One of the largest classes: reservoir sampling within the class.
+  uint64_t n = class_seen_[label];
+  if (std::uniform_int_distribution<uint64_t>(0, n - 1)(rng_) >= own_count) return std::nullopt;
+  return own->second[RandomBelow(own_count)];
+}
+
+Result<bool> RehearsalBuffer::Add(std::span<const std::byte> bytes, int64_t label) {
+  if (options_.sample_bytes != 0 && bytes.size() != options_.sample_bytes) {
+    return Status::InvalidArgument(fmt::format("rehearsal buffer: sample of {} bytes, expected {} (RehearsalOptions.sample_bytes)",
+                                               bytes.size(), options_.sample_bytes));
+  }
+  if (label < -1 || (label < 0 && options_.policy == RehearsalPolicy::kClassBalanced)) {
+    return Status::InvalidArgument(fmt::format("rehearsal buffer: label {} is not allowed ({})", label,
+                                               options_.policy == RehearsalPolicy::kClassBalanced
+                                                   ? "class_balanced needs labels >= 0"
+                                                   : "labels are >= 0, or -1 for none"));
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  seen_++;
+  class_seen_[label]++;
+  auto make = [&] { return Slot{std::make_shared<const std::vector<std::byte>>(bytes.begin(), bytes.end()), label}; };
+  if (slots_.size() < options_.capacity) {
+    Insert(make());
+    return true;
+  }
+  std::optional<size_t> victim;
+  if (options_.policy == RehearsalPolicy::kClassBalanced) {
+    victim = ChooseBalanced(label);
+  } else if (uint64_t j = std::uniform_int_distribution<uint64_t>(0, seen_ - 1)(rng_); j < options_.capacity) {
+    victim = j;  // algorithm R
+  }
+  if (!victim) return false;
+  Replace(*victim, make());
+  return true;
+}
+
+std::vector<RehearsalSample> RehearsalBuffer::Draw(size_t k) {
+  std::lock_guard<std::mutex> lk(mu_);
+  size_t n = slots_.size();
+  k = std::min(k, n);
+  // Robert Floyd's algorithm: k distinct indices in O(k), then shuffled (the set's order is not random).
+  std::vector<size_t> picked;
+  picked.reserve(k);
+  std::unordered_set<size_t> in;
+  for (size_t j = n - k; j < n; ++j) {
+    size_t t = RandomBelow(j + 1);
+    size_t chosen = in.insert(t).second ? t : j;
+    if (chosen == j) in.insert(j);
+    picked.push_back(chosen);
+  }
+  std::shuffle(picked.begin(), picked.end(), rng_);
+  std::vector<RehearsalSample> out;
+  out.reserve(k);
+  for (size_t i : picked) out.push_back({slots_[i].bytes, slots_[i].label});
+  return out;
+}
+
+Result<size_t> RehearsalBuffer::DrawInto(size_t k, std::span<std::byte> dst, std::span<int64_t> labels) {
+  uint64_t sb = options_.sample_bytes;
+  if (sb == 0) return Status::InvalidArgument("rehearsal buffer: DrawInto needs RehearsalOptions.sample_bytes");
+  if (dst.size() / sb < k || labels.size() < k) {
+    return Status::InvalidArgument(fmt::format("rehearsal buffer: DrawInto of {} samples of {} bytes into {} bytes and {} labels",
+                                               k, sb, dst.size(), labels.size()));
+  }
+  auto drawn = Draw(k);
+  for (size_t i = 0; i < drawn.size(); ++i) {
+    std::memcpy(dst.data() + i * sb, drawn[i].bytes->data(), sb);
+    labels[i] = drawn[i].label;
+  }
+  return drawn.size();
+}
+
+size_t RehearsalBuffer::size() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return slots_.size();
+}
+
+uint64_t RehearsalBuffer::seen() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return seen_;
+}
+
+std::map<int64_t, size_t> RehearsalBuffer::class_counts() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::map<int64_t, size_t> out;
+  for (const auto& [label, m] : members_) out[label] = m.size();
+  return out;
+}
+
+std::map<int64_t, uint64_t> RehearsalBuffer::class_seen() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return class_seen_;
+}
+
+// ---------------------------------------------------------------- spill and restore
+
+Status RehearsalBuffer::Spill() {
+  if (options_.spill_dir.empty()) return Status::FailedPrecondition("rehearsal buffer: no spill_dir configured");
+  std::vector<Slot> slots;
+  data_internal::RehearsalState state;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    slots = slots_;  // shared, immutable bytes: the write below runs without the lock
+    state = {static_cast<uint32_t>(options_.policy), options_.capacity, seen_, options_.sample_bytes,
+             {class_seen_.begin(), class_seen_.end()}};
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(options_.spill_dir, ec);
+  if (ec) return Status::FromErrno(fmt::format("rehearsal spill: cannot create {}", options_.spill_dir.string()), ec.value());
+  VIPER_ASSIGN_OR_RETURN(auto w, RecordWriter::Create(spill_path()));
+  for (const Slot& s : slots) VIPER_RETURN_IF_ERROR(w->Append(*s.bytes, s.label));
+  return w->Finish(data_internal::EncodeRehearsalState(state));
+}
+
+Status RehearsalBuffer::Restore() {
+  std::filesystem::path path = spill_path();
+  auto hint = [&](Status st) { return st.WithContext("rehearsal restore (remove the file to start empty)"); };
+  auto file = RecordFile::Open(path);
+  if (!file.ok()) return hint(file.status());
+  auto state = data_internal::DecodeRehearsalState(file->metadata());
+  if (!state.ok()) return hint(state.status().WithContext(path.string()));
+  if (state->policy != static_cast<uint32_t>(options_.policy)) {
+    return Status::InvalidArgument(fmt::format("rehearsal restore: {} was written with policy {}, the options ask for {}",
+                                               path.string(), rehearsal_policy_name(RehearsalPolicy(state->policy)),
+                                               rehearsal_policy_name(options_.policy)));
+  }
+  if (options_.sample_bytes != 0 && state->sample_bytes != options_.sample_bytes) {
+    return Status::InvalidArgument(fmt::format("rehearsal restore: {} holds samples of {} bytes, the options ask for {}",
+                                               path.string(), state->sample_bytes, options_.sample_bytes));
+  }
+  VIPER_RETURN_IF_ERROR(hint(data_internal::CheckRehearsalState(*state, *file)));
+  std::lock_guard<std::mutex> lk(mu_);
+  for (uint64_t i = 0; i < file->size(); ++i) {
+    auto bytes = std::make_shared<std::vector<std::byte>>(file->entry(i).length);
+    VIPER_RETURN_IF_ERROR(hint(file->ReadInto(i, *bytes)));
+    Insert({std::move(bytes), file->entry(i).label});
+  }
+  seen_ = state->seen;
+  class_seen_ = {state->class_seen.begin(), state->class_seen.end()};
+  if (slots_.size() > options_.capacity) {
+    log(LogLevel::kWarn, "rehearsal", "{} holds {} samples, more than the capacity {}: keeping a random {}", path.string(),
+        slots_.size(), options_.capacity, options_.capacity);
+    EvictTo(options_.capacity);
+  }
+  return Status::OK();
+}
+
+// Drops random samples (for kClassBalanced, from a largest class each time) down to `capacity`.
+void RehearsalBuffer::EvictTo(size_t capacity) {
+  while (slots_.size() > capacity) {
+    if (options_.policy == RehearsalPolicy::kClassBalanced) {
+      auto big = std::max_element(members_.begin(), members_.end(),
+                                  [](const auto& a, const auto& b) { return a.second.size() < b.second.size(); });
+      RemoveAt(big->second[RandomBelow(big->second.size())]);
+    } else {
+      RemoveAt(RandomBelow(slots_.size()));
+    }
+  }
+}
+
+}  // namespace viper

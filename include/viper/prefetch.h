@@ -31,6 +31,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "viper/sample_source.h"
@@ -66,6 +67,8 @@ struct Sample {
 };
 
 enum class OnError { kFail, kSkip };
+Result<OnError> ParseOnError(std::string_view name);  // "fail" | "skip"
+std::string_view on_error_name(OnError on_error);
 
 struct PrefetchOptions {
   uint64_t epochs = 1;           // 0: endless

@@ -35,6 +35,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "viper/status.h"
@@ -42,7 +43,8 @@
 namespace viper {
 
 enum class RehearsalPolicy : uint32_t { kReservoir = 0, kClassBalanced = 1 };
-std::string_view rehearsal_policy_name(RehearsalPolicy policy);
+std::string_view rehearsal_policy_name(RehearsalPolicy policy);        // "reservoir" | "class_balanced"
+Result<RehearsalPolicy> ParseRehearsalPolicy(std::string_view name);
 
 struct RehearsalOptions {
   size_t capacity = 1024;       // samples kept (>= 1)

@@ -56,5 +56,6 @@ void BindErrors(py::module_& m);     // module.cc: exception classes (first)
 void BindSnapshot(py::module_& m);   // module.cc
 void BindApi(py::module_& m);        // module.cc: Node, Publisher, Subscriber
 void BindSchedule(py::module_& m);   // schedule_bindings.cc: Scheduler, plan_schedules, ...
+void BindData(py::module_& m);       // data_bindings.cc: sources, Prefetcher, RehearsalBuffer
 
 }  // namespace viper_py

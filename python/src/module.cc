@@ -598,4 +598,5 @@ PYBIND11_MODULE(_viper, m) {
   viper_py::BindSnapshot(m);
   viper_py::BindApi(m);
   viper_py::BindSchedule(m);
+  viper_py::BindData(m);
 }

@@ -35,6 +35,14 @@ SampleBuffer SampleBuffer::Allocate(size_t size) {
   return b;
 }
 
+Result<OnError> ParseOnError(std::string_view name) {
+  if (name == "fail") return OnError::kFail;
+  if (name == "skip") return OnError::kSkip;
+  return Status::InvalidArgument(fmt::format("on_error must be 'fail' or 'skip', got '{}'", name));
+}
+
+std::string_view on_error_name(OnError on_error) { return on_error == OnError::kSkip ? "skip" : "fail"; }
+
 namespace {
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }

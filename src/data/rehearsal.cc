@@ -22,6 +22,12 @@ std::string_view rehearsal_policy_name(RehearsalPolicy policy) {
   return policy == RehearsalPolicy::kClassBalanced ? "class_balanced" : "reservoir";
 }
 
+Result<RehearsalPolicy> ParseRehearsalPolicy(std::string_view name) {
+  if (name == "reservoir") return RehearsalPolicy::kReservoir;
+  if (name == "class_balanced") return RehearsalPolicy::kClassBalanced;
+  return Status::InvalidArgument(fmt::format("policy must be 'reservoir' or 'class_balanced', got '{}'", name));
+}
+
 RehearsalBuffer::RehearsalBuffer(const RehearsalOptions& options) : options_(options), rng_(options.seed) {}
 
 Result<std::unique_ptr<RehearsalBuffer>> RehearsalBuffer::Open(const RehearsalOptions& options) {

@@ -1,0 +1,376 @@
+// The data side of viper._viper: sample sources, record files, the Prefetcher and the
+// RehearsalBuffer (include/viper/{sample_source,record_file,prefetch,rehearsal}.h). The thin Python
+// side, with the torch IterableDataset and the DataLoader drop-in, is python/viper/data.py.
+//
+// Samples cross into Python without a copy: each one is a uint8 numpy array whose memory is the
+// prefetcher's 64-byte aligned buffer, owned by the array (torch.from_numpy keeps sharing it).
+// Stacking a batch into one array is one memcpy per sample, made without the GIL. Waits release
+// the GIL and wake every 100 ms to let Ctrl-C through.
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bindings.h"
+#include "options.h"
+#include "viper/prefetch.h"
+#include "viper/record_file.h"
+#include "viper/rehearsal.h"
+#include "viper/sample_source.h"
+
+namespace viper_py {
+namespace {
+
+using viper::Status;
+using namespace std::chrono_literals;
+
+OptionsTable<viper::PrefetchOptions> PrefetchOptionsTable() {
+  using O = viper::PrefetchOptions;
+  OptionsTable<O> t;
+  t.Plain("epochs", &O::epochs, "epochs to deliver; 0 = endless")
+      .Plain("shuffle", &O::shuffle, "a fresh permutation per epoch")
+      .Plain("seed", &O::seed, "seed of the permutations")
+      .Plain("ordered", &O::ordered, "deliver in the epoch's order (else as reads complete)")
+      .Plain("readers", &O::readers, "reader threads to start with")
+      .Plain("buffer_samples", &O::buffer_samples, "samples read ahead to start with")
+      .Plain("autotune", &O::autotune, "move readers and buffer_samples online")
+      .Plain("max_readers", &O::max_readers, "the tuner's thread cap")
+      .Plain("max_buffer_samples", &O::max_buffer_samples, "the tuner's cap on samples read ahead")
+      .Plain("max_buffer_bytes", &O::max_buffer_bytes, "memory cap of the samples read ahead")
+      .Seconds("tune_interval", &O::tune_interval, "seconds per tuner decision, at least")
+      .Named("on_error", &O::on_error, viper::ParseOnError, viper::on_error_name,
+             "fail: a bad sample fails the prefetcher; skip: it is skipped and counted");
+  return t;
+}
+
+OptionsTable<viper::DirectorySourceOptions> DirectoryOptionsTable() {
+  using O = viper::DirectorySourceOptions;
+  OptionsTable<O> t;
+  t.Path("dir", &O::dir, "the directory tree of sample files")
+      .Plain("labels_from_subdirs", &O::labels_from_subdirs, "label = index of the top-level subdirectory")
+      .Plain("sample_bytes", &O::sample_bytes, "every sample must have this many bytes; 0 = any")
+      .Plain("max_sample_bytes", &O::max_sample_bytes, "a larger file is a bad sample")
+      .Plain("skip_hidden", &O::skip_hidden, "leave out names starting with '.'");
+  return t;
+}
+
+OptionsTable<viper::RehearsalOptions> RehearsalOptionsTable() {
+  using O = viper::RehearsalOptions;
+  OptionsTable<O> t;
+  t.Plain("capacity", &O::capacity, "samples kept")
+      .Named("policy", &O::policy, viper::ParseRehearsalPolicy, viper::rehearsal_policy_name,
+             "reservoir or class_balanced")
+      .Plain("seed", &O::seed, "seed of the sampler and of draws")
+      .Plain("sample_bytes", &O::sample_bytes, "every sample has this many bytes; 0 = any")
+      .Path("spill_dir", &O::spill_dir, "directory of spill() and of the restore at open; empty = none")
+      .Plain("restore", &O::restore, "restore from spill_dir at open when a spill is there");
+  return t;
+}
+
+// A uint8 array that owns the sample's buffer (no copy).
+py::array SampleArray(viper::SampleBuffer bytes) {
+  auto* owned = new viper::SampleBuffer(std::move(bytes));
+  py::capsule base(owned, [](void* p) { delete static_cast<viper::SampleBuffer*>(p); });
+  return py::array(py::dtype("uint8"), {static_cast<py::ssize_t>(owned->size())}, {1}, owned->data(), base);
+}
+
+py::tuple SampleTuple(viper::Sample s) {
+  int64_t label = s.label;
+  uint64_t id = s.id;
+  return py::make_tuple(SampleArray(std::move(s.bytes)), label, id);
+}
+
+struct SourceHandle {
+  std::shared_ptr<const viper::SampleSource> source;
+};
+
+uint64_t Checked(const SourceHandle& h, uint64_t id) {
+  if (id >= h.source->size()) {
+    throw py::index_error("sample id " + std::to_string(id) + " out of range: the source has " +
+                          std::to_string(h.source->size()) + " samples");
+  }
+  return id;
+}
+
+// Runs `wait(slice)` without the GIL in 100 ms slices until it returns anything but Timeout,
+// checking for signals between slices; Timeout after `timeout` seconds (None: no limit).
+template <typename Wait>
+auto WaitInterruptibly(std::optional<double> timeout, Wait wait) -> decltype(wait(100ms)) {
+  using Clock = std::chrono::steady_clock;
+  const bool limited = timeout.has_value();
+  const Clock::time_point deadline =
+      limited ? Clock::now() + std::chrono::nanoseconds(SecondsToNs(*timeout, "timeout")) : Clock::time_point::max();
+  while (true) {
+    std::chrono::nanoseconds slice = 100ms;
+    if (limited) slice = std::clamp<std::chrono::nanoseconds>(deadline - Clock::now(), 0ns, slice);
+    decltype(wait(slice)) r = Status::Internal("unset");
+    {
+      py::gil_scoped_release release;
+      r = wait(slice);
+    }
+    if (r.ok() || r.status().code() != viper::StatusCode::kTimeout) return r;
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    if (limited && Clock::now() >= deadline) return r;
+  }
+}
+
+struct PrefetcherHandle {
+  std::unique_ptr<viper::Prefetcher> p;
+  bool pending_end = false;  // a batch stopped at the epoch's end: the next call reports the end
+
+  viper::Prefetcher& live() {
+    if (!p) Raise(Status::FailedPrecondition("Prefetcher is closed"));
+    return *p;
+  }
+  std::optional<viper::Sample> Next(std::optional<double> timeout) {
+    viper::Prefetcher& pf = live();
+    if (std::exchange(pending_end, false)) return std::nullopt;
+    return Unwrap(WaitInterruptibly(timeout, [&](std::chrono::nanoseconds slice) { return pf.Next(slice); }));
+  }
+  // Up to n samples of the epoch: fewer at its end, none for the end itself.
+  std::vector<viper::Sample> Batch(size_t n) {
+    std::vector<viper::Sample> batch;
+    batch.reserve(n);
+    while (batch.size() < n) {
+      std::optional<viper::Sample> s = Next(std::nullopt);
+      if (!s) {
+        pending_end = !batch.empty();
+        break;
+      }
+      batch.push_back(std::move(*s));
+    }
+    return batch;
+  }
+};
+
+py::object StackBatch(std::vector<viper::Sample> batch) {
+  size_t n = batch.size(), size = batch[0].bytes.size();
+  for (const auto& s : batch) {
+    if (s.bytes.size() != size) {
+      Raise(Status::InvalidArgument("next_batch(stack=True): samples of " + std::to_string(size) + " and " +
+                                    std::to_string(s.bytes.size()) + " bytes cannot be stacked; use stack=False"));
+    }
+  }
+  py::array_t<uint8_t> data({n, size});
+  py::array_t<int64_t> labels(static_cast<py::ssize_t>(n));
+  py::array_t<uint64_t> ids(static_cast<py::ssize_t>(n));
+  uint8_t* dst = data.mutable_data();
+  int64_t* l = labels.mutable_data();
+  uint64_t* id = ids.mutable_data();
+  {
+    py::gil_scoped_release release;
+    for (size_t i = 0; i < n; ++i) {
+      if (size > 0) std::memcpy(dst + i * size, batch[i].bytes.data(), size);
+      l[i] = batch[i].label;
+      id[i] = batch[i].id;
+    }
+  }
+  return py::make_tuple(data, labels, ids);
+}
+
+py::dict StatsDict(const viper::PrefetchStats& s) {
+  py::dict d;
+  d["delivered"] = s.delivered;
+  d["skipped"] = s.skipped;
+  d["last_skip_error"] = s.last_skip_error.empty() ? py::object(py::none()) : py::object(py::str(s.last_skip_error));
+  d["bytes_read"] = s.bytes_read;
+  d["epoch"] = s.epoch;
+  d["consumer_wait_seconds"] = s.consumer_wait_seconds;
+  d["readers"] = s.readers;
+  d["buffer_samples"] = s.buffer_samples;
+  d["ready"] = s.ready;
+  d["buffered_bytes"] = s.buffered_bytes;
+  d["peak_buffered_bytes"] = s.peak_buffered_bytes;
+  py::list tuner;
+  for (const auto& e : s.tuner) {
+    py::dict t;
+    t["at_seconds"] = e.at_seconds;
+    t["readers"] = e.readers;
+    t["buffer_samples"] = e.buffer_samples;
+    t["wait_fraction"] = e.wait_fraction;
+    t["samples_per_second"] = e.samples_per_second;
+    t["reason"] = e.reason;
+    tuner.append(t);
+  }
+  d["tuner"] = tuner;
+  return d;
+}
+
+void BindSources(py::module_& m) {
+  BindOptions(m, "_DirectorySourceOptions", "viper.data.open_source", DirectoryOptionsTable());
+  py::class_<SourceHandle>(m, "_Source")
+      .def("__len__", [](const SourceHandle& h) { return h.source->size(); })
+      .def("bytes", [](const SourceHandle& h, uint64_t id) { return h.source->bytes(Checked(h, id)); })
+      .def("label", [](const SourceHandle& h, uint64_t id) { return h.source->label(Checked(h, id)); })
+      .def("describe", [](const SourceHandle& h, uint64_t id) { return h.source->Describe(Checked(h, id)); })
+      .def_property_readonly("class_names", [](const SourceHandle& h) { return h.source->class_names(); })
+      .def("read", [](const SourceHandle& h, uint64_t id) {
+        Checked(h, id);
+        ThrowIfError(h.source->Check(id));
+        viper::SampleBuffer b = viper::SampleBuffer::Allocate(h.source->bytes(id));
+        Status st;
+        {
+          py::gil_scoped_release release;
+          st = h.source->ReadInto(id, {b.data(), b.size()});
+        }
+        ThrowIfError(st);
+        return SampleArray(std::move(b));
+      });
+  m.def("_open_directory", [](viper::DirectorySourceOptions o, std::vector<std::string> extensions) {
+    o.extensions = std::move(extensions);
+    viper::Result<std::shared_ptr<const viper::SampleSource>> r = Status::Internal("unset");
+    {
+      py::gil_scoped_release release;
+      r = viper::OpenDirectorySource(o);
+    }
+    return SourceHandle{Unwrap(std::move(r))};
+  });
+  m.def("_open_records", [](const std::string& path) {
+    viper::Result<std::shared_ptr<const viper::SampleSource>> r = Status::Internal("unset");
+    {
+      py::gil_scoped_release release;
+      r = viper::OpenRecordSource(path);
+    }
+    return SourceHandle{Unwrap(std::move(r))};
+  });
+  py::class_<viper::RecordWriter>(m, "_RecordWriter")
+      .def(py::init([](const std::string& path) { return Unwrap(viper::RecordWriter::Create(path)); }))
+      .def("append", [](viper::RecordWriter& w, py::buffer b, int64_t label) {
+        py::buffer_info info = b.request();
+        ThrowIfError(w.Append({static_cast<const std::byte*>(info.ptr), static_cast<size_t>(info.size * info.itemsize)}, label));
+      })
+      .def("finish", [](viper::RecordWriter& w, py::bytes metadata) {
+        std::string m = metadata;
+        ThrowIfError(w.Finish(std::as_bytes(std::span(m))));
+      })
+      .def_property_readonly("records", &viper::RecordWriter::records);
+}
+
+void BindPrefetcher(py::module_& m) {
+  BindOptions(m, "_PrefetchOptions", "viper.data.Prefetcher", PrefetchOptionsTable());
+  py::class_<PrefetcherHandle>(m, "_Prefetcher")
+      .def(py::init([](const SourceHandle& src, viper::PrefetchOptions o, std::vector<uint64_t> ids) {
+        o.ids = std::move(ids);
+        return PrefetcherHandle{Unwrap(viper::Prefetcher::Start(src.source, o))};
+      }))
+      .def("next", [](PrefetcherHandle& h, std::optional<double> timeout) -> py::object {
+        std::optional<viper::Sample> s = h.Next(timeout);
+        return s ? py::object(SampleTuple(std::move(*s))) : py::object(py::none());
+      }, py::arg("timeout") = py::none())
+      .def("next_batch", [](PrefetcherHandle& h, size_t n, bool stack) -> py::object {
+        if (n == 0) Raise(Status::InvalidArgument("next_batch: n must be >= 1"));
+        std::vector<viper::Sample> batch = h.Batch(n);
+        if (batch.empty()) return py::none();
+        if (stack) return StackBatch(std::move(batch));
+        py::list out;
+        for (auto& s : batch) out.append(SampleTuple(std::move(s)));
+        return out;
+      }, py::arg("n"), py::arg("stack") = true)
+      .def("stats", [](PrefetcherHandle& h) { return StatsDict(h.live().stats()); })
+      .def_property_readonly("finished", [](PrefetcherHandle& h) { return h.live().finished(); })
+      .def_property_readonly("epoch_size", [](PrefetcherHandle& h) { return h.live().epoch_size(); })
+      .def("close", [](PrefetcherHandle& h) {
+        std::unique_ptr<viper::Prefetcher> p = std::move(h.p);
+        py::gil_scoped_release release;
+        p.reset();  // closes: joins the readers
+      })
+      .def("_abandon", [](PrefetcherHandle& h) { (void)h.p.release(); },
+           "In a forked child: forget the parent's prefetcher without touching it (its threads and "
+           "locks are the parent's; joining them here would hang). Its memory is left as it is.");
+}
+
+struct RehearsalHandle {
+  std::unique_ptr<viper::RehearsalBuffer> b;
+  viper::RehearsalBuffer& live() const {
+    if (!b) Raise(Status::FailedPrecondition("RehearsalBuffer is closed"));
+    return *b;
+  }
+};
+
+std::span<const std::byte> Bytes(const py::buffer_info& info) {
+  return {static_cast<const std::byte*>(info.ptr), static_cast<size_t>(info.size * info.itemsize)};
+}
+
+void BindRehearsal(py::module_& m) {
+  BindOptions(m, "_RehearsalOptions", "viper.data.RehearsalBuffer", RehearsalOptionsTable());
+  py::class_<RehearsalHandle>(m, "_RehearsalBuffer")
+      .def(py::init([](const viper::RehearsalOptions& o) {
+        viper::Result<std::unique_ptr<viper::RehearsalBuffer>> r = Status::Internal("unset");
+        {
+          py::gil_scoped_release release;
+          r = viper::RehearsalBuffer::Open(o);
+        }
+        return RehearsalHandle{Unwrap(std::move(r))};
+      }))
+      .def("add_rows", [](RehearsalHandle& h, py::buffer rows, std::vector<int64_t> labels) {
+        py::buffer_info info = rows.request();
+        auto all = Bytes(info);
+        size_t n = labels.size();
+        if (n == 0) return size_t{0};
+        if (all.size() % n != 0) Raise(Status::InvalidArgument("add_rows: the rows' bytes do not split into the labels' count"));
+        size_t row = all.size() / n, kept = 0;
+        viper::RehearsalBuffer& b = h.live();
+        Status failed;
+        {
+          py::gil_scoped_release release;
+          for (size_t i = 0; i < n && failed.ok(); ++i) {
+            auto r = b.Add(all.subspan(i * row, row), labels[i]);
+            if (r.ok()) kept += *r;
+            else failed = r.status();
+          }
+        }
+        ThrowIfError(failed);
+        return kept;
+      }, "Offers n samples (the rows of a C-contiguous buffer, one per label); returns how many stayed.")
+      .def("draw", [](RehearsalHandle& h, size_t k) {
+        viper::RehearsalBuffer& b = h.live();
+        uint64_t sb = b.options().sample_bytes;
+        if (sb == 0) Raise(Status::InvalidArgument("draw: needs sample_bytes"));
+        k = std::min(k, b.size());
+        py::array_t<uint8_t> data({k, static_cast<size_t>(sb)});
+        py::array_t<int64_t> labels(static_cast<py::ssize_t>(k));
+        std::span<std::byte> dst(reinterpret_cast<std::byte*>(data.mutable_data()), k * sb);
+        std::span<int64_t> ls(labels.mutable_data(), k);
+        viper::Result<size_t> n = Status::Internal("unset");
+        {
+          py::gil_scoped_release release;
+          n = b.DrawInto(k, dst, ls);
+        }
+        size_t got = Unwrap(std::move(n));
+        if (got < k) {  // another thread emptied it meanwhile: never, a buffer only grows
+          Raise(Status::Internal("draw: fewer samples than the buffer held"));
+        }
+        return py::make_tuple(data, labels);
+      })
+      .def("spill", [](RehearsalHandle& h) {
+        viper::RehearsalBuffer& b = h.live();
+        Status st;
+        {
+          py::gil_scoped_release release;
+          st = b.Spill();
+        }
+        ThrowIfError(st);
+      })
+      .def("close", [](RehearsalHandle& h) { h.b.reset(); }, "Frees the samples (spill() first to keep them).")
+      .def("__len__", [](const RehearsalHandle& h) { return h.live().size(); })
+      .def_property_readonly("seen", [](const RehearsalHandle& h) { return h.live().seen(); })
+      .def_property_readonly("class_counts", [](const RehearsalHandle& h) { return h.live().class_counts(); })
+      .def_property_readonly("class_seen", [](const RehearsalHandle& h) { return h.live().class_seen(); })
+      .def_property_readonly("spill_path", [](const RehearsalHandle& h) { return h.live().spill_path().string(); });
+}
+
+}  // namespace
+
+void BindData(py::module_& m) {
+  BindSources(m);
+  BindPrefetcher(m);
+  BindRehearsal(m);
+}
+
+}  // namespace viper_py

@@ -1,0 +1,461 @@
+"""viper.data: the training-data side. Auto-tuned parallel prefetching and a rehearsal buffer.
+
+    import viper.data as vd
+
+    # a directory tree (one sample per file, labels from the top-level subdirectories) or a record file
+    loader = vd.DataLoader("/data/train", batch_size=64,
+                           batch_transform=lambda x: x.view(torch.float32).reshape(-1, 3, 32, 32))
+    for epoch in range(10):
+        for x, y in loader:                  # x: the batch, y: int64 labels (torch tensors)
+            ...
+    print(loader.stats())                    # readers, buffer, consumer wait, the tuner's moves
+
+    # or as a torch IterableDataset (batching by torch's DataLoader with num_workers=0)
+    ds = vd.PrefetchDataset("/data/train", transform=lambda a, label: (decode(a), label))
+    torch.utils.data.DataLoader(ds, batch_size=64)
+
+    # rehearsal against forgetting: mix old samples into each new batch
+    buf = vd.RehearsalBuffer(2000, sample_shape=(1, 512), dtype="float32", ratio=0.5,
+                             policy="class_balanced", spill_dir="/pfs/job/rehearsal")
+    x_mixed, y_mixed = buf.mix(x, y)         # x plus 0.5 * len(x) old samples; then x joins the buffer
+    buf.spill()                              # survives a restart (restored when opened again)
+
+Sample bytes reach Python without a copy: each sample is a uint8 numpy array over the prefetcher's
+own buffer (torch.from_numpy shares it); a stacked batch costs one memcpy per sample, made in C++
+without the GIL. The reader threads, the buffer and the tuner are C++ (include/viper/prefetch.h);
+options are keyword arguments with the C++ names and defaults (listed in each class's docstring).
+Errors raise viper.Error subclasses: a bad sample is viper.InvalidArgumentError (a ValueError)
+naming it, unless on_error="skip" (then it is skipped and counted in stats()).
+"""
+from __future__ import annotations
+
+import math
+import os
+import textwrap
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import _Handle, _viper
+
+try:  # torch is optional: the Prefetcher and RehearsalBuffer work on numpy alone
+    import torch
+    import torch.utils.data as _torch_data
+except ImportError:  # pragma: no cover (Debian's torch is installed where the tests run)
+    torch = None
+    _torch_data = None
+
+__all__ = ["DataLoader", "PrefetchDataset", "Prefetcher", "RehearsalBuffer", "Source", "open_source", "write_records"]
+
+
+class Source:
+    """A fixed list of samples: a directory tree of files or the records of a record file.
+    Picklable (it reopens by path), so it can travel to DataLoader worker processes."""
+
+    def __init__(self, impl, reopen: tuple):
+        self._impl = impl
+        self._reopen = reopen
+
+    def __reduce__(self):
+        path, extensions, options = self._reopen
+        return (_reopen_source, (path, extensions, options))
+
+    def __len__(self) -> int:
+        return len(self._impl)
+
+    def nbytes(self, sample_id: int) -> int:
+        """Size of sample `sample_id` in bytes."""
+        return self._impl.bytes(sample_id)
+
+    def label(self, sample_id: int) -> int:
+        """Label of sample `sample_id` (-1: none)."""
+        return self._impl.label(sample_id)
+
+    def describe(self, sample_id: int) -> str:
+        """How errors name the sample: "sample 17 (/data/cat/0017.bin)"."""
+        return self._impl.describe(sample_id)
+
+    def read(self, sample_id: int) -> np.ndarray:
+        """Reads one sample now (uint8 array; GIL released while reading)."""
+        return self._impl.read(sample_id)
+
+    @property
+    def class_names(self) -> list:
+        """Class names by label (a directory tree: its top-level subdirectories)."""
+        return self._impl.class_names
+
+
+def open_source(path, *, extensions: Sequence[str] = (), **options) -> Source:
+    """A directory (every regular file below it is a sample, sorted by path; labels from the
+    top-level subdirectories) or a record file (viper.data.write_records). Keyword options of a
+    directory source: labels_from_subdirs, sample_bytes, max_sample_bytes, skip_hidden, and
+    `extensions` (e.g. [".bin"])."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        impl = _viper._open_directory(_viper._DirectorySourceOptions(dir=path, **options), list(extensions))
+    else:
+        if options or extensions:
+            raise TypeError(f"open_source({path!r}): options {sorted(options) + (['extensions'] if extensions else [])} "
+                            "apply to a directory, not a record file")
+        impl = _viper._open_records(path)
+    return Source(impl, (path, tuple(extensions), dict(options)))
+
+
+def _reopen_source(path, extensions, options) -> Source:
+    return open_source(path, extensions=extensions, **options)
+
+
+def _as_source(source) -> Source:
+    return source if isinstance(source, Source) else open_source(source)
+
+
+def write_records(path, samples: Iterable[Tuple[Any, int]], metadata: bytes = b"") -> int:
+    """Writes a record file atomically (a temporary file, fsync, rename) from (buffer, label)
+    pairs (bytes, numpy arrays; label -1 for none). Returns the number of records."""
+    writer = _viper._RecordWriter(os.fspath(path))
+    for data, label in samples:
+        writer.append(np.ascontiguousarray(data), int(label))
+    writer.finish(bytes(metadata))
+    return writer.records
+
+
+class Prefetcher(_Handle):
+    """Reads the samples of `source` (a path or a Source) with reader threads into a bounded
+    buffer, one shuffled epoch after another; the tuner moves the readers and the buffer online.
+
+    Iterating gives one epoch of (array, label, sample_id) tuples; iterate again for the next one.
+    `ids` restricts it to some samples (e.g. a shard)."""
+
+    def __init__(self, source, *, ids: Optional[Sequence[int]] = None, **options):
+        self.source = _as_source(source)
+        self._pid = os.getpid()
+        self._impl = _viper._Prefetcher(self.source._impl, _viper._PrefetchOptions(**options),
+                                        [int(i) for i in (ids if ids is not None else [])])
+
+    def close(self) -> None:
+        """Stops and joins the readers. In a process forked from the one that opened it (a
+        DataLoader worker), only forgets it: the threads are the parent's."""
+        if self._impl is not None and self._pid != os.getpid():
+            impl, self._impl = self._impl, None
+            impl._abandon()
+            return
+        super().close()
+
+    def __iter__(self) -> Iterator[Tuple[np.ndarray, int, int]]:
+        while True:
+            sample = self._live().next()
+            if sample is None:
+                return
+            yield sample
+
+    def next(self, timeout: Optional[float] = None):
+        """The next (array, label, sample_id) of the epoch, or None at its end (the next call
+        begins the next epoch) and after the last epoch. Raises viper.TimeoutError after
+        `timeout` seconds without a sample."""
+        return self._live().next(timeout)
+
+    def next_batch(self, n: int, stack: bool = True):
+        """Up to `n` samples of the epoch (fewer at its end), None at the end. stack=True: one
+        (uint8 array [k, nbytes], int64 labels [k], uint64 ids [k]) (equal sizes needed); else a
+        list of (array, label, sample_id)."""
+        return self._live().next_batch(int(n), bool(stack))
+
+    def stats(self) -> dict:
+        """delivered, skipped, last_skip_error, bytes_read, epoch, consumer_wait_seconds, readers,
+        buffer_samples, ready, buffered_bytes, peak_buffered_bytes, tuner (its decisions)."""
+        return self._live().stats()
+
+    @property
+    def finished(self) -> bool:
+        """Every epoch asked for has been delivered."""
+        return self._live().finished
+
+    @property
+    def epoch_size(self) -> int:
+        """Samples per epoch (before skips)."""
+        return self._live().epoch_size
+
+
+def _tensor(array):
+    return torch.from_numpy(array) if torch is not None else array
+
+
+def _shard(ids: Optional[Sequence[int]], size: int) -> Optional[list]:
+    """This DataLoader worker's share of `ids` (all of the source's when None); None outside workers."""
+    info = _torch_data.get_worker_info() if _torch_data is not None else None
+    if info is None:
+        return None if ids is None else list(ids)
+    base = list(ids) if ids is not None else list(range(size))
+    return base[info.id::info.num_workers]
+
+
+class _EpochFeed:
+    """One Prefetcher per process (opened at the first epoch, in the process that iterates: a
+    DataLoader worker opens its own), endless, each iteration taking one epoch. Reading goes on
+    into the next epoch while this one ends, so that an epoch boundary is not a stall."""
+
+    def __init__(self, source, ids, options):
+        self._source = _as_source(source)
+        self._ids = None if ids is None else [int(i) for i in ids]
+        self._options = dict(options)
+        self._options.setdefault("epochs", 0)
+        self._prefetcher: Optional[Prefetcher] = None
+        self._pid = None
+        self._in_epoch = False
+        self._restarts = 0
+        self._seed = int(self._options.get("seed", 0))
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_prefetcher"], state["_pid"] = None, None
+        return state
+
+    def prefetcher(self) -> Prefetcher:
+        if self._prefetcher is None or self._pid != os.getpid():
+            self.close()
+            self._prefetcher = Prefetcher(self._source, ids=_shard(self._ids, len(self._source)), **self._options)
+            self._pid = os.getpid()
+        return self._prefetcher
+
+    def begin_epoch(self) -> Prefetcher:
+        """The prefetcher, positioned at the start of an epoch. An epoch left unfinished (a loop
+        that broke out) is not resumed: the prefetcher is reopened, as torch starts a new epoch."""
+        if self._in_epoch:
+            self.close()
+            self._restarts += 1
+            self._options["seed"] = self._seed + 1_000_003 * self._restarts
+        self._in_epoch = True
+        return self.prefetcher()
+
+    def end_epoch(self) -> None:
+        self._in_epoch = False
+
+    def close(self) -> None:
+        if self._prefetcher is not None:
+            self._prefetcher.close()  # in a forked worker this only forgets the parent's
+        self._prefetcher = None
+
+
+def _default_transform(array: np.ndarray, label: int):
+    return _tensor(array), label
+
+
+if _torch_data is not None:
+    _IterableBase = _torch_data.IterableDataset
+else:  # pragma: no cover
+    _IterableBase = object
+
+
+class PrefetchDataset(_IterableBase):
+    """A torch IterableDataset over a Prefetcher: each iteration is one epoch of
+    transform(array, label) (default: (uint8 tensor, label)). With torch's DataLoader and
+    num_workers > 0 each worker prefetches its own share of the samples.
+
+    Keyword options: those of viper.data.Prefetcher (epochs is endless: iterate per epoch)."""
+
+    def __init__(self, source, *, transform: Optional[Callable] = None, ids: Optional[Sequence[int]] = None,
+                 **options):
+        super().__init__()
+        self._feed = _EpochFeed(source, ids, options)
+        self._transform = transform or _default_transform
+
+    def __iter__(self):
+        p = self._feed.begin_epoch()
+        transform = self._transform
+        for array, label, _ in p:
+            yield transform(array, label)
+        self._feed.end_epoch()
+
+    def __len__(self) -> int:
+        return len(self._feed._ids) if self._feed._ids is not None else len(self._feed._source)
+
+    def stats(self) -> dict:
+        """The prefetcher's stats() (this process's)."""
+        return self._feed.prefetcher().stats()
+
+    def close(self) -> None:
+        self._feed.close()
+
+
+class DataLoader:
+    """A drop-in for the reading part of torch.utils.data.DataLoader: iterating yields one epoch
+    of batches, read ahead by the auto-tuned C++ prefetcher instead of worker processes.
+
+    Fast path (no transform, no collate_fn): each batch is (uint8 tensor [B, nbytes], int64
+    labels [B]) stacked in C++; batch_transform(x) may reinterpret it (x.view(torch.float32)...).
+    With transform(array, label) per sample, batches are collate_fn (default: torch's
+    default_collate) of the transformed samples. drop_last drops a short last batch. `shuffle`
+    and `seed` set the epoch order; every other keyword is a Prefetcher option."""
+
+    def __init__(self, source, batch_size: int = 1, *, shuffle: bool = True, drop_last: bool = False,
+                 transform: Optional[Callable] = None, collate_fn: Optional[Callable] = None,
+                 batch_transform: Optional[Callable] = None, ids: Optional[Sequence[int]] = None, **options):
+        if batch_size < 1:
+            raise _viper.InvalidArgumentError(f"batch_size must be >= 1, got {batch_size}")
+        self.batch_size = int(batch_size)
+        self.drop_last = drop_last
+        self._transform = transform
+        self._collate = collate_fn
+        self._batch_transform = batch_transform
+        self._feed = _EpochFeed(source, ids, dict(options, shuffle=shuffle))
+
+    def __iter__(self):
+        p = self._feed.begin_epoch()
+        per_sample = self._transform is not None or self._collate is not None
+        while True:
+            batch = p.next_batch(self.batch_size, stack=not per_sample)
+            if batch is None:
+                self._feed.end_epoch()
+                return
+            n = len(batch) if per_sample else len(batch[0])
+            if n < self.batch_size and self.drop_last:
+                # The epoch's end is next: consume it so that the next iteration starts a new epoch.
+                if p.next_batch(1) is not None:
+                    raise _viper.Error("internal: samples after a short batch")
+                self._feed.end_epoch()
+                return
+            yield self._per_sample(batch) if per_sample else self._stacked(batch)
+
+    def _stacked(self, batch):
+        data, labels, _ = batch
+        x = _tensor(data)
+        if self._batch_transform is not None:
+            x = self._batch_transform(x)
+        return x, _tensor(labels)
+
+    def _per_sample(self, batch):
+        transform = self._transform or _default_transform
+        items = [transform(array, label) for array, label, _ in batch]
+        collate = self._collate or _torch_data.default_collate
+        out = collate(items)
+        return self._batch_transform(out) if self._batch_transform is not None else out
+
+    def __len__(self) -> int:
+        n = len(self._feed._ids) if self._feed._ids is not None else len(self._feed._source)
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    def stats(self) -> dict:
+        """The prefetcher's stats()."""
+        return self._feed.prefetcher().stats()
+
+    def close(self) -> None:
+        """Stops the readers (also done when the loader is garbage-collected)."""
+        self._feed.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 (interpreter shutdown)
+            pass
+
+
+def _numpy_dtype(dtype) -> np.dtype:
+    if torch is not None and isinstance(dtype, torch.dtype):
+        return torch.empty((), dtype=dtype).numpy().dtype
+    return np.dtype(dtype)
+
+
+class RehearsalBuffer(_Handle):
+    """A bounded, representative set of past samples of one shape and dtype, mixed into new
+    batches against catastrophic forgetting.
+
+    policy="reservoir" (default) keeps every sample seen with equal probability; "class_balanced"
+    keeps the classes as equal as the stream allows. `ratio`: rehearsal samples mixed in per new
+    sample (0.5: a batch of 32 new gets 16 old). With spill_dir, spill() persists the buffer and a
+    buffer opened on the same directory restores it (validated)."""
+
+    def __init__(self, capacity: int = 1024, *, sample_shape: Sequence[int], dtype="float32", ratio: float = 0.5,
+                 **options):
+        if not ratio >= 0 or not math.isfinite(ratio):
+            raise _viper.InvalidArgumentError(f"ratio must be a finite number >= 0, got {ratio}")
+        self.sample_shape = tuple(int(d) for d in sample_shape)
+        self.dtype = _numpy_dtype(dtype)
+        self.ratio = float(ratio)
+        nbytes = int(np.prod(self.sample_shape, dtype=np.int64)) * self.dtype.itemsize
+        if nbytes < 1:
+            raise _viper.InvalidArgumentError(f"sample_shape {self.sample_shape} of {self.dtype} has no bytes")
+        if "spill_dir" in options:
+            options["spill_dir"] = os.fspath(options["spill_dir"])
+        self._impl = _viper._RehearsalBuffer(_viper._RehearsalOptions(capacity=int(capacity), sample_bytes=nbytes,
+                                                                      **options))
+
+    def _rows(self, x) -> np.ndarray:
+        if torch is not None and isinstance(x, torch.Tensor):
+            x = x.detach().cpu().numpy()
+        x = np.ascontiguousarray(x, dtype=self.dtype)
+        if x.shape[1:] != self.sample_shape:
+            raise _viper.InvalidArgumentError(f"samples of shape {x.shape[1:]}, the buffer holds {self.sample_shape}")
+        return x
+
+    def add(self, x, y) -> int:
+        """Offers a batch (x [B, *sample_shape], labels y [B]); returns how many samples stayed.
+        GIL released."""
+        rows = self._rows(x)
+        labels = [int(v) for v in (y.tolist() if hasattr(y, "tolist") else y)]
+        if len(labels) != len(rows):
+            raise _viper.InvalidArgumentError(f"{len(rows)} samples but {len(labels)} labels")
+        return self._live().add_rows(rows, labels)
+
+    def sample(self, k: int, as_numpy: bool = False):
+        """`k` distinct samples drawn uniformly (fewer if the buffer holds fewer): (x, y), torch
+        tensors (numpy arrays with as_numpy=True)."""
+        data, labels = self._live().draw(int(k))
+        x = data.view(self.dtype).reshape((len(labels),) + self.sample_shape)
+        if as_numpy or torch is None:
+            return x, labels
+        return torch.from_numpy(x), torch.from_numpy(labels)
+
+    def mix(self, x, y, ratio: Optional[float] = None, add: bool = True):
+        """The new batch (x, y) followed by round(len(x) * ratio) rehearsal samples drawn from the
+        buffer (none while it is empty); then, with add=True, the new samples are offered to the
+        buffer (after the draw, so that a batch never rehearses itself). Returns torch tensors
+        when x is one, else numpy arrays."""
+        r = self.ratio if ratio is None else float(ratio)
+        k = int(round(len(x) * r))
+        is_torch = torch is not None and isinstance(x, torch.Tensor)
+        old_x, old_y = self.sample(k, as_numpy=not is_torch) if k > 0 and len(self) > 0 else (None, None)
+        if add:
+            self.add(x, y)
+        if old_x is None:
+            return x, y
+        if is_torch:
+            y_t = y if isinstance(y, torch.Tensor) else torch.as_tensor(y)
+            return torch.cat([x, old_x.to(x.dtype)]), torch.cat([y_t, old_y.to(y_t.dtype)])
+        return np.concatenate([np.asarray(x), old_x]), np.concatenate([np.asarray(y), old_y])
+
+    def spill(self) -> None:
+        """Writes the buffer to spill_dir atomically (GIL released)."""
+        self._live().spill()
+
+    def __len__(self) -> int:
+        return len(self._live())
+
+    @property
+    def seen(self) -> int:
+        """Samples offered since the buffer began (restores included)."""
+        return self._live().seen
+
+    @property
+    def class_counts(self) -> dict:
+        """label -> samples held."""
+        return self._live().class_counts
+
+    @property
+    def class_seen(self) -> dict:
+        """label -> samples offered."""
+        return self._live().class_seen
+
+    @property
+    def spill_path(self) -> str:
+        """The spill file ('' without spill_dir)."""
+        return self._live().spill_path
+
+
+Prefetcher.__doc__ += "\n\n" + textwrap.indent(_viper._PrefetchOptions.__doc__, "    ")
+RehearsalBuffer.__doc__ += "\n\n" + textwrap.indent(_viper._RehearsalOptions.__doc__, "    ")

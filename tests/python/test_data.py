@@ -1,0 +1,171 @@
+"""viper.data (python/viper/data.py, python/src/data_bindings.cc): the prefetcher as a torch
+IterableDataset and as a DataLoader drop-in, zero-copy samples, bad files, record files, and the
+rehearsal buffer with spill and restore. Real files in a temporary directory, real threads.
+
+Run: PYTHONPATH=<build>/python /usr/bin/python3 -m pytest tests/python/test_data.py
+"""
+import gc
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import viper
+import viper.data as vd
+
+CLASSES, PER_CLASS, WIDTH = 3, 40, 64  # samples are WIDTH float32 values, all equal to the sample's id
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tree")
+    for c in range(CLASSES):
+        (root / f"class{c}").mkdir()
+        for k in range(PER_CLASS):
+            np.full(WIDTH, c * PER_CLASS + k, dtype=np.float32).tofile(root / f"class{c}" / f"{k:04d}.bin")
+    return root
+
+
+def sample_id(x):
+    return int(x.view(torch.float32)[0]) if isinstance(x, torch.Tensor) else int(x.view(np.float32)[0])
+
+
+def test_source_ids_labels_and_read(tree):
+    src = vd.open_source(tree)
+    assert len(src) == CLASSES * PER_CLASS
+    assert src.class_names == ["class0", "class1", "class2"]
+    assert src.label(PER_CLASS + 1) == 1 and src.nbytes(0) == 4 * WIDTH
+    assert sample_id(src.read(7)) == 7
+    assert src.describe(7).startswith("sample 7 (") and src.describe(7).endswith("0007.bin)")
+    with pytest.raises(IndexError):
+        src.read(10_000)
+    with pytest.raises(viper.NotFoundError):
+        vd.open_source(tree / "missing")
+
+
+def test_prefetcher_epochs_and_zero_copy(tree):
+    with vd.Prefetcher(tree, epochs=2, seed=3) as p:
+        orders = []
+        for _ in range(2):
+            seen = []
+            for array, label, sid in p:
+                assert sample_id(array) == sid and label == sid // PER_CLASS
+                assert array.dtype == np.uint8 and array.flags.writeable
+                assert array.ctypes.data % 64 == 0
+                t = torch.from_numpy(array)
+                assert t.data_ptr() == array.ctypes.data  # torch shares the prefetcher's buffer
+                seen.append(sid)
+            assert sorted(seen) == list(range(CLASSES * PER_CLASS))
+            orders.append(seen)
+        assert orders[0] != orders[1]
+        assert p.finished and p.next() is None
+        assert p.stats()["delivered"] == 2 * CLASSES * PER_CLASS
+
+
+def test_iterable_dataset_with_torch_dataloader(tree):
+    ds = vd.PrefetchDataset(tree, transform=lambda a, label: (torch.from_numpy(a).view(torch.float32), label))
+    for workers in (0, 2):
+        loader = torch.utils.data.DataLoader(ds, batch_size=16, num_workers=workers)
+        for _ in range(2):  # two epochs
+            ids, labels = [], []
+            for x, y in loader:
+                assert x.shape[1:] == (WIDTH,)
+                ids += [int(v) for v in x[:, 0]]
+                labels += y.tolist()
+            assert sorted(ids) == list(range(CLASSES * PER_CLASS)), f"num_workers={workers}"
+            assert all(label == i // PER_CLASS for i, label in zip(ids, labels))
+    ds.close()
+
+
+def test_dataloader_drop_in(tree):
+    n = CLASSES * PER_CLASS
+    with vd.DataLoader(tree, batch_size=32, batch_transform=lambda x: x.view(torch.float32)) as dl:
+        assert len(dl) == 4
+        for _ in range(2):
+            batches = list(dl)
+            assert [len(b[0]) for b in batches] == [32, 32, 32, 24]
+            x = torch.cat([b[0] for b in batches])
+            assert x.dtype == torch.float32 and sorted(int(v) for v in x[:, 0]) == list(range(n))
+            assert batches[0][1].dtype == torch.int64
+    dl = vd.DataLoader(tree, batch_size=32, drop_last=True)
+    assert len(dl) == 3
+    for _ in range(2):
+        assert [len(x) for x, _ in dl] == [32, 32, 32]
+    # A loop that breaks out: the next loop is a whole new epoch, as with torch's DataLoader.
+    for _ in dl:
+        break
+    assert sum(len(x) for x, _ in dl) == 96
+    dl.close()
+    # Per-sample transform and torch's default collate.
+    dl = vd.DataLoader(tree, batch_size=10, shuffle=False, ordered=True,
+                       transform=lambda a, label: {"x": torch.from_numpy(a).view(torch.float32), "y": label})
+    first = next(iter(dl))
+    assert first["x"].shape == (10, WIDTH) and first["y"].tolist() == [0] * 10
+    assert [int(v) for v in first["x"][:, 0]] == list(range(10))
+    del dl
+    gc.collect()  # a loader dropped mid-epoch closes its readers
+
+
+def test_bad_files_fail_or_skip(tmp_path):
+    for k in range(20):
+        np.full(WIDTH, k, dtype=np.float32).tofile(tmp_path / f"{k:02d}.bin")
+    src = vd.open_source(tmp_path, labels_from_subdirs=False, sample_bytes=4 * WIDTH)
+    (tmp_path / "05.bin").write_bytes(b"short")  # after the scan: truncated
+    with vd.Prefetcher(src, shuffle=False, ordered=True) as p:
+        with pytest.raises(viper.InvalidArgumentError, match=r"sample 5 \(.*05\.bin\): truncated") as err:
+            for _ in p:
+                pass
+        assert isinstance(err.value, ValueError)
+    with vd.Prefetcher(src, on_error="skip", epochs=2) as p:
+        assert sum(1 for _ in p) == 19 and sum(1 for _ in p) == 19
+        stats = p.stats()
+        assert stats["skipped"] == 2 and "05.bin" in stats["last_skip_error"]
+    with pytest.raises(viper.InvalidArgumentError, match="on_error must be 'fail' or 'skip'"):
+        vd.Prefetcher(src, on_error="ignore")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'reader'"):
+        vd.Prefetcher(src, reader=3)
+
+
+def test_record_file_source(tmp_path):
+    path = tmp_path / "train.vrec"
+    n = vd.write_records(path, ((np.full(WIDTH, i, dtype=np.float32), i % 4) for i in range(100)))
+    assert n == 100
+    src = vd.open_source(path)
+    assert len(src) == 100 and src.label(7) == 3
+    with vd.Prefetcher(src, readers=3) as p:
+        batch = p.next_batch(100)
+        data, labels, ids = batch
+        assert data.shape == (100, 4 * WIDTH)
+        assert all(sample_id(data[i]) == ids[i] and labels[i] == ids[i] % 4 for i in range(100))
+        assert p.next_batch(10) is None
+    with pytest.raises(TypeError, match="apply to a directory"):
+        vd.open_source(path, sample_bytes=4)
+
+
+def test_rehearsal_mix_balance_and_restore(tmp_path):
+    spill = tmp_path / "rehearsal"
+    buf = vd.RehearsalBuffer(30, sample_shape=(WIDTH,), dtype=torch.float32, ratio=0.5, policy="class_balanced",
+                             spill_dir=spill, seed=1)
+    x0 = torch.zeros(32, WIDTH)
+    mixed_x, mixed_y = buf.mix(x0, torch.zeros(32, dtype=torch.int64))
+    assert mixed_x.shape == (32, WIDTH), "nothing to rehearse yet"
+    for label in (1, 2):
+        x = torch.full((32, WIDTH), float(label))
+        mixed_x, mixed_y = buf.mix(x, torch.full((32,), label))
+        assert mixed_x.shape == (48, WIDTH) and mixed_y.shape == (48,)
+        old = mixed_y[32:]
+        assert all(int(v) < label for v in old), "rehearsal samples come from earlier batches"
+        assert torch.equal(mixed_x[32:, 0], old.to(torch.float32))
+    assert buf.class_counts == {0: 10, 1: 10, 2: 10} and buf.seen == 96
+    buf.spill()
+    assert os.path.exists(buf.spill_path)
+    buf.close()
+    again = vd.RehearsalBuffer(30, sample_shape=(WIDTH,), dtype="float32", policy="class_balanced", spill_dir=spill)
+    assert again.class_counts == {0: 10, 1: 10, 2: 10} and again.seen == 96
+    x, y = again.sample(30, as_numpy=True)
+    assert x.shape == (30, WIDTH) and np.array_equal(x[:, 0], y.astype(np.float32))
+    with pytest.raises(viper.InvalidArgumentError, match="written with policy class_balanced"):
+        vd.RehearsalBuffer(30, sample_shape=(WIDTH,), spill_dir=spill)
+    with pytest.raises(viper.InvalidArgumentError, match="samples of shape"):
+        again.add(np.zeros((2, 3), np.float32), [0, 1])

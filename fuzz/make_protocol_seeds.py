@@ -42,8 +42,8 @@ MESSAGES = {
     3: ("subscribe", s("nt3")),
     4: ("unsubscribe", s("nt3")),
     5: ("notify", version_info(replicas=REPLICAS)),
-    6: ("fetch", u64(1) + s("nt3") + u64(0) + u8(2) + u64(1 << 24) + u32(4 << 20)),
-    7: ("fetch_ok", u64(1) + u8(1) + version_info() + s("viper.1.2") + u32(0) + u32(0)),
+    6: ("fetch", u64(1) + s("nt3") + u64(0) + u8(2) + u64(1 << 24) + u32(4 << 20) + u64(6) + u64(0x1234ABCD)),
+    7: ("fetch_ok", u64(1) + u8(2) + version_info() + s("") + u32(0) + u32(0) + u8(2) + u64(6) + s("delta")),
     8: ("release", s("nt3") + u64(7)),
     9: ("ack", s("nt3") + u64(7)),
     10: ("error", u64(0) + u16(1) + s("malformed message: x")),
@@ -53,10 +53,11 @@ MESSAGES = {
     14: ("list", u64(3)),
     15: ("list_reply", u64(3) + u32(2) + version_info(version=6) + version_info(replicas=REPLICAS[:1])),
     16: ("replica", s("nt3") + u64(7) + replica(*REPLICAS[1])),
+    17: ("delta_part", u64(1) + u32(0) + u32(4096) + u8(1)),
 }
 
 
-def frame(mtype, payload, version=1):
+def frame(mtype, payload, version=2):
     return u32(MAGIC) + u16(version) + u16(mtype) + u32(len(payload)) + payload
 
 
@@ -66,7 +67,7 @@ def main():
         with open(os.path.join(OUT, f"{mtype:02d}_{name}"), "wb") as f:
             f.write(frame(mtype, payload))
     with open(os.path.join(OUT, "99_other_version"), "wb") as f:
-        f.write(frame(3, s("nt3"), version=2))
+        f.write(frame(3, s("nt3"), version=1))
     print(f"wrote {len(MESSAGES) + 1} seeds to {OUT}")
 
 

@@ -22,7 +22,7 @@
 namespace viper::proto {
 
 inline constexpr uint32_t kMagic = 0x52504956;  // "VIPR" as little-endian bytes
-inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr uint16_t kProtocolVersion = 2;  // 2: delta transfers (FETCH base, FETCH_OK encoding, DELTA_PART)
 inline constexpr size_t kFrameHeaderBytes = 12;
 inline constexpr uint32_t kMaxStringBytes = 64 * 1024;
 inline constexpr uint32_t kMaxMetadataEntries = 4096;
@@ -33,7 +33,7 @@ inline constexpr uint32_t kMaxFrameBytes = 64 * 1024 * 1024;
 enum class MessageType : uint16_t {
   kHello = 1, kHelloOk = 2, kSubscribe = 3, kUnsubscribe = 4, kNotify = 5, kFetch = 6, kFetchOk = 7,
   kRelease = 8, kAck = 9, kError = 10, kPublish = 11, kPublishReady = 12, kPublishOk = 13,
-  kList = 14, kListReply = 15, kReplica = 16,
+  kList = 14, kListReply = 15, kReplica = 16, kDeltaPart = 17,
 };
 std::string_view message_type_name(MessageType type);
 
@@ -91,17 +91,39 @@ struct Fetch {
   FetchMode mode = FetchMode::kLease;
   uint64_t tag = 0;          // kSend: chunk i is sent with tag + i
   uint32_t chunk_bytes = 0;  // kSend: requested chunk size
+  // kSend: the version the client holds and would take a delta against (0 = none), and the
+  // checksum of that version's data region (the node sends a delta only against these bytes).
+  uint64_t base_version = 0;
+  uint64_t base_checksum = 0;
   bool operator==(const Fetch&) const = default;
+};
+enum class Encoding : uint8_t {
+  kFull = 1,   // the snapshot's bytes in `chunks` tagged chunks
+  kDelta = 2,  // a delta stream (include/viper/delta.h) against base_version, in DELTA_PART messages
 };
 struct FetchOk {
   uint64_t request_id = 0;
   FetchMode mode = FetchMode::kLease;
   VersionInfo info;
   std::string segment;       // kLease: the segment to map read-only
-  uint32_t chunk_bytes = 0;  // kSend: chunk size used
-  uint32_t chunks = 0;       // kSend: number of chunks that follow
+  uint32_t chunk_bytes = 0;  // kSend, kFull: chunk size used
+  uint32_t chunks = 0;       // kSend, kFull: number of chunks that follow
+  Encoding encoding = Encoding::kFull;
+  uint64_t base_version = 0;  // kDelta: the base (the FETCH's base_version)
+  std::string detail;         // kSend: why this encoding (e.g. "base 3 is not kept here"); may be empty
   bool operator==(const FetchOk&) const = default;
 };
+// One part of a delta stream: `bytes` bytes follow as a tagged send with tag = the FETCH's tag +
+// `index`. Parts are numbered from 0 and sent in order; `last` marks the final one. An ERROR with
+// the request id ends the stream early (e.g. the base was evicted while the delta was encoded).
+struct DeltaPart {
+  uint64_t request_id = 0;
+  uint32_t index = 0;
+  uint32_t bytes = 0;
+  bool last = false;
+  bool operator==(const DeltaPart&) const = default;
+};
+inline constexpr uint32_t kMaxDeltaPartBytes = 64u << 20;
 struct Release {
   std::string model;
   uint64_t version = 0;
@@ -165,12 +187,13 @@ struct ReplicaAnnounce {
 };
 
 using Message = std::variant<Hello, HelloOk, Subscribe, Unsubscribe, Notify, Fetch, FetchOk, Release,
-                             Ack, Error, Publish, PublishReady, PublishOk, List, ListReply, ReplicaAnnounce>;
+                             Ack, Error, Publish, PublishReady, PublishOk, List, ListReply, ReplicaAnnounce,
+                             DeltaPart>;
 
 MessageType type_of(const Message& message);
 std::vector<std::byte> Encode(const Message& message);
 // Errors: kInvalidArgument with "malformed message: <fault>", or kFailedPrecondition with
-// "protocol version N not supported (this side speaks 1)" for a well-framed message of another version.
+// "protocol version N not supported (this side speaks 2)" for a well-framed message of another version.
 Result<Message> Decode(std::span<const std::byte> frame);
 
 }  // namespace viper::proto

@@ -133,6 +133,11 @@ VersionInfo get_version_info(Reader& r) {
   for (uint32_t i = 0; i < m && r.ok(); ++i) v.replicas.push_back(get_replica(r));
   return v;
 }
+Encoding get_encoding(Reader& r) {
+  uint8_t e = r.u8("encoding");
+  if (r.ok() && e != 1 && e != 2) r.fail("encoding", "unknown encoding " + std::to_string(e));
+  return static_cast<Encoding>(e);
+}
 FetchMode get_fetch_mode(Reader& r) {
   uint8_t m = r.u8("mode");
   if (r.ok() && m != 1 && m != 2) r.fail("mode", "unknown fetch mode " + std::to_string(m));
@@ -147,12 +152,13 @@ void put_payload(Writer& w, const Unsubscribe& m) { w.str(m.model); }
 void put_payload(Writer& w, const Notify& m) { put(w, m.info); }
 void put_payload(Writer& w, const Fetch& m) {
   w.u64(m.request_id); w.str(m.model); w.u64(m.version); w.u8(static_cast<uint8_t>(m.mode)); w.u64(m.tag);
-  w.u32(m.chunk_bytes);
+  w.u32(m.chunk_bytes); w.u64(m.base_version); w.u64(m.base_checksum);
 }
 void put_payload(Writer& w, const FetchOk& m) {
   w.u64(m.request_id); w.u8(static_cast<uint8_t>(m.mode)); put(w, m.info); w.str(m.segment); w.u32(m.chunk_bytes);
-  w.u32(m.chunks);
+  w.u32(m.chunks); w.u8(static_cast<uint8_t>(m.encoding)); w.u64(m.base_version); w.str(m.detail);
 }
+void put_payload(Writer& w, const DeltaPart& m) { w.u64(m.request_id); w.u32(m.index); w.u32(m.bytes); w.u8(m.last ? 1 : 0); }
 void put_payload(Writer& w, const Release& m) { w.str(m.model); w.u64(m.version); }
 void put_payload(Writer& w, const Ack& m) { w.str(m.model); w.u64(m.version); }
 void put_payload(Writer& w, const Error& m) { w.u64(m.request_id); w.u16(static_cast<uint16_t>(m.code)); w.str(m.text); }
@@ -185,11 +191,13 @@ Message get_payload(Reader& r, MessageType type) {
     case MessageType::kNotify: return Notify{get_version_info(r)};
     case MessageType::kFetch: {
       Fetch m; m.request_id = r.u64("request_id"); m.model = r.str("model"); m.version = r.u64("version");
-      m.mode = get_fetch_mode(r); m.tag = r.u64("tag"); m.chunk_bytes = r.u32("chunk_bytes"); return m;
+      m.mode = get_fetch_mode(r); m.tag = r.u64("tag"); m.chunk_bytes = r.u32("chunk_bytes");
+      m.base_version = r.u64("base_version"); m.base_checksum = r.u64("base_checksum"); return m;
     }
     case MessageType::kFetchOk: {
       FetchOk m; m.request_id = r.u64("request_id"); m.mode = get_fetch_mode(r); m.info = get_version_info(r);
-      m.segment = r.str("segment"); m.chunk_bytes = r.u32("chunk_bytes"); m.chunks = r.u32("chunks"); return m;
+      m.segment = r.str("segment"); m.chunk_bytes = r.u32("chunk_bytes"); m.chunks = r.u32("chunks");
+      m.encoding = get_encoding(r); m.base_version = r.u64("base_version"); m.detail = r.str("detail"); return m;
     }
     case MessageType::kRelease: { Release m; m.model = r.str("model"); m.version = r.u64("version"); return m; }
     case MessageType::kAck: { Ack m; m.model = r.str("model"); m.version = r.u64("version"); return m; }
@@ -210,6 +218,15 @@ Message get_payload(Reader& r, MessageType type) {
       for (uint32_t i = 0; i < n && r.ok(); ++i) m.versions.push_back(get_version_info(r));
       return m;
     }
+    case MessageType::kDeltaPart: {
+      DeltaPart m; m.request_id = r.u64("request_id"); m.index = r.u32("index"); m.bytes = r.u32("bytes");
+      uint8_t last = r.u8("last");
+      if (r.ok() && last > 1) r.fail("last", "not a boolean (" + std::to_string(last) + ")");
+      if (r.ok() && m.bytes > kMaxDeltaPartBytes)
+        r.fail("bytes", std::to_string(m.bytes) + " exceeds the limit of " + std::to_string(kMaxDeltaPartBytes));
+      m.last = last == 1;
+      return m;
+    }
     case MessageType::kReplica: {
       ReplicaAnnounce m; m.model = r.str("model"); m.version = r.u64("version"); m.replica = get_replica(r);
       return m;
@@ -219,7 +236,7 @@ Message get_payload(Reader& r, MessageType type) {
   return Error{};
 }
 
-bool known_type(uint16_t t) { return t >= 1 && t <= 16; }
+bool known_type(uint16_t t) { return t >= 1 && t <= 17; }
 
 Status malformed(const std::string& why) { return Status::InvalidArgument("malformed message: " + why); }
 
@@ -228,7 +245,7 @@ Status malformed(const std::string& why) { return Status::InvalidArgument("malfo
 std::string_view message_type_name(MessageType type) {
   static constexpr std::string_view kNames[] = {
       "?", "HELLO", "HELLO_OK", "SUBSCRIBE", "UNSUBSCRIBE", "NOTIFY", "FETCH", "FETCH_OK", "RELEASE", "ACK",
-      "ERROR", "PUBLISH", "PUBLISH_READY", "PUBLISH_OK", "LIST", "LIST_REPLY", "REPLICA"};
+      "ERROR", "PUBLISH", "PUBLISH_READY", "PUBLISH_OK", "LIST", "LIST_REPLY", "REPLICA", "DELTA_PART"};
   auto i = static_cast<uint16_t>(type);
   return known_type(i) ? kNames[i] : kNames[0];
 }

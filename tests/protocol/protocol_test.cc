@@ -36,7 +36,9 @@ std::vector<Message> AllMessages() {
       Unsubscribe{"nt3"},
       Notify{SampleInfo()},
       Fetch{7, "nt3", 42, FetchMode::kSend, 1ull << 40, 4 << 20},
+      Fetch{7, "nt3", 42, FetchMode::kSend, 1ull << 40, 4 << 20, 41, 0xfeedfacecafebeefULL},
       FetchOk{7, FetchMode::kLease, SampleInfo(), "viper.123.4", 0, 0},
+      FetchOk{7, FetchMode::kSend, SampleInfo(), "", 0, 0, Encoding::kDelta, 41, "delta against 41"},
       Release{"nt3", 42},
       Ack{"nt3", 42},
       Error{7, ErrorCode::kNotFound, "model nt3 has no version 41"},
@@ -46,6 +48,8 @@ std::vector<Message> AllMessages() {
       List{9},
       ListReply{9, {SampleInfo(), SampleInfo()}},
       ReplicaAnnounce{"nt3", 42, {ReplicaKind::kNode, "boot:ns2", "10.0.0.2:7301"}},
+      DeltaPart{7, 3, 1 << 20, false},
+      DeltaPart{7, 4, 17, true},
   };
 }
 
@@ -181,7 +185,7 @@ std::vector<std::byte> ReadAll(const std::filesystem::path& path) {
 TEST(ProtocolDocument, HandAssembledFramesDecodeAndReEncodeIdentically) {
   std::filesystem::path dir = std::filesystem::path(VIPER_SOURCE_DIR) / "fuzz" / "corpus" / "protocol";
   int checked = 0;
-  for (int type = 1; type <= 16; ++type) {
+  for (int type = 1; type <= 17; ++type) {
     std::filesystem::path found;
     for (const auto& entry : std::filesystem::directory_iterator(dir))
       if (entry.path().filename().string().rfind((type < 10 ? "0" : "") + std::to_string(type) + "_", 0) == 0)
@@ -194,7 +198,7 @@ TEST(ProtocolDocument, HandAssembledFramesDecodeAndReEncodeIdentically) {
     EXPECT_EQ(Encode(*decoded), bytes) << found;
     ++checked;
   }
-  EXPECT_EQ(checked, 16);
+  EXPECT_EQ(checked, 17);
   auto other = Decode(ReadAll(dir / "99_other_version"));
   ASSERT_FALSE(other.ok());
   EXPECT_EQ(other.status().code(), StatusCode::kFailedPrecondition);

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <span>
 #include <string>
 #include <string_view>
@@ -73,13 +74,22 @@ class LossCurve {
   double derivative(double x) const;
   // Named parameters in the family's order, e.g. {{"a", 2}, {"b", 0.01}, {"c", 0.1}}.
   std::vector<std::pair<std::string, double>> parameters() const;
-  // Human-readable formula with the parameters, e.g. "2*exp(-0.01*x) + 0.1".
+  // Human-readable formula with the parameters, e.g. "2*exp(-0.01*x) + 0.1" (plus
+  // " (flat after x = N)" for a bounded curve).
   std::string ToString() const;
+
+  // Bounded extrapolation: the same curve held constant after iteration `x` (value(y) = value(x)
+  // and derivative 0 for y > x). A non-finite x removes the bound.
+  LossCurve FlatAfter(double x) const;
+  double flat_after() const { return flat_after_; }  // +inf when unbounded
 
  private:
   bool valid_ = false;
   LossFamily family_ = LossFamily::kCustom;
   double p_[3] = {0, 0, 0};
+  double flat_after_ = std::numeric_limits<double>::infinity();
+  double RawValue(double x) const;
+  double RawDerivative(double x) const;
   std::function<double(double)> value_fn_;
   std::function<double(double)> derivative_fn_;
   std::string description_;
@@ -101,10 +111,33 @@ struct FitOptions {
   double parsimony_f = 4.0;
   // Smoothed samples beyond this count are thinned evenly before fitting (keeps refits cheap).
   int max_points = 4000;
+  // Robustness for fits that plan the future (the online Scheduler turns all three on; the
+  // defaults keep the plain least-squares selection above):
+  //
+  // Fraction of the (smoothed) points, the last ones, held out to select the family by how well
+  // it *extrapolates*: each family is fitted on the first (1 - holdout) of the points and scored
+  // by its MSE on the held-out rest (the parsimony rule applies to these scores), then the chosen
+  // family is refitted on all points. 0 = select by in-sample MSE. At most 0.5.
+  double holdout = 0.0;
+  // Reject a curve that rises anywhere on [first sample, horizon] (training loss does not grow;
+  // a rising fit would make every new version look worse), and, when every sample is >= 0, a
+  // curve that falls below 0 before the horizon. Samples beyond 3.5 robust standard deviations
+  // (MAD) from their neighbourhood's median are also clipped before smoothing (one diverged
+  // minibatch must not bend the curve).
+  bool monotone = false;
+  // Bounded extrapolation: the chosen curve is held flat after x_last + max_extrapolation *
+  // (x_last - x_first) (LossCurve::FlatAfter): improvements further ahead than that are not
+  // predicted until later samples show them. 0 = unbounded.
+  double max_extrapolation = 0.0;
   // Families tried (kCustom is ignored).
   std::vector<LossFamily> families = {LossFamily::kExp, LossFamily::kExpOffset, LossFamily::kLinear,
                                       LossFamily::kPowerLaw};
 };
+
+// What the online Scheduler fits with: holdout 0.25, monotone, max_extrapolation 2 (predict at
+// most twice as far ahead as the samples reach back; measured in loss_fit_test
+// RobustOptionsExtrapolateNoWorseOnNoisyWarmups and docs/ARCHITECTURE.md).
+FitOptions RobustFitOptions();
 
 // The outcome for one family: a curve and its MSE, or why it was rejected.
 struct FamilyFit {
@@ -114,6 +147,9 @@ struct FamilyFit {
   double mse = 0.0;            // mean squared error on the (smoothed) points it was fitted to
   int64_t points = 0;          // number of points fitted
   std::string rejected_reason; // set when !accepted
+  // FitOptions::holdout > 0: MSE on the held-out last points of the same family fitted without
+  // them (what the selection compares); NaN when not computed or that fit was rejected.
+  double holdout_mse = std::numeric_limits<double>::quiet_NaN();
 };
 
 struct LossFit {

@@ -70,7 +70,17 @@ LossCurve LossCurve::Custom(std::function<double(double)> value, std::function<d
   return c;
 }
 
-double LossCurve::value(double x) const {
+LossCurve LossCurve::FlatAfter(double x) const {
+  LossCurve c = *this;
+  c.flat_after_ = std::isfinite(x) ? x : std::numeric_limits<double>::infinity();
+  return c;
+}
+
+double LossCurve::value(double x) const { return RawValue(std::min(x, flat_after_)); }
+
+double LossCurve::derivative(double x) const { return x > flat_after_ ? 0.0 : RawDerivative(x); }
+
+double LossCurve::RawValue(double x) const {
   if (!valid_) return std::numeric_limits<double>::quiet_NaN();
   switch (family_) {
     case LossFamily::kExp: return p_[0] * std::exp(-p_[1] * x);
@@ -82,7 +92,7 @@ double LossCurve::value(double x) const {
   return std::numeric_limits<double>::quiet_NaN();
 }
 
-double LossCurve::derivative(double x) const {
+double LossCurve::RawDerivative(double x) const {
   if (!valid_) return std::numeric_limits<double>::quiet_NaN();
   switch (family_) {
     case LossFamily::kExp:
@@ -114,6 +124,7 @@ std::vector<std::pair<std::string, double>> LossCurve::parameters() const {
 
 std::string LossCurve::ToString() const {
   if (!valid_) return "(no curve)";
+  if (std::isfinite(flat_after_)) return fmt::format("{} (flat after x = {:.0f})", FlatAfter(INFINITY).ToString(), flat_after_);
   switch (family_) {
     case LossFamily::kExp: return fmt::format("{:.10g}*exp(-{:.10g}*x)", p_[0], p_[1]);
     case LossFamily::kExpOffset: return fmt::format("{:.10g}*exp(-{:.10g}*x) + {:.10g}", p_[0], p_[1], p_[2]);

@@ -315,13 +315,15 @@ std::vector<LossSample> Thin(std::vector<LossSample> samples, int max_points) {
   return out;
 }
 
-// Lowest MSE, except that a family with fewer parameters wins unless the richer one lowers the
-// MSE significantly: by more than F * (extra parameters) / (n_eff - its parameters), an F test
-// with n_eff = independent points (points / smoothing window: smoothed residuals are correlated).
-int SelectFamily(const std::vector<FamilyFit>& fits, double f_ratio, double n_eff, double y_scale2) {
+// Lowest score (the MSE, or the held-out MSE), except that a family with fewer parameters wins
+// unless the richer one lowers the score significantly: by more than F * (extra parameters) /
+// (n_eff - its parameters), an F test with n_eff = independent points (points / smoothing window:
+// smoothed residuals are correlated).
+int SelectFamily(const std::vector<FamilyFit>& fits, const std::vector<double>& score, double f_ratio, double n_eff,
+                 double y_scale2) {
   int best = -1;
   for (size_t i = 0; i < fits.size(); ++i) {
-    if (fits[i].accepted && (best < 0 || fits[i].mse < fits[best].mse)) best = static_cast<int>(i);
+    if (fits[i].accepted && (best < 0 || score[i] < score[best])) best = static_cast<int>(i);
   }
   if (best < 0) return best;
   const int p_best = loss_family_parameter_count(fits[best].family);
@@ -331,11 +333,69 @@ int SelectFamily(const std::vector<FamilyFit>& fits, double f_ratio, double n_ef
     if (!fits[i].accepted || p >= p_best) continue;
     const double tolerance = f_ratio * (p_best - p) / std::max(1.0, n_eff - p_best);
     // The absolute floor keeps exact (noise-free) fits comparable at rounding level.
-    if (fits[i].mse > fits[best].mse * (1 + tolerance) + 1e-24 * y_scale2) continue;
+    if (score[i] > score[best] * (1 + tolerance) + 1e-24 * y_scale2) continue;
     const int pc = loss_family_parameter_count(fits[chosen].family);
-    if (p < pc || (p == pc && fits[i].mse < fits[chosen].mse)) chosen = static_cast<int>(i);
+    if (p < pc || (p == pc && score[i] < score[chosen])) chosen = static_cast<int>(i);
   }
   return chosen;
+}
+
+// FitOptions::monotone: why `curve` cannot be a training-loss curve on [from, horizon] ("" if it
+// can). Every family is monotone, so rising is a sign of its slope and the minimum is at an end.
+std::string MonotoneViolation(const LossCurve& curve, double from, double horizon, bool nonnegative) {
+  const double slope = curve.derivative(from);
+  if (slope > 0) return fmt::format("{} rises (slope {:.6g} at iteration {:.0f})", curve.ToString(), slope, from);
+  const double low = curve.value(std::max(from, horizon));
+  if (nonnegative && low < 0) {
+    return fmt::format("{} falls to {:.6g} < 0 by iteration {:.0f} (every observed loss is >= 0)", curve.ToString(),
+                       low, std::max(from, horizon));
+  }
+  return "";
+}
+
+// FitOptions::monotone: clips each loss to median +- 3.5 robust standard deviations (1.4826 *
+// MAD) of the `window` samples around it. Clean curves are untouched (their residual from the
+// local median is far smaller than any spike).
+void ClipOutliers(std::vector<LossSample>& samples, int window) {
+  const int64_t n = static_cast<int64_t>(samples.size()), half = std::max(2, window / 2);
+  if (n < 5) return;
+  std::vector<double> clipped(n);
+  std::vector<double> local;
+  for (int64_t i = 0; i < n; ++i) {
+    local.clear();
+    for (int64_t j = std::max<int64_t>(0, i - half); j <= std::min(n - 1, i + half); ++j) local.push_back(samples[j].loss);
+    std::nth_element(local.begin(), local.begin() + local.size() / 2, local.end());
+    const double median = local[local.size() / 2];
+    for (double& v : local) v -= median;
+    const double limit = 3.5 * 1.4826 * MedianAbs(local);
+    clipped[i] = limit > 0 ? std::clamp(samples[i].loss, median - limit, median + limit) : samples[i].loss;
+  }
+  for (int64_t i = 0; i < n; ++i) samples[i].loss = clipped[i];
+}
+
+// One family on `points` with the guards of `options`.
+FamilyFit FitGuarded(LossFamily family, std::span<const LossSample> points, const FitOptions& options,
+                     bool nonnegative) {
+  Result<FamilyFit> one = FitLossFamily(family, points, options.horizon);
+  FamilyFit f = one.ok() ? std::move(one).value() : Rejected(family, 0, one.status().message());
+  if (f.accepted && options.monotone) {
+    const double from = static_cast<double>(points.front().iteration);
+    const double horizon = static_cast<double>(std::max(options.horizon, points.back().iteration));
+    std::string why = MonotoneViolation(f.curve, from, horizon, nonnegative);
+    if (!why.empty()) f = Rejected(family, f.points, std::move(why));
+  }
+  return f;
+}
+
+// MSE of `curve` on `points`.
+double MseOn(const LossCurve& curve, std::span<const LossSample> points) {
+  long double sse = 0;
+  for (const LossSample& s : points) {
+    const long double e = curve.value(static_cast<double>(s.iteration)) - s.loss;
+    sse += e * e;
+  }
+  const double mse = static_cast<double>(sse / static_cast<long double>(points.size()));
+  return std::isfinite(mse) ? mse : kInf;
 }
 
 }  // namespace
@@ -374,37 +434,72 @@ Result<FamilyFit> FitLossFamily(LossFamily family, std::span<const LossSample> s
   return Status::Internal("unreachable family");
 }
 
+FitOptions RobustFitOptions() {
+  FitOptions o;
+  o.holdout = 0.25;
+  o.monotone = true;
+  o.max_extrapolation = 2.0;
+  return o;
+}
+
 Result<LossFit> FitLossCurve(std::span<const LossSample> samples, const FitOptions& options) {
   VIPER_RETURN_IF_ERROR(ValidateLossSamples(samples));
   if (options.smoothing_window < 0 || (options.smoothing_window > 1 && options.smoothing_window % 2 == 0)) {
     return Status::InvalidArgument(
         fmt::format("fit: smoothing_window {} must be 0 (auto), 1 (none) or odd", options.smoothing_window));
   }
+  if (!(options.holdout >= 0 && options.holdout <= 0.5) || !(options.max_extrapolation >= 0)) {
+    return Status::InvalidArgument(fmt::format("fit: holdout {} must be in [0, 0.5] and max_extrapolation {} >= 0",
+                                               options.holdout, options.max_extrapolation));
+  }
   LossFit fit;
   fit.smoothing_window = ChooseWindow(samples, options.smoothing_window);
   std::vector<LossSample> smoothed(samples.begin(), samples.end());
-  const std::vector<double> ys = SmoothLosses(samples, fit.smoothing_window);
+  if (options.monotone) ClipOutliers(smoothed, std::max(fit.smoothing_window, 9));
+  const std::vector<double> ys = SmoothLosses(smoothed, fit.smoothing_window);
   for (size_t i = 0; i < smoothed.size(); ++i) smoothed[i].loss = ys[i];
   smoothed = Thin(std::move(smoothed), options.max_points);
   double y_scale2 = 0;
+  bool nonnegative = true;
+  for (const LossSample& s : samples) nonnegative = nonnegative && s.loss >= 0;
   for (const LossSample& s : smoothed) y_scale2 = std::max(y_scale2, s.loss * s.loss);
 
+  // Held-out points: the last `holdout` of them, if the rest still has room for 3-parameter fits.
+  const size_t held = static_cast<size_t>(options.holdout * static_cast<double>(smoothed.size()));
+  const bool use_holdout = held >= 2 && smoothed.size() - held >= 8;
+  const std::span<const LossSample> all(smoothed), head = all.first(smoothed.size() - held), tail = all.last(held);
+
   std::string reasons;
+  std::vector<double> score;
   for (LossFamily family : options.families) {
     if (family == LossFamily::kCustom) continue;
-    Result<FamilyFit> one = FitLossFamily(family, smoothed, options.horizon);
-    FamilyFit f = one.ok() ? std::move(one).value() : Rejected(family, 0, one.status().message());
+    FamilyFit f = FitGuarded(family, all, options, nonnegative);
+    if (f.accepted && use_holdout) {
+      const FamilyFit early = FitGuarded(family, head, options, nonnegative);
+      if (early.accepted) f.holdout_mse = MseOn(early.curve, tail);
+    }
     if (!f.accepted) reasons += fmt::format("; {}: {}", loss_family_name(family), f.rejected_reason);
+    score.push_back(use_holdout ? (std::isnan(f.holdout_mse) ? kInf : f.holdout_mse) : f.mse);
     fit.candidates.push_back(std::move(f));
   }
-  const double n_eff = std::min(static_cast<double>(smoothed.size()),
-                                static_cast<double>(samples.size()) / fit.smoothing_window);
-  const int chosen = SelectFamily(fit.candidates, options.parsimony_f, n_eff, y_scale2);
+  // The held-out scores decide unless no early fit was accepted; n_eff counts the points scored.
+  const bool held_scores = use_holdout && std::any_of(score.begin(), score.end(), [](double v) { return v < kInf; });
+  if (use_holdout && !held_scores) {
+    for (size_t i = 0; i < score.size(); ++i) score[i] = fit.candidates[i].mse;
+  }
+  const double scored = held_scores ? static_cast<double>(held) / static_cast<double>(smoothed.size()) : 1.0;
+  const double n_eff = std::min(scored * static_cast<double>(smoothed.size()),
+                                scored * static_cast<double>(samples.size()) / fit.smoothing_window);
+  const int chosen = SelectFamily(fit.candidates, score, options.parsimony_f, std::max(1.0, n_eff), y_scale2);
   if (chosen < 0) {
     return Status::InvalidArgument(fmt::format("fit: no loss family fits the {} samples{}", samples.size(), reasons));
   }
   fit.curve = fit.candidates[chosen].curve;
   fit.mse = fit.candidates[chosen].mse;
+  if (options.max_extrapolation > 0) {
+    const double first = static_cast<double>(samples.front().iteration), last = static_cast<double>(samples.back().iteration);
+    fit.curve = fit.curve.FlatAfter(last + options.max_extrapolation * std::max(1.0, last - first));
+  }
   return fit;
 }
 

@@ -167,6 +167,78 @@ TEST(LossFit, SmoothingKeepsLinesAndAveragesNoise) {
   EXPECT_LT(std::sqrt(var), 0.1 / std::sqrt(101.0) * 1.3);  // sigma / sqrt(w)
 }
 
+// The robust options (what the online Scheduler uses) on noisy warm-ups of several curves: the
+// family chosen by held-out extrapolation error, outliers clipped, extrapolation bounded. Scored
+// by the mean relative error of the predicted loss summed over the 4x longer run that follows the
+// warm-up (what a CIL prediction needs), over 10 seeds per curve.
+TEST(LossFit, RobustOptionsExtrapolateNoWorseOnNoisyWarmups) {
+  const std::vector<Truth> cases = {
+      {"exp+c", LossCurve::ExpOffset(2.0, 0.01, 0.3), 0, 150, 1},
+      {"power", LossCurve::PowerLaw(3.0, 0.5, 0.2), 1, 150, 1},
+      {"power shallow", LossCurve::PowerLaw(2.0, 0.2, 0.1), 1, 150, 1},
+      {"exp", LossCurve::Exp(2.0, 0.004), 0, 150, 1},
+  };
+  double plain_total = 0, robust_total = 0;
+  for (const Truth& t : cases) {
+    double plain_err = 0, robust_err = 0;
+    for (uint64_t seed = 1; seed <= 10; ++seed) {
+      std::vector<LossSample> warmup = Sample(t.curve, t.from, t.to, 1, 0.1 * t.curve.value(t.to), seed);
+      warmup[40].loss *= 8;  // one diverged minibatch
+      const int64_t end = 5 * t.to;
+      FitOptions plain;
+      plain.horizon = end;
+      FitOptions robust = RobustFitOptions();
+      robust.horizon = end;
+      Result<LossFit> a = FitLossCurve(warmup, plain), b = FitLossCurve(warmup, robust);
+      ASSERT_TRUE(a.ok() && b.ok()) << t.name;
+      double truth = 0, pa = 0, pb = 0;
+      for (int64_t x = t.to; x <= end; ++x) {
+        truth += t.curve.value(x), pa += a->curve.value(x), pb += b->curve.value(x);
+      }
+      plain_err += std::abs(pa / truth - 1) / 10, robust_err += std::abs(pb / truth - 1) / 10;
+    }
+    std::printf("noisy warm-up %-13s -> predicted sum over the next 4x: plain %.1f%% off, robust %.1f%% off\n", t.name,
+                100 * plain_err, 100 * robust_err);
+    plain_total += plain_err, robust_total += robust_err;
+  }
+  EXPECT_LE(robust_total, plain_total);
+}
+
+TEST(LossFit, MonotoneRejectsRisingAndNegativeCurves) {
+  FitOptions o;
+  o.monotone = true;
+  o.horizon = 400;
+  const std::vector<LossSample> rising = Sample(LossCurve::Linear(0.002, 1.0), 0, 200);
+  Result<LossFit> fit = FitLossCurve(rising, o);
+  ASSERT_FALSE(fit.ok());
+  EXPECT_NE(fit.status().message().find("rises"), std::string::npos) << fit.status().message();
+  // exp+c heading below 0 (every loss observed is >= 0): rejected, exp (no floor) kept.
+  o.families = {LossFamily::kExpOffset};
+  const std::vector<LossSample> negative_floor = Sample(LossCurve::ExpOffset(2.0, 0.01, -0.2), 0, 100);
+  for (const LossSample& s : negative_floor) ASSERT_GE(s.loss, 0);
+  fit = FitLossCurve(negative_floor, o);
+  ASSERT_FALSE(fit.ok());
+  EXPECT_NE(fit.status().message().find("< 0 by iteration 400"), std::string::npos) << fit.status().message();
+  o.monotone = false;
+  EXPECT_TRUE(FitLossCurve(negative_floor, o).ok());
+}
+
+TEST(LossFit, BoundedExtrapolationHoldsTheCurveFlat) {
+  const LossCurve truth = LossCurve::ExpOffset(2.0, 0.01, 0.1);
+  FitOptions o;
+  o.max_extrapolation = 1.0;
+  Result<LossFit> fit = FitLossCurve(Sample(truth, 0, 100), o);
+  ASSERT_TRUE(fit.ok());
+  EXPECT_EQ(fit->curve.flat_after(), 200);  // 100 + 1 x the 100 iterations observed
+  EXPECT_NEAR(fit->curve.value(150), truth.value(150), 1e-9);
+  EXPECT_NEAR(fit->curve.value(1000), truth.value(200), 1e-9);
+  EXPECT_EQ(fit->curve.derivative(300), 0.0);
+  EXPECT_NE(fit->curve.ToString().find("(flat after x = 200)"), std::string::npos) << fit->curve.ToString();
+  EXPECT_FALSE(std::isfinite(fit->curve.FlatAfter(INFINITY).flat_after()));
+  o.holdout = 0.7;
+  EXPECT_NE(FitLossCurve(Sample(truth, 0, 100), o).status().message().find("holdout 0.7"), std::string::npos);
+}
+
 TEST(LossFit, BadSamplesGiveClearErrors) {
   EXPECT_NE(FitLossCurve({}).status().message().find("empty"), std::string::npos);
   const std::vector<LossSample> backwards = {{0, 1.0}, {5, 0.9}, {5, 0.8}};

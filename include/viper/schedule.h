@@ -64,10 +64,6 @@ struct ScheduleInputs {
 
   // "epoch": one checkpoint every `epoch` iterations (s + epoch, s + 2*epoch, ... <= e). > 0.
   int64_t epoch = 0;
-  // "greedy": the loss-drop threshold. Unset: mean + std of |consecutive differences| of
-  // `warmup_losses` if it has >= 2 values, else of L(0), L(1), ..., L(s) on the curve.
-  std::optional<double> greedy_threshold;
-  std::vector<double> warmup_losses;  // observed warm-up losses in iteration order
   OptimalOptions optimal;
 
   // Re-planning in the middle of training (online mode). `taken` are the checkpoints already
@@ -85,7 +81,6 @@ struct Schedule {
 
   // Policy details (0 when not applicable).
   int64_t interval = 0;   // epoch, fixed: the constant interval
-  double threshold = 0;   // greedy: the loss-drop threshold used
   int64_t stride = 0;     // optimal: candidate-grid stride (1 = every iteration)
   int64_t dp_cells = 0;   // optimal: DP states visited
 };
@@ -94,10 +89,11 @@ struct Schedule {
 struct FittedInputs {
   LossFit fit;
   ScheduleInputs inputs;
+  size_t samples = 0;  // warm-up rows fitted
 };
 
 // Fits the samples with iteration <= s (fit.horizon is set to e) and fills ScheduleInputs: the
-// problem, the fitted curve, `epoch`, and the warm-up losses (greedy's threshold). The pipeline of
+// problem, the fitted curve and `epoch`. The pipeline of
 // `viper schedule`; with MakeSchedule it gives the iterations of any policy from a loss log:
 //   auto f = FitScheduleInputs(ReadLossLog(path).value(), problem, epoch);
 //   auto s = MakeSchedule("sqrt", f->inputs);  // s->iterations
@@ -120,7 +116,14 @@ Result<Schedule> EpochSchedule(const ScheduleInputs& inputs);
 // <= e (e is not appended). Ties go to the smaller interval. O(H log H) CIL terms, H = e - s or
 // the last iteration whose checkpoint can still serve a request, whichever is smaller.
 Result<Schedule> FixedSchedule(const ScheduleInputs& inputs);
-// Walks x = s+1 .. e and checkpoints when L(last checkpoint) - L(x) > threshold. O(e - s).
+// Checkpoints when the predicted CIL gain of checkpointing now beats waiting, as a rent-or-buy
+// rule: walking x = s+1 .. e, it checkpoints at x once the regret of waiting (the CIL lost since
+// the last checkpoint a because the consumers keep L(a) while training has reached L(x): the
+// requests that arrived meanwhile times L(a) - L(y), summed) reaches the cost of a checkpoint (its
+// stall makes every later version live t_p later: t_p / t_infer requests times the improvement
+// L(x) - L(u) still to come, u = the last iteration whose checkpoint can serve a request). In the
+// continuum limit the gaps it picks are those of the sqrt rule; it needs no look-ahead beyond
+// L(u). O(e - s). See docs/ARCHITECTURE.md "greedy" for where it loses and why.
 Result<Schedule> GreedySchedule(const ScheduleInputs& inputs);
 // Gap rule h(x) = sqrt(2*t_p*(L(x) - L(e)) / (t_train*|L'(x)|)) rounded to the nearest
 // iteration, at least 1 and at least ceil((t_c - t_p)/t_train); always checkpoints at e.
@@ -133,9 +136,5 @@ Result<Schedule> SqrtSchedule(const ScheduleInputs& inputs);
 // schedulers that use off-grid iterations can beat it (measured: by < 1e-4 relative).
 // See docs/ARCHITECTURE.md "Inference Performance Predictor" for the algorithm and stride rule.
 Result<Schedule> OptimalSchedule(const ScheduleInputs& inputs);
-
-// mean + std (population) of |losses[i+1] - losses[i]|. InvalidArgument for fewer than 2 values
-// or non-finite values.
-Result<double> GreedyThreshold(std::span<const double> losses);
 
 }  // namespace viper

@@ -21,6 +21,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -38,33 +39,49 @@ struct SchedulerOptions {
   int64_t t_infer_ns = 0;          // one inference request every t_infer (> 0)
   int64_t requests = 0;            // M > 0 requests in all
 
-  // Time per iteration. 0 = measure: the median of the last 64 wall-clock intervals between
-  // observe() calls, divided by the iteration step (robust to the occasional checkpoint stall).
+  // Time per iteration, as the run lives it: the mean wall-clock time per iteration between
+  // observe() calls over the last 64 intervals, leaving out the interval that holds a checkpoint
+  // (its stall is t_p) and intervals over 5x the median (a pause the model has no term for).
+  // t_train_ns is the estimate until 8 intervals are measured (0 = unknown until then); with
+  // measure_t_train = false it is used as given (a simulation, or a known cost).
   int64_t t_train_ns = 0;
-  // Initial estimates of the checkpoint costs; replaced by the median of the last 16
-  // report_publish_stall() / report_update_latency() values once any are reported.
+  bool measure_t_train = true;
+  // Initial estimates of the checkpoint costs, replaced once any are reported: t_p by the mean of
+  // the last 16 report_publish_stall() values (the run pays every stall: k checkpoints cost k*t_p),
+  // t_c by the median of the last 16 report_update_latency() values.
   int64_t t_p_ns = 0;
   int64_t t_c_ns = 0;
 
+  // Losses observed before the scheduler was made (e.g. a warm-up that ran before it existed),
+  // strictly increasing iterations <= the first observe(); fitted with the rest, no timing is
+  // taken from them.
+  std::vector<LossSample> history;
+
   // Refit the curve on all losses seen so far and re-plan every refit_every iterations after s
-  // (0 = (e - s) / 10, at least 1). A timing estimate that moves by more than 10% from the one
-  // the plan used also triggers a re-plan at the next observe().
+  // (0 = (e - s) / 10, at least 1). A timing estimate (t_train, t_p, t_c) that moves by more than
+  // 10% from the one the plan used also triggers a re-plan at the next observe().
   int64_t refit_every = 0;
   // should_checkpoint(s) is true: the warm-up model is version x_0, live from time 0 in the CIL
   // model (it carries no stall in the model, but consumers still need it).
   bool checkpoint_at_warmup_end = true;
 
-  FitOptions fit;          // fit.horizon is forced to `end`
+  // The loss fit: robust by default (RobustFitOptions(): family chosen by held-out extrapolation
+  // error, monotone guard with outlier clipping, extrapolation bounded to twice the span observed).
+  // When no family fits, the previous plan is kept; before any, the scheduler falls back to the
+  // best observed schedule: the constant interval that would have been best on the losses seen
+  // so far (smoothed), replayed forward. fit.horizon is forced to `end`.
+  FitOptions fit = RobustFitOptions();
   OptimalOptions optimal;  // bounds the optimal planner's work
 };
 
 // What the scheduler knows and plans. A snapshot (copy) taken under the lock.
 struct SchedulerState {
   int64_t iteration = -1;            // last observed iteration
-  int64_t t_train_ns = 0;            // the estimate the last plan used
+  int64_t t_train_ns = 0;            // current estimate (measured, or the option)
   int64_t t_p_ns = 0;                // current estimates (options, then the reported medians)
   int64_t t_c_ns = 0;
-  std::optional<LossFit> fit;        // set once the curve has been fitted
+  std::optional<LossFit> fit;        // the last successful fit
+  std::string plan_source;           // "fit", "observed interval N" (the fallback), "" before any plan
   std::vector<int64_t> taken;        // checkpoints answered true after s
   std::vector<int64_t> planned;      // future checkpoints of the current plan
   double predicted_cil = 0.0;        // CIL of taken + planned under the current estimates
@@ -103,6 +120,11 @@ class Scheduler {
   void report_update_latency(double seconds);
 
   SchedulerState state() const;
+
+  // Predicted CIL of a whole-run `schedule` (strictly increasing iterations in (s, e]) under the
+  // curve and the estimates of the current plan: what the IPP predicts for any other schedule, e.g.
+  // an epoch baseline. FailedPrecondition before the first plan.
+  Result<double> evaluate(std::span<const int64_t> schedule) const;
   const SchedulerOptions& options() const { return options_; }
 
  private:
@@ -110,7 +132,9 @@ class Scheduler {
   void MeasureLocked(int64_t iteration);
   bool PlanDueLocked(int64_t iteration) const;
   void PlanLocked(int64_t iteration);
-  Result<ScheduleInputs> InputsLocked(int64_t iteration);
+  Result<Schedule> PlanFromFitLocked(const ScheduleInputs& base);
+  Result<Schedule> PlanFromObservedLocked(const ScheduleInputs& base);
+  ScheduleProblem ProblemLocked() const;
   int64_t TrainEstimateLocked() const;
 
   const SchedulerOptions options_;
@@ -120,11 +144,12 @@ class Scheduler {
   std::deque<int64_t> train_ns_window_;
   std::deque<int64_t> stall_ns_window_;
   std::deque<int64_t> latency_ns_window_;
+  bool checkpoint_in_interval_ = false;  // the next interval holds a checkpoint's stall
+  LossCurve plan_curve_;                 // the curve the current plan used
   int64_t last_asked_ = -1;
   int64_t last_plan_iteration_ = -1;
   bool timings_moved_ = false;
-  int64_t plan_t_p_ns_ = 0;  // estimates the current plan used
-  int64_t plan_t_c_ns_ = 0;
+  ScheduleProblem plan_problem_;  // the problem (estimates) the current plan used
   SchedulerState state_;
 };
 

@@ -14,6 +14,7 @@ namespace viper {
 namespace {
 
 constexpr size_t kTrainWindow = 64;
+constexpr size_t kMinTrainSamples = 8;
 constexpr size_t kReportWindow = 16;
 
 int64_t Median(const std::deque<int64_t>& window) {
@@ -22,9 +23,45 @@ int64_t Median(const std::deque<int64_t>& window) {
   return v[v.size() / 2];
 }
 
+// Mean of the values up to 5x the median: what the run pays on average, without a pause that
+// belongs to no term of the model (a checkpoint stall the scheduler was not told about).
+int64_t MeanWithoutPauses(const std::deque<int64_t>& window) {
+  const int64_t limit = 5 * Median(window);
+  long double sum = 0;
+  int64_t n = 0;
+  for (int64_t v : window) {
+    if (v <= limit) sum += v, ++n;
+  }
+  return static_cast<int64_t>(std::llround(sum / n));
+}
+
+int64_t Mean(const std::deque<int64_t>& window) {
+  long double sum = 0;
+  for (int64_t v : window) sum += v;
+  return static_cast<int64_t>(std::llround(sum / static_cast<long double>(window.size())));
+}
+
 void Push(std::deque<int64_t>& window, int64_t value, size_t limit) {
   window.push_back(value);
   if (window.size() > limit) window.pop_front();
+}
+
+// The losses seen so far as a curve: smoothed (noise dominates single minibatches), linearly
+// interpolated, flat outside. What the fallback replays.
+LossCurve ObservedCurve(std::span<const LossSample> samples) {
+  const int window = samples.size() < 5 ? 1 : (std::clamp(static_cast<int>(samples.size() / 25), 5, 101) | 1);
+  auto xs = std::make_shared<std::vector<double>>();
+  auto ys = std::make_shared<std::vector<double>>(SmoothLosses(samples, window));
+  for (const LossSample& s : samples) xs->push_back(static_cast<double>(s.iteration));
+  return LossCurve::Custom(
+      [xs, ys](double x) {
+        if (x <= xs->front()) return ys->front();
+        if (x >= xs->back()) return ys->back();
+        const size_t i = static_cast<size_t>(std::upper_bound(xs->begin(), xs->end(), x) - xs->begin());
+        const double t = (x - (*xs)[i - 1]) / ((*xs)[i] - (*xs)[i - 1]);
+        return (*ys)[i - 1] + t * ((*ys)[i] - (*ys)[i - 1]);
+      },
+      {}, fmt::format("observed losses (smoothed over {} samples)", window));
 }
 
 // A new estimate is worth a re-plan when it moved by more than 10% (and more than 1 us).
@@ -53,6 +90,10 @@ Status ValidateOptions(const SchedulerOptions& o) {
   if (o.epoch < 0 || (o.policy == "epoch" && o.epoch == 0)) {
     return Status::InvalidArgument(fmt::format("scheduler: epoch = {} must be > 0 for policy 'epoch'", o.epoch));
   }
+  if (!o.history.empty()) {
+    Status history = ValidateLossSamples(o.history);
+    if (!history.ok()) return history.WithContext("scheduler: history");
+  }
   return Status::OK();
 }
 
@@ -62,13 +103,21 @@ Result<std::unique_ptr<Scheduler>> Scheduler::Create(SchedulerOptions options) {
   VIPER_RETURN_IF_ERROR(ValidateOptions(options));
   if (options.refit_every == 0) options.refit_every = std::max<int64_t>(1, (options.end - options.warmup_end) / 10);
   options.fit.horizon = options.end;
-  return std::unique_ptr<Scheduler>(new Scheduler(std::move(options)));
+  std::unique_ptr<Scheduler> scheduler(new Scheduler(std::move(options)));
+  // A history that covers the warm-up: the plan (and its predicted CIL) exists before the run.
+  const int64_t seen = scheduler->state_.iteration;
+  if (seen >= scheduler->options_.warmup_end && seen < scheduler->options_.end) {
+    std::lock_guard<std::mutex> lock(scheduler->mu_);
+    scheduler->PlanLocked(seen);
+  }
+  return scheduler;
 }
 
-Scheduler::Scheduler(SchedulerOptions options) : options_(std::move(options)) {
+Scheduler::Scheduler(SchedulerOptions options) : options_(std::move(options)), samples_(options_.history) {
   state_.t_p_ns = options_.t_p_ns;
   state_.t_c_ns = options_.t_c_ns;
   state_.t_train_ns = options_.t_train_ns;
+  if (!samples_.empty()) state_.iteration = samples_.back().iteration;
 }
 
 Status Scheduler::observe(int64_t iteration, double loss) {
@@ -89,63 +138,101 @@ Status Scheduler::observe(int64_t iteration, double loss) {
 
 void Scheduler::MeasureLocked(int64_t iteration) {
   const auto now = std::chrono::steady_clock::now();
-  if (last_time_ && !samples_.empty()) {
+  if (last_time_ && !samples_.empty() && !checkpoint_in_interval_) {
     const int64_t dt = std::chrono::duration_cast<std::chrono::nanoseconds>(now - *last_time_).count();
     Push(train_ns_window_, std::max<int64_t>(1, dt / (iteration - samples_.back().iteration)), kTrainWindow);
   }
+  checkpoint_in_interval_ = false;
   last_time_ = now;
+  state_.t_train_ns = TrainEstimateLocked();
 }
 
 int64_t Scheduler::TrainEstimateLocked() const {
-  if (options_.t_train_ns > 0) return options_.t_train_ns;
-  return train_ns_window_.empty() ? 0 : Median(train_ns_window_);
+  const bool measured = options_.measure_t_train || options_.t_train_ns <= 0;
+  if (measured && (train_ns_window_.size() >= kMinTrainSamples || (options_.t_train_ns <= 0 && !train_ns_window_.empty()))) {
+    return MeanWithoutPauses(train_ns_window_);
+  }
+  return options_.t_train_ns;
 }
 
 bool Scheduler::PlanDueLocked(int64_t iteration) const {
   if (iteration < options_.warmup_end || iteration >= options_.end) return false;
   // Until a plan succeeds (e.g. t_train still unmeasured) every observation retries.
-  return state_.plans == 0 || iteration - last_plan_iteration_ >= options_.refit_every || timings_moved_;
+  return state_.plans == 0 || iteration - last_plan_iteration_ >= options_.refit_every || timings_moved_ ||
+         Moved(plan_problem_.t_train_ns, state_.t_train_ns);
 }
 
-Result<ScheduleInputs> Scheduler::InputsLocked(int64_t iteration) {
-  ScheduleInputs in;
-  in.problem = {options_.warmup_end, options_.end, TrainEstimateLocked(), state_.t_p_ns, state_.t_c_ns,
-                options_.t_infer_ns, options_.requests};
-  if (in.problem.t_train_ns <= 0) {
-    return Status::FailedPrecondition("scheduler: t_train unknown (options.t_train_ns = 0 and fewer than two observe() calls)");
-  }
+ScheduleProblem Scheduler::ProblemLocked() const {
+  return {options_.warmup_end, options_.end, state_.t_train_ns, state_.t_p_ns, state_.t_c_ns, options_.t_infer_ns,
+          options_.requests};
+}
+
+Result<Schedule> Scheduler::PlanFromFitLocked(const ScheduleInputs& base) {
   Result<LossFit> fit = FitLossCurve(samples_, options_.fit);
-  if (!fit.ok()) return fit.status().WithContext(fmt::format("scheduler: refit at iteration {}", iteration));
+  if (!fit.ok()) return fit.status();
+  ScheduleInputs in = base;
+  in.curve = fit->curve;
+  VIPER_ASSIGN_OR_RETURN(Schedule plan, MakeSchedule(options_.policy, in));
   state_.fit = std::move(fit).value();
-  in.curve = state_.fit->curve;
-  in.epoch = options_.epoch;
-  for (const LossSample& s : samples_) {
-    if (s.iteration <= options_.warmup_end) in.warmup_losses.push_back(s.loss);
+  plan_curve_ = in.curve;
+  state_.plan_source = "fit";
+  return plan;
+}
+
+Result<Schedule> Scheduler::PlanFromObservedLocked(const ScheduleInputs& base) {
+  // Replay the observed window as if it were the future: its best constant interval.
+  const int64_t first = samples_.front().iteration, last = samples_.back().iteration;
+  if (samples_.size() < 3 || last - first < 2) {
+    return Status::FailedPrecondition("too few losses observed to replay");
   }
-  in.optimal = options_.optimal;
-  in.now = iteration;
-  in.taken = state_.taken;
-  return in;
+  ScheduleInputs replay = base;
+  replay.curve = ObservedCurve(samples_);
+  replay.now = -1;
+  replay.taken.clear();
+  replay.problem.warmup_end = first;
+  replay.problem.end = last;
+  const int64_t span_ns = (last - first) * base.problem.t_train_ns;
+  replay.problem.requests = std::max<int64_t>(1, (span_ns + base.problem.t_infer_ns - 1) / base.problem.t_infer_ns);
+  VIPER_ASSIGN_OR_RETURN(Schedule best, FixedSchedule(replay));
+  ScheduleInputs in = base;
+  in.curve = replay.curve;
+  in.epoch = best.interval;
+  VIPER_ASSIGN_OR_RETURN(Schedule plan, EpochSchedule(in));
+  plan_curve_ = in.curve;
+  state_.plan_source = fmt::format("observed interval {}", best.interval);
+  return plan;
 }
 
 void Scheduler::PlanLocked(int64_t iteration) {
   last_plan_iteration_ = iteration;
   timings_moved_ = false;
-  Result<ScheduleInputs> in = InputsLocked(iteration);
-  Result<Schedule> plan = in.ok() ? MakeSchedule(options_.policy, *in) : Result<Schedule>(in.status());
+  ScheduleInputs base;
+  base.problem = ProblemLocked();
+  base.epoch = options_.epoch;
+  base.optimal = options_.optimal;
+  base.now = iteration;
+  base.taken = state_.taken;
+  Result<Schedule> plan = Status::FailedPrecondition(
+      "scheduler: t_train unknown (options.t_train_ns = 0 and fewer than two observe() calls)");
+  if (base.problem.t_train_ns > 0) {
+    plan = PlanFromFitLocked(base);
+    if (!plan.ok() && state_.plans == 0) {
+      Result<Schedule> fallback = PlanFromObservedLocked(base);
+      plan = fallback.ok() ? std::move(fallback) : plan.status().WithContext(
+          fmt::format("no fallback either ({})", fallback.status().message()));
+    }
+  }
   if (!plan.ok()) {
     // Keep the previous plan; the next refit retries.
     if (plan.status().message() != state_.last_plan_status.message()) {
       log(LogLevel::kWarn, "schedule", "plan at iteration {} failed (keeping the previous plan): {}", iteration,
           plan.status().message());
     }
-    state_.last_plan_status = plan.status();
+    state_.last_plan_status = plan.status().WithContext(fmt::format("scheduler: plan at iteration {}", iteration));
     return;
   }
-  state_.t_train_ns = in->problem.t_train_ns;
-  plan_t_p_ns_ = in->problem.t_p_ns;
-  plan_t_c_ns_ = in->problem.t_c_ns;
-  state_.planned.assign(plan->iterations.begin() + static_cast<std::ptrdiff_t>(in->taken.size()), plan->iterations.end());
+  plan_problem_ = base.problem;
+  state_.planned.assign(plan->iterations.begin() + static_cast<std::ptrdiff_t>(base.taken.size()), plan->iterations.end());
   state_.predicted_cil = plan->cil;
   state_.last_plan_status = Status::OK();
   ++state_.plans;
@@ -170,6 +257,7 @@ bool Scheduler::should_checkpoint(int64_t iteration) {
       (state_.taken.empty() || iteration > state_.taken.back())) {
     state_.taken.push_back(iteration);
   }
+  if (warmup_model || planned_due) checkpoint_in_interval_ = true;
   return warmup_model || planned_due;
 }
 
@@ -182,8 +270,8 @@ void Scheduler::report_publish_stall(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return;
   std::lock_guard<std::mutex> lock(mu_);
   Push(stall_ns_window_, std::llround(seconds * 1e9), kReportWindow);
-  const int64_t estimate = Median(stall_ns_window_);
-  if (state_.plans > 0 && Moved(plan_t_p_ns_, estimate)) timings_moved_ = true;
+  const int64_t estimate = Mean(stall_ns_window_);
+  if (state_.plans > 0 && Moved(plan_problem_.t_p_ns, estimate)) timings_moved_ = true;
   state_.t_p_ns = estimate;
 }
 
@@ -192,13 +280,19 @@ void Scheduler::report_update_latency(double seconds) {
   std::lock_guard<std::mutex> lock(mu_);
   Push(latency_ns_window_, std::llround(seconds * 1e9), kReportWindow);
   const int64_t estimate = Median(latency_ns_window_);
-  if (state_.plans > 0 && Moved(plan_t_c_ns_, estimate)) timings_moved_ = true;
+  if (state_.plans > 0 && Moved(plan_problem_.t_c_ns, estimate)) timings_moved_ = true;
   state_.t_c_ns = estimate;
 }
 
 SchedulerState Scheduler::state() const {
   std::lock_guard<std::mutex> lock(mu_);
   return state_;
+}
+
+Result<double> Scheduler::evaluate(std::span<const int64_t> schedule) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (state_.plans == 0) return Status::FailedPrecondition("scheduler: no plan yet (nothing to evaluate against)");
+  return EvaluateCil(plan_problem_, plan_curve_, schedule);
 }
 
 }  // namespace viper

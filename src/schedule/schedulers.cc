@@ -27,17 +27,6 @@ std::vector<int64_t> EveryInterval(const PlanStart& st, int64_t end, int64_t int
   return out;
 }
 
-Result<double> CurveThreshold(const LossCurve& curve, int64_t s) {
-  std::vector<double> losses;
-  for (int64_t x = 0; x <= s; ++x) {
-    const double l = curve.value(static_cast<double>(x));
-    if (std::isfinite(l)) losses.push_back(l);  // a power law has no value at 0
-  }
-  Result<double> t = GreedyThreshold(losses);
-  if (!t.ok()) return t.status().WithContext("greedy: threshold from the curve over the warm-up iterations");
-  return t;
-}
-
 // Gap (iterations) of the sqrt rule at x.
 int64_t SqrtGap(const CilModel& m, int64_t x, int64_t lower) {
   const ScheduleProblem& p = m.problem();
@@ -52,23 +41,6 @@ int64_t SqrtGap(const CilModel& m, int64_t x, int64_t lower) {
 }
 
 }  // namespace
-
-Result<double> GreedyThreshold(std::span<const double> losses) {
-  if (losses.size() < 2) {
-    return Status::InvalidArgument(fmt::format("greedy threshold: need at least 2 losses, got {}", losses.size()));
-  }
-  std::vector<double> d;
-  for (size_t i = 1; i < losses.size(); ++i) {
-    if (!std::isfinite(losses[i]) || !std::isfinite(losses[i - 1])) {
-      return Status::InvalidArgument(fmt::format("greedy threshold: loss #{} is not finite", std::isfinite(losses[i]) ? i - 1 : i));
-    }
-    d.push_back(std::abs(losses[i] - losses[i - 1]));
-  }
-  const double mean = std::accumulate(d.begin(), d.end(), 0.0) / static_cast<double>(d.size());
-  double var = 0;
-  for (double v : d) var += (v - mean) * (v - mean);
-  return mean + std::sqrt(var / static_cast<double>(d.size()));
-}
 
 Result<Schedule> NoSchedule(const ScheduleInputs& in) {
   VIPER_RETURN_IF_ERROR(ValidateInputs(in));
@@ -108,27 +80,26 @@ Result<Schedule> FixedSchedule(const ScheduleInputs& in) {
 
 Result<Schedule> GreedySchedule(const ScheduleInputs& in) {
   VIPER_ASSIGN_OR_RETURN(PlanStart st, ValidateInputs(in));
-  double threshold = 0;
-  if (in.greedy_threshold) {
-    threshold = *in.greedy_threshold;
-  } else if (in.warmup_losses.size() >= 2) {
-    VIPER_ASSIGN_OR_RETURN(threshold, GreedyThreshold(in.warmup_losses));
-  } else {
-    VIPER_ASSIGN_OR_RETURN(threshold, CurveThreshold(in.curve, in.problem.warmup_end));
-  }
-  if (!std::isfinite(threshold) || threshold < 0) {
-    return Status::InvalidArgument(fmt::format("greedy schedule: threshold {} must be finite and >= 0", threshold));
-  }
-  const CilModel model(in.problem, in.curve);
+  const ScheduleProblem& p = in.problem;
+  const CilModel model(p, in.curve);
+  // Requests per second of stall: a stall delays every later version by t_p.
+  const double stall_requests = static_cast<double>(p.t_p_ns) / static_cast<double>(p.t_infer_ns);
   std::vector<int64_t> planned;
-  double last = model.L(st.anchor);
-  for (int64_t x = st.start + 1; x <= in.problem.end; ++x) {  // the iteration advances on every loop
-    const double l = model.L(x);
-    if (last - l > threshold) planned.push_back(x), last = l;
+  int64_t anchor = st.anchor, k = st.k0;
+  int64_t useful = model.LastUsefulIteration(k + 1);
+  double regret = 0;  // CIL lost since `anchor` by not having the newer model live
+  // The walk starts at the last checkpoint so that a re-plan counts the regret already accrued;
+  // a checkpoint due at or before `now` is taken at the first iteration after it.
+  for (int64_t x = anchor + 1; x <= std::min(p.end, useful); ++x) {
+    const int64_t arrivals = model.Requests(model.LiveTime(x, k + 1)) - model.Requests(model.LiveTime(x - 1, k + 1));
+    regret += (model.L(anchor) - model.L(x)) * static_cast<double>(arrivals);
+    const double cost = stall_requests * (model.L(x) - model.L(useful));
+    if (x <= st.start || !(model.L(x) < model.L(anchor)) || !(regret >= cost)) continue;
+    planned.push_back(x);
+    anchor = x, regret = 0, ++k;
+    useful = model.LastUsefulIteration(k + 1);
   }
-  VIPER_ASSIGN_OR_RETURN(Schedule out, Finish(in, "greedy", std::move(planned)));
-  out.threshold = threshold;
-  return out;
+  return Finish(in, "greedy", std::move(planned));
 }
 
 Result<Schedule> SqrtSchedule(const ScheduleInputs& in) {
@@ -168,7 +139,7 @@ Result<FittedInputs> FitScheduleInputs(std::span<const LossSample> samples, cons
   out.inputs.problem = problem;
   out.inputs.curve = out.fit.curve;
   out.inputs.epoch = epoch;
-  for (const LossSample& s : warmup) out.inputs.warmup_losses.push_back(s.loss);
+  out.samples = warmup.size();
   return out;
 }
 

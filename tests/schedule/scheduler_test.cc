@@ -28,6 +28,8 @@ SchedulerOptions WorkedOptions(std::string policy) {
   o.t_p_ns = 500'000'000;
   o.t_c_ns = 300'000'000;
   o.refit_every = 1000;  // plan once, at s
+  o.measure_t_train = false;  // the loops below run much faster than 100 ms per iteration
+  o.fit = FitOptions{};       // plain least squares: the exact worked curve, unbounded
   return o;
 }
 
@@ -53,7 +55,6 @@ TEST(Scheduler, OnlinePlanMatchesOfflineSchedulersOnTheWorkedExample) {
     const std::vector<int64_t> online = Drive(**sched, 1, &warmup);
     EXPECT_TRUE(warmup);
     ScheduleInputs in = WorkedInputs();
-    for (int64_t x = 0; x <= 100; ++x) in.warmup_losses.push_back(WorkedCurve().value(x));
     Result<Schedule> offline = MakeSchedule(policy, in);
     ASSERT_TRUE(offline.ok());
     EXPECT_EQ(online, offline->iterations);
@@ -125,6 +126,7 @@ TEST(Scheduler, MeasuresTrainTimeFromTheWallClock) {
   o.warmup_end = 30;
   o.end = 60;
   o.t_train_ns = 0;  // measure
+  o.measure_t_train = true;
   Result<std::unique_ptr<Scheduler>> sched = Scheduler::Create(o);
   ASSERT_TRUE(sched.ok());
   const auto t0 = std::chrono::steady_clock::now();
@@ -183,6 +185,82 @@ TEST(Scheduler, ReportsFromAnotherThreadAreSafe) {
   reporter.join();
   EXPECT_GT(yes, 2);
   EXPECT_EQ(s.state().taken.back(), 400);  // sqrt always ends at e
+}
+
+// A warm-up that ran before the scheduler existed: the plan, and the predicted CIL of any other
+// schedule, exist right after Create (the prediction "before the run").
+TEST(Scheduler, HistoryPlansBeforeTheRunAndEvaluatesOtherSchedules) {
+  SchedulerOptions o = WorkedOptions("optimal");
+  for (int64_t x = 0; x <= 100; ++x) o.history.push_back({x, WorkedCurve().value(x)});
+  o.checkpoint_at_warmup_end = false;
+  Result<std::unique_ptr<Scheduler>> sched = Scheduler::Create(o);
+  ASSERT_TRUE(sched.ok()) << sched.status().ToString();
+  const SchedulerState st = (*sched)->state();
+  ASSERT_EQ(st.plans, 1) << st.last_plan_status.ToString();
+  EXPECT_EQ(st.plan_source, "fit");
+  Result<Schedule> offline = OptimalSchedule(WorkedInputs());
+  EXPECT_NEAR(st.predicted_cil, offline->cil, 1e-6);
+  EXPECT_EQ(st.planned, offline->iterations);
+  Result<double> epoch = (*sched)->evaluate(std::vector<int64_t>{150, 200, 250, 300, 350, 400});
+  ASSERT_TRUE(epoch.ok());
+  EXPECT_NEAR(*epoch, 1560.502769, 1e-6);
+  EXPECT_FALSE((*sched)->evaluate(std::vector<int64_t>{300, 200}).ok());
+  EXPECT_FALSE((*sched)->observe(100, 1.0).ok());  // the history's iterations are taken
+  EXPECT_TRUE((*sched)->observe(101, WorkedCurve().value(101)).ok());
+  // Without a plan there is nothing to evaluate against.
+  Result<std::unique_ptr<Scheduler>> fresh = Scheduler::Create(WorkedOptions("optimal"));
+  EXPECT_EQ((*fresh)->evaluate(std::vector<int64_t>{150}).status().code(), StatusCode::kFailedPrecondition);
+  o.history = {{5, 1.0}, {4, 0.9}};
+  EXPECT_NE(Scheduler::Create(o).status().message().find("history"), std::string::npos);
+}
+
+// The interval that holds a checkpoint (its stall is t_p) is not training time; the mean of the
+// rest is. Generous bounds: 2 ms steps against 150 ms stalls every 4 iterations.
+TEST(Scheduler, TrainTimeLeavesOutTheCheckpointStalls) {
+  SchedulerOptions o = WorkedOptions("epoch");
+  o.warmup_end = 4;
+  o.end = 60;
+  o.epoch = 4;
+  o.t_train_ns = 0;
+  o.measure_t_train = true;
+  Result<std::unique_ptr<Scheduler>> sched = Scheduler::Create(o);
+  ASSERT_TRUE(sched.ok());
+  int stalls = 0;
+  for (int64_t x = 0; x <= 40; ++x) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    if ((*sched)->step(x, WorkedCurve().value(x + 100)).value()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(150));
+      ++stalls;
+    }
+  }
+  EXPECT_GE(stalls, 5);
+  const int64_t t_train = (*sched)->state().t_train_ns;
+  EXPECT_GE(t_train, 2'000'000);
+  EXPECT_LT(t_train, 40'000'000) << "the stalls (150 ms every 4 steps) leaked into t_train";
+}
+
+// No family fits (here: only lines are allowed and they run below 0 before the end): the
+// scheduler falls back to the constant interval that is best on the losses observed so far.
+TEST(Scheduler, FallsBackToTheBestObservedIntervalWhenNothingFits) {
+  SchedulerOptions o = WorkedOptions("optimal");
+  o.fit.families = {LossFamily::kLinear};
+  Result<std::unique_ptr<Scheduler>> sched = Scheduler::Create(o);
+  ASSERT_TRUE(sched.ok());
+  const std::vector<int64_t> yes = Drive(**sched);
+  const SchedulerState st = (*sched)->state();
+  ASSERT_EQ(st.plans, 1) << st.last_plan_status.ToString();
+  EXPECT_EQ(st.plan_source.rfind("observed interval ", 0), 0u) << st.plan_source;
+  const int64_t interval = std::stoll(st.plan_source.substr(18));
+  // The replay of iterations 0..100 of the worked curve with the worked costs.
+  ScheduleInputs replay = WorkedInputs();
+  replay.problem.warmup_end = 0;
+  replay.problem.end = 100;
+  replay.problem.requests = 1000;
+  replay.curve = LossCurve::Custom([](double x) { return WorkedCurve().value(x); });
+  EXPECT_NEAR(static_cast<double>(interval), static_cast<double>(FixedSchedule(replay)->interval), 2.0);
+  ASSERT_GE(yes.size(), 2u);
+  EXPECT_EQ(yes[1] - yes[0], interval);
+  EXPECT_FALSE(st.fit.has_value());
 }
 
 TEST(Scheduler, BadOptionsAndObservationsAreRejected) {

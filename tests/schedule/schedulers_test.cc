@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <random>
 
 #include <gtest/gtest.h>
@@ -55,25 +56,35 @@ TEST(Schedulers, WorkedExampleAllPolicies) {
   EXPECT_EQ(opt->stride, 1);
 }
 
-TEST(Schedulers, GreedyThresholdIsMeanPlusStdOfAbsoluteDifferences) {
-  // |diffs| = 1, 3, 1, 3: mean 2, population std 1.
-  Result<double> t = GreedyThreshold(std::vector<double>{10, 9, 6, 5, 2});
-  ASSERT_TRUE(t.ok());
-  EXPECT_DOUBLE_EQ(*t, 3.0);
-  EXPECT_FALSE(GreedyThreshold(std::vector<double>{1.0}).ok());
-  EXPECT_FALSE(GreedyThreshold(std::vector<double>{1.0, std::nan("")}).ok());
-  // Greedy checkpoints when the predicted drop since the last checkpoint exceeds the threshold.
-  ScheduleInputs in = WorkedInputs();
-  in.greedy_threshold = 0.1;
+// Greedy takes a checkpoint exactly when the regret of waiting reaches the stall's cost.
+TEST(Greedy, CheckpointsWhenTheRegretOfWaitingReachesTheStallCost) {
+  const ScheduleInputs in = WorkedInputs();
   Result<Schedule> g = GreedySchedule(in);
-  ASSERT_TRUE(g.ok());
-  double last = in.curve.value(100);
-  for (int64_t x = 101; x <= 400; ++x) {
-    const bool taken = std::find(g->iterations.begin(), g->iterations.end(), x) != g->iterations.end();
-    EXPECT_EQ(taken, last - in.curve.value(x) > 0.1) << x;
-    if (taken) last = in.curve.value(x);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  ASSERT_GT(g->checkpoints(), 3);
+  const ScheduleProblem& p = in.problem;
+  auto L = [&](int64_t x) { return in.curve.value(static_cast<double>(x)); };
+  auto live = [&](int64_t x, int64_t k) { return (x - p.warmup_end) * p.t_train_ns + k * p.t_p_ns + p.t_c_ns; };
+  auto useful = [&](int64_t k) {  // last iteration whose k-th checkpoint still serves a request
+    int64_t x = p.end;
+    while (x > p.warmup_end && RequestsBefore(p, live(x, k)) >= p.requests) --x;
+    return x;
+  };
+  int64_t anchor = p.warmup_end, k = 0;
+  double regret = 0;
+  std::vector<int64_t> expected;
+  for (int64_t x = anchor + 1; x <= useful(k + 1); ++x) {
+    regret += (L(anchor) - L(x)) * static_cast<double>(RequestsBefore(p, live(x, k + 1)) - RequestsBefore(p, live(x - 1, k + 1)));
+    const double cost = static_cast<double>(p.t_p_ns) / p.t_infer_ns * (L(x) - L(useful(k + 1)));
+    if (regret >= cost) expected.push_back(x), anchor = x, regret = 0, ++k;
   }
-  EXPECT_DOUBLE_EQ(g->threshold, 0.1);
+  EXPECT_EQ(g->iterations, expected);
+  // With free checkpoints (t_p = 0) every iteration whose loss is lower is worth one.
+  ScheduleInputs free = in;
+  free.problem.t_p_ns = 0;
+  g = GreedySchedule(free);
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(g->checkpoints(), 300);
 }
 
 TEST(Schedulers, SqrtFollowsTheGapRule) {
@@ -273,6 +284,101 @@ TEST(Sqrt, PrintsTheRegimesWhereItFallsBehind) {
   EXPECT_GT(early_stop + huge_stall + slow_live, 0.0);
 }
 
+// Greedy against the epoch baseline and the optimum on the paper-like curves above (10,000
+// iterations of 400 ms, t_p 0.2-20 s, requests for 1.1x or 10x the training time), with epochs
+// of 1/5 to 1/100 of the run: greedy is never worse than any epoch schedule and stays within 1%
+// of optimal (measured: within 0.01%, where the best of those epochs is 0.003-0.7% above it).
+TEST(Greedy, NeverLosesToEpochOnPaperLikeCurves) {
+  for (const SqrtCase& c : SmoothCurves()) {
+    for (double t_p : {0.2, 2.0, 20.0}) {
+      for (double horizon : {1.1, 10.0}) {
+        ScheduleInputs in = SqrtProblem(c.curve, t_p, 1.0, horizon);
+        Result<Schedule> greedy = GreedySchedule(in), opt = OptimalSchedule(in);
+        ASSERT_TRUE(greedy.ok() && opt.ok());
+        double best_epoch = std::numeric_limits<double>::infinity();
+        for (int64_t epochs : {5, 10, 20, 50, 100}) {
+          in.epoch = (in.problem.end - in.problem.warmup_end) / epochs;
+          Result<Schedule> epoch = EpochSchedule(in);
+          ASSERT_TRUE(epoch.ok());
+          best_epoch = std::min(best_epoch, epoch->cil);
+        }
+        const double gap = (greedy->cil - opt->cil) / opt->cil;
+        std::printf("greedy %-12s t_p %5.1fs horizon %4.1fx: greedy %4lld ckpts, optimal %4lld, gap %.4f%%, "
+                    "best epoch %+.3f%%\n",
+                    c.name, t_p, horizon, static_cast<long long>(greedy->checkpoints()),
+                    static_cast<long long>(opt->checkpoints()), 100 * gap, 100 * (best_epoch - opt->cil) / opt->cil);
+        EXPECT_LE(greedy->cil, best_epoch) << c.name << " t_p " << t_p << " horizon " << horizon;
+        EXPECT_LE(gap, 0.01) << c.name << " t_p " << t_p << " horizon " << horizon;
+      }
+    }
+  }
+}
+
+// Where greedy falls behind (docs/ARCHITECTURE.md "greedy"): printed, with the gap to optimal
+// and to the best epoch schedule; the only assertion is that the optimum stays the minimum.
+double GreedyGap(const ScheduleInputs& base, const char* name) {
+  ScheduleInputs in = base;
+  Result<Schedule> greedy = GreedySchedule(in), opt = OptimalSchedule(in);
+  EXPECT_TRUE(greedy.ok() && opt.ok());
+  if (!greedy.ok() || !opt.ok()) return 1.0;
+  double best_epoch = std::numeric_limits<double>::infinity();
+  int64_t best_epochs = 0;
+  for (int64_t epochs : {1, 2, 3, 5, 10, 20, 50, 100}) {
+    in.epoch = std::max<int64_t>(1, (in.problem.end - in.problem.warmup_end) / epochs);
+    Result<Schedule> epoch = EpochSchedule(in);
+    if (epoch.ok() && epoch->cil < best_epoch) best_epoch = epoch->cil, best_epochs = epochs;
+  }
+  const double gap = (greedy->cil - opt->cil) / opt->cil;
+  std::printf("greedy regime %-22s greedy %4lld ckpts, optimal %4lld, gap %+.3f%%, best epoch (%lld) %+.3f%%\n", name,
+              static_cast<long long>(greedy->checkpoints()), static_cast<long long>(opt->checkpoints()), 100 * gap,
+              static_cast<long long>(best_epochs), 100 * (best_epoch - opt->cil) / opt->cil);
+  EXPECT_GE(gap, -1e-9) << name;
+  return gap;
+}
+
+TEST(Greedy, PrintsTheRegimesWhereItFallsBehind) {
+  const LossCurve exp_curve = LossCurve::Exp(2.0, 3e-4);
+  GreedyGap(SqrtProblem(exp_curve, 20.0, 1.0, 0.5), "requests end at half");
+  GreedyGap(SqrtProblem(exp_curve, 200.0, 1.0, 1.0), "huge stall (200 s)");
+  GreedyGap(SqrtProblem(exp_curve, 800.0, 1.0, 1.0), "huger stall (800 s)");
+  GreedyGap(SqrtProblem(exp_curve, 0.02, 30.0, 1.1), "t_c >> t_p");
+  // A slow start (sigmoid): the regret builds up late, and so do the checkpoints.
+  const LossCurve sigmoid = LossCurve::Custom([](double x) { return 0.2 + 2.0 / (1 + std::exp((x - 4000) / 600)); });
+  GreedyGap(SqrtProblem(sigmoid, 2.0, 1.0, 1.1), "sigmoid, t_p 2 s");
+  GreedyGap(SqrtProblem(sigmoid, 20.0, 1.0, 1.1), "sigmoid, t_p 20 s");
+  // Few requests: one every 40 s (a checkpoint's value is lumpy).
+  ScheduleInputs sparse = SqrtProblem(exp_curve, 2.0, 1.0, 1.1);
+  sparse.problem.t_infer_ns = 40'000'000'000;
+  sparse.problem.requests = 110;
+  GreedyGap(sparse, "one request per 40 s");
+}
+
+// The held-out scenario: a power law whose warm-up losses are noisy minibatch values;
+// every policy plans on the fit of the warm-up and is scored on the true curve.
+TEST(Greedy, HeldOutNoisyPowerLawBeatsEpoch) {
+  const LossCurve truth = LossCurve::PowerLaw(3.0, 0.4, 0.2);
+  for (double noise : {0.0, 0.05, 0.2}) {
+    std::mt19937_64 rng(1);
+    std::normal_distribution<double> gauss(0.0, 1.0);
+    std::vector<LossSample> log;
+    for (int64_t x = 0; x <= 500; ++x) log.push_back({x, truth.value(std::max<double>(x, 1)) * (1 + noise * gauss(rng))});
+    const ScheduleProblem p = {.warmup_end = 500, .end = 10000, .t_train_ns = 100'000'000, .t_p_ns = 2'000'000'000,
+                               .t_c_ns = 1'000'000'000, .t_infer_ns = 50'000'000, .requests = 19000};
+    Result<FittedInputs> f = FitScheduleInputs(log, p, 950);
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    auto on_truth = [&](std::string_view policy) {
+      Result<Schedule> s = MakeSchedule(policy, f->inputs);
+      EXPECT_TRUE(s.ok()) << policy;
+      return s.ok() ? EvaluateCil(p, truth, s->iterations).value_or(NAN) : NAN;
+    };
+    const double greedy = on_truth("greedy"), epoch = on_truth("epoch"), optimal = on_truth("optimal");
+    std::printf("held-out power law, warm-up noise %.0f%%: greedy %.1f epoch %.1f optimal %.1f (true curve)\n",
+                100 * noise, greedy, epoch, optimal);
+    EXPECT_LT(greedy, epoch) << "noise " << noise;
+    EXPECT_LE(greedy, optimal * 1.01) << "noise " << noise;
+  }
+}
+
 TEST(Optimal, StrideRuleBoundsTheWork) {
   ScheduleInputs in;
   in.problem = {.warmup_end = 0, .end = 100'000, .t_train_ns = 100'000'000, .t_p_ns = 50'000'000,
@@ -337,7 +443,7 @@ TEST(Schedulers, FitScheduleInputsUsesTheWarmupRowsOnly) {
   Result<FittedInputs> f = FitScheduleInputs(log, testing::WorkedProblem(), 50);
   ASSERT_TRUE(f.ok()) << f.status().ToString();
   EXPECT_EQ(f->fit.curve.family(), LossFamily::kExpOffset);
-  EXPECT_EQ(f->inputs.warmup_losses.size(), 101u);
+  EXPECT_EQ(f->samples, 101u);
   EXPECT_EQ(f->inputs.epoch, 50);
   Result<Schedule> fixed = MakeSchedule("fixed", f->inputs);
   ASSERT_TRUE(fixed.ok());

@@ -4,7 +4,7 @@
 //
 // Text output: the fit, then one line per scheduler. --json: one JSON array with one object per
 // scheduler: {"name", "cil", "checkpoints", "schedule": [iterations...], "interval" (epoch,
-// fixed), "threshold" (greedy), "stride" and "dp_cells" (optimal), "fit": {"family", "formula",
+// fixed), "stride" and "dp_cells" (optimal), "fit": {"family", "formula",
 // "params": {...}, "mse", "samples", "smoothing_window"}}.
 #include <cmath>
 #include <cstdio>
@@ -66,7 +66,6 @@ std::string Summary(const std::vector<int64_t>& xs) {
 
 std::string Details(const Schedule& s) {
   if (s.policy == "epoch" || s.policy == "fixed") return fmt::format("interval {}", s.interval);
-  if (s.policy == "greedy") return fmt::format("threshold {:.6g}", s.threshold);
   if (s.policy == "optimal") return fmt::format("stride {}, {} DP cells", s.stride, s.dp_cells);
   return "";
 }
@@ -84,7 +83,6 @@ void PrintJson(const std::vector<Schedule>& schedules, const LossFit& fit, size_
     nlohmann::json o = {{"name", s.policy}, {"cil", s.cil}, {"checkpoints", s.checkpoints()},
                         {"schedule", s.iterations}, {"fit", FitJson(fit, samples)}};
     if (s.policy == "epoch" || s.policy == "fixed") o["interval"] = s.interval;
-    if (s.policy == "greedy") o["threshold"] = s.threshold;
     if (s.policy == "optimal") o["stride"] = s.stride, o["dp_cells"] = s.dp_cells;
     out.push_back(std::move(o));
   }
@@ -130,7 +128,7 @@ int RunSchedule(const ScheduleFlags& f) {
     if (!s.ok()) return Fail("schedule", s.status());
     schedules.push_back(std::move(s).value());
   }
-  const size_t samples = in.warmup_losses.size();
+  const size_t samples = fitted->samples;
   if (f.json) PrintJson(schedules, fitted->fit, samples);
   else PrintText(schedules, fitted->fit, f, samples);
   return 0;

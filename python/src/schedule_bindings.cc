@@ -17,6 +17,13 @@ namespace {
 using viper::Status;
 
 
+std::vector<viper::LossSample> Samples(const std::vector<std::pair<int64_t, double>>& pairs) {
+  std::vector<viper::LossSample> out;
+  out.reserve(pairs.size());
+  for (const auto& [iteration, loss] : pairs) out.push_back({iteration, loss});
+  return out;
+}
+
 py::dict FitDict(const viper::LossFit& fit) {
   py::dict d;
   d["family"] = std::string(viper::loss_family_name(fit.curve.family()));
@@ -36,6 +43,7 @@ py::dict StateDict(const viper::SchedulerState& s) {
   d["t_p"] = NsToSeconds(s.t_p_ns);
   d["t_c"] = NsToSeconds(s.t_c_ns);
   d["fit"] = s.fit ? py::object(FitDict(*s.fit)) : py::none();
+  d["plan_source"] = s.plan_source;
   d["taken"] = s.taken;
   d["planned"] = s.planned;
   d["predicted_cil"] = s.predicted_cil;
@@ -51,7 +59,6 @@ py::dict ScheduleDict(const viper::Schedule& s) {
   d["checkpoints"] = s.checkpoints();
   d["schedule"] = s.iterations;
   d["interval"] = s.interval;
-  d["threshold"] = s.threshold;
   d["stride"] = s.stride;
   return d;
 }
@@ -68,7 +75,8 @@ void BindSchedule(py::module_& m) {
       "Times are seconds. Thread-safe.")
       .def(py::init([](const std::string& policy, int64_t warmup_end, int64_t end, int64_t epoch, double t_infer,
                        int64_t requests, double t_train, double t_p, double t_c, int64_t refit_every,
-                       bool checkpoint_at_warmup_end) {
+                       bool checkpoint_at_warmup_end, bool measure_t_train,
+                       const std::vector<std::pair<int64_t, double>>& history, bool robust_fit) {
              viper::SchedulerOptions o;
              o.policy = policy;
              o.warmup_end = warmup_end;
@@ -81,15 +89,24 @@ void BindSchedule(py::module_& m) {
              o.t_c_ns = SecondsToNs(t_c, "t_c", true);
              o.refit_every = refit_every;
              o.checkpoint_at_warmup_end = checkpoint_at_warmup_end;
+             o.measure_t_train = measure_t_train;
+             o.history = Samples(history);
+             if (!robust_fit) o.fit = viper::FitOptions{};
              std::unique_ptr<viper::Scheduler> created = Unwrap(viper::Scheduler::Create(std::move(o)));
              return std::shared_ptr<viper::Scheduler>(std::move(created));
            }),
            py::arg("policy") = "optimal", py::kw_only(), py::arg("warmup_end"), py::arg("end"), py::arg("epoch") = 0,
            py::arg("t_infer"), py::arg("requests"), py::arg("t_train") = 0.0, py::arg("t_p") = 0.0,
            py::arg("t_c") = 0.0, py::arg("refit_every") = 0, py::arg("checkpoint_at_warmup_end") = true,
+           py::arg("measure_t_train") = true, py::arg("history") = std::vector<std::pair<int64_t, double>>{},
+           py::arg("robust_fit") = true,
            "policy: one of none, epoch, fixed, greedy, sqrt, optimal. warmup_end (s) < end (e): iterations. "
-           "t_infer: seconds between inference requests; requests: how many in all. t_train = 0: measured from the "
-           "calls; t_p, t_c: initial estimates of the publish stall and the update latency (replaced by reports).")
+           "t_infer: seconds between inference requests; requests: how many in all. t_train: seconds per iteration, "
+           "the estimate until 8 intervals between observe() calls are measured (measure_t_train=False: used as "
+           "given); t_p, t_c: initial estimates of the publish stall and the update latency (replaced by reports). "
+           "history: (iteration, loss) pairs seen before the scheduler existed (a warm-up): if they reach "
+           "warmup_end the plan exists at once (state()['predicted_cil'] is the prediction before the run). "
+           "robust_fit=False: plain least-squares family selection, unbounded extrapolation.")
       .def("observe", [](viper::Scheduler& s, int64_t iteration, double loss) {
              ThrowIfError(s.observe(iteration, loss));
            }, py::arg("iteration"), py::arg("loss"),
@@ -104,15 +121,19 @@ void BindSchedule(py::module_& m) {
       .def("report_update_latency", &viper::Scheduler::report_update_latency, py::arg("seconds"),
            "From the end of a publish's stall to the version live at a consumer (t_c).")
       .def("state", [](const viper::Scheduler& s) { return StateDict(s.state()); },
-           "A dict: iteration, t_train, t_p, t_c (seconds), fit (family, formula, parameters, mse) or None, taken, "
-           "planned, predicted_cil, plans, last_plan_status (None when the last plan succeeded).");
+           "A dict: iteration, t_train, t_p, t_c (seconds), fit (family, formula, parameters, mse) or None, "
+           "plan_source ('fit', 'observed interval N' when no family fitted, '' before any plan), taken, planned, "
+           "predicted_cil, plans, last_plan_status (None when the last plan succeeded).")
+      .def("evaluate", [](const viper::Scheduler& s, const std::vector<int64_t>& schedule) {
+             return Unwrap(s.evaluate(schedule));
+           }, py::arg("schedule"),
+           "Predicted CIL of a whole-run schedule (increasing iterations in (warmup_end, end]) under the current "
+           "plan's curve and timing estimates, e.g. of an epoch baseline. Raises before the first plan.");
 
   m.def("plan_schedules", [](const std::vector<std::pair<int64_t, double>>& losses, int64_t warmup_end, int64_t end,
                              int64_t epoch, double t_train, double t_p, double t_c, double t_infer, int64_t requests,
-                             std::vector<std::string> policies) {
-          std::vector<viper::LossSample> samples;
-          samples.reserve(losses.size());
-          for (const auto& [iteration, loss] : losses) samples.push_back({iteration, loss});
+                             std::vector<std::string> policies, bool robust_fit) {
+          const std::vector<viper::LossSample> samples = Samples(losses);
           viper::ScheduleProblem problem;
           problem.warmup_end = warmup_end;
           problem.end = end;
@@ -121,7 +142,8 @@ void BindSchedule(py::module_& m) {
           problem.t_c_ns = SecondsToNs(t_c, "t_c", true);
           problem.t_infer_ns = SecondsToNs(t_infer, "t_infer", false);
           problem.requests = requests;
-          viper::FittedInputs fitted = Unwrap(viper::FitScheduleInputs(samples, problem, epoch));
+          viper::FittedInputs fitted = Unwrap(viper::FitScheduleInputs(
+              samples, problem, epoch, robust_fit ? viper::RobustFitOptions() : viper::FitOptions{}));
           if (policies.empty()) {
             for (std::string_view p : viper::SchedulePolicies()) {
               if (p == "epoch" && epoch <= 0) continue;  // needs an epoch length
@@ -137,8 +159,9 @@ void BindSchedule(py::module_& m) {
         },
         py::arg("losses"), py::kw_only(), py::arg("warmup_end"), py::arg("end"), py::arg("epoch") = 0,
         py::arg("t_train"), py::arg("t_p"), py::arg("t_c"), py::arg("t_infer"), py::arg("requests"),
-        py::arg("policies") = std::vector<std::string>{},
-        "What `viper schedule` computes: fits the (iteration, loss) pairs up to warmup_end and returns "
+        py::arg("policies") = std::vector<std::string>{}, py::arg("robust_fit") = false,
+        "What `viper schedule` computes (robust_fit=True: with the online Scheduler's fit, `viper schedule --robust`): "
+        "fits the (iteration, loss) pairs up to warmup_end and returns "
         "{'fit': {...}, 'schedules': [{'name', 'cil', 'checkpoints', 'schedule', ...}, ...]} for each policy "
         "(default: every policy; epoch only with epoch > 0). Times in seconds.");
 }

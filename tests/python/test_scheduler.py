@@ -49,7 +49,7 @@ def test_bad_inputs_raise_value_errors():
 
 def test_online_scheduler_plans_close_to_the_offline_optimum():
     s = viper.Scheduler("optimal", warmup_end=100, end=2000, t_infer=0.01, requests=5000, t_train=0.01, t_p=0.2,
-                        t_c=0.1)
+                        t_c=0.1, measure_t_train=False, robust_fit=False)
     due = [it for it in range(0, 2001) if s.step(it, loss_at(it))]
     state = s.state()
     assert due[0] == 100 and due[1:] == state["taken"]
@@ -57,6 +57,25 @@ def test_online_scheduler_plans_close_to_the_offline_optimum():
     offline = viper.plan_schedules([(i, loss_at(i)) for i in range(101)], warmup_end=100, end=2000, t_train=0.01,
                                    t_p=0.2, t_c=0.1, t_infer=0.01, requests=5000, policies=["optimal"])
     assert state["predicted_cil"] == pytest.approx(offline["schedules"][0]["cil"], rel=1e-3)
+
+
+def test_history_gives_the_prediction_before_the_run_and_evaluates_other_schedules():
+    warmup = [(i, loss_at(i)) for i in range(101)]
+    s = viper.Scheduler("greedy", warmup_end=100, end=2000, epoch=200, t_infer=0.01, requests=5000, t_train=0.01,
+                        t_p=0.2, t_c=0.1, history=warmup, checkpoint_at_warmup_end=False)
+    state = s.state()
+    assert state["plans"] == 1 and state["plan_source"] == "fit" and state["planned"]
+    offline = viper.plan_schedules(warmup, warmup_end=100, end=2000, epoch=200, t_train=0.01, t_p=0.2, t_c=0.1,
+                                   t_infer=0.01, requests=5000, robust_fit=True)
+    by_name = {p["name"]: p for p in offline["schedules"]}
+    assert state["predicted_cil"] == pytest.approx(by_name["greedy"]["cil"], rel=1e-9)
+    assert s.evaluate(by_name["epoch"]["schedule"]) == pytest.approx(by_name["epoch"]["cil"], rel=1e-9)
+    assert "flat after" in offline["fit"]["formula"]  # robust: extrapolation bounded
+    with pytest.raises(ValueError):
+        s.evaluate([500, 400])
+    fresh = viper.Scheduler("optimal", warmup_end=100, end=2000, t_infer=0.01, requests=5000)
+    with pytest.raises(viper.Error):
+        fresh.evaluate([200])
 
 
 def test_publisher_publishes_when_due_and_feeds_the_scheduler():

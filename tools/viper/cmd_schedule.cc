@@ -28,6 +28,7 @@ struct ScheduleFlags {
   double t_train = 0, t_p = 0, t_c = 0, t_infer = 0;
   int64_t max_cells = OptimalOptions{}.max_cells;
   bool json = false;
+  bool robust = false;
 };
 
 // Seconds (fractions allowed) to integer nanoseconds, with the flag named on error.
@@ -118,7 +119,7 @@ int RunSchedule(const ScheduleFlags& f) {
   if (!problem.ok()) return Fail("schedule", problem.status());
   Result<std::vector<LossSample>> rows = ReadLossLog(f.loss_log);
   if (!rows.ok()) return Fail("schedule", rows.status());
-  Result<FittedInputs> fitted = FitScheduleInputs(*rows, *problem, f.epoch);
+  Result<FittedInputs> fitted = FitScheduleInputs(*rows, *problem, f.epoch, f.robust ? RobustFitOptions() : FitOptions{});
   if (!fitted.ok()) return Fail("schedule", fitted.status().WithContext(fmt::format("loss log {}", f.loss_log)));
   ScheduleInputs& in = fitted->inputs;
   in.optimal.max_cells = f.max_cells;
@@ -151,6 +152,9 @@ ViperCommand schedule_command(
       app.add_option("--max-cells", f->max_cells, "Work bound of the optimal scheduler (DP cells)")
           ->default_val(OptimalOptions{}.max_cells);
       app.add_flag("--json", f->json, "One JSON array, one object per scheduler");
+      app.add_flag("--robust", f->robust,
+                   "Fit as the online Scheduler does: family by held-out extrapolation error, monotone guard, "
+                   "extrapolation bounded to 2x the warm-up");
       return [f] { return RunSchedule(*f); };
     },
     60);

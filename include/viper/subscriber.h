@@ -54,6 +54,10 @@ struct SubscriberOptions {
   uint32_t chunk_bytes = 4u << 20;
   std::chrono::milliseconds request_timeout{30000};
   size_t buffers = 3;                   // reused receive buffers kept (copy/remote/file paths)
+  // ACK each version to the node as it is swapped in here: a producer's Scheduler reads the time
+  // from its publish to the ACK as t_c. false: the application calls Ack(version) once it really
+  // serves the version (e.g. after copying it into its own model), so t_c includes that copy.
+  bool ack_on_live = true;
 };
 
 // Per-update timings, CLOCK_REALTIME ns (comparable with the producer's on one host).
@@ -97,6 +101,9 @@ class Subscriber {
   SubscriberStats stats() const;
   // The last error of a failed update (OK if none).
   Status last_error() const;
+  // Tells the node that `version` of this model is now served here (with ack_on_live = false).
+  // FailedPrecondition when not connected to a node.
+  Status Ack(uint64_t version);
   // Stops the loader and disconnects. Versions already handed out stay valid.
   void Close();
 

@@ -238,7 +238,9 @@ OptionsTable<viper::SubscriberOptions> SubscriberOptionsTable() {
       .Path("file_dir", &O::file_dir, "the node's store_dir as seen from here (the file fallback)")
       .Plain("chunk_bytes", &O::chunk_bytes, "bulk transfer chunk size asked for")
       .Seconds("request_timeout", &O::request_timeout, "seconds a request to the node may take")
-      .Plain("buffers", &O::buffers, "reused receive buffers kept (copy, remote and file paths)");
+      .Plain("buffers", &O::buffers, "reused receive buffers kept (copy, remote and file paths)")
+      .Plain("ack_on_live", &O::ack_on_live,
+             "ACK each version to the node when it goes live here (False: call ack(version) once it is served)");
   return t;
 }
 
@@ -433,6 +435,7 @@ void BindSubscriber(py::module_& m) {
              d["fetch_failures"] = s.fetch_failures;
              return d;
            })
+      .def("ack", [](SubscriberHandle& h, uint64_t version) { ThrowIfError(Open(h.subscriber, "Subscriber").Ack(version)); })
       .def("last_error", [](SubscriberHandle& h) -> std::optional<std::string> {
              Status st = Open(h.subscriber, "Subscriber").last_error();
              if (st.ok()) return std::nullopt;

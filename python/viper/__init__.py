@@ -196,6 +196,11 @@ class Subscriber(_Handle):
         _tensors.copy_into_module(version, module, strict=strict)
         return version
 
+    def ack(self, version: int) -> None:
+        """With ack_on_live=False: tells the producer's node that `version` is now served here (a
+        Publisher with a Scheduler measures t_c up to this ACK)."""
+        self._live().ack(int(version))
+
     def stats(self) -> dict:
         """notifies, updates, skipped, fetch_failures."""
         return self._live().stats()

@@ -375,7 +375,7 @@ void Subscriber::Impl::Run() {
     auto c = client;
     cv.notify_all();
     lock.unlock();
-    if (c) c->Ack(frozen->info.model, frozen->version());
+    if (c && options.ack_on_live) c->Ack(frozen->info.model, frozen->version());
     for (auto& cb : listeners) cb(frozen);
     // The next version needs a second buffer while readers hold this one: map and fault it in
     // now, between versions, instead of during the next transfer (BufferPool::KeepSpare).
@@ -431,6 +431,17 @@ SubscriberStats Subscriber::stats() const {
 Status Subscriber::last_error() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   return impl_->last_error;
+}
+
+Status Subscriber::Ack(uint64_t version) {
+  std::shared_ptr<Client> c;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    c = impl_->client;
+  }
+  if (!c || !c->connected()) return Status::FailedPrecondition("ack of " + impl_->options.model + " version " + std::to_string(version) + ": not connected to a node");
+  c->Ack(impl_->options.model, version);
+  return Status::OK();
 }
 
 void Subscriber::Close() {

@@ -105,3 +105,21 @@ def test_publisher_publishes_when_due_and_feeds_the_scheduler():
         viper.Publisher("m", scheduler="optimal")
     with viper.Publisher("m") as plain, pytest.raises(viper.Error):
         plain.publish_if_due(1, 0.5, {"w": np.zeros(1, dtype=np.float32)})
+
+
+def test_manual_ack_sets_t_c_when_the_application_serves_the_version():
+    sched = viper.Scheduler("epoch", warmup_end=2, end=50, epoch=10, t_infer=0.01, requests=1000, t_train=0.001,
+                            t_p=0.5, t_c=9.0, measure_t_train=False)
+    with viper.Publisher("m", mode="sync", scheduler=sched) as pub, \
+            viper.Subscriber("m", connect=pub.address, ack_on_live=False) as sub:
+        r = pub.publish_if_due(2, loss_at(2), {"w": np.zeros(1024, dtype=np.float32)})
+        assert r is not None
+        live = sub.wait_for(r.version, timeout=10)
+        time.sleep(0.3)  # live here, not acknowledged: the node was told nothing
+        assert sched.state()["t_c"] == 9.0
+        time.sleep(0.2)  # the application's own load
+        sub.ack(live.version)
+        deadline = time.monotonic() + 5
+        while sched.state()["t_c"] == 9.0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert 0.5 <= sched.state()["t_c"] < 5.0  # up to the ACK, after the application's 0.5 s

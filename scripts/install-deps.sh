@@ -15,6 +15,7 @@ PACKAGES=(
   clang libclang-rt-14-dev
   iproute2 iputils-ping procps psmisc
   libopenblas0-openmp  # examples/cl_demo: torch's matmuls on the reference BLAS are ~10x slower
+  python3-matplotlib  # examples/cl_demo: the policy stage plots served loss over time (docs/DEMO.md)
 )
 
 missing=()

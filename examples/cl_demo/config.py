@@ -13,7 +13,8 @@ from cl_demo.model import ModelConfig
 class DemoConfig:
     dense_mb: float = 300.0            # MiB of the model's wide dense weight
     duration_s: float = 40.0           # length of each run (producer training, consumer serving)
-    period_s: float = 100.0            # seconds per full turn of the decision boundary
+    period_s: float = 100.0            # seconds per full turn of the decision boundary (inf: none)
+    classes: int = 2                   # 2: the drifting half-plane; K > 2: K sectors (policies stage)
     noise: float = 0.5
     data_seed: int = 1234              # patterns and request samples
     train_seed: int = 7                # training batches and initial weights
@@ -31,13 +32,14 @@ class DemoConfig:
     consumer_threads: int = 1
     init_path: str = ""                # version 0 (written by the driver)
     viper_address: str = "127.0.0.1:0"
-    # Checkpoint schedule chosen by the IPP (viper.Scheduler) instead of the interval policy:
-    # "" (interval policy), or one of epoch, fixed, greedy, sqrt, optimal. See policy.IppPolicy.
-    schedule: str = ""
-    schedule_warmup_iters: int = 40   # s: the loss curve is fitted and the run planned here
-    schedule_epoch_iters: int = 0     # "epoch": iterations per epoch (0 = a quarter of e - s)
-    schedule_t_p_s: float = 0.1       # initial estimate of the publish stall t_p (until one is measured)
-    schedule_t_c_s: float = 0.5       # initial estimate of the update latency t_c
+    # The run continues a training that reached `start_iteration` (the policies stage's warm-up):
+    # iterations are numbered from there, and the training batches come from a stream seeded by it.
+    start_iteration: int = 0
+    max_iterations: int = 0            # the producer stops after this iteration (0: duration only)
+    save_final_path: str = ""          # the producer saves its final state_dict here
+    # The IPP (policy.IppPolicy): a JSON file with viper.Scheduler's arguments, written by
+    # run_policies.py. "" = no IPP (publish_every_* decide).
+    ipp_path: str = ""
 
     def __post_init__(self):
         checks = {
@@ -48,11 +50,9 @@ class DemoConfig:
             "request_batch": self.request_batch >= 1, "poll_interval_s": self.poll_interval_s > 0,
             "producer_threads": self.producer_threads >= 1,
             "consumer_threads": self.consumer_threads >= 1,
-            "schedule": self.schedule in ("", "epoch", "fixed", "greedy", "sqrt", "optimal"),
-            "schedule_warmup_iters": self.schedule_warmup_iters >= 2,
-            "schedule_epoch_iters": self.schedule_epoch_iters >= 0,
-            "schedule_t_p_s": self.schedule_t_p_s >= 0,
-            "schedule_t_c_s": self.schedule_t_c_s >= 0,
+            "classes": self.classes >= 2,
+            "start_iteration": self.start_iteration >= 0,
+            "max_iterations": self.max_iterations >= 0,
         }
         bad = [k for k, ok in checks.items() if not ok]
         if bad:
@@ -61,11 +61,11 @@ class DemoConfig:
         self.stream_config()  # validates period_s, noise
 
     def model_config(self) -> ModelConfig:
-        return ModelConfig(dense_mb=self.dense_mb)
+        return ModelConfig(dense_mb=self.dense_mb, classes=self.classes)
 
     def stream_config(self) -> StreamConfig:
         return StreamConfig(input_len=self.model_config().input_len, period_s=self.period_s,
-                            noise=self.noise, seed=self.data_seed)
+                            noise=self.noise, seed=self.data_seed, classes=self.classes)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -98,6 +98,7 @@ class Loader(threading.Thread):
                 if update is None:
                     continue
                 live_ns = self.buffers.swap(update.version, update.step)
+                self.transport.served(update.version)
                 self.updates.append({
                     "version": update.version, "step": update.step,
                     "completed_ns": update.completed_ns, "detected_ns": update.detected_ns,
@@ -107,12 +108,16 @@ class Loader(threading.Thread):
             self.error = traceback.format_exc()
 
 
-def serve(cfg: DemoConfig, buffers: DoubleBuffer, start_ns: int, loader: Loader) -> list:
-    """Serves the requests due in [start, start + duration); returns one row per request."""
+def serve(cfg: DemoConfig, buffers: DoubleBuffer, start_ns: int, loader: Loader,
+          stop: threading.Event | None = None) -> list:
+    """Serves the requests due in [start, start + duration) (until `stop` is set); returns one row
+    per request."""
     stream = DriftingStream(cfg.stream_config())
     count = int(cfg.duration_s / cfg.request_interval_s)
     rows = []
     for i in range(count):
+        if stop is not None and stop.is_set():
+            break
         if loader.error is not None:
             raise RuntimeError(f"consumer: the loader thread failed:\n{loader.error}")
         t_s = i * cfg.request_interval_s
@@ -127,6 +132,14 @@ def serve(cfg: DemoConfig, buffers: DoubleBuffer, start_ns: int, loader: Loader)
             buffers.release()
         rows.append([i, due_ns, begin_ns, time.time_ns(), version, step, loss, acc])
     return rows
+
+
+def _watch_stdin_for_stop(stop: threading.Event) -> None:
+    """The driver writes 'STOP' when the producer of a run bounded by iterations is done."""
+    for line in sys.stdin:
+        if line.strip() == "STOP":
+            stop.set()
+            return
 
 
 _log = make_logger(__file__)
@@ -151,8 +164,10 @@ def main(argv=None) -> int:
     buffers = DoubleBuffer(live, spare)
     loader = Loader(transport, buffers)
     loader.start()
+    stop = threading.Event()
+    threading.Thread(target=_watch_stdin_for_stop, args=(stop,), daemon=True).start()
     try:
-        rows = serve(cfg, buffers, start_ns, loader)
+        rows = serve(cfg, buffers, start_ns, loader, stop)
     finally:
         loader.stop.set()
         loader.join(timeout=30)

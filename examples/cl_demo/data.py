@@ -1,9 +1,11 @@
 """A labelled data stream whose decision boundary rotates with wall-clock time.
 
 Each sample is a 1-D signal (like one NT3 expression profile): a mix of `latent_dim` fixed smooth
-patterns weighted by a latent vector z ~ N(0, I), plus white noise. Its label is whether z lies on
-the positive side of a boundary whose normal u(t) turns in the (z0, z1) plane at a constant angular
-speed: u(t) = (cos(w t), sin(w t), 0, ...), w = 2*pi / period_s. The drift clock t is the number of
+patterns weighted by a latent vector z ~ N(0, I), plus white noise. With 2 classes its label is
+whether z lies on the positive side of a boundary whose normal u(t) turns in the (z0, z1) plane at
+a constant angular speed: u(t) = (cos(w t), sin(w t), 0, ...), w = 2*pi / period_s. With K > 2
+classes the label is which of K equal sectors of the (z0, z1) plane, turned by the same angle, z
+falls in (a harder task that is learned over hundreds of steps). period_s = inf: no drift. The drift clock t is the number of
 seconds since a start time that the producer and the consumer share, so both agree on what the
 "current" distribution is. A model trained at time t0 is wrong on a growing wedge of inputs: its
 error rate is |angle(t) - angle(t0)| / pi, so a stale model gets worse at a known rate.
@@ -26,6 +28,7 @@ class StreamConfig:
     period_s: float = 60.0       # seconds for one full turn of the boundary (inf: no drift)
     noise: float = 0.5           # std of the white noise added to each signal value
     seed: int = 1234             # fixes the patterns (shared by every process of a demo)
+    classes: int = 2             # 2: half-plane rule; K > 2: K angular sectors
 
     def __post_init__(self):
         if self.input_len < 8:
@@ -36,6 +39,8 @@ class StreamConfig:
             raise ValueError(f"StreamConfig: period_s must be > 0, got {self.period_s}")
         if self.noise < 0:
             raise ValueError(f"StreamConfig: noise must be >= 0, got {self.noise}")
+        if self.classes < 2:
+            raise ValueError(f"StreamConfig: classes must be >= 2, got {self.classes}")
 
 
 class DriftingStream:
@@ -51,7 +56,7 @@ class DriftingStream:
 
     def angle(self, t_s: float) -> float:
         """Angle in radians of the boundary normal at drift time t_s."""
-        return 2.0 * math.pi * t_s / self.config.period_s
+        return 0.0 if math.isinf(self.config.period_s) else 2.0 * math.pi * t_s / self.config.period_s
 
     def sample(self, batch: int, t_s: float, generator: torch.Generator):
         """Returns (x [batch, 1, input_len] float32, y [batch] int64) drawn at drift time t_s."""
@@ -61,7 +66,11 @@ class DriftingStream:
         eps = torch.randn(batch, self.config.input_len, generator=generator)
         x = z @ self.patterns + self.config.noise * eps
         theta = self.angle(t_s)
-        y = (z[:, 0] * math.cos(theta) + z[:, 1] * math.sin(theta) > 0).long()
+        if self.config.classes == 2:
+            y = (z[:, 0] * math.cos(theta) + z[:, 1] * math.sin(theta) > 0).long()
+        else:
+            turned = torch.remainder(torch.atan2(z[:, 1], z[:, 0]) - theta, 2 * math.pi)
+            y = torch.clamp((turned * (self.config.classes / (2 * math.pi))).long(), 0, self.config.classes - 1)
         return x.unsqueeze(1), y
 
 

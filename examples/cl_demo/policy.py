@@ -36,7 +36,7 @@ class IntervalPolicy(PublishPolicy):
     a slow publish from eating the training time between two publishes."""
 
     def __init__(self, every_iters: Optional[int] = None, every_s: Optional[float] = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, start_iteration: int = 0, name: str = "interval"):
         if every_iters is None and every_s is None:
             raise ValueError("IntervalPolicy: give every_iters, every_s or both")
         if every_iters is not None and every_iters < 1:
@@ -46,7 +46,8 @@ class IntervalPolicy(PublishPolicy):
         self.every_iters = every_iters
         self.every_s = every_s
         self._clock = clock
-        self._last_iter = 0
+        self.name = name
+        self._last_iter = start_iteration
         self._last_time: Optional[float] = None
 
     def should_publish(self, iteration: int, loss: float) -> bool:
@@ -63,78 +64,36 @@ class IntervalPolicy(PublishPolicy):
         self._last_time = self._clock()
 
     def describe(self) -> dict:
-        return {"policy": "interval", "every_iters": self.every_iters, "every_s": self.every_s}
+        return {"policy": self.name, "every_iters": self.every_iters, "every_s": self.every_s}
 
 
 class IppPolicy(PublishPolicy):
-    """Checkpoints chosen by the Inference Performance Predictor (viper.Scheduler).
+    """Checkpoints chosen online by the Inference Performance Predictor (a viper.Scheduler).
 
-    The run is bounded by wall-clock time while the IPP plans in iterations, so the scheduler is
-    made at the end of the warm-up (iteration s = warmup_iters): the time per iteration so far
-    gives t_train and the last iteration e = s + remaining time / t_train; requests M = duration /
-    request interval, t_infer = request interval. It gets every loss seen so far, fits the curve,
-    plans, and from then on answers every step; publish stalls are reported to it (t_p: the estimate
-    t_p_s is replaced by the stall of the warm-up checkpoint, which triggers a re-plan), and t_c
-    stays at its estimate. `policy` is any of viper's schedulers: epoch (every epoch_iters,
-    default (e - s) / 4), fixed (best constant interval), greedy, sqrt, optimal.
-    describe() reports the plan, its predicted CIL, and the predicted CIL of every other policy on
-    the same fitted curve and costs (viper.plan_schedules), to print beside the measured CIL."""
+    The scheduler is made before the run from what the warm-up measured (run_policies.py writes
+    its arguments: the warm-up losses as `history`, the time per iteration, publish stall t_p and
+    update latency t_c, the request rate and count), so its plan and predicted CIL exist before
+    the first step. The same scheduler object is handed to viper.Publisher(scheduler=...), which
+    feeds it every publish stall (t_p) and, from the consumer's ACKs, the time until a version is
+    served (t_c); it measures the time per iteration itself, refits the loss curve and re-plans as
+    the run goes. This policy only asks it: should_publish = scheduler.step(iteration, loss)."""
 
-    def __init__(self, policy: str, warmup_iters: int, duration_s: float, request_interval_s: float,
-                 epoch_iters: int = 0, t_p_s: float = 0.1, t_c_s: float = 0.5,
-                 clock: Callable[[], float] = time.monotonic):
-        import viper  # noqa: PLC0415 (only this policy needs the bindings)
-        if warmup_iters < 2:
-            raise ValueError(f"IppPolicy: warmup_iters must be >= 2, got {warmup_iters}")
-        self._viper = viper
-        self.policy = policy
-        self.warmup_iters = warmup_iters
-        self.duration_s = duration_s
-        self.request_interval_s = request_interval_s
-        self.epoch_iters = epoch_iters
-        self.t_p_s = t_p_s
-        self.t_c_s = t_c_s
-        self._clock = clock
-        self._start: Optional[float] = None
-        self._samples = []
-        self._stalls = []
-        self._scheduler = None
-        self._plan: dict = {}
+    def __init__(self, scheduler, setup: dict):
+        self.scheduler = scheduler
+        self.setup = setup
+        self.initial = scheduler.state()  # the plan before the run
 
     def should_publish(self, iteration: int, loss: float) -> bool:
-        now = self._clock()
-        if self._start is None:
-            self._start, self._first = now, iteration
-        if self._scheduler is None:
-            self._samples.append((iteration, loss))
-            if iteration < self.warmup_iters:
-                return False
-            self._make_scheduler(iteration, now)
-            for it, value in self._samples[:-1]:
-                self._scheduler.observe(it, value)
-        return self._scheduler.step(iteration, loss)
-
-    def _make_scheduler(self, s: int, now: float) -> None:
-        t_train = max(1e-6, (now - self._start) / max(1, s - self._first))
-        remaining = max(0.0, self.duration_s - (now - self._start))
-        e = s + max(2, int(remaining / t_train))
-        epoch = self.epoch_iters or max(1, (e - s) // 4)
-        requests = max(1, int(self.duration_s / self.request_interval_s))
-        t_p = sorted(self._stalls)[len(self._stalls) // 2] if self._stalls else self.t_p_s
-        costs = dict(t_train=t_train, t_p=t_p, t_c=self.t_c_s, t_infer=self.request_interval_s, requests=requests)
-        self._scheduler = self._viper.Scheduler(self.policy, warmup_end=s, end=e, epoch=epoch, **costs)
-        alternatives = self._viper.plan_schedules(self._samples, warmup_end=s, end=e, epoch=epoch, **costs)
-        self._plan = {"warmup_end": s, "end": e, "epoch": epoch, **costs,
-                      "predicted_cil_by_policy": {p["name"]: p["cil"] for p in alternatives["schedules"]},
-                      "checkpoints_by_policy": {p["name"]: p["checkpoints"] for p in alternatives["schedules"]}}
-
-    def on_published(self, iteration: int, stall_s: float) -> None:
-        self._stalls.append(stall_s)
-        if self._scheduler is not None:
-            self._scheduler.report_publish_stall(stall_s)
+        return bool(self.scheduler.step(iteration, loss))
 
     def describe(self) -> dict:
-        out = {"policy": f"ipp-{self.policy}", "warmup_iters": self.warmup_iters, "plan": self._plan}
-        if self._scheduler is not None:
-            out["state"] = self._scheduler.state()
-        return out
+        return {"policy": "ipp", "setup": {k: v for k, v in self.setup.items() if k != "history"},
+                "initial": self.initial, "state": self.scheduler.state()}
+
+
+def make_scheduler(viper_module, setup: dict):
+    """viper.Scheduler from the JSON arguments run_policies.py writes (see IppPolicy)."""
+    args = dict(setup)
+    args["history"] = [tuple(p) for p in args.get("history", [])]
+    policy = args.pop("policy")
+    return viper_module.Scheduler(policy, **args)

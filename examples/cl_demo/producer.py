@@ -7,6 +7,7 @@ time), asks the publish policy after every step, and writes what it measured to 
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -59,12 +60,26 @@ def load_version0(cfg: DemoConfig) -> NT3Like:
 def make_policy(cfg: DemoConfig, transport: Transport) -> PublishPolicy:
     if transport.name == "none":
         return NeverPublish()
-    if cfg.schedule:
+    if cfg.ipp_path:
         from cl_demo.policy import IppPolicy  # noqa: PLC0415 (needs `import viper`)
-        return IppPolicy(cfg.schedule, warmup_iters=cfg.schedule_warmup_iters, duration_s=cfg.duration_s,
-                         request_interval_s=cfg.request_interval_s, epoch_iters=cfg.schedule_epoch_iters,
-                         t_p_s=cfg.schedule_t_p_s, t_c_s=cfg.schedule_t_c_s)
-    return IntervalPolicy(every_iters=cfg.publish_every_iters, every_s=cfg.publish_every_s)
+        return IppPolicy(transport.scheduler, _ipp_setup(cfg))
+    return IntervalPolicy(every_iters=cfg.publish_every_iters, every_s=cfg.publish_every_s,
+                          start_iteration=cfg.start_iteration,
+                          name="epoch" if cfg.publish_every_s is None else "interval")
+
+
+def _ipp_setup(cfg: DemoConfig) -> dict:
+    with open(cfg.ipp_path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def make_scheduler(cfg: DemoConfig):
+    """The IPP's viper.Scheduler for this run (None without cfg.ipp_path)."""
+    if not cfg.ipp_path:
+        return None
+    import viper  # noqa: PLC0415 (only the IPP run needs the bindings here)
+    from cl_demo.policy import make_scheduler as build  # noqa: PLC0415
+    return build(viper, _ipp_setup(cfg))
 
 
 def train_and_publish(cfg: DemoConfig, model: NT3Like, transport: Transport, policy: PublishPolicy,
@@ -73,13 +88,13 @@ def train_and_publish(cfg: DemoConfig, model: NT3Like, transport: Transport, pol
     stream = DriftingStream(cfg.stream_config())
     opt = make_optimizer(model, cfg.lr)
     gen = torch.Generator()
-    gen.manual_seed(cfg.train_seed + 1)
+    gen.manual_seed(cfg.train_seed + 1 + cfg.start_iteration)  # a continued run draws new batches
     end_ns = start_ns + int(cfg.duration_s * 1e9)
     steps, publishes = [], []
-    iteration = 0
+    iteration = cfg.start_iteration
     sleep_until_ns(start_ns)
     loop_start = time.perf_counter()
-    while time.time_ns() < end_ns:
+    while time.time_ns() < end_ns and not (cfg.max_iterations and iteration >= cfg.max_iterations):
         t_s = (time.time_ns() - start_ns) / 1e9
         step_start = time.perf_counter()
         loss = train_step(model, opt, *stream.sample(cfg.train_batch, t_s, gen))
@@ -89,10 +104,14 @@ def train_and_publish(cfg: DemoConfig, model: NT3Like, transport: Transport, pol
             publishes.append(_publish(model, transport, iteration, loss))
             policy.on_published(iteration, publishes[-1]["stall_s"])
     loop_s = time.perf_counter() - loop_start
+    if cfg.save_final_path:
+        torch.save(model.state_dict(), cfg.save_final_path + ".tmp")
+        os.replace(cfg.save_final_path + ".tmp", cfg.save_final_path)
     close_start = time.perf_counter()
     transport.close()
     return {
-        "iterations": iteration,
+        "iterations": iteration - cfg.start_iteration,
+        "start_iteration": cfg.start_iteration,
         "loop_s": loop_s,
         "compute_s": sum(s[3] for s in steps),
         "stall_s": sum(p["stall_s"] for p in publishes),
@@ -123,7 +142,7 @@ def main(argv=None) -> int:
     _log(f"imports done in {time.perf_counter() - _T0:.1f} s")
     set_torch_threads(torch, cfg.producer_threads)
     model = load_version0(cfg)
-    transport = make_transport(args.transport, args.workdir, cfg)
+    transport = make_transport(args.transport, args.workdir, cfg, scheduler=make_scheduler(cfg))
     transport.start_producer()
     policy = make_policy(cfg, transport)
     _log("ready")

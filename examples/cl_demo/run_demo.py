@@ -88,7 +88,7 @@ def config_from_args(args) -> DemoConfig:
 def version0(cfg: DemoConfig, workdir: str) -> dict:
     """Makes (or reuses) the pretrained version 0; sets cfg.init_path. Returns what it did."""
     keys = {k: getattr(cfg, k) for k in ("dense_mb", "period_s", "noise", "data_seed", "train_seed",
-                                         "lr", "pretrain_iters", "pretrain_batch")}
+                                         "lr", "pretrain_iters", "pretrain_batch", "classes")}
     keys["torch"] = torch.__version__
     for source in ("model.py", "data.py", "producer.py"):  # the code that makes version 0
         with open(os.path.join(HERE, source), "rb") as f:
@@ -114,9 +114,12 @@ def child_env(viper_path) -> dict:
     return env
 
 
-def run_one(name: str, cfg: DemoConfig, workdir: str, viper_path, transport: str = "") -> dict:
+def run_one(name: str, cfg: DemoConfig, workdir: str, viper_path, transport: str = "",
+            stop_consumer_with_producer: bool = False) -> dict:
     """One run (directory run-<name>): producer + consumer processes on a shared start time, moving
-    versions by `transport` (default: the transport called `name`). Returns their JSON records."""
+    versions by `transport` (default: the transport called `name`). Returns their JSON records.
+    stop_consumer_with_producer: the consumer stops serving when the producer exits (a run bounded
+    by cfg.max_iterations rather than by its duration)."""
     transport = transport or name
     rundir = os.path.join(workdir, f"run-{name}")
     shutil.rmtree(rundir, ignore_errors=True)
@@ -141,6 +144,9 @@ def run_one(name: str, cfg: DemoConfig, workdir: str, viper_path, transport: str
             rc = p.wait(timeout=cfg.duration_s + 120)
             if rc != 0:
                 raise RuntimeError(f"{name} run: {role} exited with {rc}\n{_tail(rundir, role)}")
+            if role == "producer" and stop_consumer_with_producer:
+                procs["consumer"].stdin.write("STOP\n")
+                procs["consumer"].stdin.flush()
         phases["after_duration_s"] = (time.time_ns() - start_ns) / 1e9 - cfg.duration_s
         records = {"phases": phases}
         for role in procs:

@@ -13,6 +13,8 @@ consumer side
     next_update(into, current, timeout_s)  block until a version newer than `current` is available,
                                            load it into the module `into` (which nobody else reads
                                            meanwhile) and return an Update; None after timeout_s
+    served(version)                        the version now answers requests (Viper: the ACK a
+                                           producer's IPP measures t_c with)
     close()
 
 Versions are numbered by the transport, starting at 1 and increasing; version 0 is the model both
@@ -72,6 +74,9 @@ class Transport(abc.ABC):
     def next_update(self, into: nn.Module, current: int, timeout_s: float) -> Optional[Update]:
         """Loads the newest version if it is newer than `current` (waiting up to timeout_s for one).
         REQUIRES: start_consumer()."""
+
+    def served(self, version: int) -> None:
+        """The consumer swapped `version` in: it answers requests from now on."""
 
     def close(self) -> None:
         pass
@@ -239,10 +244,13 @@ class ViperTransport(Transport):
 
     name = "viper"
 
-    def __init__(self, address: str, model: str = "nt3", address_file: str | None = None):
+    def __init__(self, address: str, model: str = "nt3", address_file: str | None = None, scheduler=None):
         """`address`: where the producer's node listens; with port 0 the node picks a free port and
         the producer writes the address it got to `address_file`, where the consumer reads it (a
-        port chosen ahead by the parent could be taken by another process before the node binds)."""
+        port chosen ahead by the parent could be taken by another process before the node binds).
+        `scheduler`: a viper.Scheduler the producer's Publisher feeds (stalls, and t_c from the
+        consumer's ACKs). The consumer ACKs a version once it serves it (served()), after its own
+        load_into, not when the subscriber maps it: so t_c is what requests see."""
         err = viper_import_error()
         if err is not None:
             raise RuntimeError(f"ViperTransport: the viper Python bindings are not importable ({err})")
@@ -251,6 +259,7 @@ class ViperTransport(Transport):
         self.address = address
         self.model = model
         self.address_file = address_file
+        self.scheduler = scheduler
         self._pub = None
         self._sub = None
 
@@ -258,7 +267,7 @@ class ViperTransport(Transport):
         return {"name": self.name, "address": self.address, "model": self.model}
 
     def start_producer(self) -> None:
-        self._pub = _viper_module.Publisher(self.model, listen=self.address)
+        self._pub = _viper_module.Publisher(self.model, listen=self.address, scheduler=self.scheduler)
         if self.address_file:
             self.address = self._pub.address
             tmp = self.address_file + ".tmp"
@@ -288,7 +297,7 @@ class ViperTransport(Transport):
                 time.sleep(0.05)
         while True:
             try:
-                self._sub = _viper_module.Subscriber(self.model, connect=self.address)
+                self._sub = _viper_module.Subscriber(self.model, connect=self.address, ack_on_live=False)
                 return
             except Exception as e:  # noqa: BLE001 (the bindings' connection error type is theirs)
                 if time.time_ns() >= deadline_ns:
@@ -315,6 +324,12 @@ class ViperTransport(Transport):
                       loaded_ns=loaded_ns, completed_ns=timings.get("completed_ns"),
                       transport_timings=timings)
 
+    def served(self, version: int) -> None:
+        try:
+            self._sub.ack(version)
+        except _viper_module.Error:  # the producer's node is gone (its run ended): nobody to tell
+            pass
+
     def close(self) -> None:
         for handle in (self._pub, self._sub):
             if handle is not None:
@@ -322,13 +337,14 @@ class ViperTransport(Transport):
         self._pub = self._sub = None
 
 
-def make_transport(name: str, workdir: str, cfg) -> Transport:
+def make_transport(name: str, workdir: str, cfg, scheduler=None) -> Transport:
     """The transport called `name` ("none", "file" or "viper") for the run in `workdir`, with the
-    settings of DemoConfig `cfg` (file_dir, poll_interval_s, viper_address)."""
+    settings of DemoConfig `cfg` (file_dir, poll_interval_s, viper_address); `scheduler` (viper
+    only): the producer's viper.Scheduler."""
     if name == "none":
         return NoUpdateTransport()
     if name == "file":
         return FileTransport(cfg.file_dir or os.path.join(workdir, "models"), poll_interval_s=cfg.poll_interval_s)
     if name == "viper":
-        return ViperTransport(cfg.viper_address, address_file=os.path.join(workdir, "viper.address"))
+        return ViperTransport(cfg.viper_address, address_file=os.path.join(workdir, "viper.address"), scheduler=scheduler)
     raise ValueError(f"unknown transport {name!r}: expected none, file or viper")

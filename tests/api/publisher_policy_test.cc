@@ -97,6 +97,41 @@ TEST(PublisherPolicy, PublishesWhenDueAndLearnsTheCostsFromPublishesAndAcks) {
   EXPECT_TRUE(acked) << "t_c still " << scheduler->state().t_c_ns << " ns";
 }
 
+// ack_on_live = false: the subscriber says nothing when a version goes live here; t_c is measured
+// up to the application's Ack (after its own copy, in a real consumer), from another thread.
+TEST(PublisherPolicy, ManualAckMeasuresTcUpToTheApplicationsAck) {
+  auto scheduler = EpochScheduler();
+  ASSERT_NE(scheduler, nullptr);
+  PublisherOptions options;
+  options.model = "m";
+  options.mode = PublishMode::kSync;
+  options.scheduler = scheduler;
+  options.node.segment_prefix = "viper-policy-ack-test";
+  auto pub = Publisher::Start(options);
+  ASSERT_TRUE(pub.ok()) << pub.status().ToString();
+  SubscriberOptions sub_options;
+  sub_options.model = "m";
+  sub_options.connect = (*pub)->address();
+  sub_options.ack_on_live = false;
+  auto sub = Subscriber::Start(sub_options);
+  ASSERT_TRUE(sub.ok()) << sub.status().ToString();
+  std::vector<float> weights(1024, 1.0f);
+  std::vector<TensorData> tensors = {{{"w", DType::kF32, {1024}}, std::as_bytes(std::span<const float>(weights))}};
+  auto r = (*pub)->PublishIfDue(5, 1.0, tensors);  // s: the warm-up model
+  ASSERT_TRUE(r.ok() && r->has_value());
+  auto live = (*sub)->WaitFor((*r)->version, 10s);
+  ASSERT_TRUE(live.ok()) << live.status().ToString();
+  std::this_thread::sleep_for(300ms);  // live here, but not acknowledged
+  EXPECT_EQ(scheduler->state().t_c_ns, kInitialTcNs);
+  std::thread app([&] {
+    std::this_thread::sleep_for(200ms);  // the application's own load
+    EXPECT_TRUE((*sub)->Ack((*r)->version).ok());
+  });
+  app.join();
+  ASSERT_TRUE(WaitUntilAcked(*scheduler)) << "t_c still " << scheduler->state().t_c_ns << " ns";
+  EXPECT_GE(scheduler->state().t_c_ns, 500'000'000);  // publish returned -> the application's Ack
+}
+
 TEST(PublisherPolicy, DueWithoutASchedulerIsAnError) {
   PublisherOptions options;
   options.model = "m";

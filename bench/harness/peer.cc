@@ -87,9 +87,12 @@ Status RunPollerPeer(const std::string& dir_name, double interval_s) {
   std::filesystem::path dir(dir_name);
   uint64_t seen = NewestVersion(dir);
   std::vector<std::byte> buffer;
-  PrintLine({{"ready", true}, {"host_key", LocalHostKey()}});
+  // The grid: polls at start + k * period on the steady clock; the bench is told where that is on
+  // CLOCK_REALTIME (grid_ns) to place its updates at known phases of it.
   auto period = std::chrono::duration<double>(interval_s);
   auto next = std::chrono::steady_clock::now();
+  const int64_t grid_ns = WallClockNs();
+  PrintLine({{"ready", true}, {"host_key", LocalHostKey()}, {"grid_ns", grid_ns}, {"interval_s", interval_s}});
   for (;;) {
     next += std::chrono::duration_cast<std::chrono::steady_clock::duration>(period);
     auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(next - std::chrono::steady_clock::now());

@@ -17,7 +17,8 @@ Status RunSubscriberPeer(const SubscriberOptions& options);
 
 // The baseline users run today: every `interval_s` seconds (fixed grid, as TensorFlow Serving's
 // file_system_poll_wait_seconds) list `dir` for <version>.safetensors, read the newest new one
-// into a reused buffer and parse it; one line per version loaded (found_ns, live_ns).
+// into a reused buffer and parse it; one line per version loaded (found_ns, live_ns). Its ready
+// line says where the grid is: polls at grid_ns + k * interval_s (CLOCK_REALTIME, k >= 1).
 Status RunPollerPeer(const std::string& dir, double interval_s);
 
 }  // namespace viper::bench

@@ -1,9 +1,10 @@
-// The baseline users run today (see PollResult): the producer writes a plain safetensors file
-// (tmp + fsync + rename + fsync(dir)); a separate process (`viper bench-peer poll`) polls the
-// directory on a fixed grid and reads the newest file back.
+// The baseline users run today, measured (see PollResult): the producer writes a plain safetensors
+// file (tmp + fsync + rename + fsync(dir)); a separate process (`viper bench-peer poll`) polls the
+// directory on its own fixed grid and reads the newest file back.
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <random>
 #include <thread>
@@ -44,8 +45,9 @@ Status WriteAll(int fd, const std::byte* p, size_t n, const std::string& what) {
   return Status::OK();
 }
 
-// tmp + fsync + rename + fsync(dir): what a careful checkpoint writer does.
-Status WriteCheckpoint(const std::filesystem::path& dir, uint64_t version, const SourceModel& m, const std::string& header) {
+// tmp + fsync + rename + fsync(dir): what a careful checkpoint writer does. Returns when the file
+// became visible under its final name (CLOCK_REALTIME ns, just after the rename).
+Result<int64_t> WriteCheckpoint(const std::filesystem::path& dir, uint64_t version, const SourceModel& m, const std::string& header) {
   auto tmp = dir / (std::to_string(version) + ".safetensors.tmp");
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return Status::FromErrno("create " + tmp.string());
@@ -56,15 +58,46 @@ Status WriteCheckpoint(const std::filesystem::path& dir, uint64_t version, const
   ::close(fd);
   if (st.ok() && ::rename(tmp.c_str(), (dir / (std::to_string(version) + ".safetensors")).c_str()) != 0)
     st = Status::FromErrno("rename " + tmp.string());
+  const int64_t visible_ns = WallClockNs();
   int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) ::fsync(dfd), ::close(dfd);
-  return st;
+  if (!st.ok()) return st;
+  return visible_ns;
 }
 
-// One untimed update first (the poller's buffer is faulted in once, as a long-running server's
-// is), then reps updates each started at a random phase of the polling grid.
+// The poller's grid: polls at grid_ns + k * interval (CLOCK_REALTIME ns).
+struct Grid {
+  int64_t grid_ns = 0;
+  int64_t interval_ns = 1;
+  // Where `t_ns` falls in the interval, 0..1.
+  double Phase(int64_t t_ns) const {
+    int64_t into = (t_ns - grid_ns) % interval_ns;
+    return static_cast<double>(into < 0 ? into + interval_ns : into) / static_cast<double>(interval_ns);
+  }
+  // The first time after `earliest_ns` that lies at `phase` of the grid.
+  int64_t Next(int64_t earliest_ns, double phase) const {
+    int64_t at = grid_ns + static_cast<int64_t>(phase * static_cast<double>(interval_ns));
+    if (at < earliest_ns) at += ((earliest_ns - at) / interval_ns + 1) * interval_ns;
+    return at;
+  }
+};
+
+// Timed update k of n becomes visible at phase (order[k] + 0.5) / n of the grid.
+std::vector<double> SpreadPhases(int n) {
+  std::vector<int> order(static_cast<size_t>(n));
+  for (int k = 0; k < n; ++k) order[static_cast<size_t>(k)] = k;
+  std::shuffle(order.begin(), order.end(), std::mt19937(12345));
+  std::vector<double> phases;
+  for (int k : order) phases.push_back((k + 0.5) / n);
+  return phases;
+}
+
 }  // namespace
 
+// One untimed update first (the poller's buffer is faulted in once, as a long-running server's is,
+// and the write's duration is learnt), then reps updates, each started so that its file becomes
+// visible at its phase of the poller's grid (SpreadPhases), the write's duration estimated by the
+// median of the writes so far.
 Result<PollResult> RunPoll(const Config& c, const SourceModel& m, const std::string& label) {
   PollResult r;
   r.interval_s = c.poll_interval_s;
@@ -74,21 +107,32 @@ Result<PollResult> RunPoll(const Config& c, const SourceModel& m, const std::str
   std::filesystem::create_directories(dir, ec);
   if (ec) return Status::FromErrno("create " + dir.string(), ec.value());
   std::string header = SafetensorsHeader(m);
-  VIPER_ASSIGN_OR_RETURN(auto poller, StartPeer(c, {"poll", "--dir", dir.string(), "--interval", std::to_string(c.poll_interval_s)}));
-  std::mt19937 rng(12345);
-  std::uniform_real_distribution<double> phase(0, c.poll_interval_s);
+  json ready;
+  VIPER_ASSIGN_OR_RETURN(auto poller, StartPeer(c, {"poll", "--dir", dir.string(), "--interval", std::to_string(c.poll_interval_s)},
+                                                &ready));
+  Grid grid{ready.value("grid_ns", int64_t{0}), static_cast<int64_t>(c.poll_interval_s * 1e9)};
+  if (grid.grid_ns == 0 || grid.interval_ns <= 0) return Status::Internal("the poller did not report its grid: " + ready.dump());
+  const std::vector<double> phases = SpreadPhases(c.baseline_reps);
+  Samples to_visible;  // write called -> file visible, of every write so far
   for (int i = 0; i <= c.baseline_reps; ++i) {
     uint64_t version = static_cast<uint64_t>(i) + 1;
-    std::this_thread::sleep_for(std::chrono::duration<double>(phase(rng)));
+    if (i > 0) {  // start so that the file appears at this update's phase (10 ms from now at the earliest)
+      int64_t ahead = static_cast<int64_t>(to_visible.median() * 1e9);
+      int64_t start = grid.Next(WallClockNs() + 10000000 + ahead, phases[static_cast<size_t>(i - 1)]) - ahead;
+      std::this_thread::sleep_for(std::chrono::nanoseconds(start - WallClockNs()));
+    }
     int64_t t0 = WallClockNs();
-    VIPER_RETURN_IF_ERROR(WriteCheckpoint(dir, version, m, header));
+    VIPER_ASSIGN_OR_RETURN(int64_t visible_ns, WriteCheckpoint(dir, version, m, header));
     int64_t t1 = WallClockNs();
+    to_visible.Add(Sec(t0, visible_ns));
     VIPER_ASSIGN_OR_RETURN(json j, WaitVersion(*poller, version, TransferTimeout(m.data_bytes) + milliseconds(static_cast<int64_t>(3000 * c.poll_interval_s))));
     std::filesystem::remove(dir / (std::to_string(version - 1) + ".safetensors"), ec);
     if (i == 0) continue;
     r.e2e.Add(Sec(t0, j["live_ns"]));
     r.stall.Add(Sec(t0, t1));
+    r.wait.Add(Sec(visible_ns, j["found_ns"]));
     r.read.Add(Sec(j["found_ns"], j["live_ns"]));
+    r.phases.push_back(grid.Phase(visible_ns));
   }
   poller->Stop();
   std::filesystem::remove_all(dir, ec);

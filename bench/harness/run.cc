@@ -19,9 +19,11 @@ double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::n
 Status TimeFloor(const Config& c, const SourceModel& m, SizeResult& out) {
   VIPER_ASSIGN_OR_RETURN(Buffer dst, Buffer::Make(m.data_bytes, 0));
   for (int i = 0; i < c.reps + 1; ++i) {
-    double t = Now();
+    double t = Now(), cpu = ThreadCpuSeconds();
     std::memcpy(dst.data(), m.source.data(), m.data_bytes);
-    if (i > 0) out.memcpy_s.Add(Now() - t);
+    if (i == 0) continue;
+    out.memcpy_s.Add(Now() - t);
+    out.memcpy_cpu_s.Add(ThreadCpuSeconds() - cpu);
   }
   for (int i = 0; i < c.reps; ++i) {
     double t = Now();
@@ -61,10 +63,15 @@ double Samples::Percentile(double p) const {
   size_t rank = static_cast<size_t>(std::ceil(p / 100.0 * static_cast<double>(sorted.size())));
   return sorted[std::min(sorted.size() - 1, rank == 0 ? 0 : rank - 1)];
 }
+double Samples::mean() const {
+  double sum = 0;
+  for (double x : s) sum += x;
+  return s.empty() ? 0 : sum / static_cast<double>(s.size());
+}
 double Samples::min() const { return s.empty() ? 0 : *std::min_element(s.begin(), s.end()); }
 double Samples::max() const { return s.empty() ? 0 : *std::max_element(s.begin(), s.end()); }
 json Samples::Json() const {
-  return {{"median", median()}, {"p99", Percentile(99)}, {"min", min()}, {"max", max()}, {"n", s.size()}, {"samples", s}};
+  return {{"median", median()}, {"mean", mean()}, {"p99", Percentile(99)}, {"min", min()}, {"max", max()}, {"n", s.size()}, {"samples", s}};
 }
 
 Result<SizeResult> RunSize(const Config& c, const std::string& label, uint64_t bytes, Report& report) {

@@ -19,16 +19,17 @@ struct Samples {
   bool empty() const { return s.empty(); }
   double Percentile(double p) const;  // nearest rank on the sorted samples; 0 when empty
   double median() const { return Percentile(50); }
+  double mean() const;  // 0 when empty
   double min() const;
   double max() const;
-  nlohmann::json Json() const;  // {"median","p99","min","max","n","samples"}
+  nlohmann::json Json() const;  // {"median","mean","p99","min","max","n","samples"}
 };
 
 struct Config {
   std::vector<std::pair<std::string, uint64_t>> sizes;  // label, snapshot bytes
   int warmup = 4;           // untimed publishes per (mode, path): they fault in segments and buffers
   int reps = 5;             // timed publishes per (mode, path)
-  int baseline_reps = 3;    // timed file + poll updates per size (each waits ~interval/2 on average)
+  int baseline_reps = 3;    // timed file + poll updates per size, at phases spread over the interval
   int notify_count = 1000;  // small versions for the notification percentiles
   double poll_interval_s = 1.0;
   int hosts = 1;            // 1: consumer on this host (map, copy); 2: in namespace h2 (remote)
@@ -50,6 +51,7 @@ struct ModeResult {
   std::string variant;
   Samples e2e;       // publish called -> live in the consumer
   Samples stall;     // producer blocked in Publish()
+  Samples stall_cpu; // CPU time of the publishing thread in Publish() (the rest it waited)
   Samples copy;      // of which copying tensors into the segment
   Samples complete;  // publish called -> complete in the host tier (announced)
   Samples notify;    // complete -> NOTIFY received
@@ -58,11 +60,24 @@ struct ModeResult {
   int fresh_segments = 0;  // timed publishes that got a fresh (not recycled) segment: slower
 };
 
+// The baseline users run today, measured: the producer writes a safetensors file (tmp + fsync +
+// rename + fsync(dir)) while a separate process polls the directory every interval_s on its own
+// fixed grid and reads each new file back. Each timed update is made to become visible at a
+// different phase of the poller's grid, the phases spread evenly over the interval ((k + 0.5) / n
+// for n updates, in shuffled order; the poller reports where its grid is): the mean wait for the
+// next poll is then sampled without the luck of a few random phases. The baseline's figure is the
+// mean of the measured e2e over those phases (figure()), the mean latency of an update.
 struct PollResult {
-  Samples e2e;    // write called -> file read and parsed by the poller
+  Samples e2e;    // write called -> file read and parsed by the poller (measured)
   Samples stall;  // write + fsync + rename + fsync(dir)
+  Samples wait;   // file visible (renamed) -> found by the poller's next poll
   Samples read;   // poller: found -> read and parsed
+  std::vector<double> phases;  // where in the poller's grid each timed file became visible, 0..1
   double interval_s = 1.0;
+  double figure() const { return e2e.mean(); }
+  // From the measured parts: stall + interval/2 (the mean wait for a uniformly placed update) +
+  // read. An extra figure beside the measured e2e, to check it.
+  double expected_e2e() const { return stall.median() + interval_s / 2 + read.median(); }
 };
 
 // Measured twice per size, before and after Viper's rows, so that drift of the shared machine
@@ -92,6 +107,7 @@ struct SizeResult {
   uint64_t bytes = 0;
   size_t tensors = 0;
   Samples memcpy_s;    // warm memcpy of the data region (the floor)
+  Samples memcpy_cpu_s;  // its CPU time (equal to memcpy_s unless the thread waited for a CPU)
   Samples checksum_s;  // one xxh3-64 pass over the data region (each end does one)
   std::vector<ModeResult> modes;
   PollResult poll;

@@ -2,6 +2,7 @@
 #include "harness/update.h"
 
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +15,12 @@ namespace viper::bench {
 
 using nlohmann::json;
 using std::chrono::milliseconds;
+
+double ThreadCpuSeconds() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9;
+}
 
 Result<Buffer> Buffer::Make(size_t size, int fill) {
   void* p = ::mmap(nullptr, std::max<size_t>(size, 1), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -94,7 +101,7 @@ PublishInfo AtStep(int i) {
 
 milliseconds TransferTimeout(uint64_t bytes) { return milliseconds(60000 + bytes / 50000); }  // >= 50 MB/s
 
-Result<std::unique_ptr<LineChild>> StartPeer(const Config& c, std::vector<std::string> args) {
+Result<std::unique_ptr<LineChild>> StartPeer(const Config& c, std::vector<std::string> args, json* ready_line) {
   std::vector<std::string> argv = c.consumer_prefix;
   argv.push_back(SelfExe());
   argv.push_back("bench-peer");
@@ -102,6 +109,7 @@ Result<std::unique_ptr<LineChild>> StartPeer(const Config& c, std::vector<std::s
   VIPER_ASSIGN_OR_RETURN(auto child, LineChild::Start(argv, c.log_path));
   VIPER_ASSIGN_OR_RETURN(json ready, ReadJsonLine(*child, milliseconds(30000)));
   if (!ready.value("ready", false)) return Status::Internal("consumer did not report ready: " + ready.dump());
+  if (ready_line != nullptr) *ready_line = std::move(ready);
   return child;
 }
 
@@ -126,12 +134,15 @@ Result<ModeResult> RunMode(const Config& c, Publisher& pub, const SourceModel& m
   VIPER_ASSIGN_OR_RETURN(auto peer, StartPeer(c, args));
   for (int i = 0; i < c.warmup + c.reps; ++i) {
     int64_t t0 = WallClockNs();
+    double cpu0 = ThreadCpuSeconds();
     VIPER_ASSIGN_OR_RETURN(PublishResult pr, pub.Publish(m.tensors, AtStep(i)));
+    double cpu = ThreadCpuSeconds() - cpu0;
     VIPER_ASSIGN_OR_RETURN(json j, WaitVersion(*peer, pr.version, TransferTimeout(pr.bytes)));
     if (j.value("path", "") != path) return Status::Internal("consumer loaded via " + j.value("path", "") + ", not " + path);
     if (i < c.warmup) continue;
     r.e2e.Add(Sec(t0, j["live_ns"]));
     r.stall.Add(pr.stall_ns / 1e9);
+    r.stall_cpu.Add(cpu);
     r.fresh_segments += pr.recycled ? 0 : 1;
     r.copy.Add(pr.copy_ns / 1e9);
     r.complete.Add(Sec(t0, j["completed_ns"]));

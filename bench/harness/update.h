@@ -20,6 +20,9 @@
 
 namespace viper::bench {
 
+// CPU time of the calling thread, seconds.
+double ThreadCpuSeconds();
+
 // Seconds between two CLOCK_REALTIME stamps in ns (comparable across processes of one host).
 inline double Sec(int64_t from_ns, int64_t to_ns) { return static_cast<double>(to_ns - from_ns) / 1e9; }
 
@@ -61,8 +64,9 @@ PublishInfo AtStep(int i);
 Result<std::unique_ptr<Publisher>> StartPublisher(const Config& config, const std::string& model, PublishMode mode);
 
 // Starts `viper bench-peer <args>` (behind config.consumer_prefix: in the consumer's host) and
-// waits for its {"ready":true} line.
-Result<std::unique_ptr<LineChild>> StartPeer(const Config& config, std::vector<std::string> args);
+// waits for its {"ready":true,...} line, which it also stores in `ready_line` if given.
+Result<std::unique_ptr<LineChild>> StartPeer(const Config& config, std::vector<std::string> args,
+                                             nlohmann::json* ready_line = nullptr);
 
 // Reads the peer's JSON lines until version `v` is live; returns that line.
 Result<nlohmann::json> WaitVersion(LineChild& peer, uint64_t v, std::chrono::milliseconds timeout);

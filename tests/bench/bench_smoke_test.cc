@@ -37,6 +37,7 @@ TEST(BenchCli, QuickRunWritesEveryFigure) {
     EXPECT_EQ(s["tensors"], 10);
     ExpectSamples(s["memcpy_s"], "memcpy", reps);
     ExpectSamples(s["checksum_s"], "checksum", reps);
+    ExpectSamples(s["memcpy_cpu_s"], "memcpy on CPU", reps);
     EXPECT_GT(s["memcpy_gbps"].get<double>(), 0.0);
     ASSERT_EQ(s["viper"].size(), 5u);  // 4 + the diagnostic sync map row with verify-local
     std::set<std::string> combos;
@@ -44,7 +45,7 @@ TEST(BenchCli, QuickRunWritesEveryFigure) {
       std::string name = m["mode"].get<std::string>() + "/" + m["path"].get<std::string>() +
                        (m["variant"] == "" ? "" : "/" + m["variant"].get<std::string>());
       combos.insert(name);
-      for (const char* key : {"e2e_s", "stall_s", "complete_s"}) ExpectSamples(m[key], name + " " + key, reps);
+      for (const char* key : {"e2e_s", "stall_s", "stall_cpu_s", "complete_s"}) ExpectSamples(m[key], name + " " + key, reps);
       for (const char* key : {"copy_s", "notify_s", "fetch_s", "verify_s"}) ExpectSamples(m[key], name + " " + key, reps, false);
       EXPECT_GE(m["e2e_s"]["median"].get<double>(), m["complete_s"]["median"].get<double>()) << name;
       EXPECT_GE(m["fresh_segments"].get<int>(), 0);
@@ -56,7 +57,16 @@ TEST(BenchCli, QuickRunWritesEveryFigure) {
     ExpectSamples(p["e2e_s"], "file_poll e2e", baseline);
     ExpectSamples(p["stall_s"], "file_poll stall", baseline);
     ExpectSamples(p["read_s"], "file_poll read", baseline);
+    ExpectSamples(p["wait_s"], "file_poll wait for the poll", baseline, false);
+    EXPECT_GE(p["wait_s"]["min"].get<double>(), 0.0) << "found by a poll before the file was visible";
     EXPECT_GE(p["e2e_s"]["median"].get<double>(), p["stall_s"]["median"].get<double>());
+    // The figure is the measured mean over the phases the files became visible at, one per update.
+    EXPECT_DOUBLE_EQ(p["e2e_s_figure"].get<double>(), p["e2e_s"]["mean"].get<double>());
+    ASSERT_EQ(p["phases"].size(), baseline);
+    for (const json& phase : p["phases"]) {
+      EXPECT_GE(phase.get<double>(), 0.0);
+      EXPECT_LT(phase.get<double>(), 1.0);
+    }
     EXPECT_DOUBLE_EQ(p["poll_interval_s"].get<double>(), 0.1);
     // write + half an interval + read: at least the half interval, at most the parts plus one interval.
     EXPECT_GE(p["expected_e2e_s"].get<double>(), 0.05);

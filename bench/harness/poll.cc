@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <random>
 #include <thread>
 
@@ -45,24 +46,41 @@ Status WriteAll(int fd, const std::byte* p, size_t n, const std::string& what) {
   return Status::OK();
 }
 
-// tmp + fsync + rename + fsync(dir): what a careful checkpoint writer does. Returns when the file
-// became visible under its final name (CLOCK_REALTIME ns, just after the rename).
-Result<int64_t> WriteCheckpoint(const std::filesystem::path& dir, uint64_t version, const SourceModel& m, const std::string& header) {
+// When one checkpoint write did what (CLOCK_REALTIME ns).
+struct WriteTimes {
+  int64_t begin = 0;    // write called
+  int64_t written = 0;  // tmp file written and fsynced
+  int64_t renamed = 0;  // renamed to its final name: visible to the poller
+  int64_t end = 0;      // directory fsynced: the writer is done
+  // The writer's time, without the wait before the rename (see WriteCheckpoint).
+  double stall() const { return Sec(begin, written) + Sec(renamed, end); }
+};
+
+// tmp + fsync + rename + fsync(dir): what a careful checkpoint writer does. Between the fsync and
+// the rename it waits until `rename_at(written_ns)`, so that the file becomes visible at a chosen
+// moment; that wait is the bench's, not the writer's, and is left out of every figure.
+Result<WriteTimes> WriteCheckpoint(const std::filesystem::path& dir, uint64_t version, const SourceModel& m,
+                                   const std::string& header, const std::function<int64_t(int64_t)>& rename_at) {
+  WriteTimes t;
+  t.begin = WallClockNs();
   auto tmp = dir / (std::to_string(version) + ".safetensors.tmp");
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return Status::FromErrno("create " + tmp.string());
   Status st = WriteAll(fd, reinterpret_cast<const std::byte*>(header.data()), header.size(), tmp.string());
-  for (const auto& t : m.tensors)
-    if (st.ok()) st = WriteAll(fd, t.bytes.data(), t.bytes.size(), tmp.string());
+  for (const auto& tensor : m.tensors)
+    if (st.ok()) st = WriteAll(fd, tensor.bytes.data(), tensor.bytes.size(), tmp.string());
   if (st.ok() && ::fsync(fd) != 0) st = Status::FromErrno("fsync " + tmp.string());
   ::close(fd);
-  if (st.ok() && ::rename(tmp.c_str(), (dir / (std::to_string(version) + ".safetensors")).c_str()) != 0)
-    st = Status::FromErrno("rename " + tmp.string());
-  const int64_t visible_ns = WallClockNs();
+  VIPER_RETURN_IF_ERROR(st);
+  t.written = WallClockNs();
+  std::this_thread::sleep_for(std::chrono::nanoseconds(rename_at(t.written) - t.written));
+  t.renamed = WallClockNs();
+  if (::rename(tmp.c_str(), (dir / (std::to_string(version) + ".safetensors")).c_str()) != 0)
+    return Status::FromErrno("rename " + tmp.string());
   int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) ::fsync(dfd), ::close(dfd);
-  if (!st.ok()) return st;
-  return visible_ns;
+  t.end = WallClockNs();
+  return t;
 }
 
 // The poller's grid: polls at grid_ns + k * interval (CLOCK_REALTIME ns).
@@ -94,10 +112,8 @@ std::vector<double> SpreadPhases(int n) {
 
 }  // namespace
 
-// One untimed update first (the poller's buffer is faulted in once, as a long-running server's is,
-// and the write's duration is learnt), then reps updates, each started so that its file becomes
-// visible at its phase of the poller's grid (SpreadPhases), the write's duration estimated by the
-// median of the writes so far.
+// One untimed update first (the poller's buffer is faulted in once, as a long-running server's is),
+// then reps updates, each renamed into view at its phase of the poller's grid (SpreadPhases).
 Result<PollResult> RunPoll(const Config& c, const SourceModel& m, const std::string& label) {
   PollResult r;
   r.interval_s = c.poll_interval_s;
@@ -113,26 +129,20 @@ Result<PollResult> RunPoll(const Config& c, const SourceModel& m, const std::str
   Grid grid{ready.value("grid_ns", int64_t{0}), static_cast<int64_t>(c.poll_interval_s * 1e9)};
   if (grid.grid_ns == 0 || grid.interval_ns <= 0) return Status::Internal("the poller did not report its grid: " + ready.dump());
   const std::vector<double> phases = SpreadPhases(c.baseline_reps);
-  Samples to_visible;  // write called -> file visible, of every write so far
   for (int i = 0; i <= c.baseline_reps; ++i) {
     uint64_t version = static_cast<uint64_t>(i) + 1;
-    if (i > 0) {  // start so that the file appears at this update's phase (10 ms from now at the earliest)
-      int64_t ahead = static_cast<int64_t>(to_visible.median() * 1e9);
-      int64_t start = grid.Next(WallClockNs() + 10000000 + ahead, phases[static_cast<size_t>(i - 1)]) - ahead;
-      std::this_thread::sleep_for(std::chrono::nanoseconds(start - WallClockNs()));
-    }
-    int64_t t0 = WallClockNs();
-    VIPER_ASSIGN_OR_RETURN(int64_t visible_ns, WriteCheckpoint(dir, version, m, header));
-    int64_t t1 = WallClockNs();
-    to_visible.Add(Sec(t0, visible_ns));
+    auto rename_at = [&](int64_t written_ns) {  // the warm-up at once, the others at their phase, 1 ms ahead at the earliest
+      return i == 0 ? written_ns : grid.Next(written_ns + 1000000, phases[static_cast<size_t>(i - 1)]);
+    };
+    VIPER_ASSIGN_OR_RETURN(WriteTimes w, WriteCheckpoint(dir, version, m, header, rename_at));
     VIPER_ASSIGN_OR_RETURN(json j, WaitVersion(*poller, version, TransferTimeout(m.data_bytes) + milliseconds(static_cast<int64_t>(3000 * c.poll_interval_s))));
     std::filesystem::remove(dir / (std::to_string(version - 1) + ".safetensors"), ec);
     if (i == 0) continue;
-    r.e2e.Add(Sec(t0, j["live_ns"]));
-    r.stall.Add(Sec(t0, t1));
-    r.wait.Add(Sec(visible_ns, j["found_ns"]));
+    r.e2e.Add(Sec(w.begin, w.written) + Sec(w.renamed, j["live_ns"]));
+    r.stall.Add(w.stall());
+    r.wait.Add(Sec(w.renamed, j["found_ns"]));
     r.read.Add(Sec(j["found_ns"], j["live_ns"]));
-    r.phases.push_back(grid.Phase(visible_ns));
+    r.phases.push_back(grid.Phase(w.renamed));
   }
   poller->Stop();
   std::filesystem::remove_all(dir, ec);

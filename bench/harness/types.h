@@ -62,15 +62,16 @@ struct ModeResult {
 
 // The baseline users run today, measured: the producer writes a safetensors file (tmp + fsync +
 // rename + fsync(dir)) while a separate process polls the directory every interval_s on its own
-// fixed grid and reads each new file back. Each timed update is made to become visible at a
-// different phase of the poller's grid, the phases spread evenly over the interval ((k + 0.5) / n
-// for n updates, in shuffled order; the poller reports where its grid is): the mean wait for the
-// next poll is then sampled without the luck of a few random phases. The baseline's figure is the
-// mean of the measured e2e over those phases (figure()), the mean latency of an update.
+// fixed grid and reads each new file back. Each timed file is renamed into view at a different
+// phase of the poller's grid, the phases spread evenly over the interval ((k + 0.5) / n for n
+// updates, in shuffled order; the poller reports where its grid is; the writer holds the written
+// file until then, a wait left out of the figures): the wait for the next poll is then sampled
+// evenly instead of by the luck of a few random phases. The baseline's figure is the mean of the
+// measured e2e over those phases (figure()), the mean latency of an update.
 struct PollResult {
-  Samples e2e;    // write called -> file read and parsed by the poller (measured)
-  Samples stall;  // write + fsync + rename + fsync(dir)
-  Samples wait;   // file visible (renamed) -> found by the poller's next poll
+  Samples e2e;    // write called -> file read and parsed by the poller (measured; the hold left out)
+  Samples stall;  // write + fsync + rename + fsync(dir) (the hold left out)
+  Samples wait;   // file renamed into view -> found by the poller's next poll
   Samples read;   // poller: found -> read and parsed
   std::vector<double> phases;  // where in the poller's grid each timed file became visible, 0..1
   double interval_s = 1.0;

@@ -6,7 +6,9 @@
 #               have today (torch.save + directory polling + torch.load), once with Viper;
 #   policies    the same training (100 MiB, 8 classes, from scratch) under three checkpoint
 #               policies: epoch, fixed interval, and the Inference Performance Predictor online;
-#               predicted and measured CIL, and a plot of served loss over time.
+#               predicted and measured CIL, and a plot of served loss over time;
+#   rehearsal   new classes arrive as a stream of record files read by viper.data's prefetcher;
+#               the same training with and without a rehearsal buffer: the forgetting it prevents.
 # About 4 minutes on 2 cores.
 #
 #   scripts/demo.sh [demo.py options]    e.g. --stages policies --workdir /tmp/d --json out.json

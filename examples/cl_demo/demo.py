@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.dirname(HERE))  # examples/, for `import cl_demo`
 STAGES = {
     "transports": ("cl_demo.run_demo", "file + poll vs Viper: update latency, stall, CIL", ["--require-viper"]),
     "policies": ("cl_demo.run_policies", "epoch vs fixed interval vs IPP online: predicted and measured CIL", []),
+    "rehearsal": ("cl_demo.run_rehearsal", "a stream of new classes with and without a rehearsal buffer: forgetting", []),
 }
 
 

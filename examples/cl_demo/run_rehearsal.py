@@ -3,9 +3,10 @@
 docs/DEMO.md "Rehearsal").
 
     /usr/bin/python3 examples/cl_demo/run_rehearsal.py [--tasks 4] [--json out.json]
+    scripts/demo.sh --stages rehearsal      (the demo's stage; --rehearsal-args "..." for options)
 
 The stream: --tasks tasks arrive one after another, each as a record file written atomically into
-<workdir>/stream/ (viper.data.write_records) while the trainer works on the previous one; task k
+<workdir>/run-rehearsal/stream/ (viper.data.write_records) by a producer thread; task k
 brings two new classes (class-incremental learning: 2 * tasks classes in all, one shared output
 layer). The trainer reads each task's file through viper.data.DataLoader (the auto-tuned
 prefetcher) and trains --steps-per-task SGD steps on it, twice, with the same seeds and files:
@@ -13,8 +14,8 @@ prefetcher) and trains --steps-per-task SGD steps on it, twice, with the same se
   without rehearsal   each batch holds only the current task's samples;
   with rehearsal      each batch of new samples gets --ratio as many old ones from a
                       viper.data.RehearsalBuffer (class-balanced, --capacity samples), which is
-                      spilled to <workdir>/rehearsal/ after each task and reopened (restored,
-                      validated) before the next one, as a restarted job would.
+                      spilled to <workdir>/run-rehearsal/spill/ after each task and reopened
+                      (restored, validated) before the next one, as a restarted job would.
 
 After each task both models are tested on every task seen so far (held-out samples). Printed:
 accuracy on the old tasks and on the newest task after the last one, and the forgetting (best
@@ -33,7 +34,7 @@ import time
 import numpy as np
 import torch
 
-import viper.data as vd
+vd = None  # viper.data, imported by main() (after --viper-path)
 
 
 def parse_args(argv=None):
@@ -50,8 +51,9 @@ def parse_args(argv=None):
     ap.add_argument("--noise", type=float, default=3.0, help="std of the white noise on each value [%(default)s]")
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--workdir", default="/tmp/viper-cl-rehearsal")
-    ap.add_argument("--json", default="", help="results file (default <workdir>/rehearsal.json)")
+    ap.add_argument("--workdir", default="/tmp/viper-cl-demo", help="[%(default)s]")
+    ap.add_argument("--json", default="", help="results file [<workdir>/rehearsal.json]")
+    ap.add_argument("--viper-path", default=None, help="directory to add to PYTHONPATH for `import viper`")
     args = ap.parse_args(argv)
     if args.tasks < 2:
         ap.error("--tasks must be >= 2 (forgetting needs an old task)")
@@ -105,7 +107,7 @@ def train(args, stream: TaskStream, rehearsal: bool, arrived: list, stream_dir: 
     model = make_model(args.width, 2 * args.tasks, args.seed)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
-    spill_dir = os.path.join(args.workdir, "rehearsal")
+    spill_dir = os.path.join(args.workdir, "run-rehearsal", "spill")
     shutil.rmtree(spill_dir, ignore_errors=True)
     matrix, restored, waits = [], [], 0.0
     as_float = lambda x: x.view(torch.float32).reshape(-1, args.width)  # noqa: E731
@@ -146,10 +148,15 @@ def summary(matrix: list) -> dict:
             "forgetting": float(np.mean([b - a for b, a in zip(best, old)]))}
 
 
-def main(argv=None) -> dict:
+def main(argv=None) -> int:
+    global vd
     args = parse_args(argv)
+    if args.viper_path:
+        sys.path.insert(0, args.viper_path)
+    import viper.data  # noqa: PLC0415
+    vd = viper.data
     t0 = time.time()
-    stream_dir = os.path.join(args.workdir, "stream")
+    stream_dir = os.path.join(args.workdir, "run-rehearsal", "stream")
     shutil.rmtree(stream_dir, ignore_errors=True)
     os.makedirs(stream_dir)
     torch.set_num_threads(1)
@@ -174,12 +181,13 @@ def main(argv=None) -> dict:
     with_r = runs["with rehearsal"]
     print(f"rehearsal buffer restored from its spill before tasks 1..{args.tasks - 1} with "
           f"{with_r['restored_sizes'][1:]} samples; {time.time() - t0:.1f} s in all")
-    out = {"args": vars(args), "runs": runs}
+    out = {"args": vars(args), "runs": runs, "wall_s": time.time() - t0}
     path = args.json or os.path.join(args.workdir, "rehearsal.json")
-    with open(path, "w") as f:
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
         json.dump(out, f, indent=1)
-    return out
+    os.replace(path + ".tmp", path)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

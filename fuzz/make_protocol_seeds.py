@@ -39,7 +39,7 @@ REPLICAS = [(1, "boot:ns:mnt", "viper.1.2"), (2, "other", "10.0.0.2:7000"), (3, 
 MESSAGES = {
     1: ("hello", s("secret") + s("watch") + s("boot:ns:mnt") + u32(42)),
     2: ("hello_ok", s("node") + s("boot:ns:mnt") + u32(1)),
-    3: ("subscribe", s("nt3")),
+    3: ("subscribe", s("nt3") + u8(1)),
     4: ("unsubscribe", s("nt3")),
     5: ("notify", version_info(replicas=REPLICAS)),
     6: ("fetch", u64(1) + s("nt3") + u64(0) + u8(2) + u64(1 << 24) + u32(4 << 20) + u64(6) + u64(0x1234ABCD)),
@@ -54,6 +54,9 @@ MESSAGES = {
     15: ("list_reply", u64(3) + u32(2) + version_info(version=6) + version_info(replicas=REPLICAS[:1])),
     16: ("replica", s("nt3") + u64(7) + replica(*REPLICAS[1])),
     17: ("delta_part", u64(1) + u32(0) + u32(4096) + u8(1)),
+    18: ("incoming", version_info(replicas=[(4, "relay", "10.0.0.3:7000")] + REPLICAS)),
+    19: ("stats", u64(4)),
+    20: ("stats_reply", u64(4) + u32(2) + s("bytes_sent") + u64(600 << 20) + s("peers") + u64(3)),
 }
 
 

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <memory>
 #include <span>
@@ -31,13 +32,15 @@ struct ClientOptions {
 
 struct ClientHandlers {
   std::function<void(const proto::VersionInfo&)> on_notify;
+  // A version the node is still receiving (INCOMING; only after Subscribe with kSubscribeIncoming).
+  std::function<void(const proto::VersionInfo&)> on_incoming;
   std::function<void(const Status&)> on_disconnect;  // the node went away
 };
 
 // Where the bytes of a fetched version go: given the version's info, returns a buffer of at
 // least info.size bytes (or an error to abort).
 using BufferProvider = std::function<Result<std::span<std::byte>>(const proto::VersionInfo&)>;
-// Bytes received so far, total.
+// The first `done` bytes of the version have arrived (a contiguous prefix, growing), of `total`.
 using ProgressFn = std::function<void(uint64_t done, uint64_t total)>;
 
 class Client {
@@ -50,14 +53,18 @@ class Client {
   bool same_host() const;
   bool connected() const;
 
-  Status Subscribe(const std::string& model);
+  // flags: proto::kSubscribeIncoming to get INCOMING too.
+  Status Subscribe(const std::string& model, uint8_t flags = 0);
   // Asks for a lease on (model, version; 0 = latest): reply carries the segment name.
   Result<proto::FetchOk> FetchLease(const std::string& model, uint64_t version);
   // Ends a lease (asynchronous; safe from any thread, a no-op once disconnected).
   void Release(const std::string& model, uint64_t version);
   // A callable that releases the lease later, even after this Client is gone (then it does nothing).
   std::function<void()> Releaser(const std::string& model, uint64_t version) const;
-  // Receives (model, version; 0 = latest) over UCX into the buffer `provide` returns.
+  // Receives (model, version; 0 = latest) over UCX into the buffer `provide` returns; `progress`
+  // runs on this thread each time the prefix of bytes complete grows. A node that cannot finish
+  // a transfer it started (a relay whose own transfer broke) aborts it: Unavailable, and receives
+  // may still be posted into the buffer until this Client is destroyed.
   // data_checksum: if set, receives the xxh3-64 of the snapshot's data region, computed on this
   // thread while the chunks arrive (each contiguous prefix is hashed as soon as it is complete),
   // so verifying costs little beyond the transfer; nullopt if the header length in the first 8
@@ -66,6 +73,8 @@ class Client {
                                    const ProgressFn& progress = {}, std::optional<uint64_t>* data_checksum = nullptr);
   void Ack(const std::string& model, uint64_t version);
   Result<std::vector<proto::VersionInfo>> List();
+  // The node's counters (NodeStats by name: "bytes_sent", ...).
+  Result<std::map<std::string, uint64_t>> Stats();
   // Tells the node that `replica` (a relay node) now holds (model, version) too (REPLICA; no
   // reply: the node lists it until this connection closes).
   Status AnnounceReplica(const std::string& model, uint64_t version, const proto::Replica& replica);

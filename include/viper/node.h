@@ -17,8 +17,10 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -64,7 +66,17 @@ struct NodeStats {
   uint64_t malformed_messages = 0;
   uint64_t files_flushed = 0;
   uint64_t flush_errors = 0;
+  // Egress of version bytes to peers (SEND), counted as each chunk's send completes: what a
+  // producer's node pays per update, the figure fan-out keeps near one model size.
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_sent_incoming = 0;  // ...of them sent while the version was still arriving here
+  uint64_t incoming_versions = 0;    // versions received through Receive (a relay's transfers)
+  uint64_t incoming_aborted = 0;     // ...whose transfer broke before Commit (receivers got ERROR Aborted)
 };
+// The counters by name ("bytes_sent", ...), as STATS_REPLY carries them.
+std::map<std::string, uint64_t> StatsCounters(const NodeStats& stats);
+
+class IncomingVersion;
 
 class Node {
  public:
@@ -88,6 +100,13 @@ class Node {
   // relay keeps its upstream's: the producer's node and its file).
   // REQUIRES: the bytes in `lease` are a sealed snapshot of info.size bytes.
   Result<proto::VersionInfo> Commit(WriteLease lease, proto::VersionInfo info);
+  // A version arriving from another node (a relay's transfer), received straight into a segment
+  // of this node and forwarded while it arrives: see IncomingVersion. Subscribers that asked
+  // (SUBSCRIBE with kSubscribeIncoming) get INCOMING at once. `info` is the upstream's (model,
+  // version, size, checksum, ...); a Receive of a version already arriving replaces (aborts) the
+  // earlier one. Errors: InvalidArgument (bad model, version 0, size < 8), FailedPrecondition
+  // (this node already holds the version or a newer one), ResourceExhausted (no segment).
+  Result<std::unique_ptr<IncomingVersion>> Receive(proto::VersionInfo info);
 
   // --- Catalog ---
   std::optional<proto::VersionInfo> Latest(const std::string& model) const;
@@ -100,11 +119,46 @@ class Node {
   FileTier* file_tier();  // nullptr without store_dir
 
  private:
+  friend class IncomingVersion;
   struct Impl;
   explicit Node(const NodeOptions& options);
   NodeOptions options_;
   std::string host_key_;
   std::shared_ptr<Impl> impl_;
+};
+
+// IncomingVersion: a version being written into a segment of its node by one writer (a relay's
+// transfer), served to peers while it arrives: a peer's FETCH (SEND) of it gets chunk i as soon as
+// Landed() covers it, so a chain of relays forwards each chunk while still receiving the rest.
+// Consumers of the node never see it until Commit: NOTIFY, LIST and leases are for complete
+// versions only. Destroying it without Commit aborts it: peers receiving it get ERROR Aborted
+// (their receivers abandon the transfer and fall back), and its segment returns to the pool once
+// the last send that reads it is done.
+//
+// Thread-safety: one writer thread calls data/Landed/Commit; the node serves peers meanwhile.
+// REQUIRES: destroyed before its Node.
+class IncomingVersion {
+ public:
+  ~IncomingVersion();  // aborts unless committed
+  IncomingVersion(const IncomingVersion&) = delete;
+  IncomingVersion& operator=(const IncomingVersion&) = delete;
+
+  std::span<std::byte> data() const;       // info.size bytes to fill
+  const proto::VersionInfo& info() const;  // as announced in INCOMING (this node listed first)
+  // The first `bytes` bytes are final (monotonic; larger values than before only).
+  void Landed(uint64_t bytes);
+  // Registers and announces the version like Node::Commit (upstream's replicas kept after ours).
+  // REQUIRES: every byte landed and the caller verified the checksum. Errors as Node::Commit;
+  // on error the version is aborted.
+  Result<proto::VersionInfo> Commit();
+
+  struct State;  // shared with the node's sends (src/api/node_impl.h)
+
+ private:
+  friend class Node;
+  explicit IncomingVersion(std::shared_ptr<State> state);
+  std::shared_ptr<State> state_;
+  bool committed_ = false;
 };
 
 // Relay: makes a Node a replica holder of another node's models (`viper serve --upstream`).
@@ -122,10 +176,14 @@ struct RelayOptions {
   std::vector<std::string> models;  // REQUIRED: models to replicate
   std::string token;                // HELLO token for the upstream
   std::filesystem::path file_dir;   // the upstream's file tier as seen from here (fallback)
+  // Fetch over UCX (received in place, forwarded while it lands) even from an upstream on this
+  // host, which would otherwise be mapped and copied: for tests and measurements on one host.
+  bool always_remote = false;
 };
 
 struct RelayStats {
   uint64_t versions_relayed = 0;
+  uint64_t versions_received_in_place = 0;  // ...that landed straight in this node's segment (no copy)
   uint64_t failures = 0;
 };
 

@@ -22,18 +22,19 @@
 namespace viper::proto {
 
 inline constexpr uint32_t kMagic = 0x52504956;  // "VIPR" as little-endian bytes
-inline constexpr uint16_t kProtocolVersion = 2;  // 2: delta transfers (FETCH base, FETCH_OK encoding, DELTA_PART)
+inline constexpr uint16_t kProtocolVersion = 2;  // 2: delta transfers (FETCH base, FETCH_OK encoding, DELTA_PART), fan-out (SUBSCRIBE flags, INCOMING, STATS)
 inline constexpr size_t kFrameHeaderBytes = 12;
 inline constexpr uint32_t kMaxStringBytes = 64 * 1024;
 inline constexpr uint32_t kMaxMetadataEntries = 4096;
 inline constexpr uint32_t kMaxReplicas = 256;
 inline constexpr uint32_t kMaxListEntries = 65536;
+inline constexpr uint32_t kMaxCounters = 256;
 inline constexpr uint32_t kMaxFrameBytes = 64 * 1024 * 1024;
 
 enum class MessageType : uint16_t {
   kHello = 1, kHelloOk = 2, kSubscribe = 3, kUnsubscribe = 4, kNotify = 5, kFetch = 6, kFetchOk = 7,
   kRelease = 8, kAck = 9, kError = 10, kPublish = 11, kPublishReady = 12, kPublishOk = 13,
-  kList = 14, kListReply = 15, kReplica = 16, kDeltaPart = 17,
+  kList = 14, kListReply = 15, kReplica = 16, kDeltaPart = 17, kIncoming = 18, kStats = 19, kStatsReply = 20,
 };
 std::string_view message_type_name(MessageType type);
 
@@ -76,9 +77,21 @@ struct HelloOk {
   uint32_t pid = 0;
   bool operator==(const HelloOk&) const = default;
 };
-struct Subscribe { std::string model; bool operator==(const Subscribe&) const = default; };
+// flags: kSubscribeIncoming = also send INCOMING for versions the node is still receiving (a relay
+// downstream of it, or a consumer on another host, fetches them chunk by chunk as they land).
+inline constexpr uint8_t kSubscribeIncoming = 1;
+struct Subscribe {
+  std::string model;
+  uint8_t flags = 0;
+  bool operator==(const Subscribe&) const = default;
+};
 struct Unsubscribe { std::string model; bool operator==(const Unsubscribe&) const = default; };
 struct Notify { VersionInfo info; bool operator==(const Notify&) const = default; };
+// A version the node is receiving now (a relay's transfer from its upstream): not complete here,
+// but a FETCH in SEND mode of it is served chunk by chunk as the chunks land. `info` is the
+// upstream's (size, checksum of the complete version); its replicas name this node first, as kRelay.
+// Sent only to subscribers that asked (kSubscribeIncoming). The NOTIFY follows once it is complete.
+struct Incoming { VersionInfo info; bool operator==(const Incoming&) const = default; };
 
 enum class FetchMode : uint8_t {
   kLease = 1,  // grant a lease on the node's segment; the client maps it (same host only)
@@ -137,6 +150,7 @@ struct Ack {
 enum class ErrorCode : uint16_t {
   kMalformed = 1, kBadVersion = 2, kUnauthorized = 3, kNotFound = 4, kBadRequest = 5, kInternal = 6,
   kBusy = 7,
+  kAborted = 8,  // a SEND announced by FETCH_OK will not complete: abandon its receives
 };
 struct Error {
   uint64_t request_id = 0;  // 0 if not about a request
@@ -186,9 +200,20 @@ struct ReplicaAnnounce {
   bool operator==(const ReplicaAnnounce&) const = default;
 };
 
+// Counters of a node (NodeStats by name, e.g. "bytes_sent"), for tools and benchmarks.
+struct Stats {
+  uint64_t request_id = 0;
+  bool operator==(const Stats&) const = default;
+};
+struct StatsReply {
+  uint64_t request_id = 0;
+  std::map<std::string, uint64_t> counters;
+  bool operator==(const StatsReply&) const = default;
+};
+
 using Message = std::variant<Hello, HelloOk, Subscribe, Unsubscribe, Notify, Fetch, FetchOk, Release,
                              Ack, Error, Publish, PublishReady, PublishOk, List, ListReply, ReplicaAnnounce,
-                             DeltaPart>;
+                             DeltaPart, Incoming, Stats, StatsReply>;
 
 MessageType type_of(const Message& message);
 std::vector<std::byte> Encode(const Message& message);

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,21 @@ enum class FetchPath {
 };
 Result<FetchPath> ParseFetchPath(std::string_view name);  // "auto" | "map" | "copy" | "remote" | "file"
 std::string_view fetch_path_name(FetchPath path);
+
+// Advanced: where a subscriber lands remote transfers instead of its own receive buffers. A relay
+// lands them straight in its node's host tier and forwards each chunk as it lands
+// (IncomingVersion); map, copy and file loads still use the subscriber's own buffers.
+class LandingZone {
+ public:
+  virtual ~LandingZone() = default;
+  struct Landing {
+    std::span<std::byte> bytes;                  // exactly info.size bytes
+    std::shared_ptr<const void> owner;           // keeps `bytes` valid; the loaded ModelVersion holds it
+    std::function<void(uint64_t prefix)> landed;  // the first `prefix` bytes are final (may be empty)
+  };
+  // Called on the loader thread when a remote transfer of `info` starts.
+  virtual Result<Landing> Land(const proto::VersionInfo& info) = 0;
+};
 
 struct SubscriberOptions {
   std::string model;                    // REQUIRED
@@ -58,6 +74,11 @@ struct SubscriberOptions {
   // from its publish to the ACK as t_c. false: the application calls Ack(version) once it really
   // serves the version (e.g. after copying it into its own model), so t_c includes that copy.
   bool ack_on_live = true;
+  // With its node on another host: also load versions the node is still receiving (a relay
+  // forwarding them, INCOMING), chunk by chunk as they land there; such a version goes live only
+  // once complete and verified, like any other. Off: only complete versions (NOTIFY) are loaded.
+  bool pipelined = true;
+  std::shared_ptr<LandingZone> landing;  // default: the subscriber's own buffers
 };
 
 // Per-update timings, CLOCK_REALTIME ns (comparable with the producer's on one host).

@@ -29,7 +29,8 @@ Status FromError(const proto::Error& e) {
     case proto::ErrorCode::kBadVersion: return Status::FailedPrecondition(e.text);
     case proto::ErrorCode::kMalformed:
     case proto::ErrorCode::kBadRequest: return Status::InvalidArgument(e.text);
-    case proto::ErrorCode::kBusy: return Status::Unavailable(e.text);
+    case proto::ErrorCode::kBusy:
+    case proto::ErrorCode::kAborted: return Status::Unavailable(e.text);
     case proto::ErrorCode::kInternal: break;
   }
   return Status::Internal(e.text);
@@ -59,6 +60,9 @@ struct Client::Impl {
   uint64_t next_request = 1;
   std::map<uint64_t, std::shared_ptr<std::promise<proto::Message>>> pending;  // request id -> reply
   std::shared_ptr<std::promise<proto::Message>> hello_reply;                  // HELLO has no request id
+  // Transfers under way (FETCH answered, chunks arriving), by request id: an ERROR for one (the
+  // node aborted it) or the connection's loss ends it.
+  std::map<uint64_t, std::function<void(const Status&)>> transfers;
   std::atomic<uint64_t> next_tag{0};
 
   void OnMessage(std::span<const std::byte> bytes);
@@ -78,6 +82,10 @@ void Client::Impl::OnMessage(std::span<const std::byte> bytes) {
     if (handlers.on_notify) handlers.on_notify(n->info);
     return;
   }
+  if (auto* n = std::get_if<proto::Incoming>(&*decoded)) {
+    if (handlers.on_incoming) handlers.on_incoming(n->info);
+    return;
+  }
   std::lock_guard<std::mutex> lock(mu);
   if (std::holds_alternative<proto::HelloOk>(*decoded) ||
       (std::holds_alternative<proto::Error>(*decoded) && RequestIdOf(*decoded) == 0 && hello_reply)) {
@@ -91,6 +99,10 @@ void Client::Impl::OnMessage(std::span<const std::byte> bytes) {
   }
   uint64_t id = RequestIdOf(*decoded);
   auto it = pending.find(id);
+  if (auto t = transfers.find(id); t != transfers.end() && it == pending.end()) {
+    if (auto* e = std::get_if<proto::Error>(&*decoded)) t->second(FromError(*e));
+    return;
+  }
   if (it == pending.end()) {
     if (auto* e = std::get_if<proto::Error>(&*decoded)) log(LogLevel::kWarn, kLog, "node: {}", e->text);
     return;
@@ -108,6 +120,7 @@ void Client::Impl::OnClosed(const Status& reason) {
     pending.clear();
     if (hello_reply) hello_reply->set_value(proto::Error{0, proto::ErrorCode::kInternal, close_reason.message()});
     hello_reply.reset();
+    for (auto& [id, end] : transfers) end(close_reason);
   }
   if (handlers.on_disconnect) handlers.on_disconnect(close_reason);
 }
@@ -185,7 +198,9 @@ bool Client::connected() const {
   return !impl_->closed;
 }
 
-Status Client::Subscribe(const std::string& model) { return impl_->SendMessage(proto::Subscribe{model}); }
+Status Client::Subscribe(const std::string& model, uint8_t flags) {
+  return impl_->SendMessage(proto::Subscribe{model, flags});
+}
 
 Result<proto::FetchOk> Client::FetchLease(const std::string& model, uint64_t version) {
   auto [id, reply] = impl_->NewRequest();
@@ -210,11 +225,42 @@ std::function<void()> Client::Releaser(const std::string& model, uint64_t versio
 
 void Client::Ack(const std::string& model, uint64_t version) { (void)impl_->SendMessage(proto::Ack{model, version}); }
 
-// Posts one receive per chunk into the provided buffer, then waits for all of them.
+namespace {
+// The chunks of one transfer, completed on the progress thread while the fetching thread waits.
+struct Arrivals {
+  std::mutex mu;
+  std::condition_variable cv;
+  uint32_t remaining = 0;
+  uint64_t received = 0;
+  std::vector<uint8_t> done;  // per chunk, set by its completion
+  Status first_error;
+  Status ended;  // the node aborted the transfer (ERROR for its request) or the connection went
+};
+}  // namespace
+
+// Posts one receive per chunk into the provided buffer, then waits for all of them; the prefix of
+// chunks complete is reported (progress) and hashed (data_checksum) as it grows.
 Result<proto::FetchOk> Client::FetchSend(const std::string& model, uint64_t version, const BufferProvider& provide,
                                          const ProgressFn& progress, std::optional<uint64_t>* data_checksum) {
   uint64_t tag = impl_->next_tag.fetch_add(1ull << 24);
   auto [id, reply] = impl_->NewRequest();
+  auto state = std::make_shared<Arrivals>();
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->transfers[id] = [state](const Status& why) {
+      std::lock_guard<std::mutex> l(state->mu);
+      if (state->ended.ok()) state->ended = why;
+      state->cv.notify_all();
+    };
+  }
+  struct Forget {  // the transfer's entry goes on every return
+    Impl* impl;
+    uint64_t id;
+    ~Forget() {
+      std::lock_guard<std::mutex> lock(impl->mu);
+      impl->transfers.erase(id);
+    }
+  } forget{impl_.get(), id};
   VIPER_RETURN_IF_ERROR(
       impl_->SendMessage(proto::Fetch{id, model, version, proto::FetchMode::kSend, tag, impl_->options.chunk_bytes}));
   VIPER_ASSIGN_OR_RETURN(proto::Message m, impl_->Await(id, reply));
@@ -228,15 +274,6 @@ Result<proto::FetchOk> Client::FetchSend(const std::string& model, uint64_t vers
   if (!buffer.ok()) return buffer.status();  // the node's sends fail when we disconnect or time out
   if (buffer->size() < size) return Status::Internal("receive buffer smaller than the version");
 
-  struct State {
-    std::mutex mu;
-    std::condition_variable cv;
-    uint32_t remaining;
-    uint64_t received = 0;
-    std::vector<uint8_t> done;  // per chunk, set by its completion
-    Status first_error;
-  };
-  auto state = std::make_shared<State>();
   state->remaining = ok.chunks;
   state->done.assign(ok.chunks, 0);
   for (uint32_t i = 0; i < ok.chunks; ++i) {
@@ -251,18 +288,20 @@ Result<proto::FetchOk> Client::FetchSend(const std::string& model, uint64_t vers
       state->cv.notify_all();
     });
   }
-  // Hashes the data region [8 + N, size) as its chunks complete in order; N is the header length
-  // in the first 8 bytes (a hostile value just means nothing is hashed: the parse rejects it).
+  // Reports and hashes the data region [8 + N, size) as its chunks complete in order; N is the
+  // header length in the first 8 bytes (a hostile value just means nothing is hashed: the parse
+  // rejects it).
   std::optional<Checksum64Stream> stream;
-  uint64_t data_begin = 0, hashed_chunks = 0;
+  uint64_t data_begin = 0, prefix_chunks = 0;
   if (data_checksum != nullptr) data_checksum->reset();
-  auto hash_ready = [&](std::unique_lock<std::mutex>& held) {
-    if (data_checksum == nullptr) return;
-    uint64_t first = hashed_chunks, last = hashed_chunks;
+  auto advance = [&](std::unique_lock<std::mutex>& held) {
+    uint64_t first = prefix_chunks, last = prefix_chunks;
     while (last < ok.chunks && state->done[last]) ++last;
     if (last == first) return;
     held.unlock();
-    if (first == 0) {
+    uint64_t from_byte = first * ok.chunk_bytes, to_byte = std::min(last * ok.chunk_bytes, size);
+    if (progress) progress(to_byte, size);
+    if (data_checksum != nullptr && first == 0) {
       uint64_t n = 0;
       std::memcpy(&n, buffer->data(), std::min<uint64_t>(8, size));  // little-endian u64, as the format says
       if (size >= 8 && n <= size - 8) {
@@ -271,20 +310,19 @@ Result<proto::FetchOk> Client::FetchSend(const std::string& model, uint64_t vers
       }
     }
     if (stream) {
-      uint64_t from = std::max(first * ok.chunk_bytes, data_begin);
-      uint64_t to = std::min(last * ok.chunk_bytes, size);
-      if (to > from) stream->Update(std::span<const std::byte>(buffer->data() + from, to - from));
+      uint64_t from = std::max(from_byte, data_begin);
+      if (to_byte > from) stream->Update(std::span<const std::byte>(buffer->data() + from, to_byte - from));
     }
     held.lock();
-    hashed_chunks = last;
+    prefix_chunks = last;
   };
   std::unique_lock<std::mutex> lock(state->mu);
   auto deadline = std::chrono::steady_clock::now() + impl_->options.timeout;
   uint64_t last = 0;
-  while (state->remaining > 0) {
-    hash_ready(lock);
-    if (state->remaining == 0) break;
-    if (state->cv.wait_until(lock, deadline) == std::cv_status::timeout && state->remaining > 0) {
+  while (state->remaining > 0 && state->ended.ok()) {
+    advance(lock);
+    if (state->remaining == 0 || !state->ended.ok()) break;
+    if (state->cv.wait_until(lock, deadline) == std::cv_status::timeout && state->remaining > 0 && state->ended.ok()) {
       // Abandon: receives stay posted into `buffer`, so the buffer must not be reused. The caller
       // treats a timed-out transfer's buffer as poisoned; disconnecting cancels the receives.
       return Status::Timeout("transfer of " + model + " version " + std::to_string(ok.info.version) + " stalled at " +
@@ -293,13 +331,21 @@ Result<proto::FetchOk> Client::FetchSend(const std::string& model, uint64_t vers
     if (state->received != last) {
       deadline = std::chrono::steady_clock::now() + impl_->options.timeout;  // progress resets the timer
       last = state->received;
-      if (progress) progress(last, size);
     }
   }
+  if (state->remaining > 0) return state->ended;  // aborted by the node: receives stay posted, as above
   if (!state->first_error.ok()) return state->first_error.WithContext("transfer of " + model + " failed");
-  hash_ready(lock);
-  if (stream && hashed_chunks == ok.chunks) *data_checksum = stream->Digest();
+  advance(lock);
+  if (stream && prefix_chunks == ok.chunks) *data_checksum = stream->Digest();
   return ok;
+}
+
+Result<std::map<std::string, uint64_t>> Client::Stats() {
+  auto [id, reply] = impl_->NewRequest();
+  VIPER_RETURN_IF_ERROR(impl_->SendMessage(proto::Stats{id}));
+  VIPER_ASSIGN_OR_RETURN(proto::Message m, impl_->Await(id, reply));
+  if (!std::holds_alternative<proto::StatsReply>(m)) return Status::Internal("unexpected reply to STATS");
+  return std::get<proto::StatsReply>(std::move(m)).counters;
 }
 
 Result<std::vector<proto::VersionInfo>> Client::List() {

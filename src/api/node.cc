@@ -82,6 +82,7 @@ Result<std::unique_ptr<Node>> Node::Start(const NodeOptions& options) {
   }
   impl->worker = std::make_unique<internal::TaskQueue>("node-worker");
   impl->flusher = std::make_unique<internal::TaskQueue>("node-flusher");
+  impl->spare = std::make_unique<internal::TaskQueue>("node-spare");
 
   net::EngineOptions engine_options;
   engine_options.listen = options.listen.empty() ? "127.0.0.1:0" : options.listen;
@@ -109,10 +110,13 @@ Node::~Node() {
   impl_->engine->Stop();   // no more handlers, no more bulk completions
   impl_->worker->Close();   // finishes queued verifications (their replies fail: no peer is live)
   impl_->flusher->Close();  // finishes queued flushes: a clean stop persists what was published
+  impl_->stopping = true;   // a queued spare segment is not made any more
+  impl_->spare->Close();
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     impl_->peers.clear();  // drops leases before the host tier goes
   }
+  impl_->DropIncoming();
   impl_->engine.reset();
 }
 
@@ -162,10 +166,16 @@ FileTier* Node::file_tier() { return impl_->files.get(); }
 
 NodeStats Node::stats() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  NodeStats s = impl_->stats;
-  s.peers = impl_->peers.size();
+  return impl_->StatsLocked();
+}
+
+NodeStats Node::Impl::StatsLocked() const {
+  NodeStats s = stats;
+  s.peers = peers.size();
   s.leases_active = 0;
-  for (const auto& [id, p] : impl_->peers) s.leases_active += p.leases.size();
+  for (const auto& [id, p] : peers) s.leases_active += p.leases.size();
+  s.bytes_sent = bytes_sent.load();
+  s.bytes_sent_incoming = bytes_sent_incoming.load();
   return s;
 }
 
@@ -358,6 +368,7 @@ void Node::Impl::Dispatch(net::PeerId peer, PeerState& p, proto::Message& messag
   if (auto* m = std::get_if<proto::Unsubscribe>(&message)) {
     models[m->model].subscribers.erase(peer);
     p.subscriptions.erase(m->model);
+    p.incoming_models.erase(m->model);
     return;
   }
   if (auto* m = std::get_if<proto::Fetch>(&message)) return HandleFetch(peer, p, *m);
@@ -369,6 +380,7 @@ void Node::Impl::Dispatch(net::PeerId peer, PeerState& p, proto::Message& messag
   if (auto* m = std::get_if<proto::Publish>(&message)) return HandlePublish(peer, *m);
   if (auto* m = std::get_if<proto::List>(&message)) return HandleList(peer, *m);
   if (auto* m = std::get_if<proto::ReplicaAnnounce>(&message)) return HandleReplica(peer, p, *m);
+  if (auto* m = std::get_if<proto::Stats>(&message)) return HandleStats(peer, *m);
   if (std::holds_alternative<proto::Error>(message)) {
     log(LogLevel::kWarn, kLog, "peer {} reported: {}", peer, std::get<proto::Error>(message).text);
     return;
@@ -397,11 +409,14 @@ void Node::Impl::HandleSubscribe(net::PeerId peer, PeerState& p, const proto::Su
     return SendError(peer, 0, proto::ErrorCode::kBadRequest, st.message());
   models[m.model].subscribers.insert(peer);
   p.subscriptions.insert(m.model);
+  if ((m.flags & proto::kSubscribeIncoming) != 0) p.incoming_models.insert(m.model);
   if (auto latest = FindLocked(m.model, 0)) Send(peer, proto::Notify{*latest});  // a late joiner gets the model now
+  if ((m.flags & proto::kSubscribeIncoming) != 0) SendIncomingLocked(peer, m.model);  // ...and what is arriving
 }
 
 void Node::Impl::HandleFetch(net::PeerId peer, PeerState& p, const proto::Fetch& m) {
   auto info = FindLocked(m.model, m.version);
+  if (!info && m.version != 0 && incoming.count({m.model, m.version}) != 0) return FetchIncoming(peer, m);
   if (!info) {
     return SendError(peer, m.request_id, proto::ErrorCode::kNotFound,
                      m.version == 0 ? "model " + m.model + " has no version"
@@ -431,6 +446,7 @@ void Node::Impl::HandleFetch(net::PeerId peer, PeerState& p, const proto::Fetch&
     return SendError(peer, m.request_id, proto::ErrorCode::kNotFound, lease.status().message());
   }
   send->peer = peer;
+  send->request_id = m.request_id;
   send->tag = m.tag;
   send->chunk = ClampChunk(m.chunk_bytes, options.chunk_bytes);
   send->chunks = static_cast<uint32_t>((send->bytes.size() + send->chunk - 1) / send->chunk);
@@ -438,24 +454,29 @@ void Node::Impl::HandleFetch(net::PeerId peer, PeerState& p, const proto::Fetch&
   StartBulkSend(std::move(send));
 }
 
-void Node::Impl::StartBulkSend(std::shared_ptr<BulkSend> send) {
-  for (uint32_t i = 0; i < options.chunks_in_flight && send->next < send->chunks; ++i) PumpBulkSend(send);
-}
+void Node::Impl::StartBulkSend(std::shared_ptr<BulkSend> send) { PumpBulkSend(send); }
 
-// Sends the next chunk; its completion sends the one after (a window of chunks_in_flight).
+// Keeps up to chunks_in_flight chunks in flight; each completion sends the next. A send that
+// forwards a version still arriving waits (parked) for the bytes of its next chunk to land.
 void Node::Impl::PumpBulkSend(const std::shared_ptr<BulkSend>& send) {
-  uint32_t index = send->next++;
-  uint64_t begin = static_cast<uint64_t>(index) * send->chunk;
-  auto piece = send->bytes.subspan(begin, std::min<uint64_t>(send->chunk, send->bytes.size() - begin));
-  engine->SendBulk(send->peer, send->tag + index, piece, [this, send](const Status& st) {
-    send->done++;
-    if (!st.ok()) {
-      if (!send->failed) log(LogLevel::kInfo, kLog, "transfer to peer {} abandoned: {}", send->peer, st.message());
-      send->failed = true;
-      return;
-    }
-    if (!send->failed && send->next < send->chunks) PumpBulkSend(send);
-  });
+  while (!send->failed && send->next < send->chunks && send->next - send->done < options.chunks_in_flight) {
+    if (send->incoming && !NextChunkReady(send)) return;
+    uint32_t index = send->next++;
+    uint64_t begin = static_cast<uint64_t>(index) * send->chunk;
+    auto piece = send->bytes.subspan(begin, std::min<uint64_t>(send->chunk, send->bytes.size() - begin));
+    bool early = send->incoming != nullptr;  // the version was not complete here yet
+    engine->SendBulk(send->peer, send->tag + index, piece, [this, send, early, n = piece.size()](const Status& st) {
+      send->done++;
+      if (!st.ok()) {
+        if (!send->failed) log(LogLevel::kInfo, kLog, "transfer to peer {} abandoned: {}", send->peer, st.message());
+        send->failed = true;
+        return;
+      }
+      bytes_sent += n;
+      if (early) bytes_sent_incoming += n;
+      PumpBulkSend(send);
+    });
+  }
 }
 
 void Node::Impl::HandleRelease(PeerState& p, const proto::Release& m) {
@@ -597,6 +618,7 @@ void Node::Impl::FinishClientPublish(net::PeerId peer, uint64_t request_id, std:
   auto committed = CommitVersion(std::move(lease), std::move(info));
   if (!committed.ok()) return SendError(peer, request_id, proto::ErrorCode::kInternal, committed.status().message());
   Send(peer, proto::PublishOk{request_id, committed->version});
+  QueueSpare(committed->size);  // the next PUBLISH lands in a ready segment, as the Publisher's do
 }
 
 }  // namespace viper

@@ -27,17 +27,39 @@
 namespace viper {
 
 // Bytes being sent to a peer in chunks, with a window of sends in flight. Lives until the last
-// chunk completes; holds what keeps the bytes valid (a lease or a file mapping).
+// chunk completes; holds what keeps the bytes valid (a lease, a file mapping, or the incoming
+// version it forwards). Fields are touched on the progress thread only.
 struct BulkSend {
   std::shared_ptr<const void> hold;
   std::span<const std::byte> bytes;
+  std::shared_ptr<IncomingVersion::State> incoming;  // set while forwarding a version still arriving
   net::PeerId peer = 0;
+  uint64_t request_id = 0;
   uint64_t tag = 0;
   uint32_t chunk = 0;
   uint32_t chunks = 0;
   uint32_t next = 0;
   uint32_t done = 0;
   bool failed = false;
+  bool waiting = false;  // parked in incoming->waiting until more bytes land
+};
+
+// A version arriving into a segment of this node (src/api/node_fanout.cc). Shared by the writer's
+// IncomingVersion handle, the node's `incoming` table and every send that forwards it, so the
+// segment stays valid until the last of them is gone.
+struct IncomingVersion::State {
+  Node::Impl* node = nullptr;
+  proto::VersionInfo info;  // as announced in INCOMING
+  std::span<std::byte> bytes;
+  std::mutex mu;  // guards below
+  uint64_t landed = 0;
+  bool aborted = false;
+  std::string abort_reason;
+  bool committed = false;
+  WriteLease lease;   // until Commit
+  ReadLease holding;  // after Commit: the committed segment, until the last send of it is done
+  std::vector<std::shared_ptr<BulkSend>> waiting;  // sends parked until more bytes land
+  std::vector<std::weak_ptr<BulkSend>> sends;      // every send of it (told when it aborts)
 };
 
 struct Node::Impl {
@@ -48,6 +70,8 @@ struct Node::Impl {
   std::unique_ptr<FileTier> files;
   std::unique_ptr<internal::TaskQueue> worker;   // verifies client publishes
   std::unique_ptr<internal::TaskQueue> flusher;  // writes versions to the file tier
+  std::unique_ptr<internal::TaskQueue> spare;    // makes the host tier's next segment (KeepSpare)
+  std::atomic<bool> stopping{false};             // a queued spare is not made any more
   std::unique_ptr<net::Engine> engine;           // declared last: destroyed first
 
   struct ModelState {
@@ -63,6 +87,7 @@ struct Node::Impl {
     int strikes = 0;
     std::multimap<std::pair<std::string, uint64_t>, ReadLease> leases;
     std::set<std::string> subscriptions;
+    std::set<std::string> incoming_models;  // subscriptions that also get INCOMING
     std::vector<std::pair<std::string, uint64_t>> announced;  // versions this relay said it holds
     std::set<std::string> relayed_models;                      // ...and their models
     proto::Replica replica;                                    // ...as this replica
@@ -73,6 +98,11 @@ struct Node::Impl {
   std::map<net::PeerId, PeerState> peers;
   NodeStats stats;
   std::atomic<uint64_t> next_tag{1};
+  // Versions arriving here (IncomingVersion), by (model, version); guarded by mu.
+  std::map<std::pair<std::string, uint64_t>, std::shared_ptr<IncomingVersion::State>> incoming;
+  // Counted on the progress thread as sends complete (no lock there).
+  std::atomic<uint64_t> bytes_sent{0};
+  std::atomic<uint64_t> bytes_sent_incoming{0};
 
   // --- message handling (progress thread) ---
   void OnMessage(net::PeerId peer, std::span<const std::byte> bytes);
@@ -94,10 +124,26 @@ struct Node::Impl {
   void Refuse(net::PeerId peer, const std::string& why);  // REQUIRES: mu held
   void StartBulkSend(std::shared_ptr<BulkSend> send);
   void PumpBulkSend(const std::shared_ptr<BulkSend>& send);
+
+  // --- fan-out (node_fanout.cc) ---
+  // FETCH (SEND) of a version still arriving here; NotFound if there is none.
+  void FetchIncoming(net::PeerId peer, const proto::Fetch& m);
+  void SendIncomingLocked(net::PeerId peer, const std::string& model);  // to a late joiner, if any
+  // False (and `send` parked until more bytes land, or failed if the version aborted) when the
+  // next chunk of a send that forwards an incoming version has not landed yet.
+  bool NextChunkReady(const std::shared_ptr<BulkSend>& send);
+  void Resume(std::vector<std::shared_ptr<BulkSend>> sends);  // progress thread
+  // Ends an incoming version that will not complete; peers forwarding it get ERROR Aborted.
+  void AbortIncoming(const std::shared_ptr<IncomingVersion::State>& state, const std::string& why);
+  void AbortSends(const std::shared_ptr<IncomingVersion::State>& state);  // progress thread
+  void HandleStats(net::PeerId peer, const proto::Stats& m);
+  void QueueSpare(uint64_t size);
+  void DropIncoming();  // at shutdown: breaks send <-> state cycles before the host tier goes
   void FinishClientPublish(net::PeerId peer, uint64_t request_id, std::string model, WriteLease lease,
                            uint64_t step, int64_t publish_ns);
 
   // --- catalog (REQUIRES: mu held) ---
+  NodeStats StatsLocked() const;
   std::optional<proto::VersionInfo> FindLocked(const std::string& model, uint64_t version) const;
   void PruneLocked(const std::string& model);
   uint64_t ReserveLocked(const std::string& model);

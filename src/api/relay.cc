@@ -1,5 +1,7 @@
-// Relay: one Subscriber per model on the upstream node; each version it makes live is copied into
-// this node's host tier and committed under the upstream's version number.
+// Relay: one Subscriber per model on the upstream node. Remote transfers land straight in a segment
+// of this node (Node::Receive), which forwards each chunk downstream as it lands, and are committed
+// under the upstream's version number once verified; versions loaded another way (map, copy, file)
+// are copied into a segment.
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -23,11 +25,46 @@ struct Relay::Impl {
   RelayStats stats;
   std::map<std::string, uint64_t> relayed;  // model -> newest version committed here
   std::unique_ptr<Client> announcer;        // tells the upstream what we hold (REPLICA)
+  // model -> the version being received into this node (the subscriber's load owns it)
+  std::map<std::string, std::weak_ptr<IncomingVersion>> arriving;
 
   void Announce(const proto::VersionInfo& info);
 
   void OnVersion(const ModelVersion& mv);
-  Status Copy(const ModelVersion& mv);
+  Result<proto::VersionInfo> CommitArrived(const ModelVersion& mv);
+  Result<proto::VersionInfo> Copy(const ModelVersion& mv);
+};
+
+// The relay's subscribers land remote transfers in a segment of the node, which forwards them
+// downstream as they land. Logs when the first and the last bytes landed (CLOCK_REALTIME), so that
+// a chain's pipelining shows in its logs.
+class RelayLanding : public LandingZone {
+ public:
+  using Arrival = std::function<void(const std::shared_ptr<IncomingVersion>&)>;
+  RelayLanding(Node* node, Arrival on_arrival) : node_(node), on_arrival_(std::move(on_arrival)) {}
+  Result<Landing> Land(const proto::VersionInfo& info) override {
+    VIPER_ASSIGN_OR_RETURN(std::unique_ptr<IncomingVersion> received, node_->Receive(info));
+    std::shared_ptr<IncomingVersion> in(std::move(received));
+    on_arrival_(in);
+    IncomingVersion* raw = in.get();  // the Landing's owner keeps it alive while bytes land
+    auto first_ns = std::make_shared<int64_t>(0);
+    Landing landing{in->data(), in, [raw, first_ns](uint64_t prefix) {
+                      if (*first_ns == 0) {
+                        *first_ns = WallClockNs();
+                        log(LogLevel::kInfo, kLog, "{} version {}: first bytes landed at {} ns", raw->info().model,
+                            raw->info().version, *first_ns);
+                      }
+                      raw->Landed(prefix);
+                      if (prefix == raw->data().size())
+                        log(LogLevel::kInfo, kLog, "{} version {}: all {} bytes landed at {} ns", raw->info().model,
+                            raw->info().version, prefix, WallClockNs());
+                    }};
+    return landing;
+  }
+
+ private:
+  Node* node_;
+  Arrival on_arrival_;
 };
 
 // Runs on the subscriber's loader thread, after the version was verified.
@@ -35,29 +72,42 @@ void Relay::Impl::OnVersion(const ModelVersion& mv) {
   std::lock_guard<std::mutex> lock(mu);
   uint64_t& newest = relayed[mv.info.model];
   if (mv.version() <= newest) return;  // already relayed (Start replays the version live at start)
-  Status st = Copy(mv);
-  if (!st.ok()) {
+  auto committed = CommitArrived(mv);
+  if (committed.ok() && committed->version == 0) committed = Copy(mv);
+  if (!committed.ok()) {
     stats.failures++;
     log(LogLevel::kError, kLog, "{} version {} from {} not relayed: {}", mv.info.model, mv.version(), options.upstream,
-        st.message());
+        committed.status().message());
     return;
   }
+  log(LogLevel::kInfo, kLog, "relayed {} version {} ({} bytes) from {} via {}", committed->model, committed->version,
+      committed->size, options.upstream, fetch_path_name(mv.path));
+  Announce(*committed);
   newest = mv.version();
   stats.versions_relayed++;
 }
 
-Status Relay::Impl::Copy(const ModelVersion& mv) {
+// A version that landed in this node's segment: committed in place (no copy). version 0 = it did
+// not land here (map, copy or file path): the caller copies it.
+Result<proto::VersionInfo> Relay::Impl::CommitArrived(const ModelVersion& mv) {
+  auto it = arriving.find(mv.info.model);
+  std::shared_ptr<IncomingVersion> in = it != arriving.end() ? it->second.lock() : nullptr;
+  if (!in || in->info().version != mv.version() || in->data().data() != mv.snapshot.bytes().data())
+    return proto::VersionInfo{};
+  arriving.erase(it);
+  VIPER_ASSIGN_OR_RETURN(proto::VersionInfo committed, in->Commit());
+  stats.versions_received_in_place++;
+  return committed;
+}
+
+Result<proto::VersionInfo> Relay::Impl::Copy(const ModelVersion& mv) {
   std::span<const std::byte> bytes = mv.snapshot.bytes();
   if (bytes.size() != mv.info.size)
     return Status::Internal("snapshot of " + std::to_string(bytes.size()) + " bytes, announced " + std::to_string(mv.info.size));
   VIPER_ASSIGN_OR_RETURN(WriteLease lease, node->Allocate(bytes.size()));
   std::memcpy(lease.data().data(), bytes.data(), bytes.size());
   proto::VersionInfo info = mv.info;  // keeps the upstream's replicas; Commit lists ours first
-  VIPER_ASSIGN_OR_RETURN(proto::VersionInfo committed, node->Commit(std::move(lease), std::move(info)));
-  log(LogLevel::kInfo, kLog, "relayed {} version {} ({} bytes) from {} via {}", committed.model, committed.version,
-      committed.size, options.upstream, fetch_path_name(mv.path));
-  Announce(committed);
-  return Status::OK();
+  return node->Commit(std::move(lease), std::move(info));
 }
 
 // Best effort: a relay that cannot tell the upstream still serves its own host.
@@ -107,9 +157,14 @@ Result<std::unique_ptr<Relay>> Relay::Start(Node& node, const RelayOptions& opti
     so.token = options.token;
     so.name = node.options().name.empty() ? "relay" : "relay:" + node.options().name;
     so.file_dir = options.file_dir;
-    so.buffers = 1;  // each version is copied into the host tier at once
-    VIPER_ASSIGN_OR_RETURN(auto sub, Subscriber::Start(so));
+    if (options.always_remote) so.path = FetchPath::kRemote;
+    so.buffers = 1;  // only versions that did not land in the host tier are copied out of it
     Impl* raw = impl.get();  // subscribers are closed before the Impl goes
+    so.landing = std::make_shared<RelayLanding>(&node, [raw](const std::shared_ptr<IncomingVersion>& in) {
+      std::lock_guard<std::mutex> lock(raw->mu);
+      raw->arriving[in->info().model] = in;
+    });
+    VIPER_ASSIGN_OR_RETURN(auto sub, Subscriber::Start(so));
     sub->OnUpdate([raw](const std::shared_ptr<const ModelVersion>& mv) { raw->OnVersion(*mv); });
     if (auto live = sub->latest()) raw->OnVersion(*live);  // loaded before the callback was set
     impl->subscribers.push_back(std::move(sub));

@@ -43,14 +43,20 @@ std::string_view fetch_path_name(FetchPath path) {
   return "?";
 }
 
-void Subscriber::Impl::OnNotify(const proto::VersionInfo& info) {
+void Subscriber::Impl::OnAnnounce(const proto::VersionInfo& info, bool incoming) {
   std::lock_guard<std::mutex> lock(mu);
   stats.notifies++;
   if (info.model != options.model) return;
-  if (announced && announced->version >= info.version) return;
+  // A version whose pipelined load failed is loaded again once its node has it complete.
+  bool retry = !incoming && announced_incoming && announced && announced->version == info.version &&
+               failed_version == info.version;
+  if (announced && announced->version >= info.version && !retry) return;
   auto current = live.load();
-  if (announced && (!current || announced->version > current->version())) stats.skipped++;  // superseded before load
+  if (announced && announced->version < info.version && (!current || announced->version > current->version()))
+    stats.skipped++;  // superseded before load
+  if (retry) failed_version = 0;
   announced = info;
+  announced_incoming = incoming;
   announced_ns = WallClockNs();
   cv.notify_all();
 }
@@ -72,7 +78,8 @@ Result<std::shared_ptr<Client>> Subscriber::Impl::EnsureClient() {
   }
   ClientOptions co = ClientOptionsFor(options.connect);
   ClientHandlers handlers;
-  handlers.on_notify = [this](const proto::VersionInfo& info) { OnNotify(info); };
+  handlers.on_notify = [this](const proto::VersionInfo& info) { OnAnnounce(info, false); };
+  handlers.on_incoming = [this](const proto::VersionInfo& info) { OnAnnounce(info, true); };
   handlers.on_disconnect = [this](const Status& why) {
     log(LogLevel::kWarn, kLog, "{}", why.message());
     std::lock_guard<std::mutex> lock(mu);
@@ -80,7 +87,10 @@ Result<std::shared_ptr<Client>> Subscriber::Impl::EnsureClient() {
   };
   VIPER_ASSIGN_OR_RETURN(std::unique_ptr<Client> fresh, Client::Connect(co, std::move(handlers)));
   std::shared_ptr<Client> shared(std::move(fresh));
-  VIPER_RETURN_IF_ERROR(shared->Subscribe(options.model));
+  // Versions still arriving at the node are worth fetching only over the network (a consumer on
+  // the node's host maps complete versions).
+  bool pipelined = options.pipelined && (!shared->same_host() || options.path == FetchPath::kRemote);
+  VIPER_RETURN_IF_ERROR(shared->Subscribe(options.model, pipelined ? proto::kSubscribeIncoming : 0));
   std::lock_guard<std::mutex> lock(mu);
   client = shared;
   return shared;
@@ -258,14 +268,23 @@ Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::LoadLeased(FetchPath pat
 
 Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::LoadRemote(const proto::VersionInfo& info, Client& client) {
   internal::BufferPool::Lease buffer;
+  ProgressFn landed;
   auto provide = [&](const proto::VersionInfo& actual) -> Result<std::span<std::byte>> {
+    if (options.landing) {  // e.g. a relay: straight into its node's segment, forwarded as it lands
+      VIPER_ASSIGN_OR_RETURN(LandingZone::Landing landing, options.landing->Land(actual));
+      if (landing.bytes.size() != actual.size) return Status::Internal("landing zone of the wrong size");
+      buffer = {std::move(landing.owner), landing.bytes};
+      if (landing.landed) landed = [fn = std::move(landing.landed)](uint64_t done, uint64_t) { fn(done); };
+      return buffer.data;
+    }
     VIPER_ASSIGN_OR_RETURN(buffer, pool->Acquire(actual.size));
     return buffer.data;
   };
   // The checksum is computed while the chunks arrive (FetchSend), not in a pass after them.
   std::optional<uint64_t> received_checksum;
-  auto ok = client.FetchSend(info.model, info.version, provide, {},
-                             options.verify_checksum ? &received_checksum : nullptr);
+  auto ok = client.FetchSend(
+      info.model, info.version, provide, [&](uint64_t done, uint64_t total) { if (landed) landed(done, total); },
+      options.verify_checksum ? &received_checksum : nullptr);
   if (!ok.ok()) {
     // Receives may still be posted into the buffer: it is only safe to reuse once the client's
     // engine is gone, so Load() keeps it here until it has dropped the client.
@@ -379,7 +398,7 @@ void Subscriber::Impl::Run() {
     for (auto& cb : listeners) cb(frozen);
     // The next version needs a second buffer while readers hold this one: map and fault it in
     // now, between versions, instead of during the next transfer (BufferPool::KeepSpare).
-    if (frozen->path != FetchPath::kMap) {
+    if (frozen->path != FetchPath::kMap && !(frozen->path == FetchPath::kRemote && options.landing)) {
       Status spare = pool->KeepSpare(frozen->info.size);
       if (!spare.ok()) log(LogLevel::kWarn, kLog, "no spare receive buffer for {}: {}", options.model, spare.message());
     }

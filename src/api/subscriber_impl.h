@@ -48,6 +48,7 @@ struct Subscriber::Impl {
   std::condition_variable cv;
   std::shared_ptr<Client> client;  // replaced when the connection is lost
   std::optional<proto::VersionInfo> announced;
+  bool announced_incoming = false;  // announced by INCOMING: the node is still receiving it
   int64_t announced_ns = 0;
   uint64_t failed_version = 0;     // the last version whose load failed on every path
   // The receive buffer of a transfer that broke midway: receives may still be posted into it, so
@@ -64,7 +65,8 @@ struct Subscriber::Impl {
   Status last_error;
   std::thread loader;
 
-  void OnNotify(const proto::VersionInfo& info);
+  // NOTIFY (complete at the node) or INCOMING (still arriving there: pipelined).
+  void OnAnnounce(const proto::VersionInfo& info, bool incoming);
   Result<std::shared_ptr<Client>> EnsureClient();
   ClientOptions ClientOptionsFor(const std::string& node) const;
   void DropClient(const std::shared_ptr<Client>& broken);

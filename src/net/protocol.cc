@@ -147,7 +147,7 @@ FetchMode get_fetch_mode(Reader& r) {
 // Payload encoders, one per message.
 void put_payload(Writer& w, const Hello& m) { w.str(m.token); w.str(m.client_name); w.str(m.host_key); w.u32(m.pid); }
 void put_payload(Writer& w, const HelloOk& m) { w.str(m.node_name); w.str(m.host_key); w.u32(m.pid); }
-void put_payload(Writer& w, const Subscribe& m) { w.str(m.model); }
+void put_payload(Writer& w, const Subscribe& m) { w.str(m.model); w.u8(m.flags); }
 void put_payload(Writer& w, const Unsubscribe& m) { w.str(m.model); }
 void put_payload(Writer& w, const Notify& m) { put(w, m.info); }
 void put_payload(Writer& w, const Fetch& m) {
@@ -175,6 +175,16 @@ void put_payload(Writer& w, const ListReply& m) {
 }
 
 void put_payload(Writer& w, const ReplicaAnnounce& m) { w.str(m.model); w.u64(m.version); put(w, m.replica); }
+void put_payload(Writer& w, const Incoming& m) { put(w, m.info); }
+void put_payload(Writer& w, const Stats& m) { w.u64(m.request_id); }
+void put_payload(Writer& w, const StatsReply& m) {
+  w.u64(m.request_id);
+  w.u32(static_cast<uint32_t>(m.counters.size()));
+  for (const auto& [name, value] : m.counters) {
+    w.str(name);
+    w.u64(value);
+  }
+}
 
 // Payload decoders.
 Message get_payload(Reader& r, MessageType type) {
@@ -186,7 +196,11 @@ Message get_payload(Reader& r, MessageType type) {
     case MessageType::kHelloOk: {
       HelloOk m; m.node_name = r.str("node_name"); m.host_key = r.str("host_key"); m.pid = r.u32("pid"); return m;
     }
-    case MessageType::kSubscribe: return Subscribe{r.str("model")};
+    case MessageType::kSubscribe: {
+      Subscribe m; m.model = r.str("model"); m.flags = r.u8("flags");
+      if (r.ok() && (m.flags & ~kSubscribeIncoming) != 0) r.fail("flags", "unknown subscribe flags " + std::to_string(m.flags));
+      return m;
+    }
     case MessageType::kUnsubscribe: return Unsubscribe{r.str("model")};
     case MessageType::kNotify: return Notify{get_version_info(r)};
     case MessageType::kFetch: {
@@ -231,12 +245,24 @@ Message get_payload(Reader& r, MessageType type) {
       ReplicaAnnounce m; m.model = r.str("model"); m.version = r.u64("version"); m.replica = get_replica(r);
       return m;
     }
+    case MessageType::kIncoming: return Incoming{get_version_info(r)};
+    case MessageType::kStats: return Stats{r.u64("request_id")};
+    case MessageType::kStatsReply: {
+      StatsReply m; m.request_id = r.u64("request_id");
+      uint32_t n = r.count("counters", kMaxCounters, 12);
+      for (uint32_t i = 0; i < n && r.ok(); ++i) {
+        std::string name = r.str("counter.name");
+        uint64_t value = r.u64("counter.value");
+        if (r.ok() && !m.counters.emplace(std::move(name), value).second) r.fail("counters", "duplicate name");
+      }
+      return m;
+    }
   }
   r.fail("type", "unknown message type " + std::to_string(static_cast<unsigned>(type)));
   return Error{};
 }
 
-bool known_type(uint16_t t) { return t >= 1 && t <= 17; }
+bool known_type(uint16_t t) { return t >= 1 && t <= 20; }
 
 Status malformed(const std::string& why) { return Status::InvalidArgument("malformed message: " + why); }
 
@@ -245,7 +271,8 @@ Status malformed(const std::string& why) { return Status::InvalidArgument("malfo
 std::string_view message_type_name(MessageType type) {
   static constexpr std::string_view kNames[] = {
       "?", "HELLO", "HELLO_OK", "SUBSCRIBE", "UNSUBSCRIBE", "NOTIFY", "FETCH", "FETCH_OK", "RELEASE", "ACK",
-      "ERROR", "PUBLISH", "PUBLISH_READY", "PUBLISH_OK", "LIST", "LIST_REPLY", "REPLICA", "DELTA_PART"};
+      "ERROR", "PUBLISH", "PUBLISH_READY", "PUBLISH_OK", "LIST", "LIST_REPLY", "REPLICA", "DELTA_PART",
+      "INCOMING", "STATS", "STATS_REPLY"};
   auto i = static_cast<uint16_t>(type);
   return known_type(i) ? kNames[i] : kNames[0];
 }

@@ -32,7 +32,7 @@ std::vector<Message> AllMessages() {
   return {
       Hello{"secret", "consumer-1", "boot:ns", 1234},
       HelloOk{"node-a", "boot:ns", 99},
-      Subscribe{"nt3"},
+      Subscribe{"nt3", kSubscribeIncoming},
       Unsubscribe{"nt3"},
       Notify{SampleInfo()},
       Fetch{7, "nt3", 42, FetchMode::kSend, 1ull << 40, 4 << 20},
@@ -50,6 +50,9 @@ std::vector<Message> AllMessages() {
       ReplicaAnnounce{"nt3", 42, {ReplicaKind::kNode, "boot:ns2", "10.0.0.2:7301"}},
       DeltaPart{7, 3, 1 << 20, false},
       DeltaPart{7, 4, 17, true},
+      Incoming{SampleInfo()},
+      Stats{10},
+      StatsReply{10, {{"bytes_sent", 600'000'000}, {"peers", 3}}},
   };
 }
 
@@ -121,7 +124,7 @@ TEST(Protocol, StringLongerThanFrame) {
   uint32_t huge = 1000;
   std::memcpy(frame.data() + kFrameHeaderBytes, &huge, 4);
   Status st = DecodeStatus(frame);
-  EXPECT_NE(st.message().find("model: string of 1000 bytes but only 3 remain"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("model: string of 1000 bytes but only 4 remain"), std::string::npos) << st.message();
 }
 
 TEST(Protocol, StringBeyondLimit) {
@@ -151,6 +154,18 @@ TEST(Protocol, UnknownEnumValues) {
   auto frame = Encode(n);
   frame[frame.size() - 9] = std::byte{9};  // kind byte of the only replica (then two empty strings)
   EXPECT_NE(DecodeStatus(frame).message().find("unknown replica kind 9"), std::string::npos);
+
+  auto subscribe = Encode(Subscribe{"m", 0});
+  subscribe.back() = std::byte{6};  // flags: only kSubscribeIncoming (1) is defined
+  EXPECT_NE(DecodeStatus(subscribe).message().find("unknown subscribe flags 6"), std::string::npos);
+}
+
+TEST(Protocol, DuplicateCounterName) {
+  auto frame = Encode(StatsReply{1, {{"a", 1}, {"b", 2}}});
+  auto it = std::find(frame.rbegin(), frame.rend(), std::byte{'b'});
+  ASSERT_NE(it, frame.rend());
+  *it = std::byte{'a'};
+  EXPECT_NE(DecodeStatus(frame).message().find("counters: duplicate name"), std::string::npos);
 }
 
 TEST(Protocol, DuplicateMetadataKey) {
@@ -185,7 +200,7 @@ std::vector<std::byte> ReadAll(const std::filesystem::path& path) {
 TEST(ProtocolDocument, HandAssembledFramesDecodeAndReEncodeIdentically) {
   std::filesystem::path dir = std::filesystem::path(VIPER_SOURCE_DIR) / "fuzz" / "corpus" / "protocol";
   int checked = 0;
-  for (int type = 1; type <= 17; ++type) {
+  for (int type = 1; type <= 20; ++type) {
     std::filesystem::path found;
     for (const auto& entry : std::filesystem::directory_iterator(dir))
       if (entry.path().filename().string().rfind((type < 10 ? "0" : "") + std::to_string(type) + "_", 0) == 0)
@@ -198,7 +213,7 @@ TEST(ProtocolDocument, HandAssembledFramesDecodeAndReEncodeIdentically) {
     EXPECT_EQ(Encode(*decoded), bytes) << found;
     ++checked;
   }
-  EXPECT_EQ(checked, 17);
+  EXPECT_EQ(checked, 20);
   auto other = Decode(ReadAll(dir / "99_other_version"));
   ASSERT_FALSE(other.ok());
   EXPECT_EQ(other.status().code(), StatusCode::kFailedPrecondition);

@@ -1,0 +1,256 @@
+// Fan-out: a version arriving at a relay node lands straight in one of its segments
+// (IncomingVersion) and is forwarded to downstream peers chunk by chunk as it lands; plus the
+// node's counters (STATS) and the spare segments it makes between versions.
+// Design: docs/ARCHITECTURE.md "Fan-out".
+#include <algorithm>
+
+#include "node_impl.h"
+#include "viper/log.h"
+
+namespace viper {
+
+namespace {
+constexpr std::string_view kLog = "node";
+
+uint32_t ChunkFor(uint32_t asked, uint32_t fallback) {
+  return std::clamp<uint32_t>(asked == 0 ? fallback : asked, 64u << 10, 256u << 20);
+}
+}  // namespace
+
+std::map<std::string, uint64_t> StatsCounters(const NodeStats& s) {
+  return {{"versions_committed", s.versions_committed}, {"notifies_sent", s.notifies_sent},
+          {"leases_granted", s.leases_granted},         {"leases_active", s.leases_active},
+          {"peers", s.peers},                           {"peers_refused", s.peers_refused},
+          {"malformed_messages", s.malformed_messages}, {"files_flushed", s.files_flushed},
+          {"flush_errors", s.flush_errors},             {"bytes_sent", s.bytes_sent},
+          {"bytes_sent_incoming", s.bytes_sent_incoming}, {"incoming_versions", s.incoming_versions},
+          {"incoming_aborted", s.incoming_aborted}};
+}
+
+void Node::Impl::HandleStats(net::PeerId peer, const proto::Stats& m) {
+  Send(peer, proto::StatsReply{m.request_id, StatsCounters(StatsLocked())});
+}
+
+// Makes the next segment of `size` off the caller's path (HostTier::KeepSpare), as the embedded
+// Publisher does: the next client PUBLISH or relayed version then lands in faulted-in memory.
+void Node::Impl::QueueSpare(uint64_t size) {
+  spare->Post([this, size] {
+    if (stopping) return;
+    if (Status st = host->KeepSpare(size); !st.ok())
+      log(LogLevel::kWarn, kLog, "no spare segment of {} bytes: {}", size, st.message());
+  });
+}
+
+// ---------------------------------------------------------------- receiving
+
+Result<std::unique_ptr<IncomingVersion>> Node::Receive(proto::VersionInfo info) {
+  VIPER_RETURN_IF_ERROR(ValidateModelName(info.model));
+  VIPER_RETURN_IF_ERROR(ValidateVersion(info.version));
+  if (info.size < 8) return Status::InvalidArgument("a snapshot of " + std::to_string(info.size) + " bytes cannot be received");
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    auto latest = impl_->host->latest(info.model);
+    if (latest && *latest >= info.version)
+      return Status::FailedPrecondition(info.model + " version " + std::to_string(info.version) +
+                                        ": this node already holds version " + std::to_string(*latest));
+  }
+  VIPER_ASSIGN_OR_RETURN(WriteLease lease, impl_->host->Allocate(info.size));
+  auto state = std::make_shared<IncomingVersion::State>();
+  state->node = impl_.get();
+  state->bytes = lease.data();
+  state->lease = std::move(lease);
+  // Peers learn this node first (it forwards the version as it lands), then the upstream's replicas.
+  const proto::Replica self{proto::ReplicaKind::kRelay, host_key_, impl_->address};
+  std::erase_if(info.replicas, [&](const proto::Replica& r) { return r.locator == impl_->address; });
+  info.replicas.insert(info.replicas.begin(), self);
+  if (info.replicas.size() > proto::kMaxReplicas) info.replicas.resize(proto::kMaxReplicas);
+  state->info = info;
+
+  std::shared_ptr<IncomingVersion::State> replaced;
+  std::vector<net::PeerId> followers;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    auto& slot = impl_->incoming[{info.model, info.version}];
+    replaced = std::exchange(slot, state);
+    impl_->stats.incoming_versions++;
+    for (const auto& [id, p] : impl_->peers)
+      if (p.incoming_models.count(info.model) != 0) followers.push_back(id);
+  }
+  if (replaced) impl_->AbortIncoming(replaced, "replaced by a new transfer of the same version");
+  auto message = proto::Encode(proto::Incoming{info});
+  for (net::PeerId peer : followers) (void)impl_->engine->Send(peer, message);
+  return std::unique_ptr<IncomingVersion>(new IncomingVersion(std::move(state)));
+}
+
+IncomingVersion::IncomingVersion(std::shared_ptr<State> state) : state_(std::move(state)) {}
+
+IncomingVersion::~IncomingVersion() {
+  if (!committed_) state_->node->AbortIncoming(state_, "the transfer into this node broke off");
+}
+
+std::span<std::byte> IncomingVersion::data() const { return state_->bytes; }
+const proto::VersionInfo& IncomingVersion::info() const { return state_->info; }
+
+void IncomingVersion::Landed(uint64_t bytes) {
+  std::vector<std::shared_ptr<BulkSend>> ready;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    if (bytes <= state_->landed || state_->aborted) return;
+    state_->landed = std::min<uint64_t>(bytes, state_->bytes.size());
+    ready.swap(state_->waiting);
+  }
+  if (ready.empty()) return;
+  Node::Impl* node = state_->node;
+  node->engine->Post([node, ready = std::move(ready)]() mutable { node->Resume(std::move(ready)); });
+}
+
+Result<proto::VersionInfo> IncomingVersion::Commit() {
+  State& st = *state_;
+  WriteLease lease;
+  {
+    std::lock_guard<std::mutex> lock(st.mu);
+    if (st.aborted) return Status::FailedPrecondition(st.info.model + " version " + std::to_string(st.info.version) + " was aborted");
+    if (st.landed < st.bytes.size())
+      return Status::FailedPrecondition(st.info.model + " version " + std::to_string(st.info.version) + ": only " +
+                                        std::to_string(st.landed) + " of " + std::to_string(st.bytes.size()) +
+                                        " bytes have landed");
+    lease = std::move(st.lease);
+  }
+  Node::Impl* node = st.node;
+  auto committed = node->CommitVersion(std::move(lease), st.info);  // our kRelay entry gives way to our own replicas
+  if (!committed.ok()) {
+    node->AbortIncoming(state_, "commit failed: " + committed.status().message());
+    return committed.status();
+  }
+  committed_ = true;
+  // Sends still forwarding it read the committed segment now: a read lease keeps it from being
+  // recycled until they are done (retention retires only older versions meanwhile).
+  auto holding = node->host->Acquire(st.info.model, st.info.version);
+  if (!holding.ok()) log(LogLevel::kWarn, kLog, "no hold on just-committed {}: {}", st.info.model, holding.status().message());
+  {
+    std::lock_guard<std::mutex> lock(st.mu);
+    st.committed = true;
+    if (holding.ok()) st.holding = *holding;
+  }
+  {
+    std::lock_guard<std::mutex> lock(node->mu);
+    auto it = node->incoming.find({st.info.model, st.info.version});
+    if (it != node->incoming.end() && it->second == state_) node->incoming.erase(it);
+  }
+  node->QueueSpare(st.bytes.size());
+  return committed;
+}
+
+// Peers receiving it are told (ERROR Aborted) on the progress thread; the segment goes back to the
+// pool when the last send reading it is done.
+void Node::Impl::AbortIncoming(const std::shared_ptr<IncomingVersion::State>& state, const std::string& why) {
+  IncomingVersion::State& st = *state;
+  std::vector<std::shared_ptr<BulkSend>> parked;
+  {
+    std::lock_guard<std::mutex> lock(st.mu);
+    if (st.aborted || st.committed) return;
+    st.aborted = true;
+    st.abort_reason = why;
+    parked.swap(st.waiting);  // breaks the send <-> state cycle even if the Post below never runs
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = incoming.find({st.info.model, st.info.version});
+    if (it != incoming.end() && it->second == state) incoming.erase(it);
+    stats.incoming_aborted++;
+  }
+  log(LogLevel::kWarn, kLog, "incoming {} version {} aborted after {} of {} bytes: {}", st.info.model, st.info.version,
+      st.landed, st.bytes.size(), why);
+  engine->Post([this, state, parked = std::move(parked)] { AbortSends(state); });
+}
+
+// ---------------------------------------------------------------- forwarding
+
+void Node::Impl::FetchIncoming(net::PeerId peer, const proto::Fetch& m) {
+  auto it = incoming.find({m.model, m.version});
+  if (it == incoming.end())
+    return SendError(peer, m.request_id, proto::ErrorCode::kNotFound,
+                     "model " + m.model + " has no version " + std::to_string(m.version));
+  if (m.mode == proto::FetchMode::kLease)
+    return SendError(peer, m.request_id, proto::ErrorCode::kNotFound,
+                     m.model + " version " + std::to_string(m.version) + " is still arriving here: SEND it, or lease it once complete");
+  std::shared_ptr<IncomingVersion::State> state = it->second;
+  auto send = std::make_shared<BulkSend>();
+  send->hold = state;
+  send->bytes = state->bytes;
+  send->incoming = state;
+  send->peer = peer;
+  send->request_id = m.request_id;
+  send->tag = m.tag;
+  send->chunk = ChunkFor(m.chunk_bytes, options.chunk_bytes);
+  send->chunks = static_cast<uint32_t>((send->bytes.size() + send->chunk - 1) / send->chunk);
+  {
+    std::lock_guard<std::mutex> lock(state->mu);
+    std::erase_if(state->sends, [](const auto& w) { return w.expired(); });
+    state->sends.push_back(send);
+  }
+  Send(peer, proto::FetchOk{m.request_id, proto::FetchMode::kSend, state->info, "", send->chunk, send->chunks});
+  StartBulkSend(std::move(send));
+}
+
+bool Node::Impl::NextChunkReady(const std::shared_ptr<BulkSend>& send) {
+  if (send->waiting) return false;
+  IncomingVersion::State& st = *send->incoming;
+  uint64_t end = std::min<uint64_t>(send->bytes.size(), (static_cast<uint64_t>(send->next) + 1) * send->chunk);
+  std::lock_guard<std::mutex> lock(st.mu);
+  if (st.aborted) return false;  // AbortSends (posted) fails it and tells the peer
+  if (st.landed >= end) {
+    if (st.landed == send->bytes.size()) send->incoming.reset();  // complete: `hold` keeps the state
+    return true;
+  }
+  send->waiting = true;
+  st.waiting.push_back(send);
+  return false;
+}
+
+void Node::Impl::Resume(std::vector<std::shared_ptr<BulkSend>> sends) {
+  for (auto& send : sends) {
+    send->waiting = false;
+    PumpBulkSend(send);
+  }
+}
+
+void Node::Impl::AbortSends(const std::shared_ptr<IncomingVersion::State>& state) {
+  std::vector<std::shared_ptr<BulkSend>> live;
+  std::string why;
+  {
+    std::lock_guard<std::mutex> lock(state->mu);
+    for (const auto& w : state->sends)
+      if (auto s = w.lock()) live.push_back(std::move(s));
+    why = state->abort_reason;
+  }
+  for (auto& send : live) {
+    if (send->failed || send->done == send->chunks) continue;
+    send->failed = true;
+    SendError(send->peer, send->request_id, proto::ErrorCode::kAborted,
+              "transfer of " + state->info.model + " version " + std::to_string(state->info.version) +
+                  " aborted: " + why + "; fetch it from another replica");
+  }
+}
+
+void Node::Impl::SendIncomingLocked(net::PeerId peer, const std::string& model) {
+  uint64_t latest = host->latest(model).value_or(0);
+  for (auto it = incoming.rbegin(); it != incoming.rend(); ++it) {
+    if (it->first.first != model || it->first.second <= latest) continue;
+    return Send(peer, proto::Incoming{it->second->info});
+  }
+}
+
+void Node::Impl::DropIncoming() {
+  std::map<std::pair<std::string, uint64_t>, std::shared_ptr<IncomingVersion::State>> all;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    all.swap(incoming);
+  }
+  for (auto& [key, state] : all) {
+    std::lock_guard<std::mutex> lock(state->mu);
+    state->waiting.clear();
+  }
+}
+
+}  // namespace viper

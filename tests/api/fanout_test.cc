@@ -1,0 +1,267 @@
+// Fan-out (issue 14) inside one process: a version arriving at a node (Node::Receive) is forwarded
+// chunk by chunk as it lands, aborted transfers end cleanly for their receivers, and a chain of
+// relays costs each node one copy of egress per update. Real nodes, real UCX over loopback.
+// The cross-host versions (real processes in network namespaces) are in tests/xnode.
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <future>
+#include <mutex>
+
+#include "process.h"
+#include "viper/client.h"
+#include "viper/node.h"
+#include "viper/snapshot.h"
+#include "viper/subscriber.h"
+
+namespace viper {
+namespace {
+
+using testing::WaitUntil;
+using namespace std::chrono_literals;
+
+constexpr uint64_t kChunk = 1 << 20;
+
+// A sealed snapshot of about `bytes` bytes whose content depends on `seed`.
+Snapshot MakeSnapshot(uint64_t bytes, uint64_t version, uint32_t seed) {
+  std::vector<std::byte> data(bytes);
+  uint32_t x = seed * 2654435761u + 1;
+  for (auto& b : data) {
+    x = x * 1664525u + 1013904223u;
+    b = static_cast<std::byte>(x >> 24);
+  }
+  VersionStamp stamp;
+  stamp.model = "m";
+  stamp.version = version;
+  auto snap = BuildSnapshot({{{"w", DType::kU8, {static_cast<int64_t>(bytes)}}, data}}, stamp);
+  EXPECT_TRUE(snap.ok()) << snap.status().ToString();
+  return std::move(snap).value();
+}
+
+proto::VersionInfo InfoOf(const Snapshot& snap, uint64_t version) {
+  proto::VersionInfo info;
+  info.model = "m";
+  info.version = version;
+  info.size = snap.bytes().size();
+  info.checksum = snap.compute_checksum();
+  return info;
+}
+
+std::unique_ptr<Node> StartNode() {
+  auto node = Node::Start(NodeOptions{});
+  EXPECT_TRUE(node.ok()) << node.status().ToString();
+  return node.ok() ? std::move(node).value() : nullptr;
+}
+
+std::unique_ptr<Client> Connect(const Node& node) {
+  ClientOptions options;
+  options.connect = node.address();
+  options.chunk_bytes = kChunk;
+  options.timeout = 30s;
+  auto c = Client::Connect(options);
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return c.ok() ? std::move(c).value() : nullptr;
+}
+
+// A FETCH (SEND) running on its own thread, recording how far its prefix got.
+struct Fetcher {
+  std::vector<std::byte> buffer;
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t prefix = 0;
+  std::optional<uint64_t> checksum;
+  std::future<Result<proto::FetchOk>> result;
+
+  void Start(Client& client, uint64_t version) {
+    result = std::async(std::launch::async, [this, &client, version] {
+      return client.FetchSend(
+          "m", version,
+          [this](const proto::VersionInfo& info) -> Result<std::span<std::byte>> {
+            buffer.resize(info.size);
+            return std::span<std::byte>(buffer);
+          },
+          [this](uint64_t done, uint64_t) {
+            std::lock_guard<std::mutex> lock(mu);
+            prefix = done;
+            cv.notify_all();
+          },
+          &checksum);
+    });
+  }
+  bool WaitPrefix(uint64_t at_least) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, 30s, [&] { return prefix >= at_least; });
+  }
+};
+
+void Land(IncomingVersion& in, const Snapshot& snap, uint64_t from, uint64_t to) {
+  std::memcpy(in.data().data() + from, snap.bytes().data() + from, to - from);
+  in.Landed(to);
+}
+
+// A receiver gets the first half of a version while the node still waits for the second half:
+// forwarding happens as bytes land, and the version completes bit-exact once the rest lands.
+// Consumers of the node see nothing of it until it is committed.
+TEST(Fanout, PeersReceiveChunksAsTheyLand) {
+  auto node = StartNode();
+  auto client = Connect(*node);
+  ASSERT_TRUE(node && client);
+  Snapshot snap = MakeSnapshot(16 << 20, 1, 1);
+  const uint64_t size = snap.bytes().size(), half = 8 * kChunk;
+  auto in = node->Receive(InfoOf(snap, 1));
+  ASSERT_TRUE(in.ok()) << in.status().ToString();
+  Land(**in, snap, 0, half);
+
+  Fetcher fetch;
+  fetch.Start(*client, 1);
+  ASSERT_TRUE(fetch.WaitPrefix(half)) << "the receiver never got the landed half";
+  EXPECT_EQ(fetch.result.wait_for(0s), std::future_status::timeout) << "the transfer ended before the version was complete";
+  EXPECT_GE(node->stats().bytes_sent_incoming, half);
+  EXPECT_FALSE(node->Latest("m").has_value()) << "an incoming version must not be in the catalog";
+  auto lease = client->FetchLease("m", 1);
+  EXPECT_EQ(lease.status().code(), StatusCode::kNotFound) << "an incoming version must not be leased";
+
+  Land(**in, snap, half, size);
+  auto committed = (*in)->Commit();
+  ASSERT_TRUE(committed.ok()) << committed.status().ToString();
+  auto ok = fetch.result.get();
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(fetch.buffer.size(), size);
+  EXPECT_TRUE(std::memcmp(fetch.buffer.data(), snap.bytes().data(), size) == 0);
+  ASSERT_TRUE(fetch.checksum.has_value());
+  EXPECT_EQ(*fetch.checksum, snap.compute_checksum());
+  ASSERT_TRUE(node->Latest("m").has_value());
+  EXPECT_EQ(node->Latest("m")->version, 1u);
+  NodeStats st = node->stats();
+  EXPECT_EQ(st.bytes_sent, size);
+  EXPECT_EQ(st.incoming_versions, 1u);
+  EXPECT_EQ(st.incoming_aborted, 0u);
+  in->reset();
+}
+
+// An incoming version dropped before Commit (its own transfer broke): a peer receiving it gets
+// ERROR Aborted at once instead of waiting for its timeout, and the version never appears.
+TEST(Fanout, AbortedIncomingEndsItsReceivers) {
+  auto node = StartNode();
+  auto client = Connect(*node);
+  ASSERT_TRUE(node && client);
+  Snapshot snap = MakeSnapshot(8 << 20, 3, 2);
+  auto in = node->Receive(InfoOf(snap, 3));
+  ASSERT_TRUE(in.ok()) << in.status().ToString();
+  Land(**in, snap, 0, 2 * kChunk);
+  Fetcher fetch;
+  fetch.Start(*client, 3);
+  ASSERT_TRUE(fetch.WaitPrefix(2 * kChunk));
+  auto start = std::chrono::steady_clock::now();
+  in->reset();
+  auto ok = fetch.result.get();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s) << "the receiver waited for a timeout";
+  ASSERT_FALSE(ok.ok());
+  EXPECT_EQ(ok.status().code(), StatusCode::kUnavailable) << ok.status().ToString();
+  EXPECT_NE(ok.status().message().find("aborted"), std::string::npos) << ok.status().ToString();
+  EXPECT_EQ(node->stats().incoming_aborted, 1u);
+  EXPECT_FALSE(node->Latest("m").has_value());
+  auto other = Connect(*node);
+  Fetcher again;
+  again.Start(*other, 3);
+  EXPECT_EQ(again.result.get().status().code(), StatusCode::kNotFound);
+}
+
+// A relay downstream of a node whose incoming version aborts mid-transfer falls back to the other
+// node its INCOMING named (here the producer's node A) and still commits a whole, verified model.
+TEST(Fanout, RelayFallsBackWhenItsUpstreamAborts) {
+  auto a = StartNode();
+  auto b = StartNode();
+  auto c = StartNode();
+  ASSERT_TRUE(a && b && c);
+  Snapshot snap = MakeSnapshot(12 << 20, 1, 3);
+  {  // A holds version 1 complete.
+    auto lease = a->Allocate(snap.bytes().size());
+    ASSERT_TRUE(lease.ok());
+    std::memcpy(lease->data().data(), snap.bytes().data(), snap.bytes().size());
+    ASSERT_TRUE(a->Commit(std::move(lease).value(), InfoOf(snap, 1)).ok());
+  }
+  RelayOptions ro;
+  ro.upstream = b->address();
+  ro.models = {"m"};
+  ro.always_remote = true;
+  auto relay = Relay::Start(*c, ro);
+  ASSERT_TRUE(relay.ok()) << relay.status().ToString();
+  // B receives version 1 (as if from A): C is told at once and receives what lands.
+  auto in = b->Receive(*a->Latest("m"));
+  ASSERT_TRUE(in.ok()) << in.status().ToString();
+  Land(**in, snap, 0, 4 * kChunk);
+  ASSERT_TRUE(WaitUntil([&] { return b->stats().bytes_sent_incoming >= 4 * kChunk; }, 30s))
+      << "C never fetched the incoming version from B";
+  in->reset();  // B's own transfer broke
+  ASSERT_TRUE(WaitUntil([&] { return c->Latest("m").has_value(); }, 30s)) << "C never got version 1";
+  auto lease = c->host_tier().Acquire("m", 1);
+  ASSERT_TRUE(lease.ok());
+  ASSERT_EQ(lease->data().size(), snap.bytes().size());
+  EXPECT_TRUE(std::memcmp(lease->data().data(), snap.bytes().data(), snap.bytes().size()) == 0);
+  EXPECT_EQ(a->stats().bytes_sent, snap.bytes().size()) << "C's fallback fetched it from A";
+  EXPECT_EQ((*relay)->stats().versions_relayed, 1u);
+  relay->reset();
+}
+
+// A chain A -> B -> C -> D of relays: every node sends each version exactly once (to the next),
+// whatever the number of consumers behind it; consumers on every node get every version bit-exact.
+TEST(Fanout, ChainCostsEachNodeOneCopyPerUpdate) {
+  auto a = StartNode();
+  ASSERT_TRUE(a);
+  std::vector<std::unique_ptr<Node>> nodes;
+  std::vector<std::unique_ptr<Relay>> relays;
+  const Node* upstream = a.get();
+  for (int i = 0; i < 3; ++i) {
+    nodes.push_back(StartNode());
+    ASSERT_TRUE(nodes.back());
+    RelayOptions ro;
+    ro.upstream = upstream->address();
+    ro.models = {"m"};
+    ro.always_remote = true;
+    auto relay = Relay::Start(*nodes.back(), ro);
+    ASSERT_TRUE(relay.ok()) << relay.status().ToString();
+    relays.push_back(std::move(relay).value());
+    upstream = nodes.back().get();
+  }
+  // Two consumers map the last relay's segments; one more on B.
+  std::vector<std::unique_ptr<Subscriber>> consumers;
+  for (const Node* n : {nodes[2].get(), nodes[2].get(), nodes[0].get()}) {
+    SubscriberOptions so;
+    so.model = "m";
+    so.connect = n->address();
+    so.path = FetchPath::kMap;
+    so.verify_local = true;
+    auto sub = Subscriber::Start(so);
+    ASSERT_TRUE(sub.ok()) << sub.status().ToString();
+    consumers.push_back(std::move(sub).value());
+  }
+  uint64_t total = 0;
+  for (uint64_t v = 1; v <= 3; ++v) {
+    Snapshot snap = MakeSnapshot(10 << 20, v, static_cast<uint32_t>(10 + v));
+    auto lease = a->Allocate(snap.bytes().size());
+    ASSERT_TRUE(lease.ok());
+    std::memcpy(lease->data().data(), snap.bytes().data(), snap.bytes().size());
+    ASSERT_TRUE(a->Commit(std::move(lease).value(), InfoOf(snap, v)).ok());
+    total += snap.bytes().size();
+    for (auto& sub : consumers) {
+      auto mv = sub->WaitFor(v, 60s);
+      ASSERT_TRUE(mv.ok()) << mv.status().ToString() << "; last error: " << sub->last_error().ToString();
+      EXPECT_EQ((*mv)->version(), v);
+      EXPECT_EQ((*mv)->path, FetchPath::kMap);
+      ASSERT_EQ((*mv)->snapshot.bytes().size(), snap.bytes().size());
+      EXPECT_TRUE(std::memcmp((*mv)->snapshot.bytes().data(), snap.bytes().data(), snap.bytes().size()) == 0);
+    }
+  }
+  EXPECT_EQ(a->stats().bytes_sent, total) << "the producer's node sent more than one copy per update";
+  EXPECT_EQ(nodes[0]->stats().bytes_sent, total);
+  EXPECT_EQ(nodes[1]->stats().bytes_sent, total);
+  EXPECT_EQ(nodes[2]->stats().bytes_sent, 0u) << "its consumers map its segments";
+  for (auto& r : relays) EXPECT_EQ(r->stats().versions_received_in_place, 3u);
+  consumers.clear();
+  relays.clear();
+}
+
+}  // namespace
+}  // namespace viper

@@ -1,4 +1,4 @@
-# Bookkeeping of the shell tests (sourced by tests/hosts/hosts_test.sh, tests/xnode/xnode_test.sh):
+# Bookkeeping of the shell tests (sourced by tests/hosts/hosts_test.sh, tests/xnode/lib.sh):
 # one "PASS: ..." or "FAIL: ..." line per check, and the counts for the final "N passed, N failed".
 PASSED=0
 FAILED=0

@@ -173,6 +173,9 @@ class IncomingVersion {
 // the Node it feeds.
 struct RelayOptions {
   std::string upstream;             // REQUIRED: the upstream node's "host:port"
+  // Nodes to relay from, in order, while `upstream` is unreachable (e.g. the upstream's own
+  // upstream: a chain that loses a relay re-attaches past it; SubscriberOptions::alternates).
+  std::vector<std::string> alternates;
   std::vector<std::string> models;  // REQUIRED: models to replicate
   std::string token;                // HELLO token for the upstream
   std::filesystem::path file_dir;   // the upstream's file tier as seen from here (fallback)

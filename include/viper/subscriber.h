@@ -56,6 +56,10 @@ class LandingZone {
 struct SubscriberOptions {
   std::string model;                    // REQUIRED
   std::string connect = "127.0.0.1:7300";
+  // Nodes to subscribe through, in order, while `connect` is unreachable (e.g. a relay's upstream's
+  // upstream: a chain that loses a relay re-attaches past it). A lost connection is retried, to
+  // `connect` first, every second while no version is being loaded.
+  std::vector<std::string> alternates;
   std::string token;
   std::string name;
   FetchPath path = FetchPath::kAuto;

@@ -240,7 +240,9 @@ OptionsTable<viper::SubscriberOptions> SubscriberOptionsTable() {
       .Seconds("request_timeout", &O::request_timeout, "seconds a request to the node may take")
       .Plain("buffers", &O::buffers, "reused receive buffers kept (copy, remote and file paths)")
       .Plain("ack_on_live", &O::ack_on_live,
-             "ACK each version to the node when it goes live here (False: call ack(version) once it is served)");
+             "ACK each version to the node when it goes live here (False: call ack(version) once it is served)")
+      .Plain("pipelined", &O::pipelined,
+             "with the node on another host, also fetch versions it is still receiving, as they land");
   return t;
 }
 

@@ -154,6 +154,7 @@ Result<std::unique_ptr<Relay>> Relay::Start(Node& node, const RelayOptions& opti
     SubscriberOptions so;
     so.model = model;
     so.connect = options.upstream;
+    so.alternates = options.alternates;
     so.token = options.token;
     so.name = node.options().name.empty() ? "relay" : "relay:" + node.options().name;
     so.file_dir = options.file_dir;

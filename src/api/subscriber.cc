@@ -76,7 +76,6 @@ Result<std::shared_ptr<Client>> Subscriber::Impl::EnsureClient() {
     std::lock_guard<std::mutex> lock(mu);
     if (client && client->connected()) return client;
   }
-  ClientOptions co = ClientOptionsFor(options.connect);
   ClientHandlers handlers;
   handlers.on_notify = [this](const proto::VersionInfo& info) { OnAnnounce(info, false); };
   handlers.on_incoming = [this](const proto::VersionInfo& info) { OnAnnounce(info, true); };
@@ -85,14 +84,25 @@ Result<std::shared_ptr<Client>> Subscriber::Impl::EnsureClient() {
     std::lock_guard<std::mutex> lock(mu);
     cv.notify_all();
   };
-  VIPER_ASSIGN_OR_RETURN(std::unique_ptr<Client> fresh, Client::Connect(co, std::move(handlers)));
-  std::shared_ptr<Client> shared(std::move(fresh));
+  // The configured node first, then the alternates, in order.
+  Result<std::unique_ptr<Client>> fresh = Status::Unavailable("no node to connect to");
+  std::string address;
+  for (size_t i = 0; i <= options.alternates.size(); ++i) {
+    address = i == 0 ? options.connect : options.alternates[i - 1];
+    fresh = Client::Connect(ClientOptionsFor(address), handlers);
+    if (fresh.ok()) break;
+    if (i < options.alternates.size())
+      log(LogLevel::kWarn, kLog, "{}; trying {}", fresh.status().message(), options.alternates[i]);
+  }
+  if (!fresh.ok()) return fresh.status();
+  std::shared_ptr<Client> shared(std::move(fresh).value());
   // Versions still arriving at the node are worth fetching only over the network (a consumer on
   // the node's host maps complete versions).
   bool pipelined = options.pipelined && (!shared->same_host() || options.path == FetchPath::kRemote);
   VIPER_RETURN_IF_ERROR(shared->Subscribe(options.model, pipelined ? proto::kSubscribeIncoming : 0));
   std::lock_guard<std::mutex> lock(mu);
   client = shared;
+  node_address = address;
   return shared;
 }
 
@@ -158,7 +168,7 @@ Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::Load(const proto::Versio
 Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::LoadVia(FetchPath path, const proto::VersionInfo& info,
                                                                  Client* client) {
   if (path == FetchPath::kFile) return LoadFile(info);
-  if (client == nullptr) return Status::Unavailable("not connected to node " + options.connect);
+  if (client == nullptr) return Status::Unavailable("not connected to node " + CurrentNode());
   if (path == FetchPath::kRemote) return LoadRemote(info, *client);
   if (!client->same_host()) return Status::FailedPrecondition("map/copy need the node on this host");
   return LoadLeased(path, info, *client);
@@ -171,7 +181,7 @@ void Subscriber::Impl::AddOtherNodeChoices(const proto::VersionInfo& info, std::
   constexpr size_t kMaxOtherNodes = 4;
   for (const auto& r : info.replicas) {
     bool node = r.kind == proto::ReplicaKind::kNode || r.kind == proto::ReplicaKind::kRelay;
-    if (!node || r.locator == options.connect) continue;
+    if (!node || r.locator == CurrentNode()) continue;
     std::erase(other_nodes, r.locator);
     other_nodes.insert(other_nodes.begin(), r.locator);
   }
@@ -364,9 +374,10 @@ void Subscriber::Impl::Run() {
   for (;;) {
     auto current = live.load();
     uint64_t live_version = current ? current->version() : 0;
-    cv.wait(lock, [&] {
+    auto ready = [&] {
       return closing || (announced && announced->version > live_version && announced->version != failed_version);
-    });
+    };
+    WaitConnected(lock, ready);
     if (closing) return;
     proto::VersionInfo info = *announced;
     int64_t notified = announced_ns;
@@ -403,6 +414,28 @@ void Subscriber::Impl::Run() {
       if (!spare.ok()) log(LogLevel::kWarn, kLog, "no spare receive buffer for {}: {}", options.model, spare.message());
     }
     lock.lock();
+  }
+}
+
+std::string Subscriber::Impl::CurrentNode() {
+  std::lock_guard<std::mutex> lock(mu);
+  return node_address.empty() ? options.connect : node_address;
+}
+
+// Waits until `ready`; while the connection to the node is down (the node restarted, died, or a
+// broken transfer dropped it) reconnects, to the node or an alternate, every kReconnectInterval,
+// so that announcements resume.
+void Subscriber::Impl::WaitConnected(std::unique_lock<std::mutex>& lock, const std::function<bool()>& ready) {
+  constexpr auto kReconnectInterval = std::chrono::seconds(1);
+  while (!ready()) {
+    if (client && client->connected()) {
+      cv.wait(lock, [&] { return ready() || !(client && client->connected()); });
+      continue;
+    }
+    lock.unlock();
+    bool connected = EnsureClient().ok();
+    lock.lock();
+    if (!connected) cv.wait_for(lock, kReconnectInterval, ready);
   }
 }
 

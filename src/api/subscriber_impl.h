@@ -47,6 +47,7 @@ struct Subscriber::Impl {
   std::mutex mu;  // guards everything below
   std::condition_variable cv;
   std::shared_ptr<Client> client;  // replaced when the connection is lost
+  std::string node_address;        // the node `client` is connected to (options.connect or an alternate)
   std::optional<proto::VersionInfo> announced;
   bool announced_incoming = false;  // announced by INCOMING: the node is still receiving it
   int64_t announced_ns = 0;
@@ -68,6 +69,8 @@ struct Subscriber::Impl {
   // NOTIFY (complete at the node) or INCOMING (still arriving there: pipelined).
   void OnAnnounce(const proto::VersionInfo& info, bool incoming);
   Result<std::shared_ptr<Client>> EnsureClient();
+  std::string CurrentNode();
+  void WaitConnected(std::unique_lock<std::mutex>& lock, const std::function<bool()>& ready);
   ClientOptions ClientOptionsFor(const std::string& node) const;
   void DropClient(const std::shared_ptr<Client>& broken);
   void Run();

@@ -263,5 +263,42 @@ TEST(Fanout, ChainCostsEachNodeOneCopyPerUpdate) {
   relays.clear();
 }
 
+// A relay whose upstream relay goes away re-attaches to its alternate (here the producer's node)
+// and keeps relaying the versions that follow.
+TEST(Fanout, RelayReattachesPastALostUpstream) {
+  auto a = StartNode();
+  auto b = StartNode();
+  auto c = StartNode();
+  ASSERT_TRUE(a && b && c);
+  auto publish = [&](uint64_t v) {
+    Snapshot snap = MakeSnapshot(4 << 20, v, static_cast<uint32_t>(20 + v));
+    auto lease = a->Allocate(snap.bytes().size());
+    ASSERT_TRUE(lease.ok());
+    std::memcpy(lease->data().data(), snap.bytes().data(), snap.bytes().size());
+    ASSERT_TRUE(a->Commit(std::move(lease).value(), InfoOf(snap, v)).ok());
+  };
+  RelayOptions to_a;
+  to_a.upstream = a->address();
+  to_a.models = {"m"};
+  to_a.always_remote = true;
+  auto relay_b = Relay::Start(*b, to_a);
+  ASSERT_TRUE(relay_b.ok()) << relay_b.status().ToString();
+  RelayOptions to_b = to_a;
+  to_b.upstream = b->address();
+  to_b.alternates = {a->address()};
+  auto relay_c = Relay::Start(*c, to_b);
+  ASSERT_TRUE(relay_c.ok()) << relay_c.status().ToString();
+  publish(1);
+  ASSERT_TRUE(WaitUntil([&] { return c->Latest("m").has_value(); }, 30s)) << "version 1 never reached C";
+  EXPECT_EQ(a->stats().bytes_sent, a->Latest("m")->size) << "C took version 1 from B, not from A";
+  relay_b->reset();  // B goes away
+  b.reset();
+  publish(2);
+  ASSERT_TRUE(WaitUntil([&] { auto l = c->Latest("m"); return l && l->version == 2; }, 30s))
+      << "C did not re-attach to A";
+  EXPECT_EQ((*relay_c)->stats().versions_relayed, 2u);
+  relay_c->reset();
+}
+
 }  // namespace
 }  // namespace viper

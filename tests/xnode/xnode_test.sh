@@ -7,87 +7,13 @@
 set -uo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-HOSTS=$HERE/../../scripts/hosts.sh
-PY=/usr/bin/python3
+source "$HERE/lib.sh"
+xnode_enter 3 "$@"
 
-if [[ ${1:-} != --inner ]]; then
-  VIPER=${1:-}
-  if [[ -z $VIPER || ! -x $VIPER ]]; then
-    echo "xnode_test: first argument must be the viper binary (got '${VIPER}')" >&2
-    exit 2
-  fi
-  if [[ $(id -u) -ne 0 ]]; then
-    echo "xnode_test: must run as root (network namespaces)" >&2
-    exit 2
-  fi
-  export VIPER_HOSTS_QUIET=1
-  exec "$HOSTS" run 3 -- "$0" --inner "$(readlink -f "$VIPER")"
-fi
-
-VIPER=$2
-TMP=$(mktemp -d /tmp/viper-xnode-test.XXXXXX)
 PFS=$TMP/pfs
 mkdir -p "$PFS"
 A=10.77.0.1
 B=10.77.0.2
-source "$HERE/../check.sh"
-PIDS=()
-# The test hosts share one kernel: UCX would move bulk data by CMA (process_vm_readv) across the
-# namespaces, which separate hosts cannot. Restrict it to TCP, the transport real hosts here use.
-export UCX_TLS=tcp
-
-finish() {
-  local p
-  for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
-  wait 2>/dev/null
-  rm -rf "$TMP"
-}
-trap finish EXIT
-
-on() { local host=$1; shift; "$VIPER_HOSTS_SCRIPT" exec "$host" -- "$@"; }
-# wait_for SECONDS command...: polls the command every 0.1 s.
-wait_for() {
-  local deadline=$((SECONDS + $1)); shift
-  until "$@"; do
-    ((SECONDS >= deadline)) && return 1
-    sleep 0.1
-  done
-}
-fetch_ms() { $PY -c 'import json,sys; j = json.loads(open(sys.argv[1]).read().splitlines()[int(sys.argv[2])]); print(round((j["fetched_ns"] - j["notified_ns"]) / 1e6, 1))' "$1" "$2"; }
-lines() { [[ -f $1 ]] && [[ $(wc -l <"$1") -ge $2 ]]; }
-field() { $PY -c 'import json,sys; print(json.loads(sys.argv[1].splitlines()[int(sys.argv[2])])[sys.argv[3]])' "$(cat "$1")" "$2" "$3"; }
-# checked_checksum FILE SOURCE: if FILE's data region is SOURCE's byte for byte, prints its xxh3
-# (from viper inspect --verify: declared and recomputed); prints nothing otherwise.
-checked_checksum() {
-  $PY - "$1" "$2" <<'EOF' || return 0
-import struct, sys
-def data(path):
-    with open(path, "rb") as f:
-        b = f.read()
-    return b[8 + struct.unpack("<Q", b[:8])[0]:]
-sys.exit(0 if data(sys.argv[1]) == data(sys.argv[2]) else 1)
-EOF
-  "$VIPER" inspect --verify --json "$1" | $PY -c 'import json,sys; c = json.load(sys.stdin)["checksum"]; print(c["computed"] if c["status"] == "ok" else "")'
-}
-# source_checksum HOST_IP PORT MODEL VERSION SOURCE: pulls the version on the producer's own host
-# (a map, no network) and checks it against the source file (see checked_checksum).
-source_checksum() {
-  local out=$TMP/pulled.safetensors
-  on h1 "$VIPER" pull "$3" --version "$4" --connect "$1:$2" -o "$out" >/dev/null 2>&1 || return 0
-  checked_checksum "$out" "$5"
-  rm -f "$out"
-}
-# serve HOST NAME ARGS...: starts a node in HOST (log in $TMP/NAME.log), waits until it listens.
-serve() {
-  local host=$1 name=$2; shift 2
-  # exec all the way down: $! is the node's own pid (hosts.sh exec and ip netns exec exec too).
-  (exec "$VIPER_HOSTS_SCRIPT" exec "$host" -- "$VIPER" serve --name "$name" --address-file "$TMP/$name.addr" "$@" \
-     >"$TMP/$name.log" 2>&1) &
-  PIDS+=($!)
-  eval "PID_$name=$!"
-  wait_for 10 test -s "$TMP/$name.addr" || { echo "node $name did not start:"; cat "$TMP/$name.log"; return 1; }
-}
-stop() { kill -TERM "$1" 2>/dev/null; wait "$1" 2>/dev/null; }
 
 echo "making models"
 $PY "$HERE/make_model.py" "$TMP/big1.safetensors" $((600 << 20)) 1 || exit 1
@@ -325,8 +251,4 @@ for t in ${XNODE_TESTS:-test_big test_kill test_relay test_auth test_failover te
   $t
   echo "   ($((SECONDS - start)) s)"
 done
-echo "$PASSED passed, $FAILED failed"
-if ((FAILED > 0)); then
-  for f in "$TMP"/*.log "$TMP"/*.err "$TMP"/*.json; do echo "--- $f"; tail -20 "$f"; done
-fi
-((FAILED == 0 && PASSED > 0))
+summary

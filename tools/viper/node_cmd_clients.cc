@@ -93,7 +93,8 @@ ViperCommand publish_command(
 
 struct WatchFlags {
   std::string model, connect, path = "auto", file_dir;
-  bool json = false;
+  std::vector<std::string> alternates;
+  bool json = false, verify_local = false;
   uint64_t count = 0;
   double timeout_s = 0;
   AuthFlags auth;
@@ -138,6 +139,8 @@ int RunWatch(const WatchFlags& f) {
   options.connect = f.connect;
   options.token = *token;
   options.path = *path;
+  options.verify_local = f.verify_local;
+  options.alternates = f.alternates;
   options.file_dir = f.file_dir;
   options.name = "viper-watch";
   sigset_t stop = BlockStopSignals();  // before any thread starts
@@ -185,6 +188,8 @@ ViperCommand watch_command(
       app.add_flag("--json", f->json, "One JSON object per line");
       app.add_option("--path", f->path, "auto|map|copy|remote|file")->default_val("auto");
       app.add_option("--file-dir", f->file_dir, "The node's store dir as seen from here (file fallback)");
+      app.add_flag("--verify-local", f->verify_local, "Also verify versions mapped or copied from this host's node");
+      app.add_option("--alternate", f->alternates, "Subscribe through this HOST:PORT while --connect is unreachable (repeatable)");
       app.add_option("--count", f->count, "Exit after N updates");
       app.add_option("--timeout", f->timeout_s, "Exit after this many seconds (error if --count not reached)");
       f->auth.Add(app);
@@ -337,6 +342,38 @@ ViperCommand ls_command(
       return [f] { return RunLs(*f); };
     },
     50);
+
+// ------------------------------------------------------------------ stats
+
+struct StatsFlags {
+  std::string connect;
+  bool json = false;
+  AuthFlags auth;
+};
+
+int RunStats(const StatsFlags& f) {
+  auto client = ConnectClient(f.connect, f.auth);
+  if (!client.ok()) return Fail("stats", client.status());
+  auto counters = (*client)->Stats();
+  if (!counters.ok()) return Fail("stats", counters.status());
+  if (f.json) {
+    std::printf("%s\n", nlohmann::json(*counters).dump(2).c_str());
+    return 0;
+  }
+  for (const auto& [name, value] : *counters) std::printf("%-22s %" PRIu64 "\n", name.c_str(), value);
+  return 0;
+}
+
+ViperCommand stats_command(
+    "stats", "Print a node's counters (bytes sent to peers, versions, peers, ...)",
+    [](CLI::App& app) -> RunFn {
+      auto f = std::make_shared<StatsFlags>();
+      AddConnect(app, f->connect);
+      app.add_flag("--json", f->json, "JSON output");
+      f->auth.Add(app);
+      return [f] { return RunStats(*f); };
+    },
+    55);
 
 }  // namespace
 }  // namespace viper::cli

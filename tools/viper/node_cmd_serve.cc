@@ -73,6 +73,8 @@ ViperCommand serve_command(
       app.add_option("--upstream", flags->relay.upstream,
                      "Relay: replicate the models named by --relay-model from the node at HOST:PORT");
       app.add_option("--relay-model", flags->relay.models, "Model to relay (repeatable; with --upstream)");
+      app.add_option("--upstream-alternate", flags->relay.alternates,
+                     "Relay from this HOST:PORT while --upstream is unreachable (repeatable, tried in order)");
       app.add_option("--upstream-file-dir", flags->relay.file_dir,
                      "The upstream's file tier as seen from here (relay's fallback)");
       flags->auth.Add(app);

@@ -36,11 +36,6 @@ std::string NamespaceInode(const char* path) {
   return ::stat(path, &st) == 0 ? std::to_string(st.st_ino) : "?";
 }
 
-uint32_t ClampChunk(uint32_t asked, uint32_t fallback) {
-  uint32_t chunk = asked == 0 ? fallback : asked;
-  return std::clamp<uint32_t>(chunk, 64u << 10, 256u << 20);
-}
-
 }  // namespace
 
 std::string LocalHostKey() {
@@ -445,16 +440,19 @@ void Node::Impl::HandleFetch(net::PeerId peer, PeerState& p, const proto::Fetch&
   } else {
     return SendError(peer, m.request_id, proto::ErrorCode::kNotFound, lease.status().message());
   }
+  StartBulkSend(peer, m, *info, std::move(send));
+}
+
+void Node::Impl::StartBulkSend(net::PeerId peer, const proto::Fetch& m, const proto::VersionInfo& info,
+                               std::shared_ptr<BulkSend> send) {
   send->peer = peer;
   send->request_id = m.request_id;
   send->tag = m.tag;
   send->chunk = ClampChunk(m.chunk_bytes, options.chunk_bytes);
   send->chunks = static_cast<uint32_t>((send->bytes.size() + send->chunk - 1) / send->chunk);
-  Send(peer, proto::FetchOk{m.request_id, proto::FetchMode::kSend, *info, "", send->chunk, send->chunks});
-  StartBulkSend(std::move(send));
+  Send(peer, proto::FetchOk{m.request_id, proto::FetchMode::kSend, info, "", send->chunk, send->chunks});
+  PumpBulkSend(send);
 }
-
-void Node::Impl::StartBulkSend(std::shared_ptr<BulkSend> send) { PumpBulkSend(send); }
 
 // Keeps up to chunks_in_flight chunks in flight; each completion sends the next. A send that
 // forwards a version still arriving waits (parked) for the bytes of its next chunk to land.

@@ -12,9 +12,6 @@ namespace viper {
 namespace {
 constexpr std::string_view kLog = "node";
 
-uint32_t ChunkFor(uint32_t asked, uint32_t fallback) {
-  return std::clamp<uint32_t>(asked == 0 ? fallback : asked, 64u << 10, 256u << 20);
-}
 }  // namespace
 
 std::map<std::string, uint64_t> StatsCounters(const NodeStats& s) {
@@ -179,18 +176,12 @@ void Node::Impl::FetchIncoming(net::PeerId peer, const proto::Fetch& m) {
   send->hold = state;
   send->bytes = state->bytes;
   send->incoming = state;
-  send->peer = peer;
-  send->request_id = m.request_id;
-  send->tag = m.tag;
-  send->chunk = ChunkFor(m.chunk_bytes, options.chunk_bytes);
-  send->chunks = static_cast<uint32_t>((send->bytes.size() + send->chunk - 1) / send->chunk);
   {
     std::lock_guard<std::mutex> lock(state->mu);
     std::erase_if(state->sends, [](const auto& w) { return w.expired(); });
     state->sends.push_back(send);
   }
-  Send(peer, proto::FetchOk{m.request_id, proto::FetchMode::kSend, state->info, "", send->chunk, send->chunks});
-  StartBulkSend(std::move(send));
+  StartBulkSend(peer, m, state->info, std::move(send));
 }
 
 bool Node::Impl::NextChunkReady(const std::shared_ptr<BulkSend>& send) {

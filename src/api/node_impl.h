@@ -6,6 +6,7 @@
 // the `flusher` and `worker` task queues and take `mu` themselves.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <memory>
@@ -25,6 +26,11 @@
 #include "viper/protocol.h"
 
 namespace viper {
+
+// The chunk size of a SEND: what the peer asked for (else the node's), within [64 KiB, 256 MiB].
+inline uint32_t ClampChunk(uint32_t asked, uint32_t fallback) {
+  return std::clamp<uint32_t>(asked == 0 ? fallback : asked, 64u << 10, 256u << 20);
+}
 
 // Bytes being sent to a peer in chunks, with a window of sends in flight. Lives until the last
 // chunk completes; holds what keeps the bytes valid (a lease, a file mapping, or the incoming
@@ -122,7 +128,9 @@ struct Node::Impl {
   void Send(net::PeerId peer, const proto::Message& message);
   void SendError(net::PeerId peer, uint64_t request_id, proto::ErrorCode code, const std::string& text);
   void Refuse(net::PeerId peer, const std::string& why);  // REQUIRES: mu held
-  void StartBulkSend(std::shared_ptr<BulkSend> send);
+  // Answers a FETCH (SEND) with FETCH_OK for `info` and starts sending `send` (hold and bytes set).
+  void StartBulkSend(net::PeerId peer, const proto::Fetch& m, const proto::VersionInfo& info,
+                     std::shared_ptr<BulkSend> send);
   void PumpBulkSend(const std::shared_ptr<BulkSend>& send);
 
   // --- fan-out (node_fanout.cc) ---

@@ -64,6 +64,27 @@ std::unique_ptr<Client> Connect(const Node& node) {
   return c.ok() ? std::move(c).value() : nullptr;
 }
 
+// A relay of model "m" on `node`, fetching over UCX although its upstream is on this host.
+std::unique_ptr<Relay> StartRelay(Node& node, const Node& upstream, std::vector<std::string> alternates = {}) {
+  RelayOptions ro;
+  ro.upstream = upstream.address();
+  ro.alternates = std::move(alternates);
+  ro.models = {"m"};
+  ro.always_remote = true;
+  auto relay = Relay::Start(node, ro);
+  EXPECT_TRUE(relay.ok()) << relay.status().ToString();
+  return relay.ok() ? std::move(relay).value() : nullptr;
+}
+
+// `snap` becomes version `version` of "m" on `node` (as a producer's publish would make it).
+void CommitSnapshot(Node& node, const Snapshot& snap, uint64_t version) {
+  auto lease = node.Allocate(snap.bytes().size());
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  std::memcpy(lease->data().data(), snap.bytes().data(), snap.bytes().size());
+  auto committed = node.Commit(std::move(lease).value(), InfoOf(snap, version));
+  ASSERT_TRUE(committed.ok()) << committed.status().ToString();
+}
+
 // A FETCH (SEND) running on its own thread, recording how far its prefix got.
 struct Fetcher {
   std::vector<std::byte> buffer;
@@ -176,18 +197,9 @@ TEST(Fanout, RelayFallsBackWhenItsUpstreamAborts) {
   auto c = StartNode();
   ASSERT_TRUE(a && b && c);
   Snapshot snap = MakeSnapshot(12 << 20, 1, 3);
-  {  // A holds version 1 complete.
-    auto lease = a->Allocate(snap.bytes().size());
-    ASSERT_TRUE(lease.ok());
-    std::memcpy(lease->data().data(), snap.bytes().data(), snap.bytes().size());
-    ASSERT_TRUE(a->Commit(std::move(lease).value(), InfoOf(snap, 1)).ok());
-  }
-  RelayOptions ro;
-  ro.upstream = b->address();
-  ro.models = {"m"};
-  ro.always_remote = true;
-  auto relay = Relay::Start(*c, ro);
-  ASSERT_TRUE(relay.ok()) << relay.status().ToString();
+  CommitSnapshot(*a, snap, 1);  // A holds version 1 complete
+  auto relay = StartRelay(*c, *b);
+  ASSERT_TRUE(relay);
   // B receives version 1 (as if from A): C is told at once and receives what lands.
   auto in = b->Receive(*a->Latest("m"));
   ASSERT_TRUE(in.ok()) << in.status().ToString();
@@ -201,8 +213,8 @@ TEST(Fanout, RelayFallsBackWhenItsUpstreamAborts) {
   ASSERT_EQ(lease->data().size(), snap.bytes().size());
   EXPECT_TRUE(std::memcmp(lease->data().data(), snap.bytes().data(), snap.bytes().size()) == 0);
   EXPECT_EQ(a->stats().bytes_sent, snap.bytes().size()) << "C's fallback fetched it from A";
-  EXPECT_EQ((*relay)->stats().versions_relayed, 1u);
-  relay->reset();
+  EXPECT_EQ(relay->stats().versions_relayed, 1u);
+  relay.reset();
 }
 
 // A chain A -> B -> C -> D of relays: every node sends each version exactly once (to the next),
@@ -216,13 +228,8 @@ TEST(Fanout, ChainCostsEachNodeOneCopyPerUpdate) {
   for (int i = 0; i < 3; ++i) {
     nodes.push_back(StartNode());
     ASSERT_TRUE(nodes.back());
-    RelayOptions ro;
-    ro.upstream = upstream->address();
-    ro.models = {"m"};
-    ro.always_remote = true;
-    auto relay = Relay::Start(*nodes.back(), ro);
-    ASSERT_TRUE(relay.ok()) << relay.status().ToString();
-    relays.push_back(std::move(relay).value());
+    relays.push_back(StartRelay(*nodes.back(), *upstream));
+    ASSERT_TRUE(relays.back());
     upstream = nodes.back().get();
   }
   // Two consumers map the last relay's segments; one more on B.
@@ -240,10 +247,7 @@ TEST(Fanout, ChainCostsEachNodeOneCopyPerUpdate) {
   uint64_t total = 0;
   for (uint64_t v = 1; v <= 3; ++v) {
     Snapshot snap = MakeSnapshot(10 << 20, v, static_cast<uint32_t>(10 + v));
-    auto lease = a->Allocate(snap.bytes().size());
-    ASSERT_TRUE(lease.ok());
-    std::memcpy(lease->data().data(), snap.bytes().data(), snap.bytes().size());
-    ASSERT_TRUE(a->Commit(std::move(lease).value(), InfoOf(snap, v)).ok());
+    CommitSnapshot(*a, snap, v);
     total += snap.bytes().size();
     for (auto& sub : consumers) {
       auto mv = sub->WaitFor(v, 60s);
@@ -270,34 +274,20 @@ TEST(Fanout, RelayReattachesPastALostUpstream) {
   auto b = StartNode();
   auto c = StartNode();
   ASSERT_TRUE(a && b && c);
-  auto publish = [&](uint64_t v) {
-    Snapshot snap = MakeSnapshot(4 << 20, v, static_cast<uint32_t>(20 + v));
-    auto lease = a->Allocate(snap.bytes().size());
-    ASSERT_TRUE(lease.ok());
-    std::memcpy(lease->data().data(), snap.bytes().data(), snap.bytes().size());
-    ASSERT_TRUE(a->Commit(std::move(lease).value(), InfoOf(snap, v)).ok());
-  };
-  RelayOptions to_a;
-  to_a.upstream = a->address();
-  to_a.models = {"m"};
-  to_a.always_remote = true;
-  auto relay_b = Relay::Start(*b, to_a);
-  ASSERT_TRUE(relay_b.ok()) << relay_b.status().ToString();
-  RelayOptions to_b = to_a;
-  to_b.upstream = b->address();
-  to_b.alternates = {a->address()};
-  auto relay_c = Relay::Start(*c, to_b);
-  ASSERT_TRUE(relay_c.ok()) << relay_c.status().ToString();
+  auto publish = [&](uint64_t v) { CommitSnapshot(*a, MakeSnapshot(4 << 20, v, static_cast<uint32_t>(20 + v)), v); };
+  auto relay_b = StartRelay(*b, *a);
+  auto relay_c = StartRelay(*c, *b, {a->address()});
+  ASSERT_TRUE(relay_b && relay_c);
   publish(1);
   ASSERT_TRUE(WaitUntil([&] { return c->Latest("m").has_value(); }, 30s)) << "version 1 never reached C";
   EXPECT_EQ(a->stats().bytes_sent, a->Latest("m")->size) << "C took version 1 from B, not from A";
-  relay_b->reset();  // B goes away
+  relay_b.reset();  // B goes away
   b.reset();
   publish(2);
   ASSERT_TRUE(WaitUntil([&] { auto l = c->Latest("m"); return l && l->version == 2; }, 30s))
       << "C did not re-attach to A";
-  EXPECT_EQ((*relay_c)->stats().versions_relayed, 2u);
-  relay_c->reset();
+  EXPECT_EQ(relay_c->stats().versions_relayed, 2u);
+  relay_c.reset();
 }
 
 }  // namespace

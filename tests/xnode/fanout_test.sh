@@ -64,6 +64,15 @@ slow() {
   on "$1" tc filter add dev eth0 parent 1: protocol ip u32 match ip dst "$2/32" flowid 1:3
 }
 unslow() { on "$1" tc qdisc del dev eth0 root 2>/dev/null; }
+# chain PORT SUFFIX: nodes a, b, c, d (names + SUFFIX) on h1..h4 listening on PORT..PORT+3, each
+# relaying "fan" from the one before it; c and d fall back to a when their upstream is gone.
+chain() {
+  local p=$1 x=$2
+  node h1 a$x $p || return
+  node h2 b$x $((p + 1)) --upstream ${IP[1]}:$p --relay-model fan || return
+  node h3 c$x $((p + 2)) --upstream ${IP[2]}:$((p + 1)) --upstream-alternate ${IP[1]}:$p --relay-model fan || return
+  node h4 d$x $((p + 3)) --upstream ${IP[3]}:$((p + 2)) --upstream-alternate ${IP[1]}:$p --relay-model fan
+}
 publish() { on h1 "$VIPER" publish fan "$TMP/m$2.safetensors" --connect "$1" >/dev/null; }
 
 echo "making models"
@@ -73,10 +82,7 @@ for h in h1 h2 h3 h4; do host_shell $h; done
 # ---------------------------------------------------------------- 1. a chain of relays, 8 consumers
 test_chain() {
   local A=${IP[1]}:7400 B=${IP[2]}:7401 C=${IP[3]}:7402 D=${IP[4]}:7403
-  node h1 a 7400 || return
-  node h2 b 7401 --upstream $A --relay-model fan || return
-  node h3 c 7402 --upstream $B --upstream-alternate $A --relay-model fan || return
-  node h4 d 7403 --upstream $C --upstream-alternate $A --relay-model fan || return
+  chain 7400 "" || return
   local consumers=() k n addr
   for k in 1 2 3 4; do
     addr=$(cat "$TMP/$(echo a b c d | cut -d' ' -f$k).addr")
@@ -145,10 +151,7 @@ test_chain() {
 # re-attached to its alternate) and reaches h2's consumer through its alternate.
 test_relay_killed() {
   local A=${IP[1]}:7410 B=${IP[2]}:7411 C=${IP[3]}:7412 D=${IP[4]}:7413
-  node h1 a2 7410 || return
-  node h2 b2 7411 --upstream $A --relay-model fan || return
-  node h3 c2 7412 --upstream $B --upstream-alternate $A --relay-model fan || return
-  node h4 d2 7413 --upstream $C --upstream-alternate $A --relay-model fan || return
+  chain 7410 2 || return
   consumer h2 k2 $B 3 --alternate $A || return
   consumer h3 k3 $C 3 || return
   consumer h4 k4 $D 3 || return

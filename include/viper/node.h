@@ -162,12 +162,14 @@ class IncomingVersion {
 };
 
 // Relay: makes a Node a replica holder of another node's models (`viper serve --upstream`).
-// For each model it subscribes to the upstream node, fetches every new version (over UCX when the
-// upstream is on another host), copies it into this node's host tier under the same version
-// number and commits it, so that consumers on this host map it locally and the catalog lists the
-// upstream's replicas after this node's own; then it announces itself to the upstream (REPLICA),
-// which lists the relay among the version's replicas while the relay stays connected.
-// Design: docs/ARCHITECTURE.md "Replicas across nodes".
+// For each model it subscribes to the upstream node and fetches every new version: over UCX
+// (another host) straight into a segment of this node (Node::Receive), forwarding each chunk to
+// downstream relays and remote consumers as it lands, then commits it under the same version number
+// once verified; versions loaded otherwise (map, copy, file) are copied into a segment. Consumers
+// on this host map it locally; the catalog lists the upstream's replicas after this node's own;
+// the relay announces itself to the upstream (REPLICA), which lists it among the version's
+// replicas while the relay stays connected. Relays naming each other as upstreams form a chain or
+// tree (fan-out). Design: docs/ARCHITECTURE.md "Replicas across nodes" and "Fan-out".
 //
 // Thread-safety: Start and the destructor from one thread. The Relay must be destroyed before
 // the Node it feeds.

@@ -450,7 +450,13 @@ void Node::Impl::StartBulkSend(net::PeerId peer, const proto::Fetch& m, const pr
   send->tag = m.tag;
   send->chunk = ClampChunk(m.chunk_bytes, options.chunk_bytes);
   send->chunks = static_cast<uint32_t>((send->bytes.size() + send->chunk - 1) / send->chunk);
-  Send(peer, proto::FetchOk{m.request_id, proto::FetchMode::kSend, info, "", send->chunk, send->chunks});
+  proto::FetchOk ok;
+  ok.request_id = m.request_id;
+  ok.mode = proto::FetchMode::kSend;
+  ok.info = info;
+  ok.chunk_bytes = send->chunk;
+  ok.chunks = send->chunks;
+  Send(peer, ok);
   PumpBulkSend(send);
 }
 

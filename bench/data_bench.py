@@ -265,6 +265,7 @@ def parse_args():
     ap.add_argument("--rounds", type=int, default=3,
                     help="rounds of the viper runs (fixed sweep and auto interleaved; medians are reported)")
     ap.add_argument("--torch-rounds", type=int, default=1, help="rounds of the torch sweep")
+    ap.add_argument("--autos", type=int, default=2, choices=[1, 2], help="auto-tuned runs per round [%(default)s]")
     ap.add_argument("--evict", choices=["fadvise", "drop", "none"], default="fadvise")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", default="", help="write every figure here")
@@ -322,7 +323,7 @@ def main() -> None:
     fixed_cfgs = [dict(base, kind="viper", name=f"viper readers={r}", readers=r, buffer_samples=buffer, autotune=False,
                        cap_bytes=cap) for r in [int(v) for v in args.readers.split(",") if v != ""]]
     auto_cfgs = [dict(base, kind="viper", name=f"viper auto{i}", readers=2, buffer_samples=16, autotune=True,
-                      cap_bytes=cap) for i in ("", "'")]
+                      cap_bytes=cap) for i in ("", "'")[:args.autos]]
     # Two auto configs, placed apart in the order: each round runs auto twice among the fixed ones.
     half = len(fixed_cfgs) // 2
     viper_rows = sweep(fixed_cfgs[:half] + auto_cfgs[:1] + fixed_cfgs[half:] + auto_cfgs[1:], args.rounds, args, paths)

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <climits>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -76,9 +78,10 @@ std::optional<TunerSetting> AutoTuner::JudgeProbe(const Probe& p, double rate, d
   if (wait > kStarved) {
     floor_ = p.before.readers;
     bound_age_ = kCooldown;
-    *reason = fmt::format("with {} readers the consumer waited {:.1f}%: back to {}", setting_.readers, 100 * wait,
-                          p.before.readers);
-    return TunerSetting{p.before.readers, std::max(setting_.buffer_samples, p.before.buffer_samples)};
+    TunerSetting back{p.before.readers, std::max(setting_.buffer_samples, p.before.buffer_samples)};
+    *reason = fmt::format("with {} readers and {} slots the consumer waited {:.1f}%: back to {} and {}", setting_.readers,
+                          setting_.buffer_samples, 100 * wait, back.readers, back.buffer_samples);
+    return back;
   }
   return std::nullopt;
 }
@@ -106,7 +109,8 @@ std::optional<TunerSetting> AutoTuner::OnStarved(double rate, double wait, doubl
 }
 
 // Nothing waits: after kPatience such windows, try one reader fewer (if readers stand blocked on a
-// full buffer), else give back buffer slots that held samples the consumer never needed.
+// full buffer) and give back half of the buffer slots that always held samples the consumer did
+// not need yet. Both at once, judged as one probe: if the consumer then starves, both come back.
 std::optional<TunerSetting> AutoTuner::OnIdle(const TunerWindow& w, double rate, double wait, double blocked,
                                               std::string* reason) {
   idle_min_ready_ = std::min(idle_min_ready_, w.delivered > 0 ? w.min_ready : SIZE_MAX);
@@ -115,21 +119,22 @@ std::optional<TunerSetting> AutoTuner::OnIdle(const TunerWindow& w, double rate,
   idle_windows_ = 0;
   idle_min_ready_ = SIZE_MAX;
   TunerSetting s = setting_;
+  std::vector<std::string> why;
   if (blocked > 0.5 && s.readers > floor_ && s.readers > 1) {
     s.readers -= 1;
-    probe_ = Probe{setting_, rate, wait, false};
-    *reason = fmt::format("consumer never waited, readers blocked {:.0f}% of the time: readers {} -> {}",
-                          100 * blocked, setting_.readers, s.readers);
-    return s;
+    why.push_back(fmt::format("readers blocked {:.0f}% of the time: readers {} -> {}", 100 * blocked,
+                              setting_.readers, s.readers));
   }
   size_t least = std::max<size_t>(2, s.readers);
   if (min_ready != SIZE_MAX && 2 * min_ready > s.buffer_samples && s.buffer_samples > least) {
     s.buffer_samples = std::max(least, s.buffer_samples - min_ready / 2);
-    *reason = fmt::format("at least {} samples were always ready: buffer {} -> {}", min_ready,
-                          setting_.buffer_samples, s.buffer_samples);
-    return s;
+    why.push_back(fmt::format("at least {} samples always ready: buffer {} -> {}", min_ready, setting_.buffer_samples,
+                              s.buffer_samples));
   }
-  return std::nullopt;
+  if (why.empty()) return std::nullopt;
+  probe_ = Probe{setting_, rate, wait, false};
+  *reason = "consumer never waited; " + why[0] + (why.size() > 1 ? "; " + why[1] : "");
+  return s;
 }
 
 }  // namespace viper::data_internal

@@ -14,6 +14,7 @@
 #include <new>
 #include <numeric>
 #include <random>
+#include <system_error>
 #include <thread>
 
 #include <fmt/format.h>
@@ -270,8 +271,17 @@ void Prefetcher::Impl::TunerLoop() {
       readers_cv.notify_all();
       if (readers.size() < target_readers) {
         lk.unlock();
-        SpawnReaders(s.readers);  // only this thread and Start spawn; Close joins this one first
+        std::optional<std::string> failed;
+        try {
+          SpawnReaders(s.readers);  // only this thread and Start spawn; Close joins this one first
+        } catch (const std::system_error& e) {
+          failed = e.what();
+        }
         lk.lock();
+        if (failed) {  // keep the readers there are
+          log(LogLevel::kWarn, "prefetch", "tuner: cannot start reader {}: {}", readers.size(), *failed);
+          target_readers = readers.size();
+        }
       }
     }
     t0 = now;
@@ -370,8 +380,13 @@ Result<std::unique_ptr<Prefetcher>> Prefetcher::Start(std::shared_ptr<const Samp
   impl->PlanEpoch(0);
   std::unique_ptr<Prefetcher> p(new Prefetcher(std::move(impl)));
   Impl& i = *p->impl_;
-  i.SpawnReaders(options.readers);
-  if (options.autotune) i.tuner_thread = std::thread([&i] { i.TunerLoop(); });
+  try {
+    i.SpawnReaders(options.readers);
+    if (options.autotune) i.tuner_thread = std::thread([&i] { i.TunerLoop(); });
+  } catch (const std::system_error& e) {
+    p->Close();  // joins the threads that did start
+    return Status::ResourceExhausted(fmt::format("prefetcher: cannot start its threads: {}", e.what()));
+  }
   return p;
 }
 

@@ -5,7 +5,7 @@
 
 A producer trains an NT3-like model (100 MiB) from scratch on a stationary 8-class stream, so its
 loss falls with the iterations (the Inference Performance Predictor's world: a model that gets
-better while consumers use it); a consumer serves a request every 0.1 s. Steps:
+better while consumers use it); a consumer serves a request every 0.2 s. Steps:
 
 1. warm-up: one real run (producer + consumer over Viper) trains `--warmup-iters` iterations and
    publishes every 10 of them; it gives the warm-up losses, the time per iteration t_train, the
@@ -59,7 +59,7 @@ def parse_args(argv):
     ap.add_argument("--classes", type=int, default=8, help="sectors of the task [%(default)s]")
     ap.add_argument("--lr", type=float, default=0.05, help="[%(default)s]")
     ap.add_argument("--train-batch", type=int, default=16, help="[%(default)s]")
-    ap.add_argument("--request-interval", type=float, default=0.1, help="seconds between requests [%(default)s]")
+    ap.add_argument("--request-interval", type=float, default=0.2, help="seconds between requests [%(default)s]")
     ap.add_argument("--request-batch", type=int, default=32, help="samples per request [%(default)s]")
     ap.add_argument("--workdir", default="/tmp/viper-cl-demo", help="[%(default)s]")
     ap.add_argument("--json", default=None, help="results file [WORKDIR/policies.json]")
@@ -195,13 +195,14 @@ def hindsight(run: dict, plan_: dict, w: dict, cfg: DemoConfig) -> dict:
 # ---- output --------------------------------------------------------------------------------------
 
 def format_table(rows: dict, plan_: dict) -> str:
-    head = ("policy", "checkpoints", "iterations", "predicted CIL", "measured CIL", "pred. error", "model, hindsight",
-            "vs epoch")
+    head = ("policy", "checkpoints", "iterations", "late req.", "predicted CIL", "measured CIL", "pred. error",
+            "model, hindsight", "vs epoch")
     lines = [head]
     epoch = rows.get("epoch", {}).get("measured")
     for name, r in rows.items():
         vs = f"{r['measured'] / epoch - 1:+.1%}" if epoch and name != "epoch" else "-"
-        lines.append((r["label"], str(r["checkpoints"]), str(r["iterations"]), f"{r['predicted']:.2f}",
+        lines.append((r["label"], str(r["checkpoints"]), str(r["iterations"]), str(r["summary"]["late_requests"]),
+                      f"{r['predicted']:.2f}",
                       f"{r['measured']:.2f}", f"{r['predicted'] / r['measured'] - 1:+.1%}",
                       f"{r['hindsight']['cil']:.2f}", vs))
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]

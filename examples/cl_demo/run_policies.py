@@ -3,9 +3,9 @@
 
     /usr/bin/python3 examples/cl_demo/run_policies.py [--duration 30] [--warmup-iters 60] [--plot out.png]
 
-A producer trains an NT3-like model (100 MiB) from scratch on a stationary 8-class stream, so its
+A producer trains an NT3-like model (25 MiB) from scratch on a stationary 8-class stream, so its
 loss falls with the iterations (the Inference Performance Predictor's world: a model that gets
-better while consumers use it); a consumer serves a request every 0.2 s. Steps:
+better while consumers use it); a consumer serves 150 requests per run. Steps:
 
 1. warm-up: one real run (producer + consumer over Viper) trains `--warmup-iters` iterations and
    publishes every 10 of them; it gives the warm-up losses, the time per iteration t_train, the
@@ -14,7 +14,8 @@ better while consumers use it); a consumer serves a request every 0.2 s. Steps:
 2. prediction, before any policy runs: a viper.Scheduler (policy "optimal") is made from those
    measurements (the warm-up losses as its history): its plan and predicted CIL, and its predicted
    CIL of the two other policies' schedules (Scheduler.evaluate);
-3. three runs of `--duration` seconds from the warm-up model, identical but for when they publish:
+3. three runs from the warm-up model (each as long as `--run-iters` iterations take at the
+   warm-up's pace, 10-60 s), identical but for when they publish:
    epoch (every `--epoch-iters` iterations, default a quarter of the run), fixed interval (every
    `--interval-s` seconds of training, what the transports stage does), and the IPP online (that
    scheduler, handed to viper.Publisher: it measures t_train, gets t_p from every publish and t_c
@@ -48,18 +49,24 @@ LABELS = {"epoch": "epoch", "interval": "fixed interval", "ipp": "IPP online"}
 
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--duration", type=float, default=30.0, help="seconds per policy run [%(default)s]")
+    ap.add_argument("--duration", type=float, default=0.0,
+                    help="seconds per policy run (0 = auto: --run-iters at the warm-up's time per iteration, "
+                         "10-60 s) [%(default)s]")
+    ap.add_argument("--run-iters", type=int, default=200,
+                    help="iterations a policy run can make (sets the auto duration) [%(default)s]")
     ap.add_argument("--warmup-iters", type=int, default=60, help="s: iterations of the shared warm-up [%(default)s]")
     ap.add_argument("--epoch-iters", type=int, default=0,
                     help="epoch policy: iterations per epoch (0 = a quarter of the iterations the run can make)")
     ap.add_argument("--interval-s", type=float, default=2.0, help="fixed-interval policy: seconds [%(default)s]")
     ap.add_argument("--ipp-policy", default="optimal", help="the IPP's scheduler [%(default)s]")
     ap.add_argument("--policies", default=",".join(POLICIES), help="comma-separated, from %(default)s")
-    ap.add_argument("--model-mb", type=float, default=100.0, help="MiB of the wide dense weight [%(default)s]")
+    ap.add_argument("--model-mb", type=float, default=25.0, help="MiB of the wide dense weight [%(default)s]")
     ap.add_argument("--classes", type=int, default=8, help="sectors of the task [%(default)s]")
     ap.add_argument("--lr", type=float, default=0.05, help="[%(default)s]")
     ap.add_argument("--train-batch", type=int, default=16, help="[%(default)s]")
-    ap.add_argument("--request-interval", type=float, default=0.2, help="seconds between requests [%(default)s]")
+    ap.add_argument("--requests", type=int, default=150, help="requests per run (sets the auto interval) [%(default)s]")
+    ap.add_argument("--request-interval", type=float, default=0.0,
+                    help="seconds between requests (0 = auto: duration / --requests, at least 0.05) [%(default)s]")
     ap.add_argument("--request-batch", type=int, default=32, help="samples per request [%(default)s]")
     ap.add_argument("--workdir", default="/tmp/viper-cl-demo", help="[%(default)s]")
     ap.add_argument("--json", default=None, help="results file [WORKDIR/policies.json]")
@@ -77,9 +84,19 @@ def parse_args(argv):
 
 def stage_config(args) -> DemoConfig:
     return DemoConfig(dense_mb=args.model_mb, classes=args.classes, period_s=math.inf, lr=args.lr,
-                      train_batch=args.train_batch, pretrain_iters=0, duration_s=args.duration,
-                      request_interval_s=args.request_interval, request_batch=args.request_batch,
+                      train_batch=args.train_batch, pretrain_iters=0, duration_s=args.duration or 30.0,
+                      request_interval_s=args.request_interval or 0.2, request_batch=args.request_batch,
                       publish_every_s=None, publish_every_iters=None)
+
+
+def size_runs(cfg: DemoConfig, args, t_train: float) -> None:
+    """The policy runs are sized in iterations and requests, so that the training (a curve over
+    iterations) and the IPP's extrapolation from the warm-up (run / warm-up = 200 / 60) are the
+    same on a quiet or a loaded machine; their wall time follows from the measured t_train."""
+    if not args.duration:
+        cfg.duration_s = round(min(60.0, max(10.0, args.run_iters * t_train)), 1)
+    if not args.request_interval:
+        cfg.request_interval_s = round(max(0.05, cfg.duration_s / args.requests), 3)
 
 
 # ---- measurements --------------------------------------------------------------------------------
@@ -272,6 +289,9 @@ def main(argv=None) -> int:
     w = warmup(cfg, args, args.workdir)
     print(f"policies: warm-up measured t_train {w['t_train']:.3f} s, t_p {w['t_p']:.3f} s, t_c {w['t_c']:.3f} s "
           f"({w['publishes']} publishes)", flush=True)
+    size_runs(cfg, args, w["t_train"])
+    print(f"policies: runs of {cfg.duration_s:g} s ({args.run_iters} iterations at the warm-up's t_train), "
+          f"one request every {cfg.request_interval_s:g} s", flush=True)
     p = plan(cfg, args, w)
     print(f"policies: IPP ({args.ipp_policy}) before the runs: fit {p['fit']['formula'] if p['fit'] else '-'} "
           f"({p['plan_source']}); {len(p['schedules']['ipp'])} checkpoints planned, predicted CIL "

@@ -26,7 +26,8 @@ def test_policies_stage_predicts_before_and_measures_each_run(tmp_path):
     out, plot = tmp_path / "policies.json", tmp_path / "policies.svg"
     cmd = [sys.executable, os.path.join(EXAMPLES, "cl_demo", "demo.py"), "--stages", "policies",
            "--workdir", str(tmp_path), "--policies-args",
-           f"--policies epoch,ipp --model-mb 2 --duration 5 --warmup-iters 20 --plot {plot} --json {out}"]
+           f"--policies epoch,ipp --model-mb 2 --duration 5 --request-interval 0.2 --warmup-iters 20 "
+           f"--plot {plot} --json {out}"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     assert "predicted CIL" in proc.stdout and "measured CIL" in proc.stdout and "=== stage policies" in proc.stdout

@@ -154,7 +154,7 @@ def plan(cfg: DemoConfig, args, w: dict) -> dict:
     requests = int(round(cfg.duration_s / cfg.request_interval_s))
     setup = {"policy": args.ipp_policy, "warmup_end": s, "end": end, "t_infer": cfg.request_interval_s,
              "requests": requests, "t_train": w["t_train"], "t_p": w["t_p"], "t_c": w["t_c"],
-             "history": w["losses"], "checkpoint_at_warmup_end": False}
+             "history": w["losses"], "checkpoint_at_warmup_end": False, "duration": cfg.duration_s}
     epoch = args.epoch_iters or max(1, (end - s) // 4)
     interval_iters = max(1, math.ceil(args.interval_s / w["t_train"]))
     schedules = {"epoch": every(s, epoch, end), "interval": every(s, interval_iters, end)}

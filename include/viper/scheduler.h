@@ -34,7 +34,7 @@ namespace viper {
 struct SchedulerOptions {
   std::string policy = "optimal";  // one of SchedulePolicies()
   int64_t warmup_end = 0;          // s: the curve is first fitted and the run planned here
-  int64_t end = 0;                 // e > s: last training iteration
+  int64_t end = 0;                 // e > s: last training iteration (see duration_ns)
   int64_t epoch = 0;               // iterations per epoch (required by policy "epoch")
   int64_t t_infer_ns = 0;          // one inference request every t_infer (> 0)
   int64_t requests = 0;            // M > 0 requests in all
@@ -51,6 +51,12 @@ struct SchedulerOptions {
   // t_c by the median of the last 16 report_update_latency() values.
   int64_t t_p_ns = 0;
   int64_t t_c_ns = 0;
+
+  // > 0: the run is bounded by wall-clock time, not by `end`: it ends duration_ns after the first
+  // observe(). `end` is then the initial estimate of the last iteration, and every plan moves it
+  // to now + (time left) / t_train, so a run that goes faster or slower than first measured is
+  // planned to its real end.
+  int64_t duration_ns = 0;
 
   // Losses observed before the scheduler was made (e.g. a warm-up that ran before it existed),
   // strictly increasing iterations <= the first observe(); fitted with the rest, no timing is
@@ -77,6 +83,7 @@ struct SchedulerOptions {
 // What the scheduler knows and plans. A snapshot (copy) taken under the lock.
 struct SchedulerState {
   int64_t iteration = -1;            // last observed iteration
+  int64_t end = 0;                   // e of the current plan (moves with duration_ns)
   int64_t t_train_ns = 0;            // current estimate (measured, or the option)
   int64_t t_p_ns = 0;                // current estimates (options, then the reported medians)
   int64_t t_c_ns = 0;
@@ -135,12 +142,15 @@ class Scheduler {
   Result<Schedule> PlanFromFitLocked(const ScheduleInputs& base);
   Result<Schedule> PlanFromObservedLocked(const ScheduleInputs& base);
   ScheduleProblem ProblemLocked() const;
+  void MoveEndLocked(int64_t iteration);
   int64_t TrainEstimateLocked() const;
 
   const SchedulerOptions options_;
   mutable std::mutex mu_;
   std::vector<LossSample> samples_;
   std::optional<std::chrono::steady_clock::time_point> last_time_;
+  std::optional<std::chrono::steady_clock::time_point> run_start_;  // first observe()
+  int64_t end_ = 0;  // e: options_.end, or moved by the time left (duration_ns)
   std::deque<int64_t> train_ns_window_;
   std::deque<int64_t> stall_ns_window_;
   std::deque<int64_t> latency_ns_window_;

@@ -39,6 +39,7 @@ py::dict FitDict(const viper::LossFit& fit) {
 py::dict StateDict(const viper::SchedulerState& s) {
   py::dict d;
   d["iteration"] = s.iteration;
+  d["end"] = s.end;
   d["t_train"] = NsToSeconds(s.t_train_ns);
   d["t_p"] = NsToSeconds(s.t_p_ns);
   d["t_c"] = NsToSeconds(s.t_c_ns);
@@ -76,7 +77,7 @@ void BindSchedule(py::module_& m) {
       .def(py::init([](const std::string& policy, int64_t warmup_end, int64_t end, int64_t epoch, double t_infer,
                        int64_t requests, double t_train, double t_p, double t_c, int64_t refit_every,
                        bool checkpoint_at_warmup_end, bool measure_t_train,
-                       const std::vector<std::pair<int64_t, double>>& history, bool robust_fit) {
+                       const std::vector<std::pair<int64_t, double>>& history, bool robust_fit, double duration) {
              viper::SchedulerOptions o;
              o.policy = policy;
              o.warmup_end = warmup_end;
@@ -92,6 +93,7 @@ void BindSchedule(py::module_& m) {
              o.measure_t_train = measure_t_train;
              o.history = Samples(history);
              if (!robust_fit) o.fit = viper::FitOptions{};
+             o.duration_ns = SecondsToNs(duration, "duration", true);
              std::unique_ptr<viper::Scheduler> created = Unwrap(viper::Scheduler::Create(std::move(o)));
              return std::shared_ptr<viper::Scheduler>(std::move(created));
            }),
@@ -99,14 +101,15 @@ void BindSchedule(py::module_& m) {
            py::arg("t_infer"), py::arg("requests"), py::arg("t_train") = 0.0, py::arg("t_p") = 0.0,
            py::arg("t_c") = 0.0, py::arg("refit_every") = 0, py::arg("checkpoint_at_warmup_end") = true,
            py::arg("measure_t_train") = true, py::arg("history") = std::vector<std::pair<int64_t, double>>{},
-           py::arg("robust_fit") = true,
+           py::arg("robust_fit") = true, py::arg("duration") = 0.0,
            "policy: one of none, epoch, fixed, greedy, sqrt, optimal. warmup_end (s) < end (e): iterations. "
            "t_infer: seconds between inference requests; requests: how many in all. t_train: seconds per iteration, "
            "the estimate until 8 intervals between observe() calls are measured (measure_t_train=False: used as "
            "given); t_p, t_c: initial estimates of the publish stall and the update latency (replaced by reports). "
            "history: (iteration, loss) pairs seen before the scheduler existed (a warm-up): if they reach "
            "warmup_end the plan exists at once (state()['predicted_cil'] is the prediction before the run). "
-           "robust_fit=False: plain least-squares family selection, unbounded extrapolation.")
+           "robust_fit=False: plain least-squares family selection, unbounded extrapolation. duration > 0: the run "
+           "ends that many seconds after the first observe(), and each plan moves `end` to now + time left / t_train.")
       .def("observe", [](viper::Scheduler& s, int64_t iteration, double loss) {
              ThrowIfError(s.observe(iteration, loss));
            }, py::arg("iteration"), py::arg("loss"),

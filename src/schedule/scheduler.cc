@@ -82,6 +82,7 @@ Status ValidateOptions(const SchedulerOptions& o) {
   }
   if (o.t_infer_ns <= 0) return Status::InvalidArgument(fmt::format("scheduler: t_infer_ns = {} must be > 0", o.t_infer_ns));
   if (o.requests <= 0) return Status::InvalidArgument(fmt::format("scheduler: requests = {} must be > 0", o.requests));
+  if (o.duration_ns < 0) return Status::InvalidArgument(fmt::format("scheduler: duration_ns = {} must be >= 0", o.duration_ns));
   if (o.t_train_ns < 0 || o.t_p_ns < 0 || o.t_c_ns < 0) {
     return Status::InvalidArgument(fmt::format("scheduler: times must be >= 0 (t_train_ns = {}, t_p_ns = {}, t_c_ns = {})",
                                                o.t_train_ns, o.t_p_ns, o.t_c_ns));
@@ -106,14 +107,16 @@ Result<std::unique_ptr<Scheduler>> Scheduler::Create(SchedulerOptions options) {
   std::unique_ptr<Scheduler> scheduler(new Scheduler(std::move(options)));
   // A history that covers the warm-up: the plan (and its predicted CIL) exists before the run.
   const int64_t seen = scheduler->state_.iteration;
-  if (seen >= scheduler->options_.warmup_end && seen < scheduler->options_.end) {
+  if (seen >= scheduler->options_.warmup_end && seen < scheduler->end_) {
     std::lock_guard<std::mutex> lock(scheduler->mu_);
     scheduler->PlanLocked(seen);
   }
   return scheduler;
 }
 
-Scheduler::Scheduler(SchedulerOptions options) : options_(std::move(options)), samples_(options_.history) {
+Scheduler::Scheduler(SchedulerOptions options)
+    : options_(std::move(options)), samples_(options_.history), end_(options_.end) {
+  state_.end = end_;
   state_.t_p_ns = options_.t_p_ns;
   state_.t_c_ns = options_.t_c_ns;
   state_.t_train_ns = options_.t_train_ns;
@@ -129,6 +132,7 @@ Status Scheduler::observe(int64_t iteration, double loss) {
     return Status::InvalidArgument(fmt::format("scheduler: iteration {} does not follow {} (must increase)", iteration,
                                                samples_.empty() ? -1 : samples_.back().iteration));
   }
+  if (!run_start_) run_start_ = std::chrono::steady_clock::now();
   MeasureLocked(iteration);
   samples_.push_back({iteration, loss});
   state_.iteration = iteration;
@@ -156,19 +160,31 @@ int64_t Scheduler::TrainEstimateLocked() const {
 }
 
 bool Scheduler::PlanDueLocked(int64_t iteration) const {
-  if (iteration < options_.warmup_end || iteration >= options_.end) return false;
+  if (iteration < options_.warmup_end) return false;
+  if (iteration >= end_) return options_.duration_ns > 0;  // time is left: the end moves on
   // Until a plan succeeds (e.g. t_train still unmeasured) every observation retries.
   return state_.plans == 0 || iteration - last_plan_iteration_ >= options_.refit_every || timings_moved_ ||
          Moved(plan_problem_.t_train_ns, state_.t_train_ns);
 }
 
+void Scheduler::MoveEndLocked(int64_t iteration) {
+  if (options_.duration_ns <= 0 || !run_start_ || state_.t_train_ns <= 0) return;
+  const int64_t elapsed =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - *run_start_).count();
+  const int64_t left = std::max<int64_t>(0, options_.duration_ns - elapsed);
+  end_ = std::max(iteration + 1, iteration + left / state_.t_train_ns);
+  state_.end = end_;
+}
+
 ScheduleProblem Scheduler::ProblemLocked() const {
-  return {options_.warmup_end, options_.end, state_.t_train_ns, state_.t_p_ns, state_.t_c_ns, options_.t_infer_ns,
+  return {options_.warmup_end, end_, state_.t_train_ns, state_.t_p_ns, state_.t_c_ns, options_.t_infer_ns,
           options_.requests};
 }
 
 Result<Schedule> Scheduler::PlanFromFitLocked(const ScheduleInputs& base) {
-  Result<LossFit> fit = FitLossCurve(samples_, options_.fit);
+  FitOptions fit_options = options_.fit;
+  fit_options.horizon = end_;
+  Result<LossFit> fit = FitLossCurve(samples_, fit_options);
   if (!fit.ok()) return fit.status();
   ScheduleInputs in = base;
   in.curve = fit->curve;
@@ -206,6 +222,7 @@ Result<Schedule> Scheduler::PlanFromObservedLocked(const ScheduleInputs& base) {
 void Scheduler::PlanLocked(int64_t iteration) {
   last_plan_iteration_ = iteration;
   timings_moved_ = false;
+  MoveEndLocked(iteration);
   ScheduleInputs base;
   base.problem = ProblemLocked();
   base.epoch = options_.epoch;
@@ -252,8 +269,8 @@ bool Scheduler::should_checkpoint(int64_t iteration) {
     planned.erase(planned.begin());
   }
   // Before any successful plan, at least the final model goes out.
-  if (state_.plans == 0 && from < options_.end && options_.end <= iteration) planned_due = true;
-  if (planned_due && iteration > options_.warmup_end && iteration <= options_.end &&
+  if (state_.plans == 0 && from < end_ && end_ <= iteration) planned_due = true;
+  if (planned_due && iteration > options_.warmup_end && (options_.duration_ns > 0 || iteration <= end_) &&
       (state_.taken.empty() || iteration > state_.taken.back())) {
     state_.taken.push_back(iteration);
   }

@@ -263,6 +263,39 @@ TEST(Scheduler, FallsBackToTheBestObservedIntervalWhenNothingFits) {
   EXPECT_FALSE(st.fit.has_value());
 }
 
+// A run bounded by wall-clock time that goes faster than first estimated: the end moves with
+// the time left, and the scheduler keeps planning past the first estimate of e.
+TEST(Scheduler, ARunBoundedByTimeIsPlannedToItsRealEnd) {
+  SchedulerOptions o = WorkedOptions("optimal");
+  o.warmup_end = 10;
+  o.end = 20;                      // at the 100 ms estimate: 10 iterations in 1 s
+  o.duration_ns = 1'000'000'000;   // but the loop below makes ~2 ms steps
+  o.measure_t_train = true;
+  o.refit_every = 5;
+  o.t_p_ns = 1'000'000;
+  o.t_c_ns = 1'000'000;
+  o.t_infer_ns = 5'000'000;
+  o.requests = 200;
+  Result<std::unique_ptr<Scheduler>> sched = Scheduler::Create(o);
+  ASSERT_TRUE(sched.ok());
+  std::vector<int64_t> yes;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t x = 0; std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(1000); ++x) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    if ((*sched)->step(x, 2.0 * std::exp(-0.01 * x) + 0.1).value() && x > 10) yes.push_back(x);
+  }
+  const SchedulerState st = (*sched)->state();
+  EXPECT_GT(st.end, 40) << "the end did not move with the measured pace";
+  ASSERT_FALSE(yes.empty());
+  EXPECT_GT(yes.back(), 40) << "no checkpoint past the first estimate of e = 20";
+  Result<std::unique_ptr<Scheduler>> bad = Scheduler::Create([] {
+    SchedulerOptions b = WorkedOptions("optimal");
+    b.duration_ns = -1;
+    return b;
+  }());
+  EXPECT_FALSE(bad.ok());
+}
+
 TEST(Scheduler, BadOptionsAndObservationsAreRejected) {
   struct Case {
     const char* want;

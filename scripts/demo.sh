@@ -4,12 +4,13 @@
 #   transports  one producer trains an NT3-like PyTorch model (300 MiB) on a drifting stream, one
 #               consumer serves requests with the freshest version; once with the baseline users
 #               have today (torch.save + directory polling + torch.load), once with Viper;
-#   policies    the same training (100 MiB, 8 classes, from scratch) under three checkpoint
+#   policies    the same training (25 MiB, 8 classes, from scratch) under three checkpoint
 #               policies: epoch, fixed interval, and the Inference Performance Predictor online;
 #               predicted and measured CIL, and a plot of served loss over time;
 #   rehearsal   new classes arrive as a stream of record files read by viper.data's prefetcher;
 #               the same training with and without a rehearsal buffer: the forgetting it prevents.
-# About 4 minutes on 2 cores.
+# About 4 minutes on a quiet 2-core machine (transports and policies took 5 min 13 s at load
+# average 11, before the rehearsal stage was added).
 #
 #   scripts/demo.sh [demo.py options]    e.g. --stages policies --workdir /tmp/d --json out.json
 #                                         --transports-args "--model-mb 600 --duration 30"

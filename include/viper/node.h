@@ -43,6 +43,10 @@ struct NodeOptions {
   bool recover = true;                 // on start, load each model's latest file into memory
   uint32_t chunk_bytes = 4u << 20;     // bulk transfer chunk size (a client may ask for another)
   uint32_t chunks_in_flight = 8;       // bulk sends outstanding per transfer
+  // Shared-memory segments are /dev/shm/<prefix>.<pid>.<n>. With a store_dir the prefix becomes
+  // "<segment_prefix>-<hash of store_dir>": a node restarted on that store after a crash finds the
+  // segments its killed predecessor left, keeps every sealed version in them (written to the file
+  // tier if it is not there yet) and removes them; other nodes leave them alone.
   std::string segment_prefix = "viper";
   // Called for every subscriber's ACK (the version is live at that subscriber), on the engine
   // thread with the node's lock held: must be quick and must not call the node. The embedded

@@ -229,6 +229,12 @@ class SnapshotLayout {
   std::string tensors_json_;        // rendered once at Make: "name":{...},... in data order
 };
 
+// The size of the snapshot that starts `bytes` when `bytes` may run on past it (a shared-memory
+// segment keeps slack after its snapshot): 8 + N + the end of the last tensor. Checks the header
+// as Parse does (length, UTF-8, JSON, tensor entries within `bytes`) but not the data; parse
+// `bytes.first(extent)` to check the whole snapshot. Cost: O(header).
+Result<uint64_t> SnapshotExtent(std::span<const std::byte> bytes, const ParseOptions& options = {});
+
 // A named tensor's bytes, for building a snapshot from existing memory.
 struct TensorData {
   TensorSpec spec;

@@ -23,6 +23,8 @@ namespace {
 constexpr std::string_view kLog = "node";
 constexpr int kMaxStrikes = 3;                   // malformed messages before a peer is dropped
 constexpr uint64_t kMaxPublishBytes = 1ull << 40;
+// Queued flushes keep their version in memory up to this many bytes (and always the first two).
+constexpr uint64_t kMaxPinnedFlushBytes = 2ull << 30;
 
 std::string ReadFirstLine(const char* path) {
   std::ifstream in(path);
@@ -64,17 +66,19 @@ Result<std::unique_ptr<Node>> Node::Start(const NodeOptions& options) {
   impl->host_key = node->host_key_;
 
   HostTierOptions host_options;
-  host_options.prefix = options.segment_prefix;
+  host_options.prefix = internal::SegmentPrefixFor(options);
   host_options.mode = options.segment_mode;
   host_options.keep_versions = options.keep_host_versions;
-  VIPER_ASSIGN_OR_RETURN(impl->host, HostTier::Open(host_options));
   if (!options.store_dir.empty()) {
     FileTierOptions file_options;
     file_options.dir = options.store_dir;
     file_options.keep_versions = options.keep_file_versions;
     file_options.file_mode = options.file_mode;
     VIPER_ASSIGN_OR_RETURN(impl->files, FileTier::Open(file_options));
+    // Before the host tier removes a killed predecessor's segments: keep what it had sealed.
+    internal::AdoptStaleSegments(host_options.prefix, *impl->files);
   }
+  VIPER_ASSIGN_OR_RETURN(impl->host, HostTier::Open(host_options));
   impl->worker = std::make_unique<internal::TaskQueue>("node-worker");
   impl->flusher = std::make_unique<internal::TaskQueue>("node-flusher");
   impl->spare = std::make_unique<internal::TaskQueue>("node-spare");
@@ -252,13 +256,32 @@ Result<proto::VersionInfo> Node::Impl::CommitVersion(WriteLease lease, proto::Ve
 
 // Writes the version to the file tier in the background, from a read lease on its segment, and
 // then lists the file as a replica.
+// The lease is taken now, not when the flusher gets to it: a producer publishing faster than the
+// file tier writes would otherwise see versions retired from memory before they reach the file
+// tier, and an announced version would be in neither after a restart. Queued flushes pin their
+// segments up to kMaxPinnedFlushBytes of shared memory; beyond that the file tier is far behind,
+// and a version retired from memory before its turn is reported as not persisted.
 void Node::Impl::QueueFlush(const proto::VersionInfo& info) {
   if (!files) return;
-  flusher->Post([this, model = info.model, version = info.version] {
-    auto lease = host->Acquire(model, version);
-    if (!lease.ok()) {  // already retired by newer versions: nothing to persist from memory
-      log(LogLevel::kWarn, kLog, "not flushing {} version {}: {}", model, version, lease.status().message());
-      return;
+  std::optional<ReadLease> pinned;
+  const uint64_t size = info.size;
+  if (flushes_pinned.load() < 2 || pinned_bytes.load() + size <= kMaxPinnedFlushBytes) {
+    auto lease = host->Acquire(info.model, info.version);
+    if (lease.ok()) pinned = std::move(lease).value(), flushes_pinned++, pinned_bytes += size;
+  }
+  flusher->Post([this, model = info.model, version = info.version, size, pinned = std::move(pinned)] {
+    std::optional<ReadLease> lease = pinned;
+    if (lease) flushes_pinned--, pinned_bytes -= size;
+    if (!lease) {
+      auto now = host->Acquire(model, version);
+      if (!now.ok()) {  // retired by newer versions while the file tier was behind
+        log(LogLevel::kError, kLog, "{} version {} not persisted: the file tier fell behind by more than {} ({})",
+            model, version, "2 GiB of versions", now.status().message());
+        std::lock_guard<std::mutex> lock(mu);
+        stats.flush_errors++;
+        return;
+      }
+      lease = std::move(now).value();
     }
     Status st = files->Write(model, version, lease->data());
     std::lock_guard<std::mutex> lock(mu);

@@ -109,6 +109,8 @@ struct Node::Impl {
   // Counted on the progress thread as sends complete (no lock there).
   std::atomic<uint64_t> bytes_sent{0};
   std::atomic<uint64_t> bytes_sent_incoming{0};
+  std::atomic<size_t> flushes_pinned{0};    // queued flushes holding a lease on their version
+  std::atomic<uint64_t> pinned_bytes{0};    // ... and the bytes they pin
 
   // --- message handling (progress thread) ---
   void OnMessage(net::PeerId peer, std::span<const std::byte> bytes);
@@ -159,5 +161,16 @@ struct Node::Impl {
   void QueueFlush(const proto::VersionInfo& info);
   Status Recover();
 };
+
+namespace internal {
+// Segment prefix of a node: options.segment_prefix, followed by a hash of the store directory
+// when there is one, so that only a node restarted on the same store adopts (and removes) the
+// segments a killed node left (node_adopt.cc).
+std::string SegmentPrefixFor(const NodeOptions& options);
+// Writes every sealed version found in segments of dead processes with `prefix` to `files`
+// (unless it holds that version already); returns how many. The segments stay for HostTier::Open
+// to remove.
+size_t AdoptStaleSegments(const std::string& prefix, FileTier& files);
+}  // namespace internal
 
 }  // namespace viper

@@ -383,6 +383,22 @@ Result<Snapshot> Snapshot::Parse(std::span<const std::byte> bytes, std::shared_p
   return snapshot;
 }
 
+Result<uint64_t> SnapshotExtent(std::span<const std::byte> bytes, const ParseOptions& options) {
+  if (bytes.size() < 8) return Fault(fmt::format("buffer is {} bytes, shorter than the 8-byte header length prefix", bytes.size()));
+  const uint64_t n = internal::LoadLe64(bytes.data());
+  if (n > options.max_header_bytes || n > bytes.size() - 8)
+    return Fault(fmt::format("header length {} exceeds the buffer ({} bytes) or the limit ({} bytes)", n, bytes.size(),
+                             options.max_header_bytes));
+  std::string_view text(reinterpret_cast<const char*>(bytes.data()) + 8, n);
+  if (internal::FirstInvalidUtf8(text) != internal::kNpos) return Fault("header is not valid UTF-8");
+  VIPER_ASSIGN_OR_RETURN(json header, ParseHeaderJson(text));
+  if (!header.is_object()) return Fault("header JSON must be an object, got " + Describe(header));
+  VIPER_ASSIGN_OR_RETURN(std::vector<TensorInfo> tensors, ParseTensors(header, bytes.size() - 8 - n));
+  uint64_t end = 0;
+  for (const TensorInfo& t : tensors) end = std::max(end, t.end);
+  return 8 + n + end;
+}
+
 Result<Snapshot> Snapshot::FromBuffer(std::vector<std::byte> bytes, const ParseOptions& options) {
   auto holder = std::make_shared<const std::vector<std::byte>>(std::move(bytes));
   std::span<const std::byte> view(*holder);

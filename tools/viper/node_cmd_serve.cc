@@ -69,6 +69,9 @@ ViperCommand serve_command(
       app.add_option("--keep-files", flags->node.keep_file_versions, "Versions per model kept on the file tier")
           ->default_val(3)->check(CLI::PositiveNumber);
       app.add_option("--name", flags->node.name, "Node name shown to peers");
+      app.add_option("--segment-prefix", flags->node.segment_prefix,
+                     "Shared-memory segment name prefix ([A-Za-z0-9_-]; a hash of --store-dir is appended)")
+          ->default_val("viper");
       app.add_option("--address-file", flags->address_file, "Write the bound HOST:PORT to this file once listening");
       app.add_option("--upstream", flags->relay.upstream,
                      "Relay: replicate the models named by --relay-model from the node at HOST:PORT");

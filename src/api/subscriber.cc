@@ -77,12 +77,21 @@ Result<std::shared_ptr<Client>> Subscriber::Impl::EnsureClient() {
     if (client && client->connected()) return client;
   }
   ClientHandlers handlers;
-  handlers.on_notify = [this](const proto::VersionInfo& info) { OnAnnounce(info, false); };
-  handlers.on_incoming = [this](const proto::VersionInfo& info) { OnAnnounce(info, true); };
-  handlers.on_disconnect = [this](const Status& why) {
+  // A connection may outlive this subscriber (a mapped version handed out holds it, with its
+  // lease): its handlers reach the subscriber only while it exists.
+  std::weak_ptr<Impl> self = weak_from_this();
+  handlers.on_notify = [self](const proto::VersionInfo& info) {
+    if (auto impl = self.lock()) impl->OnAnnounce(info, false);
+  };
+  handlers.on_incoming = [self](const proto::VersionInfo& info) {
+    if (auto impl = self.lock()) impl->OnAnnounce(info, true);
+  };
+  handlers.on_disconnect = [self](const Status& why) {
+    auto impl = self.lock();
+    if (!impl) return;
     log(LogLevel::kWarn, kLog, "{}", why.message());
-    std::lock_guard<std::mutex> lock(mu);
-    cv.notify_all();
+    std::lock_guard<std::mutex> lock(impl->mu);
+    impl->cv.notify_all();
   };
   // The configured node first, then the alternates, in order.
   Result<std::unique_ptr<Client>> fresh = Status::Unavailable("no node to connect to");
@@ -145,7 +154,7 @@ Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::Load(const proto::Versio
   }
   for (const auto& choice : ranked) {
     int64_t start = WallClockNs();
-    auto mv = choice.node.empty() ? LoadVia(choice.path, info, c.get()) : LoadFromOtherNode(choice.node, info);
+    auto mv = choice.node.empty() ? LoadVia(choice.path, info, c) : LoadFromOtherNode(choice.node, info);
     if (mv.ok()) {
       estimator.Record(choice.path, (*mv)->info.size, WallClockNs() - start);
       (*mv)->reason = fallbacks.empty() ? choice.reason : choice.reason + "; after " + fallbacks;
@@ -159,19 +168,29 @@ Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::Load(const proto::Versio
         fetch_path_name(choice.path), last.message());
     fallbacks += (fallbacks.empty() ? "" : "; ") + std::string(fetch_path_name(choice.path)) +
                  (choice.node.empty() ? "" : " from " + choice.node) + " failed: " + last.message();
-    if (c && choice.node.empty() && (choice.path == FetchPath::kRemote || !c->connected())) DropClient(c), c.reset();
-    if (!c) poisoned_buffer.reset();  // the engine that posted receives into it is gone
+    // The node refusing a request (no such version any more) leaves the connection healthy and
+    // nothing posted into the buffer: keep it, with its leases and subscription.
+    const StatusCode code = last.code();
+    const bool refused = code == StatusCode::kNotFound || code == StatusCode::kFailedPrecondition ||
+                         code == StatusCode::kInvalidArgument || code == StatusCode::kPermissionDenied;
+    if (c && choice.node.empty() && ((choice.path == FetchPath::kRemote && !refused) || !c->connected())) {
+      DropClient(c);
+      if (poisoned_buffer) retired_buffers.emplace_back(c, std::move(poisoned_buffer));
+      c.reset();
+    }
+    if (!c) poisoned_buffer.reset();  // the engine that posted receives into it is gone (or retired)
+    std::erase_if(retired_buffers, [](const auto& r) { return r.first.expired(); });
   }
   return last;
 }
 
 Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::LoadVia(FetchPath path, const proto::VersionInfo& info,
-                                                                 Client* client) {
+                                                                 const std::shared_ptr<Client>& client) {
   if (path == FetchPath::kFile) return LoadFile(info);
   if (client == nullptr) return Status::Unavailable("not connected to node " + CurrentNode());
   if (path == FetchPath::kRemote) return LoadRemote(info, *client);
   if (!client->same_host()) return Status::FailedPrecondition("map/copy need the node on this host");
-  return LoadLeased(path, info, *client);
+  return LoadLeased(path, info, client);
 }
 
 // Remembers the other nodes in `info`'s replica list and, when a remote transfer is a candidate
@@ -234,9 +253,9 @@ Status Subscriber::Impl::Finish(ModelVersion& mv, std::span<const std::byte> byt
 
 // map: zero copy under a lease held until the version is dropped; copy: into our own buffer.
 Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::LoadLeased(FetchPath path, const proto::VersionInfo& info,
-                                                                    Client& client) {
-  VIPER_ASSIGN_OR_RETURN(proto::FetchOk ok, client.FetchLease(info.model, info.version));
-  auto release = client.Releaser(ok.info.model, ok.info.version);
+                                                                    const std::shared_ptr<Client>& client) {
+  VIPER_ASSIGN_OR_RETURN(proto::FetchOk ok, client->FetchLease(info.model, info.version));
+  auto release = client->Releaser(ok.info.model, ok.info.version);
   auto mapped = MapSegmentReadOnly(ok.segment, ok.info.size, /*populate=*/path == FetchPath::kCopy);
   if (!mapped.ok()) {
     release();
@@ -247,6 +266,7 @@ Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::LoadLeased(FetchPath pat
   mv->path = path;
   if (path == FetchPath::kMap) {
     struct LeaseHold {
+      std::shared_ptr<Client> connection;  // the lease lives on it: it must not close first
       std::shared_ptr<const void> mapping;
       std::function<void()> release;
       LeaseHold() = default;
@@ -258,6 +278,7 @@ Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::LoadLeased(FetchPath pat
     };
     // Built in place: a temporary LeaseHold would release the lease in its own destructor.
     auto hold = std::make_shared<LeaseHold>();
+    hold->connection = client;
     hold->mapping = mapped->owner;
     hold->release = std::move(release);
     mv->timings.fetched_ns = WallClockNs();
@@ -435,6 +456,7 @@ void Subscriber::Impl::WaitConnected(std::unique_lock<std::mutex>& lock, const s
     lock.unlock();
     bool connected = EnsureClient().ok();
     lock.lock();
+    if (connected) failed_version = 0;  // a version whose load failed while the node was away: try again
     if (!connected) cv.wait_for(lock, kReconnectInterval, ready);
   }
 }

@@ -22,7 +22,7 @@
 
 namespace viper {
 
-struct Subscriber::Impl {
+struct Subscriber::Impl : std::enable_shared_from_this<Subscriber::Impl> {
   SubscriberOptions options;
   std::shared_ptr<internal::BufferPool> pool;
   internal::PathEstimator estimator;
@@ -55,6 +55,10 @@ struct Subscriber::Impl {
   // The receive buffer of a transfer that broke midway: receives may still be posted into it, so
   // it returns to the pool only after the client (and its engine) that posted them is gone.
   std::shared_ptr<const void> poisoned_buffer;
+  // Connections this subscriber replaced that are still alive because mapped versions hold them
+  // (their leases live on that connection), each with the buffer a broken transfer on it may
+  // still receive into: the buffer is safe again only once that connection is gone.
+  std::vector<std::pair<std::weak_ptr<Client>, std::shared_ptr<const void>>> retired_buffers;
   // Loader thread only: other nodes that held versions of the model (relays, from the replica
   // lists of NOTIFYs), newest first. A remote transfer that breaks is retried from them before the
   // file tier: a relay holds each version soon after it is announced, often before the NOTIFY we
@@ -76,8 +80,12 @@ struct Subscriber::Impl {
   void Run();
   Result<std::shared_ptr<ModelVersion>> Load(const proto::VersionInfo& info);
   std::vector<internal::PathChoice> RankPaths(const proto::VersionInfo& info, Client* client);
-  Result<std::shared_ptr<ModelVersion>> LoadVia(FetchPath path, const proto::VersionInfo& info, Client* client);
-  Result<std::shared_ptr<ModelVersion>> LoadLeased(FetchPath path, const proto::VersionInfo& info, Client& client);
+  Result<std::shared_ptr<ModelVersion>> LoadVia(FetchPath path, const proto::VersionInfo& info,
+                                                const std::shared_ptr<Client>& client);
+  // map/copy under a lease. A mapped version keeps `client` alive: the node drops a connection's
+  // leases with it, and a segment without a lease may be recycled under the readers.
+  Result<std::shared_ptr<ModelVersion>> LoadLeased(FetchPath path, const proto::VersionInfo& info,
+                                                   const std::shared_ptr<Client>& client);
   Result<std::shared_ptr<ModelVersion>> LoadRemote(const proto::VersionInfo& info, Client& client);
   Result<std::shared_ptr<ModelVersion>> LoadFromOtherNode(const std::string& node, const proto::VersionInfo& info);
   void AddOtherNodeChoices(const proto::VersionInfo& info, std::vector<internal::PathChoice>& ranked);

@@ -1,0 +1,181 @@
+// The fault suite: kill -9 of any process of a small deployment at random points, then the checks
+// of tests/fault/cluster.h after every restart. docs/RELIABILITY.md records the figures.
+//
+//   VIPER_FAULT_ROUNDS=N   rounds of the kill test (default 50; scripts/soak.sh runs more)
+//   VIPER_FAULT_SEED=S     replays a run: every random choice follows from the seed it prints
+#include <gtest/gtest.h>
+#include <sys/mount.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <random>
+
+#include <fmt/format.h>
+
+#include "fault/cluster.h"
+
+namespace viper::testing {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+// Kills a randomly chosen member after a random delay, restarts it, and checks everything.
+void RunRounds(FaultCluster& cluster, uint64_t seed, uint64_t rounds, const char* label) {
+  std::mt19937_64 rng(seed);
+  auto victims = cluster.victims();
+  ASSERT_FALSE(victims.empty());
+  std::map<std::string, int> kills;
+  for (uint64_t round = 1; round <= rounds; ++round) {
+    Member* victim = victims[rng() % victims.size()];
+    // Half the kills come right after an announce (the version may not be on the file tier yet),
+    // the others after a random delay.
+    const bool after_announce = rng() % 2 == 0;
+    auto delay = std::chrono::milliseconds(after_announce ? rng() % 3 : rng() % 400);
+    auto down = std::chrono::milliseconds(rng() % 100);
+    if (after_announce) (void)cluster.WaitForAnnounce(10s);
+    std::this_thread::sleep_for(delay);
+    victim->Kill();
+    std::this_thread::sleep_for(down);
+    Status started = victim->Start();
+    ASSERT_TRUE(started.ok()) << label << " seed " << seed << " round " << round << ": restarting " << victim->name()
+                              << ": " << started.ToString() << "\n" << cluster.Logs();
+    Status progress = cluster.WaitForProgress(60s);
+    ASSERT_TRUE(progress.ok()) << label << " seed " << seed << " round " << round << " (killed " << victim->name()
+                               << "): " << progress.ToString() << "\n" << cluster.Logs() << cluster.Stacks();
+    Status ok = cluster.CheckInvariants();
+    ASSERT_TRUE(ok.ok()) << label << " seed " << seed << " round " << round << " (killed " << victim->name() << " after "
+                         << delay.count() << " ms): " << ok.ToString() << "\n" << cluster.Logs();
+    kills[victim->name()]++;
+    auto t = cluster.totals();
+    std::printf("%s round %llu/%llu: killed %s %lld ms after %s, down %lld ms; ok (announced %llu, reads %llu, torn %llu, "
+                "dead segments %llu, temp files %llu)\n",
+                label, static_cast<unsigned long long>(round), static_cast<unsigned long long>(rounds),
+                victim->name().c_str(), static_cast<long long>(delay.count()),
+                after_announce ? "an announce" : "the last check", static_cast<long long>(down.count()),
+                static_cast<unsigned long long>(t.announced), static_cast<unsigned long long>(t.reads),
+                static_cast<unsigned long long>(t.torn), static_cast<unsigned long long>(t.dead_segments),
+                static_cast<unsigned long long>(t.dead_temp_files));
+    std::fflush(stdout);
+  }
+  std::string summary;
+  for (const auto& [name, n] : kills) summary += fmt::format(" {}={}", name, n);
+  std::printf("%s kills:%s\n", label, summary.c_str());
+}
+
+void RunFaultSuite(const std::string& mode, uint64_t rounds) {
+  const uint64_t seed = FaultSeed();
+  const std::string label = "fault[" + mode + "]";
+  std::printf("%s seed %llu, %llu rounds (replay: VIPER_FAULT_SEED=%llu VIPER_FAULT_ROUNDS=%llu)\n", label.c_str(),
+              static_cast<unsigned long long>(seed), static_cast<unsigned long long>(rounds),
+              static_cast<unsigned long long>(seed), static_cast<unsigned long long>(rounds));
+  std::fflush(stdout);
+  TempDir dir;
+  FaultClusterOptions options;
+  options.dir = dir.path();
+  options.seed = seed;
+  options.mode = mode;
+  FaultCluster cluster(options);
+  Status started = cluster.Start();
+  ASSERT_TRUE(started.ok()) << started.ToString() << "\n" << cluster.Logs();
+  Status first = cluster.WaitForProgress(60s);
+  if (first.ok()) first = cluster.CheckInvariants();
+  ASSERT_TRUE(first.ok()) << label << " seed " << seed << ": before the first kill: " << first.ToString() << "\n"
+                          << cluster.Logs();
+  RunRounds(cluster, seed, rounds, label.c_str());
+  if (::testing::Test::HasFatalFailure()) return;
+  Status full = cluster.CheckInvariants(/*full=*/true);
+  ASSERT_TRUE(full.ok()) << label << " seed " << seed << ": final check: " << full.ToString() << "\n" << cluster.Logs();
+  auto t = cluster.totals();
+  Status stopped = cluster.Stop();
+  ASSERT_TRUE(stopped.ok()) << label << " seed " << seed << ": " << stopped.ToString() << "\n" << cluster.Logs();
+  std::printf("%s survived %llu rounds: %llu versions announced, all fetchable (%llu verified fetches), %llu reads, "
+              "torn 0, leaked segments 0, leaked temp files 0; versions recovered from a killed producer's segments "
+              "%llu, interrupted file writes removed %llu (seed %llu)\n",
+              label.c_str(), static_cast<unsigned long long>(rounds), static_cast<unsigned long long>(t.announced),
+              static_cast<unsigned long long>(t.verified_fetches), static_cast<unsigned long long>(t.reads),
+              static_cast<unsigned long long>(t.recovered_from_segments),
+              static_cast<unsigned long long>(t.interrupted_writes_removed), static_cast<unsigned long long>(seed));
+}
+
+// Sync publishes: Commit returns after the announce, so the producer's own log counts too.
+TEST(Fault, KillProducerRelayOrConsumerAtRandomPointsSync) {
+  RunFaultSuite("sync", EnvOr("VIPER_FAULT_ROUNDS", 50) / 2 + EnvOr("VIPER_FAULT_ROUNDS", 50) % 2);
+}
+
+// Async publishes: the seal, announce and flush run behind the producer's back.
+TEST(Fault, KillProducerRelayOrConsumerAtRandomPointsAsync) { RunFaultSuite("async", EnvOr("VIPER_FAULT_ROUNDS", 50) / 2); }
+
+}  // namespace
+}  // namespace viper::testing
+
+namespace viper::testing {
+namespace {
+
+// A tmpfs of `megabytes` mounted at `dir` for the test's life (needs root, as CI has).
+class SmallTmpfs {
+ public:
+  SmallTmpfs(const fs::path& dir, int megabytes) : dir_(dir) {
+    fs::create_directories(dir);
+    std::string options = "size=" + std::to_string(megabytes) + "m,mode=0700";
+    mounted_ = ::mount("tmpfs", dir.c_str(), "tmpfs", 0, options.c_str()) == 0;
+    error_ = mounted_ ? "" : std::strerror(errno);
+  }
+  ~SmallTmpfs() {
+    if (mounted_) ::umount2(dir_.c_str(), MNT_DETACH);
+  }
+  bool mounted() const { return mounted_; }
+  const std::string& error() const { return error_; }
+
+ private:
+  fs::path dir_;
+  bool mounted_ = false;
+  std::string error_;
+};
+
+// The file tier fills up (a 64 MiB tmpfs, 6 MB versions): each failed flush says what failed and
+// why, leaves no temporary file, and the memory path keeps serving every new version.
+TEST(Fault, DiskFullOnTheFileTierKeepsTheMemoryPathWorking) {
+  ASSERT_EQ(::geteuid(), 0u) << "mounting the small tmpfs needs root (CI runs as root)";
+  TempDir dir;
+  SmallTmpfs store(dir / "store", 64);
+  ASSERT_TRUE(store.mounted()) << "mount tmpfs: " << store.error();
+  const std::string versions = "20";
+  Process producer({std::string(VIPER_BINARY_DIR) + "/bin/viper_fault_peer", "produce", "--model", "fm", "--listen",
+                    "127.0.0.1:0", "--store-dir", (dir / "store").string(), "--segment-prefix",
+                    "vdiskfull" + std::to_string(::getpid()), "--min-bytes", "6000000", "--max-bytes", "6000000",
+                    "--versions", versions, "--interval-ms", "30", "--address-file", (dir / "addr").string(),
+                    "--state-file", (dir / "state").string()},
+                   dir / "producer.log");
+  std::string addr = WaitForFile(dir / "addr", 30s);
+  ASSERT_FALSE(addr.empty()) << producer.log();
+  Process consumer({std::string(VIPER_BINARY_DIR) + "/bin/viper_fault_peer", "consume", "--model", "fm", "--connect",
+                    addr, "--path", "map", "--threads", "2", "--until", versions, "--min-reads", "10", "--status",
+                    (dir / "consumer.status").string()},
+                   dir / "consumer.log");
+  ASSERT_EQ(WaitForFile(dir / "state", 120s), "published " + versions) << producer.log();
+  ASSERT_EQ(consumer.Wait(120s), 0) << consumer.log();
+  std::string status = ReadFile(dir / "consumer.status");
+  EXPECT_NE(status.find("\"errors\":0"), std::string::npos) << status;
+  EXPECT_NE(status.find("\"live\":" + versions), std::string::npos) << "the memory path stopped: " << status;
+  std::string log = producer.log();
+  EXPECT_NE(log.find("No space left on device"), std::string::npos) << log;
+  EXPECT_NE(log.find("flush of fm version"), std::string::npos) << "the error names what failed: " << log;
+  size_t files = 0;
+  for (const auto& entry : fs::recursive_directory_iterator(dir / "store")) {
+    std::string name = entry.path().filename().string();
+    EXPECT_EQ(name.find(".tmp."), std::string::npos) << "a failed write left " << entry.path();
+    if (name.ends_with(".safetensors")) ++files;
+  }
+  EXPECT_GT(files, 0u);
+  EXPECT_LT(files, 20u) << "the tmpfs should have filled up";
+  std::printf("disk full: %zu of %s versions fit on the 64 MiB file tier; every version reached the consumer through "
+              "memory; no temporary file left\n", files, versions.c_str());
+  ::kill(producer.pid(), SIGTERM);
+  EXPECT_EQ(producer.Wait(60s), 0) << producer.log();
+}
+
+}  // namespace
+}  // namespace viper::testing

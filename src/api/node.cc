@@ -114,6 +114,7 @@ Node::~Node() {
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     impl_->peers.clear();  // drops leases before the host tier goes
+    impl_->flushing.clear();
   }
   impl_->DropIncoming();
   impl_->engine.reset();
@@ -258,20 +259,29 @@ Result<proto::VersionInfo> Node::Impl::CommitVersion(WriteLease lease, proto::Ve
 // then lists the file as a replica.
 // The lease is taken now, not when the flusher gets to it: a producer publishing faster than the
 // file tier writes would otherwise see versions retired from memory before they reach the file
-// tier, and an announced version would be in neither after a restart. Queued flushes pin their
+// tier, and an announced version would be in neither after a restart. Until its file is written,
+// a FETCH of the version is served from this lease (AcquireLocked). Queued flushes pin their
 // segments up to kMaxPinnedFlushBytes of shared memory; beyond that the file tier is far behind,
 // and a version retired from memory before its turn is reported as not persisted.
 void Node::Impl::QueueFlush(const proto::VersionInfo& info) {
   if (!files) return;
-  std::optional<ReadLease> pinned;
-  const uint64_t size = info.size;
-  if (flushes_pinned.load() < 2 || pinned_bytes.load() + size <= kMaxPinnedFlushBytes) {
-    auto lease = host->Acquire(info.model, info.version);
-    if (lease.ok()) pinned = std::move(lease).value(), flushes_pinned++, pinned_bytes += size;
+  const auto key = std::make_pair(info.model, info.version);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (flushing.size() < 2 || flushing_bytes + info.size <= kMaxPinnedFlushBytes) {
+      if (auto lease = host->Acquire(info.model, info.version); lease.ok()) {
+        flushing.emplace(key, std::move(lease).value());
+        flushing_bytes += info.size;
+      }
+    }
   }
-  flusher->Post([this, model = info.model, version = info.version, size, pinned = std::move(pinned)] {
-    std::optional<ReadLease> lease = pinned;
-    if (lease) flushes_pinned--, pinned_bytes -= size;
+  flusher->Post([this, key, size = info.size] {
+    const auto& [model, version] = key;
+    std::optional<ReadLease> lease;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (auto it = flushing.find(key); it != flushing.end()) lease = it->second;
+    }
     if (!lease) {
       auto now = host->Acquire(model, version);
       if (!now.ok()) {  // retired by newer versions while the file tier was behind
@@ -285,6 +295,7 @@ void Node::Impl::QueueFlush(const proto::VersionInfo& info) {
     }
     Status st = files->Write(model, version, lease->data());
     std::lock_guard<std::mutex> lock(mu);
+    if (flushing.erase(key) != 0) flushing_bytes -= size;
     if (!st.ok()) {
       stats.flush_errors++;
       log(LogLevel::kError, kLog, "flush of {} version {} to the file tier failed: {}", model, version, st.message());
@@ -432,6 +443,13 @@ void Node::Impl::HandleSubscribe(net::PeerId peer, PeerState& p, const proto::Su
   if ((m.flags & proto::kSubscribeIncoming) != 0) SendIncomingLocked(peer, m.model);  // ...and what is arriving
 }
 
+Result<ReadLease> Node::Impl::AcquireLocked(const std::string& model, uint64_t version) {
+  auto lease = host->Acquire(model, version);
+  if (lease.ok()) return lease;
+  if (auto it = flushing.find({model, version}); it != flushing.end()) return it->second;
+  return lease;
+}
+
 void Node::Impl::HandleFetch(net::PeerId peer, PeerState& p, const proto::Fetch& m) {
   auto info = FindLocked(m.model, m.version);
   if (!info && m.version != 0 && incoming.count({m.model, m.version}) != 0) return FetchIncoming(peer, m);
@@ -440,7 +458,7 @@ void Node::Impl::HandleFetch(net::PeerId peer, PeerState& p, const proto::Fetch&
                      m.version == 0 ? "model " + m.model + " has no version"
                                     : "model " + m.model + " has no version " + std::to_string(m.version));
   }
-  auto lease = host->Acquire(m.model, info->version);
+  auto lease = AcquireLocked(m.model, info->version);
   if (m.mode == proto::FetchMode::kLease) {
     if (p.host_key != host_key)
       return SendError(peer, m.request_id, proto::ErrorCode::kBadRequest, "a lease needs the same host; use SEND");

@@ -109,8 +109,10 @@ struct Node::Impl {
   // Counted on the progress thread as sends complete (no lock there).
   std::atomic<uint64_t> bytes_sent{0};
   std::atomic<uint64_t> bytes_sent_incoming{0};
-  std::atomic<size_t> flushes_pinned{0};    // queued flushes holding a lease on their version
-  std::atomic<uint64_t> pinned_bytes{0};    // ... and the bytes they pin
+  // Versions queued for the file tier, each with a lease that keeps it in memory until its file
+  // is written (QueueFlush), and their bytes.
+  std::map<std::pair<std::string, uint64_t>, ReadLease> flushing;
+  uint64_t flushing_bytes = 0;
 
   // --- message handling (progress thread) ---
   void OnMessage(net::PeerId peer, std::span<const std::byte> bytes);
@@ -155,6 +157,8 @@ struct Node::Impl {
   // --- catalog (REQUIRES: mu held) ---
   NodeStats StatsLocked() const;
   std::optional<proto::VersionInfo> FindLocked(const std::string& model, uint64_t version) const;
+  // A read hold on the version: from the host tier, or from the lease its queued flush holds.
+  Result<ReadLease> AcquireLocked(const std::string& model, uint64_t version);
   void PruneLocked(const std::string& model);
   uint64_t ReserveLocked(const std::string& model);
   Result<proto::VersionInfo> CommitVersion(WriteLease lease, proto::VersionInfo info);

@@ -11,8 +11,8 @@
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -43,6 +43,20 @@ using BufferProvider = std::function<Result<std::span<std::byte>>(const proto::V
 // The first `done` bytes of the version have arrived (a contiguous prefix, growing), of `total`.
 using ProgressFn = std::function<void(uint64_t done, uint64_t total)>;
 
+// A version the caller holds, offered to the node as the base of a delta (FetchSendWithBase).
+struct DeltaBase {
+  uint64_t version = 0;
+  uint64_t checksum = 0;              // xxh3 of its data region, as announced
+  std::span<const std::byte> bytes;   // the whole snapshot; must stay valid during the call
+};
+
+// What FetchSendWithBase received.
+struct DeltaFetch {
+  proto::FetchOk ok;                       // the node's answer: encoding full or delta, and why
+  std::optional<uint64_t> data_checksum;   // xxh3 of the data region, computed as it arrived or was decoded
+  uint64_t wire_bytes = 0;                 // bytes that crossed: the snapshot, or the delta stream
+};
+
 class Client {
  public:
   static Result<std::unique_ptr<Client>> Connect(const ClientOptions& options, ClientHandlers handlers = {});
@@ -71,6 +85,15 @@ class Client {
   // bytes is out of range (the parse that follows reports it).
   Result<proto::FetchOk> FetchSend(const std::string& model, uint64_t version, const BufferProvider& provide,
                                    const ProgressFn& progress = {}, std::optional<uint64_t>* data_checksum = nullptr);
+  // FetchSend that offers `base` for a delta (protocol 2). The node answers with the full
+  // snapshot or with a delta against the base, which is decoded into the provided buffer as its
+  // parts arrive (src/delta); either way the buffer then holds the whole snapshot of info.size
+  // bytes and data_checksum its data region's xxh3 (nullopt if the header length is out of range).
+  // The caller must still compare that checksum with the announced one. Errors: those of
+  // FetchSend; Corruption for a delta that does not decode (the caller fetches in full then);
+  // the node's ERROR if it gave up the delta (e.g. NotFound: the base was evicted meanwhile).
+  Result<DeltaFetch> FetchSendWithBase(const std::string& model, uint64_t version, const DeltaBase& base,
+                                       const BufferProvider& provide, const ProgressFn& progress = {});
   void Ack(const std::string& model, uint64_t version);
   Result<std::vector<proto::VersionInfo>> List();
   // The node's counters (NodeStats by name: "bytes_sent", ...).

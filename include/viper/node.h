@@ -22,6 +22,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "viper/file_tier.h"
@@ -30,6 +31,24 @@
 #include "viper/status.h"
 
 namespace viper {
+
+// When a node answers a FETCH that offers a base with a delta (docs/ARCHITECTURE.md "Delta updates").
+enum class DeltaMode {
+  kOff,     // never: always the full snapshot
+  kAuto,    // when the delta is smaller and predicted to arrive sooner than the full snapshot
+  kAlways,  // whenever it keeps the base, whatever the prediction (tests, benchmarks)
+};
+Result<DeltaMode> ParseDeltaMode(std::string_view name);  // "off" | "auto" | "always"
+std::string_view delta_mode_name(DeltaMode mode);
+
+// Testing: one part of a delta, just encoded (NodeOptions::delta_part_hook).
+struct DeltaPartEvent {
+  std::string model;
+  uint64_t base = 0;
+  uint64_t target = 0;
+  uint32_t index = 0;
+  std::vector<std::byte>* bytes = nullptr;  // the part as it will be sent (a test may change it)
+};
 
 struct NodeOptions {
   std::string listen = "127.0.0.1:0";  // loopback unless told otherwise; port 0 = any free port
@@ -48,6 +67,15 @@ struct NodeOptions {
   // segments its killed predecessor left, keeps every sealed version in them (written to the file
   // tier if it is not there yet) and removes them; other nodes leave them alone.
   std::string segment_prefix = "viper";
+  // Delta transfers (docs/ARCHITECTURE.md "Delta updates"): a consumer that fetches over the
+  // network and holds one of the last `delta_bases` versions before the newest gets a delta
+  // against it (`delta` says when). Each base pins one snapshot in shared memory beyond
+  // keep_host_versions; delta_bases 0 is the same as kOff (`viper serve --delta --delta-bases`).
+  DeltaMode delta = DeltaMode::kAuto;
+  size_t delta_bases = 1;
+  // Testing: called on the node's encoder thread after each part of a delta is encoded, before
+  // it is handed to the senders; the encoder waits for it. Leave empty.
+  std::function<void(const DeltaPartEvent&)> delta_part_hook;
   // Called for every subscriber's ACK (the version is live at that subscriber), on the engine
   // thread with the node's lock held: must be quick and must not call the node. The embedded
   // Publisher uses it to measure t_c for its Scheduler.
@@ -59,6 +87,26 @@ struct NodeOptions {
 std::string LocalHostKey();
 // CLOCK_REALTIME in nanoseconds: comparable across processes on one host.
 int64_t WallClockNs();
+
+// The delta a node encoded for a version against the version before it (eagerly, after the
+// commit, while remote subscribers exist): what Publisher reports in PublishResult::delta.
+struct PreparedDelta {
+  bool prepared = false;        // a delta against base_version was encoded
+  uint64_t base_version = 0;
+  uint64_t bytes = 0;           // the delta stream's size
+  uint64_t snapshot_bytes = 0;  // the version's size
+  std::string why_not;          // when not prepared: why (no remote subscriber, no previous version, ...)
+};
+
+struct DeltaStats {
+  uint64_t encoded = 0;          // deltas encoded to the end
+  uint64_t encoded_bytes = 0;    // their size
+  uint64_t target_bytes = 0;     // the size of the versions they encode
+  uint64_t cancelled = 0;        // encodes stopped (base evicted, not smaller)
+  uint64_t sent = 0;             // delta streams sent to consumers
+  uint64_t sent_bytes = 0;
+  uint64_t declined = 0;         // FETCHes that offered a base and got the full snapshot
+};
 
 struct NodeStats {
   uint64_t versions_committed = 0;
@@ -76,6 +124,7 @@ struct NodeStats {
   uint64_t bytes_sent_incoming = 0;  // ...of them sent while the version was still arriving here
   uint64_t incoming_versions = 0;    // versions received through Receive (a relay's transfers)
   uint64_t incoming_aborted = 0;     // ...whose transfer broke before Commit (receivers got ERROR Aborted)
+  DeltaStats delta;
 };
 // The counters by name ("bytes_sent", ...), as STATS_REPLY carries them.
 std::map<std::string, uint64_t> StatsCounters(const NodeStats& stats);
@@ -115,6 +164,10 @@ class Node {
   // --- Catalog ---
   std::optional<proto::VersionInfo> Latest(const std::string& model) const;
   std::vector<proto::VersionInfo> List() const;
+  // Calls `fn` once the delta of (model, version) against the previous version is encoded, or at
+  // once with prepared = false if none is being made. `fn` runs on the encoder thread or the
+  // caller's; it must be quick and must not call the node.
+  void WhenDeltaPrepared(const std::string& model, uint64_t version, std::function<void(const PreparedDelta&)> fn);
   // Blocks until every queued file-tier flush is done (or the timeout expires).
   Status WaitFlushed(std::chrono::milliseconds timeout = std::chrono::minutes(10));
   NodeStats stats() const;

@@ -83,6 +83,11 @@ struct SubscriberOptions {
   // once complete and verified, like any other. Off: only complete versions (NOTIFY) are loaded.
   bool pipelined = true;
   std::shared_ptr<LandingZone> landing;  // default: the subscriber's own buffers
+  // Remote path: offer the live version to the node as the base of a delta (docs/ARCHITECTURE.md
+  // "Delta updates"). A delta is decoded into a spare buffer, verified against the announced
+  // checksum (always, whatever verify_checksum says) and falls back to the full snapshot if it
+  // fails; the node decides whether a delta pays.
+  bool delta = true;
 };
 
 // Per-update timings, CLOCK_REALTIME ns (comparable with the producer's on one host).
@@ -101,7 +106,9 @@ struct ModelVersion {
   Snapshot snapshot;
   UpdateTimings timings;
   FetchPath path = FetchPath::kAuto;  // the path that delivered it
-  std::string reason;                 // why that path (e.g. "same host: map")
+  std::string reason;                 // why that path (e.g. "same host: map"), and whether a delta was used
+  uint64_t delta_base = 0;            // nonzero: the bytes came as a delta against this version
+  uint64_t wire_bytes = 0;            // bytes received from the node (the delta or the snapshot); 0: map/copy/file
   uint64_t version() const { return info.version; }
 };
 
@@ -110,6 +117,8 @@ struct SubscriberStats {
   uint64_t updates = 0;        // versions swapped in
   uint64_t skipped = 0;        // announced versions never loaded because a newer one came
   uint64_t fetch_failures = 0;
+  uint64_t deltas = 0;           // versions that came as a delta
+  uint64_t delta_fallbacks = 0;  // deltas that failed (decode, verify, node gave up) and were fetched in full
 };
 
 class Subscriber {

@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "client_impl.h"
 #include "viper/engine.h"
 #include "viper/log.h"
 #include "viper/node.h"
@@ -22,7 +23,18 @@ namespace viper {
 namespace {
 constexpr std::string_view kLog = "client";
 
-Status FromError(const proto::Error& e) {
+
+uint64_t RequestIdOf(const proto::Message& m) {
+  return std::visit(
+      [](const auto& x) -> uint64_t {
+        if constexpr (requires { x.request_id; }) return x.request_id;
+        return 0;
+      },
+      m);
+}
+}  // namespace
+
+Status StatusFromError(const proto::Error& e) {
   switch (e.code) {
     case proto::ErrorCode::kNotFound: return Status::NotFound(e.text);
     case proto::ErrorCode::kUnauthorized: return Status::PermissionDenied(e.text);
@@ -36,41 +48,6 @@ Status FromError(const proto::Error& e) {
   return Status::Internal(e.text);
 }
 
-uint64_t RequestIdOf(const proto::Message& m) {
-  return std::visit(
-      [](const auto& x) -> uint64_t {
-        if constexpr (requires { x.request_id; }) return x.request_id;
-        return 0;
-      },
-      m);
-}
-}  // namespace
-
-struct Client::Impl {
-  ClientOptions options;
-  ClientHandlers handlers;
-  std::unique_ptr<net::Engine> engine;
-  net::PeerId node = 0;
-  std::string host_key = LocalHostKey();
-
-  std::mutex mu;
-  std::condition_variable cv;
-  bool closed = false;
-  Status close_reason;
-  uint64_t next_request = 1;
-  std::map<uint64_t, std::shared_ptr<std::promise<proto::Message>>> pending;  // request id -> reply
-  std::shared_ptr<std::promise<proto::Message>> hello_reply;                  // HELLO has no request id
-  // Transfers under way (FETCH answered, chunks arriving), by request id: an ERROR for one (the
-  // node aborted it) or the connection's loss ends it.
-  std::map<uint64_t, std::function<void(const Status&)>> transfers;
-  std::atomic<uint64_t> next_tag{0};
-
-  void OnMessage(std::span<const std::byte> bytes);
-  void OnClosed(const Status& reason);
-  std::pair<uint64_t, std::future<proto::Message>> NewRequest();
-  Result<proto::Message> Await(uint64_t id, std::future<proto::Message>& reply);
-  Status SendMessage(const proto::Message& m) { return engine->Send(node, proto::Encode(m)); }
-};
 
 void Client::Impl::OnMessage(std::span<const std::byte> bytes) {
   auto decoded = proto::Decode(bytes);
@@ -86,6 +63,9 @@ void Client::Impl::OnMessage(std::span<const std::byte> bytes) {
     if (handlers.on_incoming) handlers.on_incoming(n->info);
     return;
   }
+  if (auto* part = std::get_if<proto::DeltaPart>(&*decoded)) return OnDeltaPart(*part);
+  bool for_delta = false;  // an ERROR that ends a delta stream (client_delta.cc) is not a stray one
+  if (auto* e = std::get_if<proto::Error>(&*decoded)) for_delta = OnDeltaError(*e);
   std::lock_guard<std::mutex> lock(mu);
   if (std::holds_alternative<proto::HelloOk>(*decoded) ||
       (std::holds_alternative<proto::Error>(*decoded) && RequestIdOf(*decoded) == 0 && hello_reply)) {
@@ -100,11 +80,12 @@ void Client::Impl::OnMessage(std::span<const std::byte> bytes) {
   uint64_t id = RequestIdOf(*decoded);
   auto it = pending.find(id);
   if (auto t = transfers.find(id); t != transfers.end() && it == pending.end()) {
-    if (auto* e = std::get_if<proto::Error>(&*decoded)) t->second(FromError(*e));
+    if (auto* e = std::get_if<proto::Error>(&*decoded)) t->second(StatusFromError(*e));
     return;
   }
   if (it == pending.end()) {
-    if (auto* e = std::get_if<proto::Error>(&*decoded)) log(LogLevel::kWarn, kLog, "node: {}", e->text);
+    if (auto* e = std::get_if<proto::Error>(&*decoded); e != nullptr && !for_delta)
+      log(LogLevel::kWarn, kLog, "node: {}", e->text);
     return;
   }
   it->second->set_value(std::move(*decoded));
@@ -121,6 +102,12 @@ void Client::Impl::OnClosed(const Status& reason) {
     if (hello_reply) hello_reply->set_value(proto::Error{0, proto::ErrorCode::kInternal, close_reason.message()});
     hello_reply.reset();
     for (auto& [id, end] : transfers) end(close_reason);
+    for (auto& [id, inbox] : inboxes) {
+      std::lock_guard<std::mutex> held(inbox->mu);
+      if (inbox->error.ok()) inbox->error = close_reason;
+      inbox->cv.notify_all();
+    }
+    inboxes.clear();
   }
   if (handlers.on_disconnect) handlers.on_disconnect(close_reason);
 }
@@ -144,7 +131,7 @@ Result<proto::Message> Client::Impl::Await(uint64_t id, std::future<proto::Messa
   if (auto* e = std::get_if<proto::Error>(&m)) {
     std::lock_guard<std::mutex> lock(mu);
     if (closed) return close_reason;
-    return FromError(*e);
+    return StatusFromError(*e);
   }
   return m;
 }
@@ -185,7 +172,7 @@ Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options, Cl
   if (hello.wait_for(options.timeout) != std::future_status::ready)
     return Status::Timeout("node " + options.connect + " did not answer HELLO");
   proto::Message reply = hello.get();
-  if (auto* e = std::get_if<proto::Error>(&reply)) return FromError(*e).WithContext("node " + options.connect + " refused us");
+  if (auto* e = std::get_if<proto::Error>(&reply)) return StatusFromError(*e).WithContext("node " + options.connect + " refused us");
   std::unique_ptr<Client> client(new Client(impl));
   client->node_ = std::get<proto::HelloOk>(reply);
   return client;
@@ -225,47 +212,61 @@ std::function<void()> Client::Releaser(const std::string& model, uint64_t versio
 
 void Client::Ack(const std::string& model, uint64_t version) { (void)impl_->SendMessage(proto::Ack{model, version}); }
 
-namespace {
-// The chunks of one transfer, completed on the progress thread while the fetching thread waits.
-struct Arrivals {
-  std::mutex mu;
-  std::condition_variable cv;
-  uint32_t remaining = 0;
-  uint64_t received = 0;
-  std::vector<uint8_t> done;  // per chunk, set by its completion
-  Status first_error;
-  Status ended;  // the node aborted the transfer (ERROR for its request) or the connection went
-};
-}  // namespace
 
-// Posts one receive per chunk into the provided buffer, then waits for all of them; the prefix of
-// chunks complete is reported (progress) and hashed (data_checksum) as it grows.
+// Sends the FETCH (SEND) under a new request id and waits for FETCH_OK. `before_send` registers
+// what must catch messages for the request (its abort, a delta stream's parts) under the id first.
+Result<proto::FetchOk> Client::Impl::RequestSend(proto::Fetch fetch, const std::function<void(uint64_t)>& before_send) {
+  auto [id, reply] = NewRequest();
+  fetch.request_id = id;
+  fetch.chunk_bytes = options.chunk_bytes;
+  if (before_send) before_send(id);
+  VIPER_RETURN_IF_ERROR(SendMessage(fetch));
+  VIPER_ASSIGN_OR_RETURN(proto::Message m, Await(id, reply));
+  if (!std::holds_alternative<proto::FetchOk>(m)) return Status::Internal("unexpected reply to FETCH");
+  return std::get<proto::FetchOk>(std::move(m));
+}
+
+std::shared_ptr<Arrivals> Client::Impl::TrackTransfer(uint64_t id) {
+  auto state = std::make_shared<Arrivals>();
+  std::lock_guard<std::mutex> lock(mu);
+  transfers[id] = [state](const Status& why) {
+    std::lock_guard<std::mutex> l(state->mu);
+    if (state->ended.ok()) state->ended = why;
+    state->cv.notify_all();
+  };
+  return state;
+}
+
+void Client::Impl::ForgetTransfer(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mu);
+  transfers.erase(id);
+}
+
 Result<proto::FetchOk> Client::FetchSend(const std::string& model, uint64_t version, const BufferProvider& provide,
                                          const ProgressFn& progress, std::optional<uint64_t>* data_checksum) {
   uint64_t tag = impl_->next_tag.fetch_add(1ull << 24);
-  auto [id, reply] = impl_->NewRequest();
-  auto state = std::make_shared<Arrivals>();
-  {
-    std::lock_guard<std::mutex> lock(impl_->mu);
-    impl_->transfers[id] = [state](const Status& why) {
-      std::lock_guard<std::mutex> l(state->mu);
-      if (state->ended.ok()) state->ended = why;
-      state->cv.notify_all();
-    };
-  }
+  uint64_t id = 0;
+  std::shared_ptr<Arrivals> state;
   struct Forget {  // the transfer's entry goes on every return
     Impl* impl;
-    uint64_t id;
+    const uint64_t& id;
     ~Forget() {
-      std::lock_guard<std::mutex> lock(impl->mu);
-      impl->transfers.erase(id);
+      if (id != 0) impl->ForgetTransfer(id);
     }
   } forget{impl_.get(), id};
-  VIPER_RETURN_IF_ERROR(
-      impl_->SendMessage(proto::Fetch{id, model, version, proto::FetchMode::kSend, tag, impl_->options.chunk_bytes}));
-  VIPER_ASSIGN_OR_RETURN(proto::Message m, impl_->Await(id, reply));
-  if (!std::holds_alternative<proto::FetchOk>(m)) return Status::Internal("unexpected reply to FETCH");
-  auto ok = std::get<proto::FetchOk>(std::move(m));
+  VIPER_ASSIGN_OR_RETURN(proto::FetchOk ok,
+                         impl_->RequestSend(proto::Fetch{0, model, version, proto::FetchMode::kSend, tag, 0, 0, 0},
+                                            [&](uint64_t rid) { id = rid, state = impl_->TrackTransfer(rid); }));
+  if (ok.encoding != proto::Encoding::kFull) return Status::Internal("node sent a delta that was not asked for");
+  return impl_->ReceiveChunks(std::move(ok), tag, state, provide, progress, data_checksum);
+}
+
+// Posts one receive per chunk into the provided buffer, then waits for all of them; the prefix of
+// chunks complete is reported (progress) and hashed (data_checksum) as it grows.
+Result<proto::FetchOk> Client::Impl::ReceiveChunks(proto::FetchOk ok, uint64_t tag, const std::shared_ptr<Arrivals>& state,
+                                                   const BufferProvider& provide, const ProgressFn& progress,
+                                                   std::optional<uint64_t>* data_checksum) {
+  const std::string& model = ok.info.model;
   const uint64_t size = ok.info.size;
   if (ok.chunk_bytes == 0 || ok.chunks != (size + ok.chunk_bytes - 1) / ok.chunk_bytes || ok.chunks >= (1u << 24))
     return Status::InvalidArgument("node announced an inconsistent transfer (" + std::to_string(ok.chunks) +
@@ -279,7 +280,7 @@ Result<proto::FetchOk> Client::FetchSend(const std::string& model, uint64_t vers
   for (uint32_t i = 0; i < ok.chunks; ++i) {
     uint64_t begin = static_cast<uint64_t>(i) * ok.chunk_bytes;
     uint64_t len = std::min<uint64_t>(ok.chunk_bytes, size - begin);
-    impl_->engine->RecvBulk(impl_->node, tag + i, buffer->subspan(begin, len), [state, len, i](const Status& st) {
+    engine->RecvBulk(node, tag + i, buffer->subspan(begin, len), [state, len, i](const Status& st) {
       std::lock_guard<std::mutex> lock(state->mu);
       if (!st.ok() && state->first_error.ok()) state->first_error = st;
       state->received += st.ok() ? len : 0;
@@ -317,7 +318,7 @@ Result<proto::FetchOk> Client::FetchSend(const std::string& model, uint64_t vers
     prefix_chunks = last;
   };
   std::unique_lock<std::mutex> lock(state->mu);
-  auto deadline = std::chrono::steady_clock::now() + impl_->options.timeout;
+  auto deadline = std::chrono::steady_clock::now() + options.timeout;
   uint64_t last = 0;
   while (state->remaining > 0 && state->ended.ok()) {
     advance(lock);
@@ -329,7 +330,7 @@ Result<proto::FetchOk> Client::FetchSend(const std::string& model, uint64_t vers
                              std::to_string(state->received) + " of " + std::to_string(size) + " bytes");
     }
     if (state->received != last) {
-      deadline = std::chrono::steady_clock::now() + impl_->options.timeout;  // progress resets the timer
+      deadline = std::chrono::steady_clock::now() + options.timeout;  // progress resets the timer
       last = state->received;
     }
   }

@@ -40,6 +40,22 @@ std::string NamespaceInode(const char* path) {
 
 }  // namespace
 
+Result<DeltaMode> ParseDeltaMode(std::string_view name) {
+  if (name == "off") return DeltaMode::kOff;
+  if (name == "auto") return DeltaMode::kAuto;
+  if (name == "always") return DeltaMode::kAlways;
+  return Status::InvalidArgument("delta mode '" + std::string(name) + "' is not one of off|auto|always");
+}
+
+std::string_view delta_mode_name(DeltaMode mode) {
+  switch (mode) {
+    case DeltaMode::kOff: return "off";
+    case DeltaMode::kAuto: return "auto";
+    case DeltaMode::kAlways: return "always";
+  }
+  return "?";
+}
+
 std::string LocalHostKey() {
   return ReadFirstLine("/proc/sys/kernel/random/boot_id") + ":" + NamespaceInode("/proc/self/ns/net") + ":" +
          NamespaceInode("/proc/self/ns/mnt");
@@ -95,6 +111,8 @@ Result<std::unique_ptr<Node>> Node::Start(const NodeOptions& options) {
   if (!engine.ok()) return engine.status().WithContext("node: cannot listen on " + engine_options.listen);
   impl->engine = std::move(engine).value();
   impl->address = impl->engine->listen_address();
+  if (options.delta_bases > 0 && options.delta != DeltaMode::kOff)
+    impl->deltas = std::make_unique<DeltaStore>(impl->options, impl->host.get(), impl->engine.get(), impl->host_key);
   VIPER_RETURN_IF_ERROR(impl->Recover());
   node->impl_ = std::move(impl);
   log(LogLevel::kInfo, kLog, "{} listening on {}{}", node->impl_->options.name, node->impl_->address,
@@ -117,6 +135,7 @@ Node::~Node() {
     impl_->flushing.clear();
   }
   impl_->DropIncoming();
+  impl_->deltas.reset();  // stops encoding, drops the bases' leases
   impl_->engine.reset();
 }
 
@@ -172,6 +191,7 @@ NodeStats Node::stats() const {
 NodeStats Node::Impl::StatsLocked() const {
   NodeStats s = stats;
   s.peers = peers.size();
+  if (deltas) s.delta = deltas->stats();
   s.leases_active = 0;
   for (const auto& [id, p] : peers) s.leases_active += p.leases.size();
   s.bytes_sent = bytes_sent.load();
@@ -239,6 +259,7 @@ Result<proto::VersionInfo> Node::Impl::CommitVersion(WriteLease lease, proto::Ve
       replicas.push_back(std::move(r));
   info.replicas = std::move(replicas);
   std::vector<net::PeerId> subscribers;
+  bool remote_subscribers = false;
   {
     std::lock_guard<std::mutex> lock(mu);
     ListRelaysLocked(info);
@@ -246,9 +267,13 @@ Result<proto::VersionInfo> Node::Impl::CommitVersion(WriteLease lease, proto::Ve
     state.versions[info.version] = info;
     PruneLocked(info.model);
     subscribers.assign(state.subscribers.begin(), state.subscribers.end());
+    remote_subscribers = HasRemoteSubscribersLocked(info.model);
     stats.versions_committed++;
     stats.notifies_sent += subscribers.size();
   }
+  // Before the NOTIFY: a consumer's FETCH must find the version among the delta targets. The
+  // delta from the previous version is encoded now, once, for every remote consumer.
+  if (deltas) deltas->OnCommit(info, remote_subscribers);
   auto notify = proto::Encode(proto::Notify{info});
   for (net::PeerId peer : subscribers) (void)engine->Send(peer, notify);
   QueueFlush(info);
@@ -463,10 +488,16 @@ void Node::Impl::HandleFetch(net::PeerId peer, PeerState& p, const proto::Fetch&
     if (p.host_key != host_key)
       return SendError(peer, m.request_id, proto::ErrorCode::kBadRequest, "a lease needs the same host; use SEND");
     if (!lease.ok()) return SendError(peer, m.request_id, proto::ErrorCode::kNotFound, lease.status().message());
-    proto::FetchOk ok{m.request_id, proto::FetchMode::kLease, *info, lease->segment_name(), 0, 0};
+    proto::FetchOk ok{m.request_id, proto::FetchMode::kLease, *info, lease->segment_name(), 0, 0, proto::Encoding::kFull, 0, ""};
     p.leases.emplace(std::make_pair(m.model, info->version), std::move(lease).value());
     stats.leases_granted++;
     return Send(peer, ok);
+  }
+  p.fetches_bytes = true;
+  std::string why_full;  // a FETCH that offered a base says why it gets the full snapshot
+  if (m.base_version != 0) {
+    if (deltas && deltas->TryStart(peer, m, *info, &why_full)) return;
+    if (!deltas) why_full = "deltas are off on this node";
   }
   // SEND: from memory if the version is there, else from its file.
   auto send = std::make_shared<BulkSend>();
@@ -481,6 +512,7 @@ void Node::Impl::HandleFetch(net::PeerId peer, PeerState& p, const proto::Fetch&
   } else {
     return SendError(peer, m.request_id, proto::ErrorCode::kNotFound, lease.status().message());
   }
+  send->detail = std::move(why_full);
   StartBulkSend(peer, m, *info, std::move(send));
 }
 
@@ -491,12 +523,14 @@ void Node::Impl::StartBulkSend(net::PeerId peer, const proto::Fetch& m, const pr
   send->tag = m.tag;
   send->chunk = ClampChunk(m.chunk_bytes, options.chunk_bytes);
   send->chunks = static_cast<uint32_t>((send->bytes.size() + send->chunk - 1) / send->chunk);
+  send->started_ns = WallClockNs();
   proto::FetchOk ok;
   ok.request_id = m.request_id;
   ok.mode = proto::FetchMode::kSend;
   ok.info = info;
   ok.chunk_bytes = send->chunk;
   ok.chunks = send->chunks;
+  ok.detail = send->detail;
   Send(peer, ok);
   PumpBulkSend(send);
 }
@@ -519,6 +553,9 @@ void Node::Impl::PumpBulkSend(const std::shared_ptr<BulkSend>& send) {
       }
       bytes_sent += n;
       if (early) bytes_sent_incoming += n;
+      // A whole transfer of bytes that were here times this peer's path for the delta decision.
+      if (!early && send->done == send->chunks && !send->failed && deltas)
+        deltas->RecordFullSend(send->peer, send->bytes.size(), WallClockNs() - send->started_ns);
       PumpBulkSend(send);
     });
   }
@@ -580,6 +617,22 @@ void Node::Impl::ForgetReplicasLocked(PeerState& p) {
     std::erase(v->second.replicas, p.replica);
   }
   p.announced.clear();
+}
+
+bool Node::Impl::HasRemoteSubscribersLocked(const std::string& model) const {
+  auto state = models.find(model);
+  if (state == models.end()) return false;
+  return std::any_of(state->second.subscribers.begin(), state->second.subscribers.end(), [&](net::PeerId id) {
+    auto p = peers.find(id);
+    return p != peers.end() && (p->second.host_key != host_key || p->second.fetches_bytes);
+  });
+}
+
+void Node::WhenDeltaPrepared(const std::string& model, uint64_t version, std::function<void(const PreparedDelta&)> fn) {
+  if (impl_->deltas) return impl_->deltas->WhenPrepared(model, version, std::move(fn));
+  PreparedDelta none;
+  none.why_not = "deltas are off on this node";
+  fn(none);
 }
 
 // Relays of the model (peers that announced a version of it) will hold this version soon after

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "node_delta.h"
 #include "task_queue.h"
 #include "viper/engine.h"
 #include "viper/file_tier.h"
@@ -48,6 +49,8 @@ struct BulkSend {
   uint32_t done = 0;
   bool failed = false;
   bool waiting = false;  // parked in incoming->waiting until more bytes land
+  int64_t started_ns = 0;   // its time measures the bandwidth deltas to this peer are weighed against
+  std::string detail;       // FETCH_OK's detail (why full when a base was offered)
 };
 
 // A version arriving into a segment of this node (src/api/node_fanout.cc). Shared by the writer's
@@ -74,6 +77,7 @@ struct Node::Impl {
   std::string address;
   std::unique_ptr<HostTier> host;
   std::unique_ptr<FileTier> files;
+  std::unique_ptr<DeltaStore> deltas;            // null when delta_bases == 0
   std::unique_ptr<internal::TaskQueue> worker;   // verifies client publishes
   std::unique_ptr<internal::TaskQueue> flusher;  // writes versions to the file tier
   std::unique_ptr<internal::TaskQueue> spare;    // makes the host tier's next segment (KeepSpare)
@@ -91,6 +95,7 @@ struct Node::Impl {
     std::string host_key;
     std::string name;
     int strikes = 0;
+    bool fetches_bytes = false;  // asked for SEND transfers: a consumer that takes deltas
     std::multimap<std::pair<std::string, uint64_t>, ReadLease> leases;
     std::set<std::string> subscriptions;
     std::set<std::string> incoming_models;  // subscriptions that also get INCOMING
@@ -128,6 +133,8 @@ struct Node::Impl {
   void HandleReplica(net::PeerId peer, PeerState& p, const proto::ReplicaAnnounce& m);
   void ForgetReplicasLocked(PeerState& p);
   void ListRelaysLocked(proto::VersionInfo& info);
+  // Subscribers of `model` that fetch over the network (another host, or SEND from this one).
+  bool HasRemoteSubscribersLocked(const std::string& model) const;
 
   void Send(net::PeerId peer, const proto::Message& message);
   void SendError(net::PeerId peer, uint64_t request_id, proto::ErrorCode code, const std::string& text);

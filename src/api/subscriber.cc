@@ -157,7 +157,8 @@ Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::Load(const proto::Versio
     auto mv = choice.node.empty() ? LoadVia(choice.path, info, c) : LoadFromOtherNode(choice.node, info);
     if (mv.ok()) {
       estimator.Record(choice.path, (*mv)->info.size, WallClockNs() - start);
-      (*mv)->reason = fallbacks.empty() ? choice.reason : choice.reason + "; after " + fallbacks;
+      std::string how = (*mv)->reason.empty() ? choice.reason : choice.reason + "; " + (*mv)->reason;  // e.g. the delta
+      (*mv)->reason = fallbacks.empty() ? how : how + "; after " + fallbacks;
       if (!fallbacks.empty())
         log(LogLevel::kWarn, kLog, "{} version {} loaded via {} ({})", options.model, (*mv)->version(),
             fetch_path_name(choice.path), (*mv)->reason);
@@ -297,20 +298,33 @@ Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::LoadLeased(FetchPath pat
   return mv;
 }
 
+Result<std::span<std::byte>> Subscriber::Impl::ReceiveBuffer(const proto::VersionInfo& actual,
+                                                               internal::BufferPool::Lease* buffer, ProgressFn* landed) {
+  if (options.landing) {  // e.g. a relay: straight into its node's segment, forwarded as it lands
+    VIPER_ASSIGN_OR_RETURN(LandingZone::Landing landing, options.landing->Land(actual));
+    if (landing.bytes.size() != actual.size) return Status::Internal("landing zone of the wrong size");
+    *buffer = {std::move(landing.owner), landing.bytes};
+    if (landing.landed) *landed = [fn = std::move(landing.landed)](uint64_t done, uint64_t) { fn(done); };
+    return buffer->data;
+  }
+  VIPER_ASSIGN_OR_RETURN(*buffer, pool->Acquire(actual.size));
+  return buffer->data;
+}
+
 Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::LoadRemote(const proto::VersionInfo& info, Client& client) {
+  std::string delta_failed;
+  if (auto delta = LoadRemoteDelta(info, client)) {
+    if (!delta->retry_in_full || !client.connected()) return std::move(delta->result);
+    delta_failed = delta->result.status().message();  // the same connection fetches the full snapshot
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stats.delta_fallbacks++;
+    }
+    log(LogLevel::kWarn, kLog, "{}; fetching it in full", delta_failed);
+  }
   internal::BufferPool::Lease buffer;
   ProgressFn landed;
-  auto provide = [&](const proto::VersionInfo& actual) -> Result<std::span<std::byte>> {
-    if (options.landing) {  // e.g. a relay: straight into its node's segment, forwarded as it lands
-      VIPER_ASSIGN_OR_RETURN(LandingZone::Landing landing, options.landing->Land(actual));
-      if (landing.bytes.size() != actual.size) return Status::Internal("landing zone of the wrong size");
-      buffer = {std::move(landing.owner), landing.bytes};
-      if (landing.landed) landed = [fn = std::move(landing.landed)](uint64_t done, uint64_t) { fn(done); };
-      return buffer.data;
-    }
-    VIPER_ASSIGN_OR_RETURN(buffer, pool->Acquire(actual.size));
-    return buffer.data;
-  };
+  auto provide = [&](const proto::VersionInfo& actual) { return ReceiveBuffer(actual, &buffer, &landed); };
   // The checksum is computed while the chunks arrive (FetchSend), not in a pass after them.
   std::optional<uint64_t> received_checksum;
   auto ok = client.FetchSend(
@@ -325,6 +339,8 @@ Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::LoadRemote(const proto::
   auto mv = std::make_shared<ModelVersion>();
   mv->info = ok->info;
   mv->path = FetchPath::kRemote;
+  mv->wire_bytes = ok->info.size;
+  if (!delta_failed.empty()) mv->reason = "full after the delta failed: " + delta_failed;
   mv->timings.fetched_ns = WallClockNs();
   VIPER_RETURN_IF_ERROR(Finish(*mv, buffer.data, buffer.owner, options.verify_checksum, received_checksum));
   return mv;
@@ -422,6 +438,7 @@ void Subscriber::Impl::Run() {
     std::shared_ptr<const ModelVersion> frozen = mv;
     live.store(frozen);
     stats.updates++;
+    if (mv->delta_base != 0) stats.deltas++;
     auto listeners = callbacks;
     auto c = client;
     cv.notify_all();
@@ -429,11 +446,11 @@ void Subscriber::Impl::Run() {
     if (c && options.ack_on_live) c->Ack(frozen->info.model, frozen->version());
     for (auto& cb : listeners) cb(frozen);
     // The next version needs a second buffer while readers hold this one: map and fault it in
-    // now, between versions, instead of during the next transfer (BufferPool::KeepSpare).
-    if (frozen->path != FetchPath::kMap && !(frozen->path == FetchPath::kRemote && options.landing)) {
-      Status spare = pool->KeepSpare(frozen->info.size);
-      if (!spare.ok()) log(LogLevel::kWarn, kLog, "no spare receive buffer for {}: {}", options.model, spare.message());
-    }
+    // now, between versions, on the spare thread: a version announced meanwhile is fetched at
+    // once, into the spare as it is being populated (BufferPool::KeepSpare). A remote version
+    // received into a landing zone needs none.
+    if (frozen->path != FetchPath::kMap && !(frozen->path == FetchPath::kRemote && options.landing))
+      KeepSpareLater(frozen->info.size);
     lock.lock();
   }
 }
@@ -461,6 +478,13 @@ void Subscriber::Impl::WaitConnected(std::unique_lock<std::mutex>& lock, const s
   }
 }
 
+void Subscriber::Impl::KeepSpareLater(uint64_t size) {
+  spare->Post([pool = pool, size, model = options.model] {
+    Status st = pool->KeepSpare(size);
+    if (!st.ok()) log(LogLevel::kWarn, kLog, "no spare receive buffer for {}: {}", model, st.message());
+  });
+}
+
 Subscriber::Subscriber(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Subscriber::~Subscriber() { Close(); }
 
@@ -473,6 +497,7 @@ Result<std::unique_ptr<Subscriber>> Subscriber::Start(const SubscriberOptions& o
   auto client = impl->EnsureClient();
   if (!client.ok() && options.file_dir.empty()) return client.status();
   if (!client.ok()) log(LogLevel::kWarn, kLog, "{}; serving from the file tier only", client.status().message());
+  impl->spare = std::make_unique<internal::TaskQueue>("subscriber-spare");
   impl->loader = std::thread([raw = impl.get()] { raw->Run(); });
   return std::unique_ptr<Subscriber>(new Subscriber(std::move(impl)));
 }
@@ -527,6 +552,7 @@ void Subscriber::Close() {
     impl_->cv.notify_all();
   }
   if (impl_->loader.joinable()) impl_->loader.join();
+  if (impl_->spare) impl_->spare->Close();  // a spare being made is finished, not abandoned
   std::shared_ptr<Client> c;
   {
     std::lock_guard<std::mutex> lock(impl_->mu);

@@ -17,6 +17,7 @@
 
 #include "buffer_pool.h"
 #include "path_estimator.h"
+#include "task_queue.h"
 #include "viper/client.h"
 #include "viper/subscriber.h"
 
@@ -69,6 +70,10 @@ struct Subscriber::Impl : std::enable_shared_from_this<Subscriber::Impl> {
   SubscriberStats stats;
   Status last_error;
   std::thread loader;
+  // Makes the spare receive buffer after each version (BufferPool::KeepSpare), so that a version
+  // announced meanwhile is fetched at once instead of waiting for the populate. Closed before
+  // the pool can go (the task holds the pool).
+  std::unique_ptr<internal::TaskQueue> spare;
 
   // NOTIFY (complete at the node) or INCOMING (still arriving there: pipelined).
   void OnAnnounce(const proto::VersionInfo& info, bool incoming);
@@ -87,6 +92,21 @@ struct Subscriber::Impl : std::enable_shared_from_this<Subscriber::Impl> {
   Result<std::shared_ptr<ModelVersion>> LoadLeased(FetchPath path, const proto::VersionInfo& info,
                                                    const std::shared_ptr<Client>& client);
   Result<std::shared_ptr<ModelVersion>> LoadRemote(const proto::VersionInfo& info, Client& client);
+  // Where a remote version is received: the landing zone if one is set (with its `landed`
+  // callback for the prefix received), else a pooled buffer.
+  Result<std::span<std::byte>> ReceiveBuffer(const proto::VersionInfo& actual, internal::BufferPool::Lease* buffer,
+                                             ProgressFn* landed);
+  // subscriber_delta.cc: the remote fetch that offers the live version as a delta base (the node
+  // answers with a delta or the full snapshot). nullopt when there is no base to offer (or deltas
+  // are off); retry_in_full when a delta failed (did not decode or verify, or the node gave it
+  // up) and the connection can fetch the full snapshot instead.
+  struct DeltaAttempt {
+    Result<std::shared_ptr<ModelVersion>> result;
+    bool retry_in_full = false;
+  };
+  std::optional<DeltaAttempt> LoadRemoteDelta(const proto::VersionInfo& info, Client& client);
+  // Makes the pool's spare buffer on the spare thread, off the fetch path.
+  void KeepSpareLater(uint64_t size);
   Result<std::shared_ptr<ModelVersion>> LoadFromOtherNode(const std::string& node, const proto::VersionInfo& info);
   void AddOtherNodeChoices(const proto::VersionInfo& info, std::vector<internal::PathChoice>& ranked);
   Result<std::shared_ptr<ModelVersion>> LoadFile(const proto::VersionInfo& info);

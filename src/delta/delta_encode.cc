@@ -22,20 +22,52 @@ constexpr double kRawPlaneEntropyBits = 7.7;
 // A zstd result is kept only if it saves at least this fraction.
 constexpr double kMinZstdSaving = 0.03;
 
-// Shannon entropy (bits per byte) of up to 4096 bytes sampled evenly from p[0, n).
-double SampledEntropy(const std::byte* p, size_t n) {
-  constexpr size_t kSamples = 4096;
-  uint32_t counts[256] = {};
-  size_t stride = std::max<size_t>(1, n / kSamples);
-  size_t taken = 0;
-  for (size_t i = 0; i < n && taken < kSamples; i += stride, ++taken) counts[static_cast<uint8_t>(p[i])]++;
-  double bits = 0;
-  for (uint32_t c : counts) {
-    if (c == 0) continue;
-    double q = static_cast<double>(c) / static_cast<double>(taken);
-    bits -= q * std::log2(q);
+// What each byte plane of a residual looks like, read from the residual itself (element order),
+// so that a block whose planes would all be stored raw is not split at all.
+struct PlaneHints {
+  bool zero[8] = {};
+  double entropy[8] = {};  // Shannon bits per byte of up to 4096 sampled elements
+  bool worth_planes(size_t width) const {
+    for (size_t k = 0; k < width; ++k)
+      if (zero[k] || entropy[k] <= kRawPlaneEntropyBits) return true;
+    return false;
   }
-  return bits;
+};
+
+PlaneHints HintPlanes(const std::byte* r, size_t n, size_t width) {
+  PlaneHints h;
+  // OR of all 8-byte words: byte j of the result is the OR of bytes at offsets = j (mod 8), and
+  // width divides 8, so plane k is all zero iff bytes k, k + width, ... of it are.
+  uint64_t acc = 0;
+  const size_t bytes = n * width;
+  size_t i = 0;
+  for (; i + 8 <= bytes; i += 8) {
+    uint64_t v;
+    std::memcpy(&v, r + i, 8);
+    acc |= v;
+  }
+  uint8_t lanes[8];
+  std::memcpy(lanes, &acc, 8);
+  for (; i < bytes; ++i) lanes[i % 8] |= static_cast<uint8_t>(r[i]);
+  constexpr size_t kSamples = 4096;
+  const size_t stride = std::max<size_t>(1, n / kSamples);
+  for (size_t k = 0; k < width; ++k) {
+    uint8_t any = 0;
+    for (size_t j = k; j < 8; j += width) any |= lanes[j];
+    h.zero[k] = any == 0;
+    if (h.zero[k]) continue;
+    uint32_t counts[256] = {};
+    size_t taken = 0;
+    for (size_t e = 0; e < n && taken < kSamples; e += stride, ++taken) counts[static_cast<uint8_t>(r[e * width + k])]++;
+    double bits = 0;
+    for (uint32_t c : counts) {
+      if (c == 0) continue;
+      double q = static_cast<double>(c) / static_cast<double>(taken);
+      bits -= q * std::log2(q);
+    }
+    h.entropy[k] = bits;
+  }
+  return h;
 }
 
 template <typename Fn>
@@ -167,14 +199,12 @@ void BuildSparse(DeltaScratch::State& s, const std::byte* r, size_t n, uint8_t w
   s.gaps.clear();
   s.values.resize(nonzero * width);
   size_t next = 0, k = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const std::byte* e = r + i * width;
-    if (AllZero(e, width)) continue;
+  ForEachNonzero(r, n, width, [&](size_t i) {
     PutLeb128(s.gaps, i - next);
-    std::memcpy(s.values.data() + k * width, e, width);
+    std::memcpy(s.values.data() + k * width, r + i * width, width);
     next = i + 1;
     ++k;
-  }
+  });
   s.sparse.clear();
   Put<uint32_t>(s.sparse, static_cast<uint32_t>(nonzero));
   Put<uint32_t>(s.sparse, static_cast<uint32_t>(s.gaps.size()));
@@ -182,17 +212,16 @@ void BuildSparse(DeltaScratch::State& s, const std::byte* r, size_t n, uint8_t w
   s.sparse.insert(s.sparse.end(), s.values.begin(), s.values.end());
   *zstd = false;
   if (s.sparse.size() >= 256 && TryZstd(s.cctx, level, s.sparse.data(), s.sparse.size(), s.zstd)) {
-    std::vector<std::byte> framed;
-    framed.reserve(4 + s.zstd.size());
-    Put<uint32_t>(framed, static_cast<uint32_t>(s.sparse.size()));
-    framed.insert(framed.end(), s.zstd.begin(), s.zstd.end());
-    s.sparse.swap(framed);
+    const auto raw = static_cast<uint32_t>(s.sparse.size());
+    s.sparse.resize(4 + s.zstd.size());
+    std::memcpy(s.sparse.data(), &raw, 4);
+    std::memcpy(s.sparse.data() + 4, s.zstd.data(), s.zstd.size());
     *zstd = true;
   }
 }
 
 // PLANES payload: per plane u8 kind (zero, raw, zstd), u32 bytes, data.
-void BuildPlanes(DeltaScratch::State& s, const std::byte* r, size_t n, uint8_t width, int level) {
+void BuildPlanes(DeltaScratch::State& s, const std::byte* r, size_t n, uint8_t width, int level, const PlaneHints& h) {
   const std::byte* planes = r;
   if (width > 1) {
     s.planes.resize(n * width);
@@ -202,10 +231,10 @@ void BuildPlanes(DeltaScratch::State& s, const std::byte* r, size_t n, uint8_t w
   s.dense.clear();
   for (size_t k = 0; k < width; ++k) {
     const std::byte* p = planes + k * n;
-    if (AllZero(p, n)) {
+    if (h.zero[k]) {
       Put<uint8_t>(s.dense, kPlaneZero);
       Put<uint32_t>(s.dense, 0);
-    } else if (SampledEntropy(p, n) <= kRawPlaneEntropyBits && TryZstd(s.cctx, level, p, n, s.zstd)) {
+    } else if (h.entropy[k] <= kRawPlaneEntropyBits && TryZstd(s.cctx, level, p, n, s.zstd)) {
       Put<uint8_t>(s.dense, kPlaneZstd);
       Put<uint32_t>(s.dense, static_cast<uint32_t>(s.zstd.size()));
       s.dense.insert(s.dense.end(), s.zstd.begin(), s.zstd.end());
@@ -260,8 +289,10 @@ void DeltaEncoder::EncodeBlock(size_t i, DeltaScratch& scratch, std::vector<std:
         uses_base = b != nullptr;
       }
     }
-    if (nonzero * 64 > n) {
-      BuildPlanes(s, r, n, blk.width, options_.zstd_level);
+    PlaneHints hints;
+    if (nonzero * 64 > n) hints = HintPlanes(r, n, blk.width);
+    if (nonzero * 64 > n && hints.worth_planes(blk.width)) {
+      BuildPlanes(s, r, n, blk.width, options_.zstd_level, hints);
       if (s.dense.size() < payload_bytes) {
         method = DeltaMethod::kPlanes;
         payload = s.dense.data();

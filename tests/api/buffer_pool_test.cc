@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -84,6 +86,40 @@ TEST(BufferPool, KeepsAtMostMaxFreeAndBuffersOutliveThePool) {
   pool.reset();
   std::memset(held.data.data(), 1, held.data.size());  // still mapped; unmapped by its last owner
   held = BufferPool::Lease{};
+}
+
+// A version that arrives while the spare is being populated takes the spare at once (no third
+// buffer, no wait) and writes into it while the populate goes on: populating keeps its bytes.
+TEST(BufferPool, AcquireDuringKeepSpareTakesTheSpareBeingPopulated) {
+  auto pool = std::make_shared<BufferPool>(3);
+  BufferPool::Lease live = Take(*pool, kSize);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool populating = false, release = false;
+  BufferPool::PopulateHookForTesting() = [&](std::span<std::byte>) {
+    std::unique_lock<std::mutex> lock(mu);
+    populating = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return release; });
+  };
+  std::thread spare([&] { EXPECT_TRUE(pool->KeepSpare(kSize).ok()); });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return populating; });
+  }
+  BufferPool::Lease next = Take(*pool, kSize);  // while the spare's populate is held open
+  EXPECT_EQ(pool->mapped(), 2u) << "a third buffer was made instead of taking the spare";
+  ASSERT_NE(next.data.data(), nullptr);
+  std::memset(next.data.data(), 0xab, kSize / 2);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    release = true;
+    cv.notify_all();
+  }
+  spare.join();
+  BufferPool::PopulateHookForTesting() = nullptr;
+  EXPECT_EQ(Resident(next.data.data(), kSize), 1.0);
+  for (size_t i = 0; i < kSize / 2; i += 4096) ASSERT_EQ(next.data[i], std::byte{0xab}) << i;
 }
 
 // Readers release buffers on their own threads while the subscriber's thread acquires (TSan).

@@ -1,0 +1,110 @@
+// Client::Impl: the client's private state, shared by the .cc files that implement the client
+// (client.cc: connection, requests, full transfers; client_delta.cc: delta transfers). Include
+// only from src/api.
+//
+// Locking: `mu` guards the request table, the delta inboxes and the connection state; each
+// DeltaInbox has its own mutex for its parts. Message handlers and bulk completions run on the
+// engine's progress thread; requests block their calling thread.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "viper/client.h"
+#include "viper/engine.h"
+#include "viper/node.h"
+#include "viper/protocol.h"
+
+namespace viper {
+
+// The parts of one delta stream as they arrive (DELTA_PART, then its tagged bytes). Receives are
+// posted only while the parts received but not yet decoded stay under a byte budget, so a node
+// that runs ahead of a slow decoder waits (its tagged sends do not complete) instead of filling
+// this process's memory.
+struct DeltaInbox {
+  uint64_t tag = 0;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::pair<uint32_t, uint32_t>> unposted;  // announced parts (index, bytes) not yet received
+  std::map<uint32_t, std::vector<std::byte>> ready;     // received, not yet decoded
+  uint32_t announced = 0;
+  bool last_announced = false;
+  uint32_t completed = 0;       // receives completed (ok or not)
+  uint64_t outstanding = 0;     // bytes posted or ready, not yet decoded
+  uint64_t received_bytes = 0;  // every part's bytes received so far
+  Status error;                 // the node's ERROR, a failed receive, a bad DELTA_PART, a lost connection
+  bool discard = false;         // the reader gave up: parts still in flight are dropped
+};
+
+// The chunks of one full transfer, completed on the progress thread while the fetching thread waits.
+struct Arrivals {
+  std::mutex mu;
+  std::condition_variable cv;
+  uint32_t remaining = 0;
+  uint64_t received = 0;
+  std::vector<uint8_t> done;  // per chunk, set by its completion
+  Status first_error;
+  Status ended;  // the node aborted the transfer (ERROR for its request) or the connection went
+};
+
+Status StatusFromError(const proto::Error& e);
+
+struct Client::Impl {
+  ClientOptions options;
+  ClientHandlers handlers;
+  std::unique_ptr<net::Engine> engine;
+  net::PeerId node = 0;
+  std::string host_key = LocalHostKey();
+
+  std::mutex mu;
+  std::condition_variable cv;
+  bool closed = false;
+  Status close_reason;
+  uint64_t next_request = 1;
+  std::map<uint64_t, std::shared_ptr<std::promise<proto::Message>>> pending;  // request id -> reply
+  std::shared_ptr<std::promise<proto::Message>> hello_reply;                  // HELLO has no request id
+  // Transfers under way (FETCH answered, chunks arriving), by request id: an ERROR for one (the
+  // node aborted it) or the connection's loss ends it.
+  std::map<uint64_t, std::function<void(const Status&)>> transfers;
+  std::map<uint64_t, std::shared_ptr<DeltaInbox>> inboxes;                     // request id -> delta parts
+  std::atomic<uint64_t> next_tag{0};
+
+  void OnMessage(std::span<const std::byte> bytes);
+  void OnClosed(const Status& reason);
+  std::pair<uint64_t, std::future<proto::Message>> NewRequest();
+  Result<proto::Message> Await(uint64_t id, std::future<proto::Message>& reply);
+  Status SendMessage(const proto::Message& m) { return engine->Send(node, proto::Encode(m)); }
+  // Sends FETCH (mode SEND) and waits for FETCH_OK. `before_send(id)` registers what must catch
+  // messages for the request (TrackTransfer, a delta inbox) before the FETCH goes out: they may
+  // follow FETCH_OK at once.
+  Result<proto::FetchOk> RequestSend(proto::Fetch fetch, const std::function<void(uint64_t)>& before_send);
+  std::shared_ptr<Arrivals> TrackTransfer(uint64_t request_id);
+  void ForgetTransfer(uint64_t request_id);
+  // Receives a full transfer (FETCH_OK encoding full) into the buffer `provide` returns.
+  Result<proto::FetchOk> ReceiveChunks(proto::FetchOk ok, uint64_t tag, const std::shared_ptr<Arrivals>& state,
+                                       const BufferProvider& provide, const ProgressFn& progress,
+                                       std::optional<uint64_t>* data_checksum);
+
+  // --- delta transfers (client_delta.cc) ---
+  void OnDeltaPart(const proto::DeltaPart& part);
+  // An ERROR for a request with an open inbox ends that stream; true if it was one.
+  bool OnDeltaError(const proto::Error& error);
+  void PostDeltaReceives(const std::shared_ptr<DeltaInbox>& inbox);
+  void CloseInbox(uint64_t request_id, const std::shared_ptr<DeltaInbox>& inbox);
+  void ForgetInbox(uint64_t request_id);  // a FETCH answered in full: no part will come
+  Result<DeltaFetch> ReceiveDelta(const proto::FetchOk& ok, const std::shared_ptr<DeltaInbox>& inbox,
+                                  const DeltaBase& base, const BufferProvider& provide, const ProgressFn& progress);
+};
+
+}  // namespace viper

@@ -1,0 +1,128 @@
+// The node's side of delta transfers (docs/ARCHITECTURE.md "Delta updates"): the bases it keeps,
+// the deltas it encodes (eagerly after a commit, or when a consumer asks), and the sends that
+// stream a delta's parts to consumers while later parts are still being encoded. Include only
+// from src/api.
+//
+// Threads: encoding runs on the store's own task queue; FETCH decisions and sends run on the
+// engine's progress thread. Locking: `mu` guards the bases and the job table; each DeltaJob's
+// `mu` guards its parts and state. Order: Node::Impl::mu, then DeltaStore::mu, then DeltaJob::mu.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "task_queue.h"
+#include "viper/delta.h"
+#include "viper/engine.h"
+#include "viper/host_tier.h"
+#include "viper/node.h"
+#include "viper/protocol.h"
+#include "viper/snapshot.h"
+
+namespace viper {
+
+struct DeltaSend;
+
+// One delta (model, base -> target), encoded once and streamed to every consumer that asks.
+struct DeltaJob {
+  std::string model;
+  uint64_t base_version = 0;
+  uint64_t target_version = 0;
+  uint64_t target_size = 0;
+  uint32_t total_parts = 0;
+
+  std::mutex mu;  // guards everything below
+  std::vector<std::shared_ptr<const std::vector<std::byte>>> parts;  // encoded so far, in order
+  uint64_t encoded_bytes = 0;
+  uint64_t target_done = 0;  // target bytes covered by the parts so far
+  bool done = false;         // every part encoded
+  Status error;              // cancelled (base evicted) or not worth finishing
+  bool cancelled = false;
+  int64_t encode_ns = 0;
+  // The sends streaming this job, owned here until they finish (each holds the job: the cycle
+  // ends when the send finishes, and ~DeltaStore clears what is left).
+  std::vector<std::shared_ptr<DeltaSend>> senders;
+  std::vector<std::function<void(const PreparedDelta&)>> on_done;
+  // Held while encoding; released when it ends.
+  std::optional<DeltaEncoder> encoder;
+  ReadLease base_lease, target_lease;
+  Snapshot base, target;
+};
+
+// A delta stream to one consumer: DELTA_PART + tagged bytes per part, a window in flight.
+struct DeltaSend {
+  std::shared_ptr<DeltaJob> job;
+  net::PeerId peer = 0;
+  uint64_t request_id = 0;
+  uint64_t tag = 0;
+  uint32_t next = 0;
+  uint32_t in_flight = 0;
+  uint64_t sent_bytes = 0;
+  int64_t started_ns = 0;
+  bool finished = false;  // all parts sent, or given up
+};
+
+class DeltaStore {
+ public:
+  DeltaStore(NodeOptions options, HostTier* host, net::Engine* engine, std::string host_key);
+  ~DeltaStore();  // stops encoding (queued jobs are cancelled), then releases the bases
+
+  // After `info` was committed: keeps it as a base, evicts bases beyond options.delta_bases
+  // (cancelling their unfinished encodes) and, if `eager`, starts encoding the delta from the
+  // previous version.
+  void OnCommit(const proto::VersionInfo& info, bool eager);
+  // A SEND FETCH that offers a base: starts a delta stream and returns true (FETCH_OK sent), or
+  // returns false with `why` for the full transfer's FETCH_OK. Progress thread.
+  bool TryStart(net::PeerId peer, const proto::Fetch& m, const proto::VersionInfo& info, std::string* why);
+  // A full transfer of `bytes` to `peer` took `ns`: the bandwidth that peer's deltas are weighed
+  // against (the node-wide average for peers not measured yet).
+  void RecordFullSend(net::PeerId peer, uint64_t bytes, int64_t ns);
+  // Calls `fn` once the delta of (model, version) against the previous version is encoded (at
+  // once, with prepared = false, if none is being made).
+  void WhenPrepared(const std::string& model, uint64_t version, std::function<void(const PreparedDelta&)> fn);
+  DeltaStats stats() const;
+
+ private:
+  struct Base {
+    uint64_t version = 0;
+    uint64_t checksum = 0;
+    ReadLease lease;
+    Snapshot snapshot;
+  };
+  using Key = std::tuple<std::string, uint64_t, uint64_t>;  // model, base, target
+
+  std::shared_ptr<DeltaJob> JobLocked(const std::string& model, const Base& base, const Base& target);
+  void Encode(const std::shared_ptr<DeltaJob>& job);
+  void Finish(const std::shared_ptr<DeltaJob>& job, int64_t encode_ns);
+  void Pump(const std::shared_ptr<DeltaJob>& job);
+  void PumpSend(const std::shared_ptr<DeltaSend>& send);
+  static void Retire(DeltaJob& job, const std::shared_ptr<DeltaSend>& send);
+  // Predicted seconds of the delta (pipelined encode, send, decode) and of the full transfer.
+  bool Predict(DeltaJob& job, net::PeerId peer, uint64_t size, std::string* why);
+
+  const NodeOptions options_;
+  HostTier* const host_;
+  net::Engine* const engine_;
+  const std::string host_key_;
+
+  mutable std::mutex mu_;  // guards below
+  std::map<std::string, std::deque<Base>> bases_;  // per model, oldest first; the newest is the latest commit
+  std::map<Key, std::shared_ptr<DeltaJob>> jobs_;
+  std::map<std::string, double> last_ratio_;       // per model: encoded / target of the last finished delta
+  double bandwidth_ = 0;                           // bytes/s of full sends (EWMA), 0 = not measured
+  std::map<net::PeerId, double> peer_bandwidth_;   // the same per peer (the most recent 1024 peers)
+  double encode_rate_ = 0;                         // target bytes/s of the encoder (EWMA), 0 = not measured
+  DeltaStats stats_;
+
+  std::unique_ptr<internal::TaskQueue> encoder_;   // last: stopped first
+};
+
+}  // namespace viper

@@ -70,13 +70,15 @@ Status ReadInto(const std::filesystem::path& path, std::vector<std::byte>& buffe
 
 Status RunSubscriberPeer(const SubscriberOptions& options) {
   VIPER_ASSIGN_OR_RETURN(auto sub, Subscriber::Start(options));
+  // "ready" first: the version already live at the node loads at once, and its update line could
+  // otherwise come out before "ready" (the bench waits for versions it publishes after this).
+  PrintLine({{"ready", true}, {"host_key", LocalHostKey()}});
   sub->OnUpdate([](const std::shared_ptr<const ModelVersion>& mv) {
     const UpdateTimings& t = mv->timings;
     PrintLine({{"version", mv->info.version}, {"bytes", mv->info.size}, {"path", std::string(fetch_path_name(mv->path))},
                {"publish_ns", t.publish_ns}, {"completed_ns", t.completed_ns}, {"notified_ns", t.notified_ns},
                {"fetched_ns", t.fetched_ns}, {"verified_ns", t.verified_ns}, {"live_ns", t.live_ns}});
   });
-  PrintLine({{"ready", true}, {"host_key", LocalHostKey()}});
   StdinClosed(-1);
   sub->Close();
   return Status::OK();

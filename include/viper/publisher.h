@@ -62,6 +62,12 @@ struct PublishResult {
   int64_t copy_ns = 0;      // of which copying tensors into the segment
   bool recycled = false;    // the segment was recycled (fast path)
   uint64_t bytes = 0;       // snapshot size
+  // The delta the node prepares for this version against the previous one, for the consumers
+  // that fetch over the network (docs/ARCHITECTURE.md "Delta updates"): it is encoded in the
+  // background after the commit, so get() waits for that encode (never for a consumer). Not
+  // prepared (prepared = false, why_not says why) for a first version, while no consumer fetches
+  // over the network, with deltas off, or when the publish failed.
+  std::shared_future<PreparedDelta> delta;
 };
 
 // A version being written in place (zero-copy mode). Move-only; destroying it without Commit
@@ -115,6 +121,7 @@ class Publisher {
  private:
   struct Impl;
   Publisher(const PublisherOptions& options, std::unique_ptr<Node> node);
+  struct DeltaPromise;
   Result<PublishResult> Enqueue(Draft draft, const PublishInfo& info, int64_t started_ns, int64_t copy_ns);
   PublisherOptions options_;
   std::unique_ptr<Node> node_;

@@ -209,7 +209,10 @@ OptionsTable<viper::NodeOptions> NodeOptionsTable() {
       .Plain("recover", &O::recover, "on start, load each model's latest file into memory")
       .Plain("chunk_bytes", &O::chunk_bytes, "bulk transfer chunk size")
       .Plain("chunks_in_flight", &O::chunks_in_flight, "bulk sends outstanding per transfer")
-      .Plain("segment_prefix", &O::segment_prefix, "name prefix of the shared-memory segments");
+      .Plain("segment_prefix", &O::segment_prefix, "name prefix of the shared-memory segments")
+      .Named("delta", &O::delta, viper::ParseDeltaMode, viper::delta_mode_name,
+             "deltas to consumers that fetch over the network: off, auto (when smaller and faster) or always")
+      .Plain("delta_bases", &O::delta_bases, "older versions per model kept as delta bases");
   return t;
 }
 
@@ -242,7 +245,9 @@ OptionsTable<viper::SubscriberOptions> SubscriberOptionsTable() {
       .Plain("ack_on_live", &O::ack_on_live,
              "ACK each version to the node when it goes live here (False: call ack(version) once it is served)")
       .Plain("pipelined", &O::pipelined,
-             "with the node on another host, also fetch versions it is still receiving, as they land");
+             "with the node on another host, also fetch versions it is still receiving, as they land")
+
+      .Plain("delta", &O::delta, "offer the live version to the node as a delta base (remote path)");
   return t;
 }
 
@@ -314,6 +319,27 @@ void BindPublisher(py::module_& m) {
                              "Of which copying the tensors into the segment.")
       .def_readonly("recycled", &viper::PublishResult::recycled, "The segment was recycled (the fast path).")
       .def_readonly("bytes", &viper::PublishResult::bytes, "Size of the snapshot.")
+      .def("wait_delta", [](const viper::PublishResult& r, double timeout) {
+             auto ms = SecondsToMs(timeout, "timeout");
+             bool ready = false;
+             {
+               py::gil_scoped_release release;
+               ready = r.delta.valid() && r.delta.wait_for(ms) == std::future_status::ready;
+             }
+             if (!ready) ThrowIfError(viper::Status::Timeout("the delta of version " + std::to_string(r.version) +
+                                                             " was not encoded within " + std::to_string(timeout) + " s"));
+             const viper::PreparedDelta& d = r.delta.get();
+             py::dict out;
+             out["prepared"] = d.prepared;
+             out["base_version"] = d.base_version;
+             out["bytes"] = d.bytes;
+             out["snapshot_bytes"] = d.snapshot_bytes;
+             out["why_not"] = d.why_not;
+             return out;
+           }, py::arg("timeout") = 60.0,
+           "The delta the node prepares for this version against the previous one, for consumers that fetch "
+           "over the network: waits for its encode (in the background after the commit) and returns a dict "
+           "with prepared, base_version, bytes, snapshot_bytes and why_not (why none was made).")
       .def("__repr__", [](const viper::PublishResult& r) {
         return "PublishResult(version=" + std::to_string(r.version) + ", stall_seconds=" +
                std::to_string(NsToSeconds(r.stall_ns)) + ", bytes=" + std::to_string(r.bytes) + ")";
@@ -389,6 +415,10 @@ void BindSubscriber(py::module_& m) {
                              "The path that delivered it: map, copy, remote or file.")
       .def_property_readonly("reason", [](const VersionHandle& h) { return h.version->reason; },
                              "Why that path was chosen (and which paths failed first, if any).")
+      .def_property_readonly("delta_base", [](const VersionHandle& h) { return h.version->delta_base; },
+                             "The version the bytes came as a delta against; 0 if they came in full.")
+      .def_property_readonly("wire_bytes", [](const VersionHandle& h) { return h.version->wire_bytes; },
+                             "Bytes received from the node (the delta or the snapshot); 0 for map, copy and file.")
       .def_property_readonly("timings", [](const VersionHandle& h) {
         const viper::UpdateTimings& t = h.version->timings;
         py::dict d;
@@ -435,6 +465,8 @@ void BindSubscriber(py::module_& m) {
              d["updates"] = s.updates;
              d["skipped"] = s.skipped;
              d["fetch_failures"] = s.fetch_failures;
+             d["deltas"] = s.deltas;
+             d["delta_fallbacks"] = s.delta_fallbacks;
              return d;
            })
       .def("ack", [](SubscriberHandle& h, uint64_t version) { ThrowIfError(Open(h.subscriber, "Subscriber").Ack(version)); })

@@ -118,7 +118,8 @@ class Publisher(_Handle):
                 **metadata: Any) -> PublishResult:
         """Publishes `tensors` (a state_dict() or a dict of numpy arrays) as the next version.
         Extra keyword arguments become string metadata. Returns a PublishResult (version,
-        stall_seconds: how long this call blocked training). GIL released while copying."""
+        stall_seconds: how long this call blocked training; wait_delta(): the delta the node
+        prepares for consumers that fetch over the network). GIL released while copying."""
         if step < 0:
             raise InvalidArgumentError(f"step must be >= 0, got {step}")
         entries = _tensors.to_entries(tensors)
@@ -202,7 +203,8 @@ class Subscriber(_Handle):
         self._live().ack(int(version))
 
     def stats(self) -> dict:
-        """notifies, updates, skipped, fetch_failures."""
+        """notifies, updates, skipped, fetch_failures, deltas (versions that came as a delta),
+        delta_fallbacks (deltas that failed and were fetched in full)."""
         return self._live().stats()
 
     def last_error(self) -> Optional[str]:

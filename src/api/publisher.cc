@@ -166,6 +166,17 @@ Result<PublishResult> Publisher::Commit(Draft draft, const PublishInfo& info) {
   return Enqueue(std::move(draft), info, SteadyNs(), 0);
 }
 
+// PublishResult::delta's promise, set once: by the node when the delta is encoded (or not made),
+// or by a publish that failed before the commit.
+struct Publisher::DeltaPromise {
+  std::promise<PreparedDelta> promise;
+  std::shared_future<PreparedDelta> future = promise.get_future().share();
+  std::atomic<bool> set{false};
+  void Set(const PreparedDelta& d) {
+    if (!set.exchange(true)) promise.set_value(d);
+  }
+};
+
 // Reserves the version number now (versions follow call order), then seals and announces on the
 // background thread (async) or here (sync).
 Result<PublishResult> Publisher::Enqueue(Draft draft, const PublishInfo& info, int64_t started_ns, int64_t copy_ns) {
@@ -186,8 +197,10 @@ Result<PublishResult> Publisher::Enqueue(Draft draft, const PublishInfo& info, i
   result.copy_ns = copy_ns;
   result.recycled = draft.lease_.recycled();
   result.bytes = draft.layout_->total_bytes();
+  auto delta = std::make_shared<DeltaPromise>();
+  result.delta = delta->future;
 
-  auto seal_and_commit = [this, version, info, draft = std::move(draft)]() mutable -> Status {
+  auto seal_and_commit = [this, version, info, delta, draft = std::move(draft)]() mutable -> Status {
     VersionStamp stamp;
     stamp.model = options_.model;
     stamp.version = version;
@@ -211,6 +224,7 @@ Result<PublishResult> Publisher::Enqueue(Draft draft, const PublishInfo& info, i
     if (info.loss) vi.metadata[std::string(kMetaLoss)] = std::to_string(*info.loss);
     const uint64_t size = vi.size;
     VIPER_RETURN_IF_ERROR(node_->Commit(std::move(draft.lease_), std::move(vi)).status());
+    node_->WhenDeltaPrepared(options_.model, version, [delta](const PreparedDelta& d) { delta->Set(d); });
     uint64_t prev = impl_->announced.load();
     while (prev < version && !impl_->announced.compare_exchange_weak(prev, version)) {}
     impl_->spare.Post([this, size] {
@@ -226,9 +240,10 @@ Result<PublishResult> Publisher::Enqueue(Draft draft, const PublishInfo& info, i
     if (!st.ok()) return st.WithContext("publish of " + options_.model + " version " + std::to_string(version));
   } else {
     auto task = std::make_shared<decltype(seal_and_commit)>(std::move(seal_and_commit));
-    impl_->background.Post([this, task, version] {
+    impl_->background.Post([this, task, version, delta] {
       Status st = (*task)();
       if (st.ok()) return;
+      delta->Set(PreparedDelta{false, 0, 0, 0, "the publish failed: " + st.message()});
       log(LogLevel::kError, kLog, "publish of {} version {} failed: {}", options_.model, version, st.message());
       std::lock_guard<std::mutex> lock(impl_->mu);
       if (impl_->first_error.ok()) impl_->first_error = st;

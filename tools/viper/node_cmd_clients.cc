@@ -109,6 +109,9 @@ nlohmann::json UpdateJson(const ModelVersion& mv) {
           {"checksum", checksum_hex(mv.info.checksum)},
           {"path", std::string(fetch_path_name(mv.path))},
           {"reason", mv.reason},
+          {"delta", mv.delta_base != 0},
+          {"delta_base", mv.delta_base},
+          {"wire_bytes", mv.wire_bytes},
           {"publish_ns", t.publish_ns},
           {"completed_ns", t.completed_ns},
           {"notified_ns", t.notified_ns},
@@ -122,9 +125,12 @@ nlohmann::json UpdateJson(const ModelVersion& mv) {
 
 std::string UpdateLine(const ModelVersion& mv) {
   const UpdateTimings& t = mv.timings;
+  std::string via(fetch_path_name(mv.path));
+  if (mv.delta_base != 0)
+    via += fmt::format(" (delta of {} against v{})", HumanBytes(static_cast<double>(mv.wire_bytes)), mv.delta_base);
   return fmt::format("{} v{} step {} {} via {}: publish->live {:.2f} ms (notify {:.3f} ms, fetch {:.2f} ms, verify {:.2f} ms) [{}]",
                      mv.info.model, mv.info.version, mv.info.step, HumanBytes(static_cast<double>(mv.info.size)),
-                     fetch_path_name(mv.path), t.publish_ns ? Ms(t.publish_ns, t.live_ns) : 0.0,
+                     via, t.publish_ns ? Ms(t.publish_ns, t.live_ns) : 0.0,
                      Ms(t.completed_ns, t.notified_ns), Ms(t.notified_ns, t.fetched_ns), Ms(t.fetched_ns, t.verified_ns),
                      mv.reason);
 }

@@ -15,6 +15,7 @@ struct ServeFlags {
   NodeOptions node;
   AuthFlags auth;
   std::string address_file;
+  std::string delta = "auto";
   RelayOptions relay;  // with --upstream: this node replicates the upstream's models
 };
 
@@ -22,6 +23,9 @@ int RunServe(const ServeFlags& flags) {
   NodeOptions options = flags.node;
   auto token = flags.auth.Resolve();
   if (!token.ok()) return Fail("serve", token.status());
+  auto delta = ParseDeltaMode(flags.delta);
+  if (!delta.ok()) return Fail("serve", delta.status().WithContext("--delta"));
+  options.delta = *delta;
   options.token = *token;
   sigset_t stop = BlockStopSignals();  // before any thread starts
 
@@ -72,6 +76,12 @@ ViperCommand serve_command(
       app.add_option("--segment-prefix", flags->node.segment_prefix,
                      "Shared-memory segment name prefix ([A-Za-z0-9_-]; a hash of --store-dir is appended)")
           ->default_val("viper");
+      app.add_option("--delta", flags->delta,
+                     "Deltas to remote consumers: off, auto (when smaller and predicted faster), always")
+          ->default_val("auto");
+      app.add_option("--delta-bases", flags->node.delta_bases,
+                     "Older versions per model kept as delta bases (each pins one snapshot in memory)")
+          ->default_val(1);
       app.add_option("--address-file", flags->address_file, "Write the bound HOST:PORT to this file once listening");
       app.add_option("--upstream", flags->relay.upstream,
                      "Relay: replicate the models named by --relay-model from the node at HOST:PORT");

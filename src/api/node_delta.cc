@@ -210,7 +210,9 @@ void DeltaStore::Finish(const std::shared_ptr<DeltaJob>& job, int64_t encode_ns)
 }
 
 bool DeltaStore::Predict(DeltaJob& job, net::PeerId peer, uint64_t size, std::string* why) {
-  double bandwidth = kDefaultBandwidth, encode_rate = kDefaultEncodeRate, prior = 0.5;
+  // With nothing encoded yet and no earlier delta of the model, the delta is assumed as big as
+  // the snapshot (full): unrelated versions must not cost an encode plus a full-size stream.
+  double bandwidth = kDefaultBandwidth, encode_rate = kDefaultEncodeRate, prior = 1.0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (bandwidth_ > 0) bandwidth = bandwidth_;

@@ -6,8 +6,14 @@
 #include <unistd.h>
 
 #include <array>
+#include <cstdarg>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <mutex>
 #include <fmt/format.h>
+
+#include <ucs/debug/log_def.h>
 
 #include "engine_impl.h"
 #include "viper/log.h"
@@ -65,6 +71,28 @@ Status CheckSanitizerEnvironment() {
   if (v == "no" || v == "n" || v == "0" || v == "off") return Status::OK();
   return Status::FailedPrecondition(
       "ThreadSanitizer build: UCX memory hooks crash under TSan; run with UCX_MEM_EVENTS=no in the environment");
+}
+
+// UCX logs to stdout unless UCX_LOG_FILE says otherwise, and stdout carries the machine-readable
+// output of the CLI (`viper watch --json`): a warning such as "unexpected tag-receive descriptor
+// was not matched" (data of a transfer whose peer died, dropped with the worker) broke a JSON line
+// in tests/xnode. Its messages go through Viper's logger (stderr) instead.
+ucs_log_func_rc_t UcxLogToViper(const char* file, unsigned line, const char* /*function*/, ucs_log_level_t level,
+                                const ucs_log_component_config_t* component, const char* format, va_list ap) {
+  if (level > component->log_level) return UCS_LOG_FUNC_RC_STOP;
+  char text[1024];
+  std::vsnprintf(text, sizeof text, format, ap);
+  const char* base = std::strrchr(file, '/');
+  LogLevel viper_level = level <= UCS_LOG_LEVEL_ERROR  ? LogLevel::kError
+                         : level <= UCS_LOG_LEVEL_WARN ? LogLevel::kWarn
+                                                       : LogLevel::kDebug;
+  log(viper_level, "ucx", "{} ({}:{})", text, base != nullptr ? base + 1 : file, line);
+  return UCS_LOG_FUNC_RC_STOP;
+}
+
+void RouteUcxLog() {
+  static std::once_flag once;
+  std::call_once(once, [] { ucs_log_push_handler(UcxLogToViper); });
 }
 
 Status ApplyUcxDefaults(ucp_config_t* config) {
@@ -319,6 +347,7 @@ Result<std::unique_ptr<Engine>> Engine::Start(const EngineOptions& options, Engi
     if (!parsed.ok()) return parsed.status().WithContext("engine listen address");
   }
   VIPER_RETURN_IF_ERROR(CheckSanitizerEnvironment());  // before any thread exists
+  RouteUcxLog();
   auto impl = std::make_unique<Impl>(options, std::move(handlers));
   impl->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (impl->wake_fd < 0) return Status::FromErrno("eventfd for the engine's command queue");

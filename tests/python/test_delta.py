@@ -44,7 +44,7 @@ def test_deltas_off_sends_full_snapshots():
     sub = viper.Subscriber("dm2", connect=pub.address, path="remote")
     try:
         arrays = {"w": np.arange(100000, dtype=np.float32)}
-        pub.publish(arrays)
+        sub.wait_for(pub.publish(arrays).version, timeout=30)  # live first: the next fetch offers it as a base
         arrays["w"][::50] += 1
         result = pub.publish(arrays)
         version = sub.wait_for(result.version, timeout=30)

@@ -246,7 +246,6 @@ OptionsTable<viper::SubscriberOptions> SubscriberOptionsTable() {
              "ACK each version to the node when it goes live here (False: call ack(version) once it is served)")
       .Plain("pipelined", &O::pipelined,
              "with the node on another host, also fetch versions it is still receiving, as they land")
-
       .Plain("delta", &O::delta, "offer the live version to the node as a delta base (remote path)");
   return t;
 }

@@ -112,7 +112,7 @@ Result<std::unique_ptr<Node>> Node::Start(const NodeOptions& options) {
   impl->engine = std::move(engine).value();
   impl->address = impl->engine->listen_address();
   if (options.delta_bases > 0 && options.delta != DeltaMode::kOff)
-    impl->deltas = std::make_unique<DeltaStore>(impl->options, impl->host.get(), impl->engine.get(), impl->host_key);
+    impl->deltas = std::make_unique<DeltaStore>(impl->options, impl->host.get(), impl->engine.get(), &impl->bytes_sent);
   VIPER_RETURN_IF_ERROR(impl->Recover());
   node->impl_ = std::move(impl);
   log(LogLevel::kInfo, kLog, "{} listening on {}{}", node->impl_->options.name, node->impl_->address,

@@ -29,11 +29,11 @@ std::string Seconds(double s) {
 
 }  // namespace
 
-DeltaStore::DeltaStore(NodeOptions options, HostTier* host, net::Engine* engine, std::string host_key)
+DeltaStore::DeltaStore(NodeOptions options, HostTier* host, net::Engine* engine, std::atomic<uint64_t>* egress)
     : options_(std::move(options)),
       host_(host),
       engine_(engine),
-      host_key_(std::move(host_key)),
+      egress_(egress),
       encoder_(std::make_unique<internal::TaskQueue>("node-delta")) {}
 
 DeltaStore::~DeltaStore() {
@@ -363,6 +363,7 @@ void DeltaStore::PumpSend(const std::shared_ptr<DeltaSend>& send) {
         return;
       }
       send->sent_bytes += part->size();
+      *egress_ += part->size();
       if (send->next == job.total_parts && send->in_flight == 0) {
         {
           std::lock_guard<std::mutex> lock(job.mu);

@@ -8,6 +8,7 @@
 // `mu` guards its parts and state. Order: Node::Impl::mu, then DeltaStore::mu, then DeltaJob::mu.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -72,7 +73,8 @@ struct DeltaSend {
 
 class DeltaStore {
  public:
-  DeltaStore(NodeOptions options, HostTier* host, net::Engine* engine, std::string host_key);
+  // `egress` counts the bytes of every part sent (the node's bytes_sent).
+  DeltaStore(NodeOptions options, HostTier* host, net::Engine* engine, std::atomic<uint64_t>* egress);
   ~DeltaStore();  // stops encoding (queued jobs are cancelled), then releases the bases
 
   // After `info` was committed: keeps it as a base, evicts bases beyond options.delta_bases
@@ -111,7 +113,7 @@ class DeltaStore {
   const NodeOptions options_;
   HostTier* const host_;
   net::Engine* const engine_;
-  const std::string host_key_;
+  std::atomic<uint64_t>* const egress_;
 
   mutable std::mutex mu_;  // guards below
   std::map<std::string, std::deque<Base>> bases_;  // per model, oldest first; the newest is the latest commit

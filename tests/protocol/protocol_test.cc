@@ -37,7 +37,7 @@ std::vector<Message> AllMessages() {
       Notify{SampleInfo()},
       Fetch{7, "nt3", 42, FetchMode::kSend, 1ull << 40, 4 << 20},
       Fetch{7, "nt3", 42, FetchMode::kSend, 1ull << 40, 4 << 20, 41, 0xfeedfacecafebeefULL},
-      FetchOk{7, FetchMode::kLease, SampleInfo(), "viper.123.4", 0, 0},
+      FetchOk{7, FetchMode::kLease, SampleInfo(), "viper.123.4", 0, 0, Encoding::kFull, 0, ""},
       FetchOk{7, FetchMode::kSend, SampleInfo(), "", 0, 0, Encoding::kDelta, 41, "delta against 41"},
       Release{"nt3", 42},
       Ack{"nt3", 42},

@@ -323,7 +323,15 @@ Result<proto::FetchOk> Client::Impl::ReceiveChunks(proto::FetchOk ok, uint64_t t
   while (state->remaining > 0 && state->ended.ok()) {
     advance(lock);
     if (state->remaining == 0 || !state->ended.ok()) break;
-    if (state->cv.wait_until(lock, deadline) == std::cv_status::timeout && state->remaining > 0 && state->ended.ok()) {
+    // The predicate also sees chunks that completed while advance() had the lock released: their
+    // notify found nobody waiting, and the node may send nothing more until we report them (a relay
+    // forwards what its progress says has landed).
+    const uint64_t seen = state->received;
+    bool woke = state->cv.wait_until(lock, deadline, [&] {
+      return state->remaining == 0 || !state->ended.ok() || state->received != seen ||
+             (prefix_chunks < ok.chunks && state->done[prefix_chunks]);
+    });
+    if (!woke) {
       // Abandon: receives stay posted into `buffer`, so the buffer must not be reused. The caller
       // treats a timed-out transfer's buffer as poisoned; disconnecting cancels the receives.
       return Status::Timeout("transfer of " + model + " version " + std::to_string(ok.info.version) + " stalled at " +

@@ -95,11 +95,23 @@ void RouteUcxLog() {
   std::call_once(once, [] { ucs_log_push_handler(UcxLogToViper); });
 }
 
+// Settings the peer-address check depends on (src/net/ucx_address.h), forced whatever the
+// environment says: unified mode packs addresses without lengths, and debug info adds a worker
+// name whose reading depends on the receiver's own setting. Neither can be validated.
+constexpr std::array<std::pair<const char*, const char*>, 2> kUcxRequired{{
+    {"UNIFIED_MODE", "n"},
+    {"ADDRESS_DEBUG_INFO", "n"},
+}};
+
 Status ApplyUcxDefaults(ucp_config_t* config) {
   for (const UcxDefault& d : kUcxDefaults) {
     if (std::getenv(d.env) != nullptr || std::getenv(fmt::format("UCX_{}", d.key).c_str()) != nullptr) continue;
     ucs_status_t st = ucp_config_modify(config, d.key, d.value);
     if (st != UCS_OK) return detail::FromUcs(st, fmt::format("setting UCX option {}={}", d.env, d.value));
+  }
+  for (const auto& [key, value] : kUcxRequired) {
+    ucs_status_t st = ucp_config_modify(config, key, value);
+    if (st != UCS_OK) return detail::FromUcs(st, fmt::format("setting UCX option UCX_{}={}", key, value));
   }
   return Status::OK();
 }

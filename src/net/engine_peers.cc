@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "engine_impl.h"
+#include "ucx_address.h"
 #include "viper/log.h"
 
 namespace viper::net {
@@ -101,6 +102,9 @@ void Engine::Impl::StartConnect(const std::string& address, const std::vector<st
 }
 
 Result<ucp_ep_h> Engine::Impl::CreateEndpoint(const std::vector<std::byte>& address, const std::string& what) {
+  // A peer's address is untrusted: UCX aborts the process on some malformed ones and reads others
+  // past their end (src/net/ucx_address.h), so it is checked before UCX unpacks it.
+  if (Status valid = detail::CheckUcxWorkerAddress(address, worker_address); !valid.ok()) return valid.WithContext(what);
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER;

@@ -118,6 +118,7 @@ Result<std::unique_ptr<Publisher>> StartPublisher(const Config& c, const std::st
   o.model = model;
   o.mode = mode;
   o.node.listen = c.listen;
+  o.node.insecure = true;  // --hosts listens on a namespace address, reachable only inside the bench's own namespaces
   o.node.recover = false;
   o.node.segment_prefix = "viperbench" + std::to_string(::getpid());
   return Publisher::Start(o);

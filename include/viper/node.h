@@ -59,6 +59,9 @@ struct NodeOptions {
   mode_t segment_mode = 0600;          // owner-only unless configured
   mode_t file_mode = 0600;
   std::string token;                   // when set, every peer's HELLO must carry it
+  // Listening beyond loopback without a token lets anyone who reaches the port publish, fetch and
+  // announce; Start refuses it unless this is set (viper serve --insecure).
+  bool insecure = false;
   bool recover = true;                 // on start, load each model's latest file into memory
   uint32_t chunk_bytes = 4u << 20;     // bulk transfer chunk size (a client may ask for another)
   uint32_t chunks_in_flight = 8;       // bulk sends outstanding per transfer

@@ -206,6 +206,7 @@ OptionsTable<viper::NodeOptions> NodeOptionsTable() {
       .Plain("keep_host_versions", &O::keep_host_versions, "versions per model kept in shared memory")
       .Plain("keep_file_versions", &O::keep_file_versions, "versions per model kept on the file tier")
       .Plain("token", &O::token, "shared secret every peer must present; empty = none")
+      .Plain("insecure", &O::insecure, "listen beyond loopback without a token (refused otherwise)")
       .Plain("recover", &O::recover, "on start, load each model's latest file into memory")
       .Plain("chunk_bytes", &O::chunk_bytes, "bulk transfer chunk size")
       .Plain("chunks_in_flight", &O::chunks_in_flight, "bulk sends outstanding per transfer")

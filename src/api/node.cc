@@ -69,12 +69,30 @@ int64_t WallClockNs() {
 
 // ---------------------------------------------------------------- start / stop
 
+namespace {
+
+// Secure by default: a node reachable from other hosts requires a token unless told otherwise.
+Status CheckListenIsGuarded(const NodeOptions& options) {
+  const std::string listen = options.listen.empty() ? "127.0.0.1:0" : options.listen;
+  if (!options.token.empty() || options.insecure) return Status::OK();
+  Result<bool> loopback = net::IsLoopbackAddress(listen);
+  if (!loopback.ok()) return loopback.status().WithContext("node: cannot listen on " + listen);
+  if (*loopback) return Status::OK();
+  return Status::PermissionDenied(
+      "node: refusing to listen on " + listen + " without a token: anyone who reaches it could publish, fetch and "
+      "announce models. Set a shared token (--token-file FILE or VIPER_TOKEN; NodeOptions::token), listen on "
+      "loopback, or accept the risk with --insecure (NodeOptions::insecure)");
+}
+
+}  // namespace
+
 Node::Node(const NodeOptions& options) : options_(options), host_key_(LocalHostKey()) {}
 
 Result<std::unique_ptr<Node>> Node::Start(const NodeOptions& options) {
   if (options.keep_host_versions < 1) return Status::InvalidArgument("keep_host_versions must be >= 1");
   if (options.keep_file_versions < 1) return Status::InvalidArgument("keep_file_versions must be >= 1");
   if (options.chunks_in_flight < 1) return Status::InvalidArgument("chunks_in_flight must be >= 1");
+  VIPER_RETURN_IF_ERROR(CheckListenIsGuarded(options));
   std::unique_ptr<Node> node(new Node(options));
   auto impl = std::make_shared<Impl>();
   impl->options = options;

@@ -73,6 +73,21 @@ Result<std::pair<std::string, uint16_t>> ParseHostPort(const std::string& host_p
   return std::make_pair(std::move(host), port);
 }
 
+Result<bool> IsLoopbackAddress(const std::string& host_port) {
+  VIPER_ASSIGN_OR_RETURN(auto parsed, ParseHostPort(host_port));
+  VIPER_ASSIGN_OR_RETURN(detail::SockAddr addr, detail::Resolve(parsed.first, parsed.second));  // what a listener binds
+  if (addr.storage.ss_family == AF_INET) {
+    const auto* v4 = reinterpret_cast<const sockaddr_in*>(&addr.storage);
+    return (ntohl(v4->sin_addr.s_addr) >> 24) == 127;
+  }
+  if (addr.storage.ss_family == AF_INET6) {
+    const in6_addr& a = reinterpret_cast<const sockaddr_in6*>(&addr.storage)->sin6_addr;
+    if (IN6_IS_ADDR_LOOPBACK(&a)) return true;
+    return IN6_IS_ADDR_V4MAPPED(&a) && a.s6_addr[12] == 127;
+  }
+  return false;
+}
+
 namespace detail {
 
 Result<SockAddr> Resolve(const std::string& host, uint16_t port) {

@@ -25,6 +25,18 @@ using store_internal::FormatBytes;
 constexpr std::string_view kLog = "host_tier";
 constexpr const char* kShmDir = "/dev/shm";
 
+// Segments are owner-only by default: a consumer running as another user is told so.
+Status ForeignSegment(const std::string& name) {
+  struct stat st {};
+  std::string owner = ::stat((std::string(kShmDir) + "/" + name).c_str(), &st) == 0
+                          ? fmt::format("uid {} with mode {:04o}", st.st_uid, st.st_mode & 07777)
+                          : "another user";
+  return Status::PermissionDenied(fmt::format(
+      "segment {} belongs to {} and this process runs as uid {}: run the consumer as the node's user, or give the "
+      "node a segment_mode its group or others may read (it is owner-only by default)",
+      name, owner, ::geteuid()));
+}
+
 }  // namespace
 
 std::vector<std::string> HostTier::FindStaleSegments(const std::string& prefix) {
@@ -58,6 +70,7 @@ Result<MappedSegment> MapSegmentReadOnly(const std::string& name, uint64_t size,
   }
   if (size == 0) return Status::InvalidArgument(fmt::format("segment {}: cannot map 0 bytes", name));
   int fd = ::shm_open(("/" + name).c_str(), O_RDONLY | O_CLOEXEC, 0);
+  if (fd < 0 && errno == EACCES) return ForeignSegment(name);
   if (fd < 0) {
     return Status::FromErrno(fmt::format("segment {}: shm_open read-only failed (is its node still running?)", name));
   }

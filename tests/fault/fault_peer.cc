@@ -11,10 +11,12 @@
 //       and flushed, and writes "published N" to S.
 //   consume --model M --connect HOST:PORT --status F [--path auto|map|copy|remote|file]
 //           [--threads K] [--live-log L] [--until V] [--min-reads R] [--file-dir D] [--pause-us P]
+//           [--timeout-s T]
 //       K threads read the live version in a loop and check every read themselves
 //       (tests/fault/content.h), pausing P us between reads. F holds a JSON summary, rewritten every 100 ms and at once after
 //       an error. L gets "version checksum" per version made live. With V > 0 it exits once every thread
-//       has seen version >= V and read R times.
+//       has seen version >= V and read R times; after T seconds without that, exits 3 with the
+//       subscriber's last error.
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -189,9 +191,10 @@ void WriteStatus(const std::string& path, ReadStats& stats, Subscriber& sub) {
 
 // One reader: takes the live version, checks all of it, drops it; never goes back in versions.
 void ReadLoop(Subscriber& sub, const std::string& model, ReadStats& stats, const std::string& status_path,
-              uint64_t until, uint64_t min_reads, std::chrono::microseconds pause) {
+              uint64_t until, uint64_t min_reads, std::chrono::microseconds pause,
+              std::chrono::steady_clock::time_point deadline) {
   uint64_t last = 0, mine = 0;
-  while (!g_stop) {
+  while (!g_stop && std::chrono::steady_clock::now() < deadline) {
     std::shared_ptr<const ModelVersion> mv = sub.latest();  // held for the whole "inference"
     if (!mv) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -230,6 +233,9 @@ int Consume(const Flags& f) {
   const std::string status_path = Get(f, "status");
   const uint64_t threads = GetU64(f, "threads", 2), until = GetU64(f, "until", 0), min_reads = GetU64(f, "min-reads", 0);
   const std::chrono::microseconds pause(GetU64(f, "pause-us", 0));
+  const uint64_t timeout_s = GetU64(f, "timeout-s", 0);
+  const auto deadline = timeout_s == 0 ? std::chrono::steady_clock::time_point::max()
+                                       : std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
   auto sub = Subscriber::Start(options);
   if (!sub.ok()) Die("subscribe", sub.status());
   const std::string live_log = Get(f, "live-log");
@@ -241,7 +247,7 @@ int Consume(const Flags& f) {
   ReadStats stats;
   std::vector<std::thread> readers;
   for (uint64_t t = 0; t < threads; ++t)
-    readers.emplace_back([&] { ReadLoop(**sub, options.model, stats, status_path, until, min_reads, pause); });
+    readers.emplace_back([&] { ReadLoop(**sub, options.model, stats, status_path, until, min_reads, pause, deadline); });
   std::atomic<bool> readers_done{false};
   std::thread status([&] {
     while (!readers_done) {
@@ -253,6 +259,12 @@ int Consume(const Flags& f) {
   readers_done = true;
   status.join();
   WriteStatus(status_path, stats, **sub);
+  if (until > 0 && stats.newest.load() < until) {
+    std::fprintf(stderr, "fault_peer: version %llu not reached in %llu s; last error: %s\n",
+                 static_cast<unsigned long long>(until), static_cast<unsigned long long>(timeout_s),
+                 (*sub)->last_error().ToString().c_str());
+    return 3;
+  }
   return 0;
 }
 

@@ -36,7 +36,7 @@ spawn() {
 # node HOST NAME PORT ARGS...: a node in HOST's shell; waits until it listens.
 node() {
   local host=$1 name=$2 port=$3; shift 3
-  spawn "$host" "$name" "VIPER_LOG=info '$VIPER' serve --name $name --listen ${IP[${host#h}]}:$port \
+  spawn "$host" "$name" "VIPER_LOG=info '$VIPER' serve --name $name --listen ${IP[${host#h}]}:$port --insecure \
     --address-file '$TMP/$name.addr' $* >'$TMP/$name.log' 2>&1" || return 1
   wait_for 10 test -s "$TMP/$name.addr" || { echo "node $name did not start:"; cat "$TMP/$name.log"; return 1; }
 }

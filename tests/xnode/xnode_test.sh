@@ -24,7 +24,7 @@ $PY "$HERE/make_model.py" "$TMP/mid2.safetensors" $((48 << 20)) 4 || exit 1
 
 # ---------------------------------------------------------------- 1. 600 MB, A -> B, three versions
 test_big() {
-  serve h1 a1 --listen $A:7300 || return
+  serve h1 a1 --listen $A:7300 --insecure || return
   on h2 "$VIPER" watch big --connect $A:7300 --json --count 3 --timeout 90 >"$TMP/big.json" 2>"$TMP/big.err" &
   local watch=$!
   PIDS+=($watch)
@@ -55,7 +55,7 @@ test_big() {
 
 # ---------------------------------------------------------------- 2. A killed mid-transfer -> file tier
 test_kill() {
-  serve h1 a2 --listen $A:7310 --store-dir "$PFS" || return
+  serve h1 a2 --listen $A:7310 --insecure --store-dir "$PFS" || return
   on h2 "$VIPER" watch mid --connect $A:7310 --file-dir "$PFS" --json --count 2 --timeout 40 \
     >"$TMP/mid.json" 2>"$TMP/mid.err" &
   local watch=$!
@@ -88,11 +88,11 @@ test_kill() {
 
 # ---------------------------------------------------------------- 3. two replicas: the local one wins
 test_relay() {
-  serve h1 a3 --listen $A:7320 || return
+  serve h1 a3 --listen $A:7320 --insecure || return
   on h1 "$VIPER" publish rel "$TMP/mid1.safetensors" --connect $A:7320 >/dev/null || { failed "publish rel v1"; return; }
   # The relay node and the consumer share h2's mount namespace (one `exec`): shared memory reachable.
   on h2 bash -c "
-    VIPER_LOG=info '$VIPER' serve --name b3 --listen $B:7301 --upstream $A:7320 --relay-model rel >'$TMP/b3.log' 2>&1 &
+    VIPER_LOG=info '$VIPER' serve --name b3 --listen $B:7301 --insecure --upstream $A:7320 --relay-model rel >'$TMP/b3.log' 2>&1 &
     relay=\$!
     for i in \$(seq 100); do '$VIPER' ls --connect $B:7301 --json 2>/dev/null | grep -q '\"version\": 1' && break; sleep 0.1; done
     '$VIPER' ls --connect $B:7301 --json >'$TMP/rel.ls'
@@ -166,9 +166,9 @@ except (socket.timeout, ConnectionResetError) as e:
 # A consumer on h3 is connected to relay node B (h2), whose versions list A's node as the upstream
 # replica. B dies mid-transfer: the consumer takes the version from A's memory, not from a file.
 test_failover() {
-  serve h1 a6 --listen $A:7340 || return
+  serve h1 a6 --listen $A:7340 --insecure || return
   # The relay lives in h2 (its log says what it relayed); its NOTIFYs carry A's replicas after its own.
-  VIPER_LOG=info serve h2 b6 --listen $B:7341 --upstream $A:7340 --relay-model fo || return
+  VIPER_LOG=info serve h2 b6 --listen $B:7341 --insecure --upstream $A:7340 --relay-model fo || return
   local relay=$PID_b6
   on h3 "$VIPER" watch fo --connect $B:7341 --json --count 2 --timeout 40 >"$TMP/fo.json" 2>"$TMP/fo.err" &
   local watch=$!
@@ -206,8 +206,8 @@ test_failover() {
 # B as a relay (replica kind 4). A dies while the consumer is still receiving (A's link to h3 is
 # slowed, its link to B is not): the consumer takes the version from B's memory.
 test_failover_to_relay() {
-  serve h1 a7 --listen $A:7350 || return
-  VIPER_LOG=info serve h2 b7 --listen $B:7351 --upstream $A:7350 --relay-model fr || return
+  serve h1 a7 --listen $A:7350 --insecure || return
+  VIPER_LOG=info serve h2 b7 --listen $B:7351 --insecure --upstream $A:7350 --relay-model fr || return
   local relay=$PID_b7
   on h3 "$VIPER" watch fr --connect $A:7350 --json --count 2 --timeout 40 >"$TMP/fr.json" 2>"$TMP/fr.err" &
   local watch=$!

@@ -73,6 +73,8 @@ ViperCommand serve_command(
       app.add_option("--keep-files", flags->node.keep_file_versions, "Versions per model kept on the file tier")
           ->default_val(3)->check(CLI::PositiveNumber);
       app.add_option("--name", flags->node.name, "Node name shown to peers");
+      app.add_flag("--insecure", flags->node.insecure,
+                   "Listen beyond loopback without a token (anyone who reaches the port can publish and fetch)");
       app.add_option("--segment-prefix", flags->node.segment_prefix,
                      "Shared-memory segment name prefix ([A-Za-z0-9_-]; a hash of --store-dir is appended)")
           ->default_val("viper");

@@ -8,9 +8,10 @@ loss falls with the iterations (the Inference Performance Predictor's world: a m
 better while consumers use it); a consumer serves 150 requests per run. Steps:
 
 1. warm-up: one real run (producer + consumer over Viper) trains `--warmup-iters` iterations and
-   publishes every 10 of them; it gives the warm-up losses, the time per iteration t_train, the
-   publish stall t_p and the update latency t_c (publish returned -> version served by the
-   consumer), and the warm-up model every policy run starts from;
+   publishes every 10 of them; it gives the warm-up losses, the clean time per iteration t_train,
+   the whole cost of a publish t_p (its stall and the slower steps after it while the version is
+   sealed, stored and loaded on the same CPUs), the update latency t_c (publish returned ->
+   version served by the consumer), and the warm-up model every policy run starts from;
 2. prediction, before any policy runs: a viper.Scheduler (policy "optimal") is made from those
    measurements (the warm-up losses as its history): its plan and predicted CIL, and its predicted
    CIL of the two other policies' schedules (Scheduler.evaluate);
@@ -18,8 +19,9 @@ better while consumers use it); a consumer serves 150 requests per run. Steps:
    warm-up's pace, 10-60 s), identical but for when they publish:
    epoch (every `--epoch-iters` iterations, default a quarter of the run), fixed interval (every
    `--interval-s` seconds of training, what the transports stage does), and the IPP online (that
-   scheduler, handed to viper.Publisher: it measures t_train, gets t_p from every publish and t_c
-   from the consumer's ACKs, refits and re-plans as the run goes);
+   scheduler, handed to viper.Publisher: it measures t_train and the whole cost of a publish on
+   the wall clock, gets every publish's stall and t_c from the consumer's ACKs, refits and
+   re-plans as the run goes);
 4. the table (predicted and measured CIL per policy, and the model's CIL in hindsight: the run's
    own checkpoints, timings and loss curve), and a plot of served loss over time per policy with
    its publish points.
@@ -101,22 +103,44 @@ def size_runs(cfg: DemoConfig, args, t_train: float) -> None:
 
 # ---- measurements --------------------------------------------------------------------------------
 
-def train_time(producer: dict, skip: int = 5) -> float:
-    """Mean seconds per iteration between step starts, leaving out the intervals that hold a
-    publish (their stall is t_p) and the first `skip` (cold caches): what viper.Scheduler measures."""
+def timings(producer: dict, consumer: dict, cost_intervals: int = 3, skip: int = 5) -> dict:
+    """What viper.Scheduler measures, from a run's records (its rules, docs/ARCHITECTURE.md):
+    t_train: mean seconds per iteration on the intervals at least `cost_intervals` after a publish
+    (without pauses over 5x their median), leaving out the first `skip` (cold caches);
+    t_p: what one publish costs the training in all: the larger of the mean stall and the mean
+    excess over t_train of the `cost_intervals` intervals starting with the publish's (its stall,
+    then the slower steps while the version is sealed, written and loaded beside the training);
+    t_p_stall: the mean stall; t_c: median of publish returned -> version served by the consumer.
+    The first publish of a model (it makes its segments) is left out of both costs."""
     steps = producer["steps"]
-    published = {p["step"] for p in producer["publishes"]}
-    gaps = [b[1] - a[1] for a, b in zip(steps, steps[1:]) if a[0] not in published][skip:]
-    return statistics.fmean(gaps) if gaps else math.nan
-
-
-def publish_costs(producer: dict, consumer: dict) -> dict:
-    """t_p: mean stall (the first publish of a model makes its segments: left out); t_c: median of
-    publish returned -> version served by the consumer."""
+    published = [p["step"] for p in producer["publishes"]]
+    first = published[0] if published else None
+    since, last, by_distance, clean = -1, None, {}, []
+    for i, (a, b) in enumerate(zip(steps, steps[1:])):
+        if a[0] in published:
+            since, last = 0, a[0]
+        elif since >= 0:
+            since += 1
+        if i < skip:
+            continue
+        gap = b[1] - a[1]
+        if since < 0 or since >= cost_intervals:
+            clean.append(gap)
+        elif last != first:
+            by_distance.setdefault(since, []).append(gap)
+    if clean:
+        limit = 5 * statistics.median(clean)
+        clean = [g for g in clean if g <= limit]
+    t_train = statistics.fmean(clean) if clean else math.nan
     stalls = [p["stall_s"] for p in producer["publishes"]][1:]
+    t_p_stall = statistics.fmean(stalls) if stalls else math.nan
+    whole = math.nan
+    if clean and all(len(by_distance.get(d, [])) >= 2 for d in range(cost_intervals)):
+        whole = sum(statistics.fmean(by_distance[d]) - t_train for d in range(cost_intervals))
     returned = {p["step"]: p["returned_ns"] for p in producer["publishes"]}
     latencies = [(u["live_ns"] - returned[u["step"]]) / 1e9 for u in consumer["updates"] if u["step"] in returned]
-    return {"t_p": statistics.fmean(stalls) if stalls else math.nan,
+    t_p = max(x for x in (t_p_stall, whole, 0.0) if not math.isnan(x))
+    return {"t_train": t_train, "t_p": t_p if stalls else math.nan, "t_p_stall": t_p_stall,
             "t_c": statistics.median(latencies) if latencies else math.nan}
 
 
@@ -132,10 +156,9 @@ def warmup(cfg: DemoConfig, args, workdir: str) -> dict:
     records = run_one("policies-warmup", w, workdir, args.viper_path, transport="viper",
                       stop_consumer_with_producer=True)
     producer, consumer = records["producer"], records["consumer"]
-    costs = publish_costs(producer, consumer)
     return {"model": w.save_final_path, "iterations": s,
             "losses": [(int(st[0]), float(st[2])) for st in producer["steps"]],
-            "t_train": train_time(producer), **costs, "publishes": len(producer["publishes"]),
+            **timings(producer, consumer), "publishes": len(producer["publishes"]),
             "wall_s": producer["loop_s"]}
 
 
@@ -199,11 +222,11 @@ def hindsight(run: dict, plan_: dict, w: dict, cfg: DemoConfig) -> dict:
     # The checkpoint after iteration x has had x steps; its loss is the one logged at x + 1.
     def loss(x):
         return losses[min(x + 1, last)]
-    costs = publish_costs(producer, consumer)
+    costs = timings(producer, consumer)
     t_p = costs["t_p"] if not math.isnan(costs["t_p"]) else w["t_p"]
     t_c = costs["t_c"] if not math.isnan(costs["t_c"]) else w["t_c"]
+    t_train = costs["t_train"] if not math.isnan(costs["t_train"]) else w["t_train"]
     schedule = [p["step"] for p in producer["publishes"]]
-    t_train = train_time(producer)
     return {"cil": model_cil(schedule, s, t_train, t_p, t_c, cfg.request_interval_s,
                              plan_["setup"]["requests"], loss),
             "t_train": t_train, "t_p": t_p, "t_c": t_c}
@@ -287,8 +310,8 @@ def main(argv=None) -> int:
           f"{cfg.classes} classes, untrained)", flush=True)
     print(f"policies: warm-up, {args.warmup_iters} iterations over viper (publishing every 10) ...", flush=True)
     w = warmup(cfg, args, args.workdir)
-    print(f"policies: warm-up measured t_train {w['t_train']:.3f} s, t_p {w['t_p']:.3f} s, t_c {w['t_c']:.3f} s "
-          f"({w['publishes']} publishes)", flush=True)
+    print(f"policies: warm-up measured t_train {w['t_train']:.3f} s, t_p {w['t_p']:.3f} s (whole cost of a publish; "
+          f"its stall {w['t_p_stall']:.3f} s), t_c {w['t_c']:.3f} s ({w['publishes']} publishes)", flush=True)
     size_runs(cfg, args, w["t_train"])
     print(f"policies: runs of {cfg.duration_s:g} s ({args.run_iters} iterations at the warm-up's t_train), "
           f"one request every {cfg.request_interval_s:g} s", flush=True)

@@ -46,11 +46,23 @@ struct SchedulerOptions {
   // measure_t_train = false it is used as given (a simulation, or a known cost).
   int64_t t_train_ns = 0;
   bool measure_t_train = true;
-  // Initial estimates of the checkpoint costs, replaced once any are reported: t_p by the mean of
-  // the last 16 report_publish_stall() values (the run pays every stall: k checkpoints cost k*t_p),
-  // t_c by the median of the last 16 report_update_latency() values.
+  // Initial estimates of the checkpoint costs. t_c is replaced by the median of the last 16
+  // report_update_latency() values once any are reported. t_p is what one checkpoint costs the
+  // training in all: the stall, and the training slowed after it while the version is sealed,
+  // hashed, written to the file tier and loaded by consumers on the same CPUs (measured in the
+  // demo: a 12 ms stall, then two iterations 50-100% slower: 0.17 s in all). It is the larger of
+  // the mean of the last 16 report_publish_stall() values and that whole cost as measured (see
+  // checkpoint_cost_intervals); until the run has measured the whole cost, the given t_p_ns (the
+  // caller's estimate, e.g. from a warm-up) stands unless a reported stall exceeds it.
   int64_t t_p_ns = 0;
   int64_t t_c_ns = 0;
+  // With measure_t_train, the whole cost of a checkpoint is measured as the excess, over the
+  // clean time per iteration, of the interval that holds it and the next (this - 1) intervals;
+  // the clean time per iteration (t_train) is measured on the intervals at least this many
+  // intervals after a checkpoint. Needs 2 intervals at each of those distances and 8 clean ones
+  // in the last 128; before that t_train is measured on every interval without a checkpoint.
+  // 0: t_p is the reported stall only, t_train every interval without a checkpoint.
+  int64_t checkpoint_cost_intervals = 3;
 
   // > 0: the run is bounded by wall-clock time, not by `end`: it ends duration_ns after the first
   // observe(). `end` is then the initial estimate of the last iteration, and every plan moves it
@@ -85,8 +97,10 @@ struct SchedulerState {
   int64_t iteration = -1;            // last observed iteration
   int64_t end = 0;                   // e of the current plan (moves with duration_ns)
   int64_t t_train_ns = 0;            // current estimate (measured, or the option)
-  int64_t t_p_ns = 0;                // current estimates (options, then the reported medians)
+  int64_t t_p_ns = 0;                // current estimates (options, then reported and measured)
   int64_t t_c_ns = 0;
+  int64_t t_p_stall_ns = 0;          // mean reported stall (0 before any)
+  int64_t t_p_measured_ns = 0;       // whole cost of a checkpoint as measured (0 until measured)
   std::optional<LossFit> fit;        // the last successful fit
   std::string plan_source;           // "fit", "observed interval N" (the fallback), "" before any plan
   std::vector<int64_t> taken;        // checkpoints answered true after s
@@ -144,6 +158,8 @@ class Scheduler {
   ScheduleProblem ProblemLocked() const;
   void MoveEndLocked(int64_t iteration);
   int64_t TrainEstimateLocked() const;
+  int64_t MeasuredCheckpointCostLocked(int64_t t_train_ns) const;
+  void RefreshCheckpointCostLocked();
 
   const SchedulerOptions options_;
   mutable std::mutex mu_;
@@ -151,7 +167,12 @@ class Scheduler {
   std::optional<std::chrono::steady_clock::time_point> last_time_;
   std::optional<std::chrono::steady_clock::time_point> run_start_;  // first observe()
   int64_t end_ = 0;  // e: options_.end, or moved by the time left (duration_ns)
-  std::deque<int64_t> train_ns_window_;
+  struct Interval {
+    int64_t since_checkpoint;  // 0: holds a checkpoint; 1: the next one; ... -1: none yet
+    int64_t ns_per_iteration;
+  };
+  std::deque<Interval> intervals_;  // the last 128 measured intervals
+  int64_t since_checkpoint_ = -1;
   std::deque<int64_t> stall_ns_window_;
   std::deque<int64_t> latency_ns_window_;
   bool checkpoint_in_interval_ = false;  // the next interval holds a checkpoint's stall

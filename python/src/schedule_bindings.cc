@@ -43,6 +43,8 @@ py::dict StateDict(const viper::SchedulerState& s) {
   d["t_train"] = NsToSeconds(s.t_train_ns);
   d["t_p"] = NsToSeconds(s.t_p_ns);
   d["t_c"] = NsToSeconds(s.t_c_ns);
+  d["t_p_stall"] = NsToSeconds(s.t_p_stall_ns);
+  d["t_p_measured"] = NsToSeconds(s.t_p_measured_ns);
   d["fit"] = s.fit ? py::object(FitDict(*s.fit)) : py::none();
   d["plan_source"] = s.plan_source;
   d["taken"] = s.taken;
@@ -77,7 +79,8 @@ void BindSchedule(py::module_& m) {
       .def(py::init([](const std::string& policy, int64_t warmup_end, int64_t end, int64_t epoch, double t_infer,
                        int64_t requests, double t_train, double t_p, double t_c, int64_t refit_every,
                        bool checkpoint_at_warmup_end, bool measure_t_train,
-                       const std::vector<std::pair<int64_t, double>>& history, bool robust_fit, double duration) {
+                       const std::vector<std::pair<int64_t, double>>& history, bool robust_fit, double duration,
+                       int64_t checkpoint_cost_intervals) {
              viper::SchedulerOptions o;
              o.policy = policy;
              o.warmup_end = warmup_end;
@@ -94,6 +97,7 @@ void BindSchedule(py::module_& m) {
              o.history = Samples(history);
              if (!robust_fit) o.fit = viper::FitOptions{};
              o.duration_ns = SecondsToNs(duration, "duration", true);
+             o.checkpoint_cost_intervals = checkpoint_cost_intervals;
              std::unique_ptr<viper::Scheduler> created = Unwrap(viper::Scheduler::Create(std::move(o)));
              return std::shared_ptr<viper::Scheduler>(std::move(created));
            }),
@@ -102,10 +106,14 @@ void BindSchedule(py::module_& m) {
            py::arg("t_c") = 0.0, py::arg("refit_every") = 0, py::arg("checkpoint_at_warmup_end") = true,
            py::arg("measure_t_train") = true, py::arg("history") = std::vector<std::pair<int64_t, double>>{},
            py::arg("robust_fit") = true, py::arg("duration") = 0.0,
+           py::arg("checkpoint_cost_intervals") = 3,
            "policy: one of none, epoch, fixed, greedy, sqrt, optimal. warmup_end (s) < end (e): iterations. "
            "t_infer: seconds between inference requests; requests: how many in all. t_train: seconds per iteration, "
            "the estimate until 8 intervals between observe() calls are measured (measure_t_train=False: used as "
-           "given); t_p, t_c: initial estimates of the publish stall and the update latency (replaced by reports). "
+           "given); t_p: what one checkpoint costs the training in all (its stall and the slower iterations after it), "
+           "the estimate until the run measures it (the larger of the reported stalls and the excess of the "
+           "checkpoint_cost_intervals intervals after a checkpoint over the clean time per iteration; 0 = stalls "
+           "only); t_c: initial estimate of the update latency (replaced by reports). "
            "history: (iteration, loss) pairs seen before the scheduler existed (a warm-up): if they reach "
            "warmup_end the plan exists at once (state()['predicted_cil'] is the prediction before the run). "
            "robust_fit=False: plain least-squares family selection, unbounded extrapolation. duration > 0: the run "
@@ -124,7 +132,8 @@ void BindSchedule(py::module_& m) {
       .def("report_update_latency", &viper::Scheduler::report_update_latency, py::arg("seconds"),
            "From the end of a publish's stall to the version live at a consumer (t_c).")
       .def("state", [](const viper::Scheduler& s) { return StateDict(s.state()); },
-           "A dict: iteration, t_train, t_p, t_c (seconds), fit (family, formula, parameters, mse) or None, "
+           "A dict: iteration, t_train, t_p, t_c, t_p_stall (mean reported stall), t_p_measured (whole cost of a "
+           "checkpoint as measured, 0 until then) (seconds), fit (family, formula, parameters, mse) or None, "
            "plan_source ('fit', 'observed interval N' when no family fitted, '' before any plan), taken, planned, "
            "predicted_cil, plans, last_plan_status (None when the last plan succeeded).")
       .def("evaluate", [](const viper::Scheduler& s, const std::vector<int64_t>& schedule) {

@@ -13,8 +13,10 @@ namespace viper {
 
 namespace {
 
-constexpr size_t kTrainWindow = 64;
+constexpr size_t kTrainWindow = 64;        // intervals t_train is measured on
+constexpr size_t kIntervalWindow = 128;    // intervals kept, of every kind
 constexpr size_t kMinTrainSamples = 8;
+constexpr size_t kMinCostSamples = 2;      // intervals at each distance after a checkpoint
 constexpr size_t kReportWindow = 16;
 
 int64_t Median(const std::deque<int64_t>& window) {
@@ -87,6 +89,9 @@ Status ValidateOptions(const SchedulerOptions& o) {
     return Status::InvalidArgument(fmt::format("scheduler: times must be >= 0 (t_train_ns = {}, t_p_ns = {}, t_c_ns = {})",
                                                o.t_train_ns, o.t_p_ns, o.t_c_ns));
   }
+  if (o.checkpoint_cost_intervals < 0 || o.checkpoint_cost_intervals > 32)
+    return Status::InvalidArgument(fmt::format("scheduler: checkpoint_cost_intervals = {} must be in [0, 32]",
+                                               o.checkpoint_cost_intervals));
   if (o.refit_every < 0) return Status::InvalidArgument(fmt::format("scheduler: refit_every = {} must be >= 0", o.refit_every));
   if (o.epoch < 0 || (o.policy == "epoch" && o.epoch == 0)) {
     return Status::InvalidArgument(fmt::format("scheduler: epoch = {} must be > 0 for policy 'epoch'", o.epoch));
@@ -142,21 +147,69 @@ Status Scheduler::observe(int64_t iteration, double loss) {
 
 void Scheduler::MeasureLocked(int64_t iteration) {
   const auto now = std::chrono::steady_clock::now();
-  if (last_time_ && !samples_.empty() && !checkpoint_in_interval_) {
+  if (last_time_ && !samples_.empty()) {
     const int64_t dt = std::chrono::duration_cast<std::chrono::nanoseconds>(now - *last_time_).count();
-    Push(train_ns_window_, std::max<int64_t>(1, dt / (iteration - samples_.back().iteration)), kTrainWindow);
+    since_checkpoint_ = checkpoint_in_interval_ ? 0 : since_checkpoint_ < 0 ? -1 : since_checkpoint_ + 1;
+    intervals_.push_back({since_checkpoint_, std::max<int64_t>(1, dt / (iteration - samples_.back().iteration))});
+    if (intervals_.size() > kIntervalWindow) intervals_.pop_front();
   }
   checkpoint_in_interval_ = false;
   last_time_ = now;
   state_.t_train_ns = TrainEstimateLocked();
+  RefreshCheckpointCostLocked();
 }
 
+// The clean time per iteration: the last kTrainWindow intervals far enough from a checkpoint to
+// be free of its cost; until there are enough of them, every interval without a checkpoint.
 int64_t Scheduler::TrainEstimateLocked() const {
   const bool measured = options_.measure_t_train || options_.t_train_ns <= 0;
-  if (measured && (train_ns_window_.size() >= kMinTrainSamples || (options_.t_train_ns <= 0 && !train_ns_window_.empty()))) {
-    return MeanWithoutPauses(train_ns_window_);
-  }
+  if (!measured) return options_.t_train_ns;
+  auto collect = [&](int64_t min_distance) {
+    std::deque<int64_t> window;
+    for (auto it = intervals_.rbegin(); it != intervals_.rend() && window.size() < kTrainWindow; ++it)
+      if (it->since_checkpoint < 0 || it->since_checkpoint >= min_distance) window.push_front(it->ns_per_iteration);
+    return window;
+  };
+  std::deque<int64_t> clean = collect(std::max<int64_t>(1, options_.checkpoint_cost_intervals));
+  if (clean.size() >= kMinTrainSamples) return MeanWithoutPauses(clean);
+  std::deque<int64_t> without_checkpoint = collect(1);
+  if (without_checkpoint.size() >= kMinTrainSamples || (options_.t_train_ns <= 0 && !without_checkpoint.empty()))
+    return MeanWithoutPauses(without_checkpoint);
   return options_.t_train_ns;
+}
+
+// Sum over the first checkpoint_cost_intervals intervals after a checkpoint (the one holding it
+// first) of their mean excess over the clean time: what one checkpoint costs the training in
+// all. 0 while there are too few intervals at any of those distances.
+int64_t Scheduler::MeasuredCheckpointCostLocked(int64_t t_train_ns) const {
+  const int64_t n = options_.checkpoint_cost_intervals;
+  if (!options_.measure_t_train || n <= 0 || t_train_ns <= 0) return 0;
+  int64_t clean = 0;
+  for (const Interval& i : intervals_) clean += i.since_checkpoint < 0 || i.since_checkpoint >= n;
+  if (clean < static_cast<int64_t>(kMinTrainSamples)) return 0;
+  long double excess = 0;
+  for (int64_t d = 0; d < n; ++d) {
+    long double sum = 0;
+    size_t count = 0;
+    for (const Interval& i : intervals_)
+      if (i.since_checkpoint == d) sum += i.ns_per_iteration, ++count;
+    if (count < kMinCostSamples) return 0;
+    excess += sum / count - t_train_ns;
+  }
+  return std::max<int64_t>(1, std::llround(excess));
+}
+
+// t_p: the larger of the mean reported stall and the measured whole cost; before the latter is
+// measured, the caller's estimate (options) unless a reported stall is larger.
+void Scheduler::RefreshCheckpointCostLocked() {
+  state_.t_p_measured_ns = MeasuredCheckpointCostLocked(state_.t_train_ns);
+  const int64_t whole = state_.t_p_measured_ns > 0 ? state_.t_p_measured_ns
+                        : stall_ns_window_.empty()  ? options_.t_p_ns
+                        : options_.measure_t_train  ? options_.t_p_ns
+                                                    : 0;
+  const int64_t estimate = std::max(state_.t_p_stall_ns, whole);
+  if (state_.plans > 0 && Moved(plan_problem_.t_p_ns, estimate)) timings_moved_ = true;
+  state_.t_p_ns = estimate;
 }
 
 bool Scheduler::PlanDueLocked(int64_t iteration) const {
@@ -287,9 +340,8 @@ void Scheduler::report_publish_stall(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return;
   std::lock_guard<std::mutex> lock(mu_);
   Push(stall_ns_window_, std::llround(seconds * 1e9), kReportWindow);
-  const int64_t estimate = Mean(stall_ns_window_);
-  if (state_.plans > 0 && Moved(plan_problem_.t_p_ns, estimate)) timings_moved_ = true;
-  state_.t_p_ns = estimate;
+  state_.t_p_stall_ns = Mean(stall_ns_window_);
+  RefreshCheckpointCostLocked();
 }
 
 void Scheduler::report_update_latency(double seconds) {

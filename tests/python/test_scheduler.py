@@ -54,6 +54,9 @@ def test_online_scheduler_plans_close_to_the_offline_optimum():
     state = s.state()
     assert due[0] == 100 and due[1:] == state["taken"]
     assert state["fit"]["family"] == "exp+c" and state["plans"] >= 1 and state["last_plan_status"] is None
+    assert state["t_p"] == pytest.approx(0.2) and state["t_p_stall"] == 0 and state["t_p_measured"] == 0
+    with pytest.raises(ValueError, match="checkpoint_cost_intervals"):
+        viper.Scheduler("optimal", warmup_end=1, end=10, t_infer=0.01, requests=5, checkpoint_cost_intervals=-1)
     offline = viper.plan_schedules([(i, loss_at(i)) for i in range(101)], warmup_end=100, end=2000, t_train=0.01,
                                    t_p=0.2, t_c=0.1, t_infer=0.01, requests=5000, policies=["optimal"])
     assert state["predicted_cil"] == pytest.approx(offline["schedules"][0]["cil"], rel=1e-3)

@@ -141,6 +141,62 @@ TEST(Scheduler, MeasuresTrainTimeFromTheWallClock) {
   EXPECT_LE(st.t_train_ns, static_cast<int64_t>(per_iter * 1e9 * 3));  // median, robust to slow steps
 }
 
+// A checkpoint costs the run more than its stall when the work after it (sealing, hashing, the
+// consumers' loads) shares the CPUs: here each checkpoint's interval takes 20 ms more and the
+// next one 10 ms more than the clean 2 ms. t_p becomes that whole cost (about 30 ms; sleeps only
+// overrun, so the bounds are loose), not the 1 ms stall reported, and t_train the clean pace.
+TEST(Scheduler, MeasuresTheWholeCostOfACheckpoint) {
+  SchedulerOptions o = WorkedOptions("epoch");
+  o.warmup_end = 10;
+  o.end = 200;
+  o.epoch = 5;
+  o.t_train_ns = 0;
+  o.t_p_ns = 0;
+  o.measure_t_train = true;
+  Result<std::unique_ptr<Scheduler>> sched = Scheduler::Create(o);
+  ASSERT_TRUE(sched.ok()) << sched.status().ToString();
+  Scheduler& s = **sched;
+  int64_t since = -1;
+  for (int64_t x = 0; x <= 60; ++x) {
+    const int64_t extra_ms = since == 0 ? 20 : since == 1 ? 10 : 0;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2 + extra_ms));
+    Result<bool> due = s.step(x, WorkedCurve().value(x));
+    ASSERT_TRUE(due.ok());
+    since = *due ? 0 : since < 0 ? -1 : since + 1;
+    if (*due) s.report_publish_stall(0.001);
+  }
+  const SchedulerState st = s.state();
+  EXPECT_EQ(st.t_p_stall_ns, 1'000'000);
+  EXPECT_GE(st.t_p_measured_ns, 15'000'000);
+  EXPECT_LE(st.t_p_measured_ns, 300'000'000);
+  EXPECT_EQ(st.t_p_ns, st.t_p_measured_ns);
+  EXPECT_GE(st.t_train_ns, 2'000'000);
+  EXPECT_LT(st.t_train_ns, st.t_p_measured_ns) << "t_train must be the clean pace";
+
+  // Without the measurement (0 intervals), t_p is the reported stall.
+  o.checkpoint_cost_intervals = 0;
+  Result<std::unique_ptr<Scheduler>> plain = Scheduler::Create(o);
+  ASSERT_TRUE(plain.ok());
+  for (int64_t x = 0; x <= 20; ++x)
+    if ((*plain)->step(x, WorkedCurve().value(x)).value()) (*plain)->report_publish_stall(0.001);
+  EXPECT_EQ((*plain)->state().t_p_ns, 1'000'000);
+  EXPECT_EQ((*plain)->state().t_p_measured_ns, 0);
+}
+
+// The caller's estimate of the whole cost (e.g. from a warm-up) stands against smaller stalls
+// until the run has measured its own.
+TEST(Scheduler, TheGivenCheckpointCostStandsUntilMeasured) {
+  SchedulerOptions o = WorkedOptions("epoch");
+  o.measure_t_train = true;
+  o.t_p_ns = 200'000'000;
+  Result<std::unique_ptr<Scheduler>> sched = Scheduler::Create(o);
+  ASSERT_TRUE(sched.ok());
+  (*sched)->report_publish_stall(0.01);
+  EXPECT_EQ((*sched)->state().t_p_ns, 200'000'000);
+  (*sched)->report_publish_stall(0.59);  // mean 0.3 s: a stall above the estimate replaces it
+  EXPECT_EQ((*sched)->state().t_p_ns, 300'000'000);
+}
+
 TEST(Scheduler, WithoutTrainTimeThePlanWaitsAndTheEndStillCheckpoints) {
   SchedulerOptions o = WorkedOptions("optimal");
   o.warmup_end = 0;
@@ -307,6 +363,7 @@ TEST(Scheduler, BadOptionsAndObservationsAreRejected) {
       {"t_infer_ns = 0", [](SchedulerOptions& o) { o.t_infer_ns = 0; }},
       {"requests = -3", [](SchedulerOptions& o) { o.requests = -3; }},
       {"times must be >= 0", [](SchedulerOptions& o) { o.t_p_ns = -1; }},
+      {"checkpoint_cost_intervals = -1", [](SchedulerOptions& o) { o.checkpoint_cost_intervals = -1; }},
       {"epoch = 0 must be > 0", [](SchedulerOptions& o) { o.policy = "epoch", o.epoch = 0; }},
       {"warmup_end = -1", [](SchedulerOptions& o) { o.warmup_end = -1; }},
   };

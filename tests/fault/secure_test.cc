@@ -107,7 +107,9 @@ TEST_F(OtherUser, SegmentsAndFilesAreOwnerOnly) {
   size_t files = 0;
   for (const auto& entry : fs::recursive_directory_iterator(dir_ / "store")) {
     auto perms = entry.status().permissions() & fs::perms::all;
-    if (entry.is_directory()) EXPECT_EQ(perms, fs::perms::owner_all) << entry.path();
+    if (entry.is_directory()) {
+      EXPECT_EQ(perms, fs::perms::owner_all) << entry.path();
+    }
     if (!entry.is_regular_file()) continue;
     EXPECT_EQ(perms, fs::perms::owner_read | fs::perms::owner_write) << entry.path();
     ++files;

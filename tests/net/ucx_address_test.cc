@@ -142,7 +142,7 @@ TEST(Tokens, EqualOnlyWhenTheWholeTokenMatches) {
   EXPECT_FALSE(TokensEqual("x", ""));
   EXPECT_FALSE(TokensEqual("s3creT", "s3cret"));
   EXPECT_FALSE(TokensEqual(std::string("s3cret\0", 7), "s3cret"));
-  EXPECT_FALSE(TokensEqual(std::string("\xff3cret", 6), "s3cret"));
+  EXPECT_FALSE(TokensEqual(std::string("\xff" "3cret", 6), "s3cret"));
 }
 
 // A client that sends `bytes` and reports what the listener did: "closed", "reset", "answered".

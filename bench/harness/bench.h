@@ -26,9 +26,12 @@ Status Run(const Config& config, const std::string& json_path);
 // the build tree (build/bin/../../scripts), else ./scripts/hosts.sh; the first executable one.
 Result<std::string> FindHostsScript(const std::string& explicit_path);
 
-// Replaces this process by `hosts.sh run 2 -- hosts.sh exec h1 -- inner_argv...` (hosts.sh found
+// Replaces this process by `hosts.sh run HOSTS -- hosts.sh exec h1 -- inner_argv...` (hosts.sh found
 // by FindHostsScript(hosts_script)); returns only on failure. REQUIRES: root (network namespaces).
-Status ExecInHosts(const std::string& hosts_script, const std::vector<std::string>& inner_argv);
+Status ExecInHosts(const std::string& hosts_script, const std::vector<std::string>& inner_argv, int hosts = 2);
+
+// Inside the hosts: the address of `host` ("h2") from $VIPER_HOSTS ("h1=10.77.0.1 h2=...").
+Result<std::string> HostAddress(const std::string& host);
 
 // Inside h1 (the inner stage): the producer listens on h1's address from $VIPER_HOSTS, consumers
 // and wire servers run in h2 through `hosts.sh exec h2 --`.

@@ -11,9 +11,7 @@
 #include "harness/child.h"
 
 namespace viper::bench {
-namespace {
 
-// "h1=10.77.0.1 h2=10.77.0.2" -> the address of `host`.
 Result<std::string> HostAddress(const std::string& host) {
   const char* env = std::getenv("VIPER_HOSTS");
   if (!env) return Status::FailedPrecondition("VIPER_HOSTS is not set (run through scripts/hosts.sh run)");
@@ -22,8 +20,6 @@ Result<std::string> HostAddress(const std::string& host) {
     if (item.starts_with(host + "=")) return item.substr(host.size() + 1);
   return Status::NotFound(host + " is not in VIPER_HOSTS=" + env);
 }
-
-}  // namespace
 
 Result<std::string> FindHostsScript(const std::string& explicit_path) {
   std::vector<std::string> candidates;
@@ -37,10 +33,10 @@ Result<std::string> FindHostsScript(const std::string& explicit_path) {
   return Status::NotFound("scripts/hosts.sh not found (give --hosts-script)");
 }
 
-Status ExecInHosts(const std::string& hosts_script, const std::vector<std::string>& inner_argv) {
-  if (::geteuid() != 0) return Status::PermissionDenied("--hosts 2 creates network namespaces: run as root");
+Status ExecInHosts(const std::string& hosts_script, const std::vector<std::string>& inner_argv, int hosts) {
+  if (::geteuid() != 0) return Status::PermissionDenied("--hosts/--fanout create network namespaces: run as root");
   VIPER_ASSIGN_OR_RETURN(std::string script, FindHostsScript(hosts_script));
-  std::vector<std::string> argv = {script, "run", "2", "--", script, "exec", "h1", "--"};
+  std::vector<std::string> argv = {script, "run", std::to_string(hosts), "--", script, "exec", "h1", "--"};
   argv.insert(argv.end(), inner_argv.begin(), inner_argv.end());
   std::vector<char*> raw;
   for (auto& a : argv) raw.push_back(a.data());

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "harness/section.h"
 #include "harness/types.h"
@@ -26,5 +27,19 @@ Result<NotifyResult> RunNotify(const Config& config);
 // --hosts 2: one more measurement of the raw wire for `bytes` into `wire` (failures are recorded
 // in wire.error, not returned); medians are recomputed over every measurement so far.
 void RunWire(const Config& config, uint64_t bytes, WireResult& wire);
+
+// Where one viper_wire_baseline stream runs: the server behind `server_prefix` (e.g. hosts.sh exec
+// h2 --) listening on `server_ip`, the client behind `client_prefix` (empty: this process's host).
+struct TcpEnds {
+  std::string wire_bin, log_path;
+  std::vector<std::string> server_prefix;
+  std::string server_ip;
+  std::vector<std::string> client_prefix;
+};
+// `reps` timed streams of `bytes` (after one untimed) into the GB/s list; `sink` is the server's
+// flag: "" (the plain wire), "--land" or "--verify". `cc`: the congestion control used, if wanted.
+Status MeasureTcpStream(const TcpEnds& ends, uint64_t bytes, int reps, const std::string& sink,
+                        std::vector<double>& gbps_all, std::string* cc = nullptr);
+double Median(std::vector<double> v);  // 0 when empty
 
 }  // namespace viper::bench

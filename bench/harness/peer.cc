@@ -16,9 +16,11 @@
 #include "viper/snapshot.h"
 
 namespace viper::bench {
-namespace {
 
+namespace {
 std::mutex out_mu;
+}  // namespace
+
 void PrintLine(const nlohmann::json& j) {
   std::string s = j.dump();
   std::lock_guard<std::mutex> lock(out_mu);
@@ -26,8 +28,6 @@ void PrintLine(const nlohmann::json& j) {
   std::fflush(stdout);
 }
 
-// Blocks until stdin reaches EOF (the bench closed it) or `timeout_ms` passes (-1: forever).
-// Returns true on EOF.
 bool StdinClosed(int timeout_ms) {
   pollfd p{STDIN_FILENO, POLLIN, 0};
   for (;;) {
@@ -40,6 +40,8 @@ bool StdinClosed(int timeout_ms) {
     if (timeout_ms >= 0) return false;
   }
 }
+
+namespace {
 
 // The newest <version>.safetensors in `dir` (0 if none).
 uint64_t NewestVersion(const std::filesystem::path& dir) {

@@ -6,10 +6,18 @@
 
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "viper/status.h"
 #include "viper/subscriber.h"
 
 namespace viper::bench {
+
+// One JSON object as one line on stdout, flushed (thread-safe).
+void PrintLine(const nlohmann::json& j);
+// Blocks until stdin reaches EOF (the bench closed it) or `timeout_ms` passes (-1: forever).
+// Returns true on EOF.
+bool StdinClosed(int timeout_ms);
 
 // A viper::Subscriber with `options`; one line per version swapped in, with its timings
 // (CLOCK_REALTIME ns: publish, completed, notified, fetched, verified, live).

@@ -23,25 +23,9 @@ std::vector<std::string> InPeerHost(const Config& c, std::vector<std::string> ar
   return full;
 }
 
-// `sink` is the server's flag: "" (the plain wire), "--land" or "--verify".
 Status RunTcp(const Config& c, uint64_t bytes, const std::string& sink, std::vector<double>& gbps_all, std::string* cc) {
-  int reps = std::max(c.reps, 3);
-  std::vector<std::string> argv{c.wire_bin, "server", "--listen", c.peer_ip + ":0", "--clients", std::to_string(reps + 1), "--json"};
-  if (!sink.empty()) argv.push_back(sink);
-  auto server = LineChild::Start(InPeerHost(c, argv), c.log_path);
-  if (!server.ok()) return server.status();
-  VIPER_ASSIGN_OR_RETURN(std::string listening, (*server)->ReadLine(milliseconds(20000)));
-  if (!listening.starts_with("listening ")) return Status::Internal("wire baseline server printed: " + listening);
-  VIPER_ASSIGN_OR_RETURN(std::string out, RunCapture({c.wire_bin, "client", "--connect", listening.substr(10), "--bytes",
-                                                      std::to_string(bytes), "--repeat", std::to_string(reps),
-                                                      "--warmup", "1", "--json"},
-                                                     milliseconds(600000), c.log_path));
-  auto j = nlohmann::json::parse(out, nullptr, false);
-  if (j.is_discarded()) return Status::Corruption("viper_wire_baseline printed non-JSON: " + out);
-  for (const auto& g : j.value("gbps_all", nlohmann::json::array())) gbps_all.push_back(g.get<double>());
-  if (cc != nullptr) *cc = j.value("cc", "");
-  (*server)->Stop();
-  return Status::OK();
+  TcpEnds ends{c.wire_bin, c.log_path, c.consumer_prefix, c.peer_ip, {}};
+  return MeasureTcpStream(ends, bytes, std::max(c.reps, 3), sink, gbps_all, cc);
 }
 
 // ucx_perftest prints a "Final:" row: iterations, latency columns, then bandwidth (MB/s = MiB/s)
@@ -87,13 +71,34 @@ Status RunUcx(const Config& c, uint64_t bytes, bool peer_failure, std::vector<do
   return Status::OK();
 }
 
+}  // namespace
+
+Status MeasureTcpStream(const TcpEnds& ends, uint64_t bytes, int reps, const std::string& sink,
+                        std::vector<double>& gbps_all, std::string* cc) {
+  std::vector<std::string> argv = ends.server_prefix;
+  argv.insert(argv.end(), {ends.wire_bin, "server", "--listen", ends.server_ip + ":0", "--clients", std::to_string(reps + 1), "--json"});
+  if (!sink.empty()) argv.push_back(sink);
+  auto server = LineChild::Start(argv, ends.log_path);
+  if (!server.ok()) return server.status();
+  VIPER_ASSIGN_OR_RETURN(std::string listening, (*server)->ReadLine(milliseconds(20000)));
+  if (!listening.starts_with("listening ")) return Status::Internal("wire baseline server printed: " + listening);
+  std::vector<std::string> client = ends.client_prefix;
+  client.insert(client.end(), {ends.wire_bin, "client", "--connect", listening.substr(10), "--bytes", std::to_string(bytes),
+                               "--repeat", std::to_string(reps), "--warmup", "1", "--json"});
+  VIPER_ASSIGN_OR_RETURN(std::string out, RunCapture(client, milliseconds(600000), ends.log_path));
+  auto j = nlohmann::json::parse(out, nullptr, false);
+  if (j.is_discarded()) return Status::Corruption("viper_wire_baseline printed non-JSON: " + out);
+  for (const auto& g : j.value("gbps_all", nlohmann::json::array())) gbps_all.push_back(g.get<double>());
+  if (cc != nullptr) *cc = j.value("cc", "");
+  (*server)->Stop();
+  return Status::OK();
+}
+
 double Median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
-
-}  // namespace
 
 void RunWire(const Config& c, uint64_t bytes, WireResult& w) {
   w.ran = true;

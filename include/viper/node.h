@@ -244,6 +244,9 @@ struct RelayOptions {
   // Fetch over UCX (received in place, forwarded while it lands) even from an upstream on this
   // host, which would otherwise be mapped and copied: for tests and measurements on one host.
   bool always_remote = false;
+  // Receive versions the upstream is itself still receiving, as they land (INCOMING): per-hop
+  // pipelining. false: store and forward (only complete versions), for comparison.
+  bool pipelined = true;
 };
 
 struct RelayStats {

@@ -159,6 +159,7 @@ Result<std::unique_ptr<Relay>> Relay::Start(Node& node, const RelayOptions& opti
     so.name = node.options().name.empty() ? "relay" : "relay:" + node.options().name;
     so.file_dir = options.file_dir;
     if (options.always_remote) so.path = FetchPath::kRemote;
+    so.pipelined = options.pipelined;
     so.buffers = 1;  // only versions that did not land in the host tier are copied out of it
     Impl* raw = impl.get();  // subscribers are closed before the Impl goes
     so.landing = std::make_shared<RelayLanding>(&node, [raw](const std::shared_ptr<IncomingVersion>& in) {

@@ -7,6 +7,7 @@
 
 #include "command.h"
 #include "harness/bench.h"
+#include "harness/fanout.h"
 #include "harness/child.h"
 #include "viper/units.h"
 
@@ -26,6 +27,8 @@ struct BenchFlags {
   bool no_diagnostic_rows = false;
   int hosts = 1;
   int hosts_stage = 0;
+  bool fanout = false;  // --fanout: only the fan-out benchmark (bench/harness/fanout.h)
+  int fanout_hosts = 4, consumers = 8;
   CLI::App* app = nullptr;
 };
 
@@ -75,7 +78,37 @@ std::vector<std::string> InnerArgs(const BenchFlags& f) {
   return a;
 }
 
+// --fanout: this command again inside fanout_hosts namespaces (producer in h1).
+std::vector<std::string> FanoutInnerArgs(const BenchFlags& f) {
+  std::vector<std::string> a = {bench::SelfExe(), "bench", "--fanout", "--sizes", f.sizes, "--hosts-stage",
+                                std::to_string(f.fanout_hosts), "--fanout-hosts", std::to_string(f.fanout_hosts),
+                                "--consumers", std::to_string(f.consumers)};
+  if (f.app->count("--reps")) a.insert(a.end(), {"--reps", std::to_string(f.reps)});
+  if (f.app->count("--warmup")) a.insert(a.end(), {"--warmup", std::to_string(f.warmup)});
+  if (f.quick) a.push_back("--quick");
+  if (!f.json_path.empty()) a.insert(a.end(), {"--json", std::filesystem::absolute(f.json_path).string()});
+  if (!f.hosts_script.empty()) a.insert(a.end(), {"--hosts-script", f.hosts_script});
+  return a;
+}
+
+int RunFanoutBench(const BenchFlags& f) {
+  if (f.hosts_stage == 0) return Fail("bench", bench::ExecInHosts(f.hosts_script, FanoutInnerArgs(f), f.fanout_hosts));
+  auto config = MakeConfig(f);
+  if (!config.ok()) return Fail("bench", config.status());
+  bench::FanoutConfig fc;
+  fc.base = *config;
+  // A relay's and a consumer's first versions land in fresh memory (segments, buffers): untimed.
+  if (f.app->count("--warmup") == 0) fc.base.warmup = 3;
+  fc.base.log_path = fc.base.file_dir + ".log";
+  fc.hosts = f.fanout_hosts;
+  fc.consumers = f.consumers;
+  fc.hosts_script = f.hosts_script;
+  Status st = bench::RunFanout(fc, f.json_path);
+  return st.ok() ? 0 : Fail("bench", st);
+}
+
 int RunBench(const BenchFlags& f) {
+  if (f.fanout) return RunFanoutBench(f);
   if (f.hosts != 1 && f.hosts != 2) return Fail("bench", Status::InvalidArgument("--hosts must be 1 or 2"));
   if (f.hosts == 2 && f.hosts_stage == 0) return Fail("bench", bench::ExecInHosts(f.hosts_script, InnerArgs(f)));
   auto config = MakeConfig(f);
@@ -105,6 +138,11 @@ ViperCommand bench_command(
       app.add_option("--hosts", f->hosts, "1: one host; 2: producer and consumer in two network namespaces (root)")->capture_default_str();
       app.add_option("--hosts-script", f->hosts_script, "scripts/hosts.sh (default: found beside the build)");
       app.add_option("--hosts-stage", f->hosts_stage, "(internal)")->group("");
+      app.add_flag("--fanout", f->fanout,
+                    "Only the fan-out benchmark: one producer, --consumers on --fanout-hosts network namespaces, "
+                    "with and without a chain of relays (root; first size of --sizes)");
+      app.add_option("--fanout-hosts", f->fanout_hosts, "--fanout: hosts (the producer's is h1)")->capture_default_str();
+      app.add_option("--consumers", f->consumers, "--fanout: consumers, a multiple of --fanout-hosts")->capture_default_str();
       return [f] { return RunBench(*f); };
     },
     70);

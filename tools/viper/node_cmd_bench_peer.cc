@@ -2,7 +2,9 @@
 //
 //   bench-peer subscribe --connect ADDR --model M --path map|copy|remote|auto [--no-verify] [--verify-local]
 //   bench-peer poll --dir D --interval S
+//   bench-peer fanout-host --listen IP:0 [--upstream ADDR | --connect ADDR] --consumers N [--no-pipeline]
 #include "command.h"
+#include "harness/fanout.h"
 #include "harness/peer.h"
 #include "node_common.h"
 
@@ -11,6 +13,7 @@ namespace {
 
 struct PeerFlags {
   std::string connect, model = "nt3", path = "map", dir;
+  bench::FanoutHostOptions host;
   double interval_s = 1.0;
   bool no_verify = false;
   bool verify_local = false;
@@ -56,8 +59,22 @@ ViperCommand bench_peer_command(
       auto* poll = app.add_subcommand("poll", "Directory poller (the file baseline)");
       poll->add_option("--dir", f->dir, "Directory of <version>.safetensors files")->required();
       poll->add_option("--interval", f->interval_s, "Seconds between polls");
+      auto* host = app.add_subcommand("fanout-host", "A node (relaying with --upstream) and its consumers (viper bench --fanout)");
+      host->add_option("--listen", f->host.listen, "HOST:PORT of the node")->required();
+      host->add_option("--upstream", f->host.upstream, "Relay the model from this node");
+      host->add_option("--connect", f->host.connect, "Without --upstream: the node the consumers subscribe to");
+      host->add_option("--model", f->host.model, "Model name");
+      host->add_option("--path", f->host.path, "The consumers' fetch path");
+      host->add_option("--consumers", f->host.consumers, "Consumer processes");
+      host->add_flag("--no-pipeline", [f](int64_t) { f->host.pipelined = false; }, "Relay complete versions only");
       app.require_subcommand(1);
-      return [f, sub] { return sub->parsed() ? RunSubscribe(*f) : RunPoll(*f); };
+      return [f, sub, host] {
+        if (host->parsed()) {
+          Status st = bench::RunFanoutHost(f->host);
+          return st.ok() ? 0 : Fail("bench-peer", st);
+        }
+        return sub->parsed() ? RunSubscribe(*f) : RunPoll(*f);
+      };
     },
     1000);
 

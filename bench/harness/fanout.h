@@ -1,0 +1,54 @@
+// `viper bench --fanout`: one model version to many consumers on several hosts (network namespaces
+// from scripts/hosts.sh; the command re-runs itself as root inside them, the producer in h1).
+//
+// Rows, each measured over the same producer (an embedded Publisher in h1, sync publish):
+//   single       one consumer on h2 fetching from the producer's node (remote): the reference time
+//   direct       N consumers, N/H per host, all from the producer's node (h1's map, the others remote)
+//   chain,saf    a chain of relays h1 -> h2 -> ... -> hH, store and forward (a relay fetches a
+//                version once its upstream has all of it), N/H consumers per host mapping their node
+//   chain        the same chain pipelined: each relay forwards chunks as they land
+// Per update: the producer node's egress (NodeStats::bytes_sent, counted in the node) in model
+// sizes, and the times from publish to the first and the last consumer live. Beside them, measured
+// in the same run across the same veths: one raw TCP stream h1 -> h2, and H-1 streams at once
+// along the chain (h1 -> h2, h2 -> h3, ...), plain and landed + hashed (--verify): on one VM every
+// host shares the same CPUs, and the concurrent streams show what the hardware allows a chain.
+//
+// Each host but h1 runs one `viper bench-peer fanout-host` (a node, a relay for the chain rows,
+// and its consumers as child processes, so that they share the host's mount namespace and map the
+// node's segments); it prints one line per version once all its consumers have it live.
+#pragma once
+
+#include <string>
+
+#include "harness/types.h"
+#include "viper/status.h"
+
+namespace viper::bench {
+
+struct FanoutConfig {
+  Config base;               // sizes (the first is used), warmup, reps, wire_bin, log_path
+  int hosts = 4;             // h1 (producer) .. hH
+  int consumers = 8;         // spread evenly over the hosts (a multiple of `hosts`)
+  std::string hosts_script;  // scripts/hosts.sh
+};
+
+// Inside h1 (after ExecInHosts): measures every row and the wire, prints them and the targets,
+// writes JSON to `json_path` unless empty.
+Status RunFanout(FanoutConfig config, const std::string& json_path);
+
+struct FanoutHostOptions {
+  std::string listen;    // this host's address, port 0
+  std::string upstream;  // relay from this node ("": no relay: consumers go to `connect`)
+  std::string connect;   // without a relay: the node the consumers subscribe to
+  std::string model = "fan";
+  std::string path = "map";  // the consumers' fetch path
+  int consumers = 2;
+  bool pipelined = true;
+};
+
+// `viper bench-peer fanout-host`: prints {"ready":true,"address":...} once its consumers are
+// ready, then one line per version once every consumer has it live: {"version", "live_ns": [..],
+// "paths": [..]}; exits when stdin closes.
+Status RunFanoutHost(const FanoutHostOptions& options);
+
+}  // namespace viper::bench

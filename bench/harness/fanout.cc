@@ -257,8 +257,9 @@ std::string Ms(double s) { return fmt::format("{:.0f}", s * 1e3); }
 
 void PrintRows(const FanoutRun& run, const std::vector<Row>& rows, const Wire& w) {
   const auto& cfg = run.config;
-  std::printf("\n== fan-out: snapshot %s (NT3-like), %d consumers on %d hosts (%d each), producer in h1\n",
-              HumanBytes(static_cast<double>(run.bytes)).c_str(), cfg.consumers, cfg.hosts, run.per_host);
+  std::printf("\n== fan-out: snapshot %s (NT3-like), %d consumers on %d hosts (%d each), producer in h1, links %s\n",
+              HumanBytes(static_cast<double>(run.bytes)).c_str(), cfg.consumers, cfg.hosts, run.per_host,
+              cfg.link_rate.empty() ? "unshaped (veth)" : ("shaped to " + cfg.link_rate + " each way out of every host").c_str());
   std::printf("   wire h1 -> h2 alone: %s ms (%.2f GB/s); %d streams at once along the chain, the slowest: %s ms (%.2fx)\n",
               Ms(w.SingleS(run.bytes, false)).c_str(), Median(w.single), cfg.hosts - 1, Ms(w.ChainS(run.bytes, false)).c_str(),
               w.ChainS(run.bytes, false) / std::max(w.SingleS(run.bytes, false), 1e-9));
@@ -304,6 +305,12 @@ Status Setup(FanoutRun& run) {
     run.ip.push_back(ip);
   }
   cfg.base.listen = run.ip[1] + ":0";
+  for (int k = 1; k <= cfg.hosts && !cfg.link_rate.empty(); ++k) {
+    std::vector<std::string> tc = run.In(k);
+    tc.insert(tc.end(), {"tc", "qdisc", "replace", "dev", "eth0", "root", "tbf", "rate", cfg.link_rate, "burst", "8mb",
+                         "latency", "100ms"});
+    VIPER_RETURN_IF_ERROR(RunCapture(tc, milliseconds(10000), cfg.base.log_path).status().WithContext("shaping h" + std::to_string(k)));
+  }
   VIPER_ASSIGN_OR_RETURN(run.model, MakeNt3(cfg.base.sizes.front().second));
   VIPER_ASSIGN_OR_RETURN(SnapshotLayout layout, SnapshotLayout::Make(run.model.specs));
   run.bytes = layout.total_bytes();  // what each publish sends (checked against PublishResult below)
@@ -327,9 +334,11 @@ Status RunFanout(FanoutConfig config, const std::string& json_path) {
     VIPER_ASSIGN_OR_RETURN(Row row, part(run));
     rows.push_back(std::move(row));
   }
-  // The wire again after the rows: drift of the shared machine lands in the medians.
-  MeasureWire(run, "", w.single, w.chain, w.error);
-  MeasureWire(run, "--verify", w.single_verify, w.chain_verify, w.error);
+  // The wire again after the rows (not with --quick): drift of the shared machine lands in the medians.
+  if (!run.config.base.quick) {
+    MeasureWire(run, "", w.single, w.chain, w.error);
+    MeasureWire(run, "--verify", w.single_verify, w.chain_verify, w.error);
+  }
   PrintRows(run, rows, w);
   Report report;
   const Row& chain = rows.back();
@@ -342,6 +351,7 @@ Status RunFanout(FanoutConfig config, const std::string& json_path) {
   for (const auto& r : rows) rows_json.push_back(RowJson(r));
   json out = {{"fanout",
                {{"bytes", run.bytes}, {"hosts", run.config.hosts}, {"consumers", run.config.consumers},
+                {"link_rate", run.config.link_rate},
                 {"rows", rows_json},
                 {"wire",
                  {{"single_gbps", w.single}, {"chain_gbps", w.chain}, {"single_verify_gbps", w.single_verify},

@@ -12,6 +12,7 @@
 // in the same run across the same veths: one raw TCP stream h1 -> h2, and H-1 streams at once
 // along the chain (h1 -> h2, h2 -> h3, ...), plain and landed + hashed (--verify): on one VM every
 // host shares the same CPUs, and the concurrent streams show what the hardware allows a chain.
+// With link_rate every host's link is shaped (real hosts: the link, not the CPU, is the limit).
 //
 // Each host but h1 runs one `viper bench-peer fanout-host` (a node, a relay for the chain rows,
 // and its consumers as child processes, so that they share the host's mount namespace and map the
@@ -30,6 +31,9 @@ struct FanoutConfig {
   int hosts = 4;             // h1 (producer) .. hH
   int consumers = 8;         // spread evenly over the hosts (a multiple of `hosts`)
   std::string hosts_script;  // scripts/hosts.sh
+  // Each host's egress shaped to this rate (tc tbf, e.g. "2gbit"): links slower than the CPUs, as
+  // between real hosts, instead of veths that only the shared CPUs limit. Empty: unshaped.
+  std::string link_rate;
 };
 
 // Inside h1 (after ExecInHosts): measures every row and the wire, prints them and the targets,

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <regex>
 #include <sstream>
 
 #include "command.h"
@@ -29,6 +30,7 @@ struct BenchFlags {
   int hosts_stage = 0;
   bool fanout = false;  // --fanout: only the fan-out benchmark (bench/harness/fanout.h)
   int fanout_hosts = 4, consumers = 8;
+  std::string link_rate;
   CLI::App* app = nullptr;
 };
 
@@ -88,21 +90,25 @@ std::vector<std::string> FanoutInnerArgs(const BenchFlags& f) {
   if (f.quick) a.push_back("--quick");
   if (!f.json_path.empty()) a.insert(a.end(), {"--json", std::filesystem::absolute(f.json_path).string()});
   if (!f.hosts_script.empty()) a.insert(a.end(), {"--hosts-script", f.hosts_script});
+  if (!f.link_rate.empty()) a.insert(a.end(), {"--link-rate", f.link_rate});
   return a;
 }
 
 int RunFanoutBench(const BenchFlags& f) {
+  if (!f.link_rate.empty() && !std::regex_match(f.link_rate, std::regex("[0-9]+(\\.[0-9]+)?[kmgt]?(bit|bps)")))
+    return Fail("bench", Status::InvalidArgument("--link-rate '" + f.link_rate + "': expected a tc rate such as 2gbit or 250mbps"));
   if (f.hosts_stage == 0) return Fail("bench", bench::ExecInHosts(f.hosts_script, FanoutInnerArgs(f), f.fanout_hosts));
   auto config = MakeConfig(f);
   if (!config.ok()) return Fail("bench", config.status());
   bench::FanoutConfig fc;
   fc.base = *config;
   // A relay's and a consumer's first versions land in fresh memory (segments, buffers): untimed.
-  if (f.app->count("--warmup") == 0) fc.base.warmup = 3;
+  if (f.app->count("--warmup") == 0) fc.base.warmup = f.quick ? 1 : 3;
   fc.base.log_path = fc.base.file_dir + ".log";
   fc.hosts = f.fanout_hosts;
   fc.consumers = f.consumers;
   fc.hosts_script = f.hosts_script;
+  fc.link_rate = f.link_rate;
   Status st = bench::RunFanout(fc, f.json_path);
   return st.ok() ? 0 : Fail("bench", st);
 }
@@ -143,6 +149,8 @@ ViperCommand bench_command(
                     "with and without a chain of relays (root; first size of --sizes)");
       app.add_option("--fanout-hosts", f->fanout_hosts, "--fanout: hosts (the producer's is h1)")->capture_default_str();
       app.add_option("--consumers", f->consumers, "--fanout: consumers, a multiple of --fanout-hosts")->capture_default_str();
+      app.add_option("--link-rate", f->link_rate,
+                     "--fanout: shape every host's link to this rate (tc, e.g. 2gbit): the link, not the shared CPUs, limits");
       return [f] { return RunBench(*f); };
     },
     70);

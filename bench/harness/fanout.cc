@@ -314,7 +314,7 @@ Status Setup(FanoutRun& run) {
   VIPER_ASSIGN_OR_RETURN(run.model, MakeNt3(cfg.base.sizes.front().second));
   VIPER_ASSIGN_OR_RETURN(SnapshotLayout layout, SnapshotLayout::Make(run.model.specs));
   run.bytes = layout.total_bytes();  // what each publish sends (checked against PublishResult below)
-  VIPER_ASSIGN_OR_RETURN(run.pub, StartPublisher(cfg.base, "fan", PublishMode::kSync));
+  VIPER_ASSIGN_OR_RETURN(run.pub, StartPublisher(cfg.base, "fan", PublishMode::kSync, DeltaMode::kOff));
   return Status::OK();
 }
 
@@ -402,6 +402,8 @@ Status RunFanoutHost(const FanoutHostOptions& o) {
   NodeOptions no;
   no.listen = o.listen;
   no.recover = false;
+  no.insecure = true;          // a namespace address, reachable only inside the bench's own namespaces
+  no.delta = DeltaMode::kOff;  // full copies: see RunFanout
   no.segment_prefix = "viperfan" + std::to_string(::getpid());
   VIPER_ASSIGN_OR_RETURN(auto node, Node::Start(no));
   std::unique_ptr<Relay> relay;

@@ -13,6 +13,9 @@
 // along the chain (h1 -> h2, h2 -> h3, ...), plain and landed + hashed (--verify): on one VM every
 // host shares the same CPUs, and the concurrent streams show what the hardware allows a chain.
 // With link_rate every host's link is shaped (real hosts: the link, not the CPU, is the limit).
+// Every node sends full copies (DeltaMode::kOff): each update publishes the same tensors, whose
+// delta would be a few KiB; a full copy is the case fan-out is for (every weight changed), and
+// deltas are measured on their own (docs/BENCHMARKS.md).
 //
 // Each host but h1 runs one `viper bench-peer fanout-host` (a node, a relay for the chain rows,
 // and its consumers as child processes, so that they share the host's mount namespace and map the

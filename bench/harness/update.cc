@@ -113,8 +113,10 @@ Result<std::unique_ptr<LineChild>> StartPeer(const Config& c, std::vector<std::s
   return child;
 }
 
-Result<std::unique_ptr<Publisher>> StartPublisher(const Config& c, const std::string& model, PublishMode mode) {
+Result<std::unique_ptr<Publisher>> StartPublisher(const Config& c, const std::string& model, PublishMode mode,
+                                                  DeltaMode delta) {
   PublisherOptions o;
+  o.node.delta = delta;
   o.model = model;
   o.mode = mode;
   o.node.listen = c.listen;

@@ -60,8 +60,9 @@ std::chrono::milliseconds TransferTimeout(uint64_t bytes);
 PublishInfo AtStep(int i);
 
 // A Publisher of `model` in this process, listening on config.listen, segments named after this
-// process (no recovery of a previous run's).
-Result<std::unique_ptr<Publisher>> StartPublisher(const Config& config, const std::string& model, PublishMode mode);
+// process (no recovery of a previous run's); `delta`: how its node answers a consumer offering a base.
+Result<std::unique_ptr<Publisher>> StartPublisher(const Config& config, const std::string& model, PublishMode mode,
+                                                  DeltaMode delta = DeltaMode::kAuto);
 
 // Starts `viper bench-peer <args>` (behind config.consumer_prefix: in the consumer's host) and
 // waits for its {"ready":true,...} line, which it also stores in `ready_line` if given.

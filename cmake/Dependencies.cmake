@@ -20,6 +20,18 @@ if(NOT VIPER_WITH_UCX STREQUAL "OFF")
   endif()
 endif()
 
+set(VIPER_HAVE_REDIS OFF)
+if(NOT VIPER_WITH_REDIS STREQUAL "OFF")
+  pkg_check_modules(HIREDIS IMPORTED_TARGET hiredis)   # libhiredis-dev
+  if(HIREDIS_FOUND)
+    set(VIPER_HAVE_REDIS ON)
+  elseif(VIPER_WITH_REDIS STREQUAL "ON")
+    message(FATAL_ERROR "VIPER_WITH_REDIS=ON but hiredis was not found: apt-get install libhiredis-dev")
+  else()
+    message(WARNING "hiredis not found: the Redis registry backend is not built")
+  endif()
+endif()
+
 set(VIPER_HAVE_PYTHON OFF)
 if(NOT VIPER_WITH_PYTHON STREQUAL "OFF" AND VIPER_HAVE_UCX)
   set(Python_EXECUTABLE /usr/bin/python3)

@@ -1,0 +1,154 @@
+// Registry: the catalog of which node holds which version of which model, and the notification of
+// new versions, shared by every node and consumer that open the same registry (DESIGN.md §10).
+//
+// A small abstract backend (STYLE.md §5). Two backends, chosen by URL (OpenRegistry):
+//   "embedded"                 in this process only: nodes and subscribers of one process share
+//                              it (tests, a producer and its consumers in one Python program).
+//                              Nodes without a registry URL keep using their own catalog, served to
+//                              consumers that connect to them by address (the default).
+//   "redis://HOST:PORT[/DB]"   a Redis server: nodes of a fleet register what they hold, and a
+//                              consumer needs only the model name and the URL.
+//
+// Records. A node registers one HolderRecord per version it holds: the version's VersionInfo with
+// the replicas on that node (segment, node address, file), plus the node itself. Records expire
+// after their TTL unless put again (the node's heartbeat puts them all again), so a node that dies
+// without saying goodbye disappears by itself. Every record read back from a shared backend is
+// untrusted input: ParseHolderRecord validates it field by field (names, numbers, locators,
+// lengths); a malformed record is skipped and reported, never served.
+//
+// Announce after complete: a node registers and announces a version only after it is complete in
+// its host tier (Node::Commit). Watchers hear each announcement at most once per registry
+// connection, but may hear a version again after a reconnect (a node re-announces what it holds
+// after the registry came back) and from several holders: consumers dedupe by version number.
+//
+// Thread-safety: every method of Registry is thread-safe. A RegistryWatch's handlers run on the
+// backend's thread (redis: the watch's own thread; embedded: the thread that calls Announce), one
+// at a time per watch; they must be quick and must not destroy the watch.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "viper/protocol.h"
+#include "viper/status.h"
+
+namespace viper {
+
+// What a backend can do. Callers ask instead of assuming (STYLE.md §5).
+struct RegistryCapabilities {
+  bool shared = false;  // other processes and hosts see this process's records (redis); embedded: no
+  bool expiry = false;  // records vanish when their TTL passes without a new Put
+  bool watch = false;   // Watch() delivers announcements
+};
+
+// A node as it registers itself. `id` is stable for one node address on one host
+// (NodeRecordFor), so a node restarted on the same address replaces its own records.
+struct NodeRecord {
+  std::string id;        // 16 lowercase hex digits
+  std::string name;      // shown to operators
+  std::string address;   // "host:port" consumers connect to (port 1-65535)
+  std::string host_key;  // LocalHostKey() of the node's host: same key = its segments can be mapped
+  uint32_t pid = 0;
+  bool operator==(const NodeRecord&) const = default;
+};
+NodeRecord NodeRecordFor(const std::string& name, const std::string& address, const std::string& host_key, uint32_t pid);
+
+// One node's holding of one complete version: info.replicas are the copies reachable through
+// that node (its segment, its address, its file, and any upstream replicas it lists).
+struct HolderRecord {
+  NodeRecord node;
+  proto::VersionInfo info;
+  bool operator==(const HolderRecord&) const = default;
+};
+
+// The record's bytes as stored (compact JSON, readable with redis-cli).
+std::string EncodeHolderRecord(const HolderRecord& record);
+// Parses and validates untrusted bytes. Errors are kCorruption with "registry record: <fault>"
+// naming the first field at fault. Never reads past `text`; refuses records over kMaxRecordBytes.
+Result<HolderRecord> ParseHolderRecord(std::string_view text);
+inline constexpr size_t kMaxRecordBytes = 1u << 20;
+// The check ParseHolderRecord applies to each replica: a segment name, a "host:port" (node,
+// relay), or an absolute file path without "..". kCorruption naming the fault.
+Status ValidateReplica(const proto::Replica& replica);
+
+// The result of a lookup: every live holding of a model, newest version first, then (within a
+// version) in the backend's order. `rejected` names the records that failed validation
+// ("<key>: <fault>"); they are not in `holders`.
+struct RegistryLookup {
+  std::vector<HolderRecord> holders;
+  std::vector<std::string> rejected;
+};
+
+// The holders of the newest version in `lookup`, nearest first: those on host `host_key` (shared
+// memory reachable), then the others in lookup order.
+std::vector<HolderRecord> NearestHoldersOfLatest(const RegistryLookup& lookup, const std::string& host_key);
+
+struct WatchHandlers {
+  std::function<void(const HolderRecord&)> on_announce;  // a version was announced
+  // The watch was (re)established after a gap (first start excluded): announcements may have
+  // been missed, look up the current state.
+  std::function<void()> on_resync;
+  // A malformed announcement, or the connection to the registry lost (`why` says which). Once
+  // per event; the watch keeps trying to reconnect.
+  std::function<void(const Status& why)> on_error;
+};
+
+// Delivers announcements of one model until destroyed (the destructor stops delivery: no handler
+// runs after it returns).
+class RegistryWatch {
+ public:
+  virtual ~RegistryWatch() = default;
+};
+
+class Registry {
+ public:
+  virtual ~Registry() = default;
+  virtual std::string_view backend() const = 0;  // "embedded" | "redis"
+  virtual const std::string& url() const = 0;
+  virtual RegistryCapabilities capabilities() const = 0;
+
+  // --- node side ---
+  // Registers (or replaces) each record for `ttl`; returns how many of them were not registered
+  // before (new holdings, or ones the registry lost: expired, or a restarted Redis). All or
+  // nothing is not promised: on an error some records may be stored; putting them again is
+  // harmless. InvalidArgument (and nothing stored) if a record would not pass ParseHolderRecord.
+  virtual Result<size_t> Put(std::span<const HolderRecord> records, std::chrono::milliseconds ttl) = 0;
+  // Removes node `node_id`'s holding of (model, version); a holding that is not there is fine.
+  virtual Status Remove(const std::string& node_id, const std::string& model, uint64_t version) = 0;
+  // Tells the watchers of record.info.model. REQUIRES: the record was Put.
+  virtual Status Announce(const HolderRecord& record) = 0;
+
+  // --- consumer side ---
+  virtual Result<RegistryLookup> Lookup(const std::string& model) = 0;
+  // Models with at least one live holding, sorted.
+  virtual Result<std::vector<std::string>> Models() = 0;
+  // NotSupported if !capabilities().watch. Fails if the registry cannot be reached now.
+  virtual Result<std::unique_ptr<RegistryWatch>> Watch(const std::string& model, WatchHandlers handlers) = 0;
+};
+
+// Options of a registry connection (shared by every backend; ignored where they do not apply).
+struct RegistryOptions {
+  std::chrono::milliseconds connect_timeout{1000};  // redis: TCP connect
+  std::chrono::milliseconds io_timeout{2000};       // redis: one command round trip
+  std::chrono::milliseconds retry_interval{500};    // redis watch: between reconnect attempts
+};
+
+// "embedded", or "redis://HOST:PORT[/DB]" (DB 0-15 here, default 0). InvalidArgument naming the
+// fault for anything else; NotSupported for redis:// in a build without hiredis. Opening a Redis
+// registry does not connect yet: the first call does (and each call after a failure retries).
+Result<std::unique_ptr<Registry>> OpenRegistry(const std::string& url, const RegistryOptions& options = {});
+
+// Node side: keeps a node's holdings registered (the node's private RegistryAgent does this).
+// TTL of the records and the heartbeat that puts them again.
+struct RegistryHeartbeat {
+  std::chrono::milliseconds ttl{10000};
+  std::chrono::milliseconds interval{3000};  // must be < ttl
+};
+
+}  // namespace viper

@@ -28,6 +28,7 @@
 #include "viper/file_tier.h"
 #include "viper/host_tier.h"
 #include "viper/protocol.h"
+#include "viper/registry.h"
 #include "viper/status.h"
 
 namespace viper {
@@ -79,6 +80,12 @@ struct NodeOptions {
   // Testing: called on the node's encoder thread after each part of a delta is encoded, before
   // it is handed to the senders; the encoder waits for it. Leave empty.
   std::function<void(const DeltaPartEvent&)> delta_part_hook;
+  // Shared registry the node registers its versions in (include/viper/registry.h): "" = none (the
+  // node's own catalog only, served to consumers that connect by address), "embedded" (this
+  // process), or "redis://HOST:PORT[/DB]". An unreachable registry is a warning, not an error:
+  // the node serves what it holds and registers when the registry comes back.
+  std::string registry;
+  RegistryHeartbeat registry_heartbeat;  // TTL of the node's records and how often they are put again
   // Called for every subscriber's ACK (the version is live at that subscriber), on the engine
   // thread with the node's lock held: must be quick and must not call the node. The embedded
   // Publisher uses it to measure t_c for its Scheduler.

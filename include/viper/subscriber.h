@@ -55,11 +55,19 @@ class LandingZone {
 
 struct SubscriberOptions {
   std::string model;                    // REQUIRED
-  std::string connect = "127.0.0.1:7300";
+  std::string connect = "127.0.0.1:7300";  // the node (unused with a registry)
   // Nodes to subscribe through, in order, while `connect` is unreachable (e.g. a relay's upstream's
   // upstream: a chain that loses a relay re-attaches past it). A lost connection is retried, to
   // `connect` first, every second while no version is being loaded.
   std::vector<std::string> alternates;
+  // A shared registry (include/viper/registry.h: "embedded" or "redis://HOST:PORT[/DB]"): the
+  // subscriber finds the nearest node holding the model's newest version there (this host first,
+  // then another), connects to it, and hears of new versions both from that node (the fast path)
+  // and from the registry; each version is loaded once however often it is heard of. It may start
+  // before any node holds the model. Start fails if the registry cannot be reached; later outages
+  // are one warning while the node's own notifications go on. `connect` and `alternates` are not
+  // used then.
+  std::string registry;
   std::string token;
   std::string name;
   FetchPath path = FetchPath::kAuto;

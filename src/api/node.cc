@@ -132,6 +132,7 @@ Result<std::unique_ptr<Node>> Node::Start(const NodeOptions& options) {
   if (options.delta_bases > 0 && options.delta != DeltaMode::kOff)
     impl->deltas = std::make_unique<DeltaStore>(impl->options, impl->host.get(), impl->engine.get(), &impl->bytes_sent);
   VIPER_RETURN_IF_ERROR(impl->Recover());
+  VIPER_RETURN_IF_ERROR(impl->StartRegistry());
   node->impl_ = std::move(impl);
   log(LogLevel::kInfo, kLog, "{} listening on {}{}", node->impl_->options.name, node->impl_->address,
       options.token.empty() ? "" : " (token required)");
@@ -140,6 +141,7 @@ Result<std::unique_ptr<Node>> Node::Start(const NodeOptions& options) {
 
 Node::~Node() {
   if (!impl_) return;
+  impl_->registry_agent.reset();  // withdraws this node's records while it still holds them
   // The engine is stopped before it is destroyed: the worker may still be replying through it,
   // and resetting the pointer first would let those replies (and the last handlers) see null.
   impl_->engine->Stop();   // no more handlers, no more bulk completions
@@ -294,6 +296,7 @@ Result<proto::VersionInfo> Node::Impl::CommitVersion(WriteLease lease, proto::Ve
   if (deltas) deltas->OnCommit(info, remote_subscribers);
   auto notify = proto::Encode(proto::Notify{info});
   for (net::PeerId peer : subscribers) (void)engine->Send(peer, notify);
+  if (registry_agent) registry_agent->Announce(info);
   QueueFlush(info);
   return info;
 }
@@ -350,6 +353,7 @@ void Node::Impl::QueueFlush(const proto::VersionInfo& info) {
       it->second.replicas.push_back({proto::ReplicaKind::kFile, host_key, files->PathFor(model, version).string()});
     }
     PruneLocked(model);
+    if (registry_agent) registry_agent->CatalogChanged();
   });
 }
 

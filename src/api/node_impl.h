@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "node_delta.h"
+#include "registry_agent.h"
 #include "task_queue.h"
 #include "viper/engine.h"
 #include "viper/file_tier.h"
@@ -83,6 +84,8 @@ struct Node::Impl {
   std::unique_ptr<internal::TaskQueue> spare;    // makes the host tier's next segment (KeepSpare)
   std::atomic<bool> stopping{false};             // a queued spare is not made any more
   std::unique_ptr<net::Engine> engine;           // declared last: destroyed first
+  // With NodeOptions::registry (node_registry.cc). Stopped first in ~Node.
+  std::unique_ptr<internal::RegistryAgent> registry_agent;
 
   struct ModelState {
     std::map<uint64_t, proto::VersionInfo> versions;
@@ -171,6 +174,9 @@ struct Node::Impl {
   Result<proto::VersionInfo> CommitVersion(WriteLease lease, proto::VersionInfo info);
   void QueueFlush(const proto::VersionInfo& info);
   Status Recover();
+  // --- shared registry (node_registry.cc) ---
+  Status StartRegistry();
+  std::vector<proto::VersionInfo> CatalogSnapshot() const;  // takes mu
 };
 
 namespace internal {

@@ -93,10 +93,12 @@ Result<std::shared_ptr<Client>> Subscriber::Impl::EnsureClient() {
     std::lock_guard<std::mutex> lock(impl->mu);
     impl->cv.notify_all();
   };
-  // The configured node first, then the alternates, in order.
+  // The configured node first, then the alternates, in order (with a registry: the node it
+  // named, then the nearest other holders).
   Result<std::unique_ptr<Client>> fresh = Status::Unavailable("no node to connect to");
   std::string address;
-  for (size_t i = 0; i <= options.alternates.size(); ++i) {
+  if (registry) fresh = ConnectViaRegistry(handlers, &address);
+  for (size_t i = 0; !registry && i <= options.alternates.size(); ++i) {
     address = i == 0 ? options.connect : options.alternates[i - 1];
     fresh = Client::Connect(ClientOptionsFor(address), handlers);
     if (fresh.ok()) break;
@@ -457,7 +459,8 @@ void Subscriber::Impl::Run() {
 
 std::string Subscriber::Impl::CurrentNode() {
   std::lock_guard<std::mutex> lock(mu);
-  return node_address.empty() ? options.connect : node_address;
+  if (!node_address.empty()) return node_address;
+  return registry ? registry_node : options.connect;
 }
 
 // Waits until `ready`; while the connection to the node is down (the node restarted, died, or a
@@ -494,9 +497,12 @@ Result<std::unique_ptr<Subscriber>> Subscriber::Start(const SubscriberOptions& o
   auto impl = std::make_shared<Impl>();
   impl->options = options;
   impl->pool = std::make_shared<internal::BufferPool>(std::max<size_t>(options.buffers, 1));
+  VIPER_RETURN_IF_ERROR(impl->StartRegistry());
   auto client = impl->EnsureClient();
-  if (!client.ok() && options.file_dir.empty()) return client.status();
-  if (!client.ok()) log(LogLevel::kWarn, kLog, "{}; serving from the file tier only", client.status().message());
+  if (!client.ok() && options.file_dir.empty() && !impl->registry) return client.status();
+  if (!client.ok())
+    log(LogLevel::kWarn, kLog, "{}; {}", client.status().message(),
+        impl->registry ? "waiting for a node to announce it" : "serving from the file tier only");
   impl->spare = std::make_unique<internal::TaskQueue>("subscriber-spare");
   impl->loader = std::thread([raw = impl.get()] { raw->Run(); });
   return std::unique_ptr<Subscriber>(new Subscriber(std::move(impl)));
@@ -551,6 +557,7 @@ void Subscriber::Close() {
     impl_->closing = true;
     impl_->cv.notify_all();
   }
+  impl_->registry_watch.reset();  // no registry handler runs after this
   if (impl_->loader.joinable()) impl_->loader.join();
   if (impl_->spare) impl_->spare->Close();  // a spare being made is finished, not abandoned
   std::shared_ptr<Client> c;

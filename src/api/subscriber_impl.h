@@ -19,6 +19,7 @@
 #include "path_estimator.h"
 #include "task_queue.h"
 #include "viper/client.h"
+#include "viper/registry.h"
 #include "viper/subscriber.h"
 
 namespace viper {
@@ -66,6 +67,11 @@ struct Subscriber::Impl : std::enable_shared_from_this<Subscriber::Impl> {
   // got listed it.
   std::vector<std::string> other_nodes;
   bool closing = false;
+  // With options.registry (subscriber_registry.cc): the node the registry named (to connect to
+  // next), and whether an outage of the registry was reported already.
+  std::string registry_node;
+  std::string registry_node_host_key;
+  bool registry_down = false;
   std::vector<std::function<void(const std::shared_ptr<const ModelVersion>&)>> callbacks;
   SubscriberStats stats;
   Status last_error;
@@ -74,9 +80,20 @@ struct Subscriber::Impl : std::enable_shared_from_this<Subscriber::Impl> {
   // announced meanwhile is fetched at once instead of waiting for the populate. Closed before
   // the pool can go (the task holds the pool).
   std::unique_ptr<internal::TaskQueue> spare;
+  // Set once in Start, before the loader runs; the watch is destroyed in Close.
+  std::string host_key;
+  std::unique_ptr<Registry> registry;
+  std::unique_ptr<RegistryWatch> registry_watch;
 
   // NOTIFY (complete at the node) or INCOMING (still arriving there: pipelined).
   void OnAnnounce(const proto::VersionInfo& info, bool incoming);
+  // --- shared registry (subscriber_registry.cc) ---
+  Status StartRegistry();
+  void OnRegistryAnnounce(const HolderRecord& record);
+  void OnRegistryError(const Status& why);
+  void Rediscover();  // looks the model up, feeds the newest version to OnAnnounce
+  // The node the registry named, then the nearest other holders; sets *address to the one reached.
+  Result<std::unique_ptr<Client>> ConnectViaRegistry(const ClientHandlers& handlers, std::string* address);
   Result<std::shared_ptr<Client>> EnsureClient();
   std::string CurrentNode();
   void WaitConnected(std::unique_lock<std::mutex>& lock, const std::function<bool()>& ready);

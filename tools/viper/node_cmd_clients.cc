@@ -15,6 +15,7 @@
 
 #include "command.h"
 #include "node_common.h"
+#include "registry_cli.h"
 #include "viper/client.h"
 #include "viper/host_tier.h"
 #include "viper/node.h"
@@ -92,7 +93,7 @@ ViperCommand publish_command(
 // ------------------------------------------------------------------ watch
 
 struct WatchFlags {
-  std::string model, connect, path = "auto", file_dir;
+  std::string model, connect, path = "auto", file_dir, registry;
   std::vector<std::string> alternates;
   bool json = false, verify_local = false;
   uint64_t count = 0;
@@ -143,6 +144,7 @@ int RunWatch(const WatchFlags& f) {
   SubscriberOptions options;
   options.model = f.model;
   options.connect = f.connect;
+  options.registry = f.registry;
   options.token = *token;
   options.path = *path;
   options.verify_local = f.verify_local;
@@ -196,6 +198,7 @@ ViperCommand watch_command(
       app.add_option("--file-dir", f->file_dir, "The node's store dir as seen from here (file fallback)");
       app.add_flag("--verify-local", f->verify_local, "Also verify versions mapped or copied from this host's node");
       app.add_option("--alternate", f->alternates, "Subscribe through this HOST:PORT while --connect is unreachable (repeatable)");
+      AddRegistry(app, f->registry);
       app.add_option("--count", f->count, "Exit after N updates");
       app.add_option("--timeout", f->timeout_s, "Exit after this many seconds (error if --count not reached)");
       f->auth.Add(app);
@@ -206,7 +209,7 @@ ViperCommand watch_command(
 // ------------------------------------------------------------------ pull
 
 struct PullFlags {
-  std::string model, connect, output;
+  std::string model, connect, output, registry;
   uint64_t version = 0;
   AuthFlags auth;
 };
@@ -240,7 +243,13 @@ Status WriteFileAtomically(const std::string& path, std::span<const std::byte> b
 }
 
 int RunPull(const PullFlags& f) {
-  auto client = ConnectClient(f.connect, f.auth);
+  std::string connect = f.connect;
+  if (!f.registry.empty()) {
+    auto found = NearestNodeHolding(f.registry, f.model, f.version);
+    if (!found.ok()) return Fail("pull", found.status());
+    connect = *found;
+  }
+  auto client = ConnectClient(connect, f.auth);
   if (!client.ok()) return Fail("pull", client.status());
   Client& c = **client;
   bool progress = ::isatty(STDERR_FILENO) == 1;
@@ -288,6 +297,7 @@ ViperCommand pull_command(
       app.add_option("--version", f->version, "Version to pull (default: the latest)");
       app.add_option("-o,--output", f->output, "Output file")->required();
       AddConnect(app, f->connect);
+      AddRegistry(app, f->registry);
       f->auth.Add(app);
       return [f] { return RunPull(*f); };
     },
@@ -296,22 +306,13 @@ ViperCommand pull_command(
 // ------------------------------------------------------------------ ls
 
 struct LsFlags {
-  std::string connect;
+  std::string connect, registry;
   bool json = false;
   AuthFlags auth;
 };
 
-std::string ReplicaText(const proto::Replica& r) {
-  switch (r.kind) {
-    case proto::ReplicaKind::kHostSegment: return "shm:" + r.locator;
-    case proto::ReplicaKind::kNode: return "node:" + r.locator;
-    case proto::ReplicaKind::kFile: return "file:" + r.locator;
-    case proto::ReplicaKind::kRelay: return "relay:" + r.locator;
-  }
-  return "?";
-}
-
 int RunLs(const LsFlags& f) {
+  if (!f.registry.empty()) return RunLsRegistry(f.registry, f.json);
   auto client = ConnectClient(f.connect, f.auth);
   if (!client.ok()) return Fail("ls", client.status());
   auto versions = (*client)->List();
@@ -339,10 +340,11 @@ int RunLs(const LsFlags& f) {
 }
 
 ViperCommand ls_command(
-    "ls", "List the models, versions and replicas a node holds",
+    "ls", "List the models, versions and replicas a node (or a registry) holds",
     [](CLI::App& app) -> RunFn {
       auto f = std::make_shared<LsFlags>();
       AddConnect(app, f->connect);
+      AddRegistry(app, f->registry);
       app.add_flag("--json", f->json, "JSON output");
       f->auth.Add(app);
       return [f] { return RunLs(*f); };

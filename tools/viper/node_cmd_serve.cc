@@ -5,6 +5,7 @@
 
 #include "command.h"
 #include "node_common.h"
+#include "registry_cli.h"
 #include "viper/log.h"
 #include "viper/node.h"
 
@@ -16,6 +17,7 @@ struct ServeFlags {
   AuthFlags auth;
   std::string address_file;
   std::string delta = "auto";
+  double registry_ttl_s = 10;
   RelayOptions relay;  // with --upstream: this node replicates the upstream's models
 };
 
@@ -27,6 +29,11 @@ int RunServe(const ServeFlags& flags) {
   if (!delta.ok()) return Fail("serve", delta.status().WithContext("--delta"));
   options.delta = *delta;
   options.token = *token;
+  if (!options.registry.empty()) {
+    auto heartbeat = HeartbeatForTtl(flags.registry_ttl_s);
+    if (!heartbeat.ok()) return Fail("serve", heartbeat.status());
+    options.registry_heartbeat = *heartbeat;
+  }
   sigset_t stop = BlockStopSignals();  // before any thread starts
 
   auto node = Node::Start(options);
@@ -40,6 +47,8 @@ int RunServe(const ServeFlags& flags) {
     relay = std::move(started).value();
     std::printf("viper serve: relaying from %s\n", ro.upstream.c_str());
   }
+  if (!options.registry.empty())
+    std::printf("viper serve: registering in %s (TTL %.1f s)\n", options.registry.c_str(), flags.registry_ttl_s);
   std::printf("viper serve: %s listening on %s%s%s\n", options.name.empty() ? "node" : options.name.c_str(),
               (*node)->address().c_str(), options.store_dir.empty() ? "" : ", file tier ",
               options.store_dir.string().c_str());
@@ -85,6 +94,10 @@ ViperCommand serve_command(
                      "Older versions per model kept as delta bases (each pins one snapshot in memory)")
           ->default_val(1);
       app.add_option("--address-file", flags->address_file, "Write the bound HOST:PORT to this file once listening");
+      AddRegistry(app, flags->node.registry);
+      app.add_option("--registry-ttl", flags->registry_ttl_s,
+                     "Seconds the registry keeps this node's records without a heartbeat (one every third)")
+          ->default_val(10);
       app.add_option("--upstream", flags->relay.upstream,
                      "Relay: replicate the models named by --relay-model from the node at HOST:PORT");
       app.add_option("--relay-model", flags->relay.models, "Model to relay (repeatable; with --upstream)");

@@ -10,6 +10,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "viper/protocol.h"
 #include "viper/status.h"
 #include "viper/units.h"
 
@@ -51,6 +52,17 @@ inline sigset_t BlockStopSignals() {
 
 inline void AddConnect(CLI::App& app, std::string& connect) {
   app.add_option("--connect", connect, "Node address HOST:PORT")->default_val("127.0.0.1:7300");
+}
+
+// "shm:NAME", "node:HOST:PORT", "file:PATH", "relay:HOST:PORT"
+inline std::string ReplicaText(const proto::Replica& r) {
+  switch (r.kind) {
+    case proto::ReplicaKind::kHostSegment: return "shm:" + r.locator;
+    case proto::ReplicaKind::kNode: return "node:" + r.locator;
+    case proto::ReplicaKind::kFile: return "file:" + r.locator;
+    case proto::ReplicaKind::kRelay: return "relay:" + r.locator;
+  }
+  return "?";
 }
 
 }  // namespace viper::cli

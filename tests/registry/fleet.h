@@ -1,0 +1,95 @@
+// Test fleet for the Redis registry: a real redis-server, `viper serve --registry` node processes
+// and versions handed to them with Client::Publish (the node assigns the version numbers).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "api/pattern.h"
+#include "redis_server.h"
+#include "viper/client.h"
+#include "viper/registry.h"
+#include "viper/snapshot.h"
+
+namespace viper::testing {
+
+// A small snapshot whose bytes depend on `seed` (so versions differ), in Viper's layout.
+inline Snapshot SeededSnapshot(uint64_t seed, size_t bytes = 64 << 10) {
+  std::vector<std::byte> data(bytes);
+  for (size_t i = 0; i < bytes; ++i) data[i] = static_cast<std::byte>(Pattern(seed, i % 251));
+  auto snap = BuildSnapshot({{{"w", DType::kU8, {static_cast<int64_t>(bytes)}}, data}}, {});
+  EXPECT_TRUE(snap.ok()) << snap.status().ToString();
+  return std::move(snap).value();
+}
+
+// Publishes one version of `model` through the node at `address`; returns its number (0 on error).
+inline uint64_t PublishTo(const std::string& address, const std::string& model, uint64_t seed) {
+  ClientOptions co;
+  co.connect = address;
+  co.name = "fleet-publisher";
+  auto client = Client::Connect(co);
+  if (!client.ok()) {
+    ADD_FAILURE() << client.status().ToString();
+    return 0;
+  }
+  Snapshot snap = SeededSnapshot(seed);
+  auto version = (*client)->Publish(model, snap.bytes(), seed, 0);
+  if (!version.ok()) {
+    ADD_FAILURE() << version.status().ToString();
+    return 0;
+  }
+  return *version;
+}
+
+// `viper serve --registry URL` in its own process, with a file tier, until destroyed (SIGKILL).
+class ServeProcess {
+ public:
+  ServeProcess(const TempDir& dir, const std::string& name, const std::string& registry, double ttl_s,
+               const std::string& listen = "127.0.0.1:0")
+      : dir_(dir), name_(name), registry_(registry), ttl_s_(ttl_s) {
+    Launch(listen);
+  }
+  // kill -9 and start again on the same address and store (retrying while the port is busy).
+  void Restart() {
+    process_->Kill(SIGKILL);
+    std::filesystem::remove(dir_ / (name_ + ".addr"));
+    for (int attempt = 0; attempt < 20; ++attempt) {
+      Launch(address_);
+      if (!address_.empty()) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    }
+  }
+  void Kill() { process_->Kill(SIGKILL); }
+  const std::string& address() const { return address_; }
+  Process& process() { return *process_; }
+  std::string log() const { return process_->log(); }
+  std::filesystem::path store() const { return dir_ / (name_ + "-store"); }
+
+ private:
+  void Launch(std::string listen) {
+    auto addr_file = dir_ / (name_ + ".addr");
+    process_ = std::make_unique<Process>(
+        std::vector<std::string>{ViperBinary(), "serve", "--listen", listen, "--name", name_, "--registry", registry_,
+                                 "--registry-ttl", std::to_string(ttl_s_), "--store-dir", store().string(),
+                                 "--address-file", addr_file.string()},
+        dir_ / (name_ + ".log"));
+    address_ = WaitForFile(addr_file, std::chrono::seconds(30));
+    if (address_.empty() && !process_->running()) address_ = "";
+  }
+
+  const TempDir& dir_;
+  std::string name_, registry_;
+  double ttl_s_;
+  std::string address_;
+  std::unique_ptr<Process> process_;
+};
+
+// Counts the lines of `text` that contain `needle`.
+inline int CountLines(const std::string& text, const std::string& needle) {
+  int n = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
+}  // namespace viper::testing

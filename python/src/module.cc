@@ -213,7 +213,8 @@ OptionsTable<viper::NodeOptions> NodeOptionsTable() {
       .Plain("segment_prefix", &O::segment_prefix, "name prefix of the shared-memory segments")
       .Named("delta", &O::delta, viper::ParseDeltaMode, viper::delta_mode_name,
              "deltas to consumers that fetch over the network: off, auto (when smaller and faster) or always")
-      .Plain("delta_bases", &O::delta_bases, "older versions per model kept as delta bases");
+      .Plain("delta_bases", &O::delta_bases, "older versions per model kept as delta bases")
+      .Plain("registry", &O::registry, "shared registry to register in: 'embedded' or redis://HOST:PORT[/DB]; empty = none");
   return t;
 }
 
@@ -233,7 +234,8 @@ OptionsTable<viper::SubscriberOptions> SubscriberOptionsTable() {
   using O = viper::SubscriberOptions;
   OptionsTable<O> t;
   t.Plain("model", &O::model, "the model's name")
-      .Plain("connect", &O::connect, "HOST:PORT of the node")
+      .Plain("connect", &O::connect, "HOST:PORT of the node (unused with a registry)")
+      .Plain("registry", &O::registry, "find the node in this registry instead: 'embedded' or redis://HOST:PORT[/DB]")
       .Plain("token", &O::token, "the node's shared secret")
       .Plain("name", &O::name, "shown to the node")
       .Named("path", &O::path, viper::ParseFetchPath, viper::fetch_path_name, "auto, map, copy, remote or file")

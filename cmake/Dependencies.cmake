@@ -8,29 +8,26 @@ find_package(CLI11 REQUIRED)             # libcli11-dev
 pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)   # libxxhash-dev
 pkg_check_modules(ZSTD REQUIRED IMPORTED_TARGET libzstd)       # libzstd-dev
 
-set(VIPER_HAVE_UCX OFF)
-if(NOT VIPER_WITH_UCX STREQUAL "OFF")
-  pkg_check_modules(UCX IMPORTED_TARGET ucx)   # libucx-dev
-  if(UCX_FOUND)
-    set(VIPER_HAVE_UCX ON)
-  elseif(VIPER_WITH_UCX STREQUAL "ON")
-    message(FATAL_ERROR "VIPER_WITH_UCX=ON but UCX was not found: apt-get install libucx-dev")
-  else()
-    message(WARNING "UCX not found: net, api and the node commands are not built")
+# viper_optional_pkg(WHAT PREFIX MODULE PACKAGE WITHOUT): a pkg-config dependency behind the
+# switch VIPER_WITH_<WHAT> (OFF/AUTO/ON); sets VIPER_HAVE_<WHAT> and PkgConfig::<PREFIX>. ON fails
+# naming the Debian PACKAGE; AUTO warns with WITHOUT (what is not built).
+function(viper_optional_pkg what prefix module package without)
+  set(VIPER_HAVE_${what} OFF PARENT_SCOPE)
+  if(VIPER_WITH_${what} STREQUAL "OFF")
+    return()
   endif()
-endif()
+  pkg_check_modules(${prefix} IMPORTED_TARGET GLOBAL ${module})
+  if(${prefix}_FOUND)
+    set(VIPER_HAVE_${what} ON PARENT_SCOPE)
+  elseif(VIPER_WITH_${what} STREQUAL "ON")
+    message(FATAL_ERROR "VIPER_WITH_${what}=ON but ${module} was not found: apt-get install ${package}")
+  else()
+    message(WARNING "${module} not found: ${without}")
+  endif()
+endfunction()
 
-set(VIPER_HAVE_REDIS OFF)
-if(NOT VIPER_WITH_REDIS STREQUAL "OFF")
-  pkg_check_modules(HIREDIS IMPORTED_TARGET hiredis)   # libhiredis-dev
-  if(HIREDIS_FOUND)
-    set(VIPER_HAVE_REDIS ON)
-  elseif(VIPER_WITH_REDIS STREQUAL "ON")
-    message(FATAL_ERROR "VIPER_WITH_REDIS=ON but hiredis was not found: apt-get install libhiredis-dev")
-  else()
-    message(WARNING "hiredis not found: the Redis registry backend is not built")
-  endif()
-endif()
+viper_optional_pkg(UCX UCX ucx libucx-dev "net, api and the node commands are not built")
+viper_optional_pkg(REDIS HIREDIS hiredis libhiredis-dev "the Redis registry backend is not built")
 
 set(VIPER_HAVE_PYTHON OFF)
 if(NOT VIPER_WITH_PYTHON STREQUAL "OFF" AND VIPER_HAVE_UCX)

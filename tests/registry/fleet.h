@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <set>
 
 #include "api/pattern.h"
 #include "redis_server.h"
@@ -23,23 +24,50 @@ inline Snapshot SeededSnapshot(uint64_t seed, size_t bytes = 64 << 10) {
   return std::move(snap).value();
 }
 
-// Publishes one version of `model` through the node at `address`; returns its number (0 on error).
-inline uint64_t PublishTo(const std::string& address, const std::string& model, uint64_t seed) {
+inline std::unique_ptr<Client> ConnectTo(const std::string& address) {
   ClientOptions co;
   co.connect = address;
-  co.name = "fleet-publisher";
+  co.name = "fleet-client";
   auto client = Client::Connect(co);
-  if (!client.ok()) {
-    ADD_FAILURE() << client.status().ToString();
-    return 0;
-  }
+  if (!client.ok()) ADD_FAILURE() << client.status().ToString();
+  return client.ok() ? std::move(client).value() : nullptr;
+}
+
+// Publishes one version of `model` through `client`'s node; returns its number (0 on error).
+inline uint64_t PublishWith(Client& client, const std::string& model, uint64_t seed) {
   Snapshot snap = SeededSnapshot(seed);
-  auto version = (*client)->Publish(model, snap.bytes(), seed, 0);
+  auto version = client.Publish(model, snap.bytes(), seed, 0);
   if (!version.ok()) {
     ADD_FAILURE() << version.status().ToString();
     return 0;
   }
   return *version;
+}
+
+// Publishes one version of `model` through the node at `address` (a connection for it).
+inline uint64_t PublishTo(const std::string& address, const std::string& model, uint64_t seed) {
+  auto client = ConnectTo(address);
+  return client ? PublishWith(*client, model, seed) : 0;
+}
+
+// Versions of `model` the node holds, from its own catalog (LIST).
+inline std::set<uint64_t> HeldBy(Client& client, const std::string& model) {
+  std::set<uint64_t> out;
+  auto list = client.List();
+  if (list.ok())
+    for (const auto& v : *list)
+      if (v.model == model) out.insert(v.version);
+  return out;
+}
+
+// Versions of `model` the registry lists for the node at `address`.
+inline std::set<uint64_t> RegisteredFor(Registry& registry, const std::string& model, const std::string& address) {
+  std::set<uint64_t> out;
+  auto found = registry.Lookup(model);
+  if (found.ok())
+    for (const auto& h : found->holders)
+      if (h.node.address == address) out.insert(h.info.version);
+  return out;
 }
 
 // `viper serve --registry URL` in its own process, with a file tier, until destroyed (SIGKILL).

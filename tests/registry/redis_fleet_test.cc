@@ -57,14 +57,8 @@ class Fleet : public ::testing::Test {
     return std::move(sub).value();
   }
 
-  // Versions of `model` the registry lists for the node at `address`.
   std::set<uint64_t> Registered(const std::string& model, const std::string& address) {
-    std::set<uint64_t> out;
-    auto found = registry->Lookup(model);
-    if (!found.ok()) return out;
-    for (const auto& h : found->holders)
-      if (h.node.address == address) out.insert(h.info.version);
-    return out;
+    return testing::RegisteredFor(*registry, model, address);
   }
 
   std::set<uint64_t> RegisteredWithFile(const std::string& model, const std::string& address) {
@@ -77,18 +71,9 @@ class Fleet : public ::testing::Test {
     return out;
   }
 
-  // Versions of `model` the node at `address` holds, from its own catalog (LIST).
   std::set<uint64_t> Held(const std::string& model, const std::string& address) {
-    std::set<uint64_t> out;
-    ClientOptions co;
-    co.connect = address;
-    auto c = Client::Connect(co);
-    if (!c.ok()) return out;
-    auto list = (*c)->List();
-    if (!list.ok()) return out;
-    for (const auto& v : *list)
-      if (v.model == model) out.insert(v.version);
-    return out;
+    auto c = testing::ConnectTo(address);
+    return c ? testing::HeldBy(*c, model) : std::set<uint64_t>{};
   }
 
   testing::RedisServer redis;

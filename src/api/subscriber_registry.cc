@@ -59,10 +59,11 @@ void Subscriber::Impl::OnRegistryAnnounce(const HolderRecord& record) {
     bool near = registry_node_host_key == host_key;
     if (registry_node.empty() || !connected ||
         (!near && record.node.host_key == host_key && record.node.address != registry_node)) {
-      if (connected && record.node.address != registry_node)
+      if (connected && record.node.address != registry_node) {
         log(LogLevel::kInfo, kLog, "{}: node {} on this host holds it too: switching from {}", options.model,
             record.node.address, registry_node);
-      if (connected && record.node.address != registry_node) dropped = std::move(client);  // the next load connects there
+        dropped = std::move(client);  // the next load connects there
+      }
       registry_node = record.node.address;
       registry_node_host_key = record.node.host_key;
     }

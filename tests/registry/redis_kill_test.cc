@@ -118,8 +118,9 @@ TEST(RedisKill, RandomKillsLoseNothingAnnounced) {
   SubscriberStats stats = (*sub)->stats();
   Status last_error = (*sub)->last_error();
   (*sub)->Close();
-  if (stats.fetch_failures > 0)
+  if (stats.fetch_failures > 0) {
     EXPECT_NE(last_error.message().find("has no version"), std::string::npos) << last_error.ToString();
+  }
   std::lock_guard<std::mutex> lock(mu);
   EXPECT_TRUE(std::adjacent_find(live.begin(), live.end(), std::greater_equal<uint64_t>()) == live.end())
       << "a version was loaded twice or went backwards";

@@ -19,6 +19,8 @@ namespace viper::testing {
 
 // Tensor holding a random number the producer draws at each start: a version re-published under
 // an old number by a restarted producer has other bytes (and another checksum) than the original.
+// With `produce --nonce version` (the churn test: no restarts) it holds the version number
+// instead, so that every byte of a version follows from its number.
 inline constexpr const char* kNonceTensor = "step";
 
 // The test model: a few tensors of several dtypes, the large one of about
@@ -45,7 +47,9 @@ inline bool AllBytesAre(std::span<const std::byte> bytes, uint8_t want) {
 }
 
 // "" if `snapshot` is whole version `version` of `model`, else what is wrong with it.
-inline std::string CheckContent(const Snapshot& snapshot, const std::string& model, uint64_t version) {
+// `nonce_is_version`: the nonce tensor must hold `version` too (else it is not checked).
+inline std::string CheckContent(const Snapshot& snapshot, const std::string& model, uint64_t version,
+                                bool nonce_is_version = false) {
   if (snapshot.model() != model) return "header names model " + snapshot.model().value_or("(none)");
   if (snapshot.version() != version)
     return "header names version " + std::to_string(snapshot.version().value_or(0)) + ", announced " +
@@ -58,7 +62,12 @@ inline std::string CheckContent(const Snapshot& snapshot, const std::string& mod
   for (size_t i = 0; i < specs.size(); ++i) {  // the pattern follows the spec order, not the data order
     const TensorInfo* t = snapshot.find(specs[i].name);
     if (t == nullptr) return "tensor " + specs[i].name + " is missing";
-    if (specs[i].name == kNonceTensor) continue;  // the producer's nonce, not a pattern
+    if (specs[i].name == kNonceTensor) {  // the producer's nonce, not a pattern
+      auto bytes = snapshot.tensor_data(*t);
+      if (nonce_is_version && (bytes.size() != sizeof(version) || std::memcmp(bytes.data(), &version, sizeof(version)) != 0))
+        return "tensor " + specs[i].name + " does not hold the version number (torn)";
+      continue;
+    }
     if (!AllBytesAre(snapshot.tensor_data(*t), Pattern(version, i)))
       return "tensor " + specs[i].name + " holds bytes of another version (torn)";
   }

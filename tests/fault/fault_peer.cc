@@ -4,16 +4,17 @@
 //
 //   produce --model M --listen HOST:PORT --address-file F [--store-dir D] [--segment-prefix P]
 //           [--mode sync|async] [--interval-ms T] [--min-bytes A] [--max-bytes B] [--seed S]
-//           [--versions N] [--keep-files K] [--log L] [--state-file S]
+//           [--versions N] [--keep-files K] [--log L] [--state-file S] [--nonce random|version]
 //       Publishes versions (zero-copy Begin/Commit) every T ms, version v's large tensor of a size
 //       drawn from [A, B] by (S, pid, n), every byte of tensor i set to Pattern(v, i) but the nonce
-//       tensor's, which holds a number drawn at start. Appends "v 0" to L when Commit returns. With N > 0 it stops after N versions, waits until they are announced
+//       tensor's, which holds a number drawn at start (random) or v itself (version). Appends "v 0" to L when Commit returns. With N > 0 it stops after N versions, waits until they are announced
 //       and flushed, and writes "published N" to S.
 //   consume --model M --connect HOST:PORT --status F [--path auto|map|copy|remote|file]
 //           [--threads K] [--live-log L] [--until V] [--min-reads R] [--file-dir D] [--pause-us P]
-//           [--timeout-s T]
+//           [--timeout-s T] [--nonce random|version]
 //       K threads read the live version in a loop and check every read themselves
-//       (tests/fault/content.h), pausing P us between reads. F holds a JSON summary, rewritten every 100 ms and at once after
+//       (tests/fault/content.h; with --nonce version the nonce tensor
+//       must hold the version too), pausing P us between reads. F holds a JSON summary, rewritten every 100 ms and at once after
 //       an error. L gets "version checksum" per version made live. With V > 0 it exits once every thread
 //       has seen version >= V and read R times; after T seconds without that, exits 3 with the
 //       subscriber's last error.
@@ -71,6 +72,13 @@ uint64_t GetU64(const Flags& f, const std::string& k, uint64_t def) {
 [[noreturn]] void Die(const std::string& what, const Status& st) {
   std::fprintf(stderr, "fault_peer: %s: %s\n", what.c_str(), st.ToString().c_str());
   std::exit(1);
+}
+
+// --nonce random (default) or version.
+bool NonceIsVersion(const Flags& f) {
+  std::string nonce = Get(f, "nonce", "random");
+  if (nonce != "random" && nonce != "version") Die("nonce", Status::InvalidArgument("--nonce is random or version, not " + nonce));
+  return nonce == "version";
 }
 
 void WriteFileAtomic(const std::string& path, const std::string& text) {
@@ -132,6 +140,7 @@ int Produce(const Flags& f) {
   if (!pub.ok()) Die("start", pub.status());
   WriteFileAtomic(Get(f, "address-file"), (*pub)->address() + "\n");
   const uint64_t nonce = std::random_device()() * 0x100000001ull ^ static_cast<uint64_t>(::getpid());
+  const bool nonce_is_version = NonceIsVersion(f);
   auto latest = (*pub)->node().Latest(options.model);  // after a restart: what the store recovered
   uint64_t next = latest ? latest->version + 1 : 1;
   for (uint64_t n = 0; !g_stop && (versions == 0 || n < versions); ++n) {
@@ -142,7 +151,7 @@ int Produce(const Flags& f) {
     for (size_t i = 0; i < specs.size(); ++i) {
       auto bytes = draft->tensor(specs[i].name);
       if (specs[i].name == testing::kNonceTensor) {
-        std::memcpy(bytes.data(), &nonce, std::min(bytes.size(), sizeof(nonce)));
+        std::memcpy(bytes.data(), nonce_is_version ? &v : &nonce, std::min(bytes.size(), sizeof(nonce)));
         continue;
       }
       std::memset(bytes.data(), testing::Pattern(v, i), bytes.size());
@@ -166,6 +175,8 @@ int Produce(const Flags& f) {
 
 struct ReadStats {
   std::atomic<uint64_t> reads{0}, errors{0}, regressions{0}, newest{0};
+  // The fewest distinct versions one reader read (lowered as each reader ends; max before).
+  std::atomic<uint64_t> fewest_versions_per_reader{UINT64_MAX};
   std::mutex mu;
   std::string first_error;
 };
@@ -173,6 +184,7 @@ struct ReadStats {
 void WriteStatus(const std::string& path, ReadStats& stats, Subscriber& sub) {
   auto live = sub.latest();
   auto s = sub.stats();
+  const uint64_t fewest = stats.fewest_versions_per_reader.load();
   nlohmann::json j;
   {
     std::lock_guard<std::mutex> lock(stats.mu);
@@ -182,6 +194,7 @@ void WriteStatus(const std::string& path, ReadStats& stats, Subscriber& sub) {
          {"first_error", stats.first_error},
          {"regressions", stats.regressions.load()},
          {"newest_read", stats.newest.load()},
+         {"fewest_versions_per_reader", fewest == UINT64_MAX ? 0 : fewest},
          {"live", live ? live->version() : 0},
          {"updates", s.updates},
          {"fetch_failures", s.fetch_failures}};
@@ -190,19 +203,29 @@ void WriteStatus(const std::string& path, ReadStats& stats, Subscriber& sub) {
 }
 
 // One reader: takes the live version, checks all of it, drops it; never goes back in versions.
-void ReadLoop(Subscriber& sub, const std::string& model, ReadStats& stats, const std::string& status_path,
-              uint64_t until, uint64_t min_reads, std::chrono::microseconds pause,
+void ReadLoop(Subscriber& sub, const std::string& model, bool nonce_is_version, ReadStats& stats,
+              const std::string& status_path, uint64_t until, uint64_t min_reads, std::chrono::microseconds pause,
               std::chrono::steady_clock::time_point deadline) {
-  uint64_t last = 0, mine = 0;
+  uint64_t last = 0, mine = 0, versions = 0;
+  struct Done {  // records this reader's distinct versions however the loop ends
+    ReadStats& stats;
+    const uint64_t& versions;
+    ~Done() {
+      uint64_t fewest = stats.fewest_versions_per_reader.load();
+      while (versions < fewest && !stats.fewest_versions_per_reader.compare_exchange_weak(fewest, versions)) {
+      }
+    }
+  } done{stats, versions};
   while (!g_stop && std::chrono::steady_clock::now() < deadline) {
     std::shared_ptr<const ModelVersion> mv = sub.latest();  // held for the whole "inference"
     if (!mv) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
       continue;
     }
-    std::string error = testing::CheckContent(mv->snapshot, model, mv->version());
+    std::string error = testing::CheckContent(mv->snapshot, model, mv->version(), nonce_is_version);
     stats.reads++, mine++;
     if (mv->version() < last) stats.regressions++;
+    if (mv->version() != last) versions++;
     last = mv->version();
     uint64_t seen = stats.newest.load();
     while (last > seen && !stats.newest.compare_exchange_weak(seen, last)) {
@@ -234,6 +257,7 @@ int Consume(const Flags& f) {
   const uint64_t threads = GetU64(f, "threads", 2), until = GetU64(f, "until", 0), min_reads = GetU64(f, "min-reads", 0);
   const std::chrono::microseconds pause(GetU64(f, "pause-us", 0));
   const uint64_t timeout_s = GetU64(f, "timeout-s", 0);
+  const bool nonce_is_version = NonceIsVersion(f);
   const auto deadline = timeout_s == 0 ? std::chrono::steady_clock::time_point::max()
                                        : std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
   auto sub = Subscriber::Start(options);
@@ -247,7 +271,7 @@ int Consume(const Flags& f) {
   ReadStats stats;
   std::vector<std::thread> readers;
   for (uint64_t t = 0; t < threads; ++t)
-    readers.emplace_back([&] { ReadLoop(**sub, options.model, stats, status_path, until, min_reads, pause, deadline); });
+    readers.emplace_back([&] { ReadLoop(**sub, options.model, nonce_is_version, stats, status_path, until, min_reads, pause, deadline); });
   std::atomic<bool> readers_done{false};
   std::thread status([&] {
     while (!readers_done) {

@@ -22,6 +22,11 @@ namespace viper::bench {
 // to `json_path` unless it is empty. Creates config.file_dir and removes it afterwards.
 Status Run(const Config& config, const std::string& json_path);
 
+// `viper bench --subscribers N`: notification latency and memory held with N subscriber processes
+// on one node, against UCX's one-way latency and one subscriber measured in the same run (load.cc).
+// Prints its figures; writes them to `json_path` if not empty.
+Status RunLoad(const Config& config, int subscribers, const std::string& json_path);
+
 // scripts/hosts.sh: `explicit_path` if not empty, else $VIPER_HOSTS_SCRIPT, else the one beside
 // the build tree (build/bin/../../scripts), else ./scripts/hosts.sh; the first executable one.
 Result<std::string> FindHostsScript(const std::string& explicit_path);

@@ -75,6 +75,16 @@ Result<std::unique_ptr<LineChild>> LineChild::Start(const std::vector<std::strin
 
 LineChild::~LineChild() { Stop(std::chrono::seconds(2)); }
 
+Status LineChild::Write(const std::string& text) {
+  for (size_t done = 0; done < text.size();) {
+    ssize_t n = ::write(stdin_fd_, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return Status::FromErrno("write to " + name_ + "'s stdin");
+    done += static_cast<size_t>(n);
+  }
+  return Status::OK();
+}
+
 Result<std::string> LineChild::ReadLine(std::chrono::milliseconds timeout) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {

@@ -29,6 +29,8 @@ class LineChild {
   // The next line of the child's stdout (without '\n'). Timeout if none within `timeout`;
   // Unavailable if the child closed its stdout (exited), naming its exit status.
   Result<std::string> ReadLine(std::chrono::milliseconds timeout);
+  // Writes `text` to the child's stdin (all of it, or an error naming the child).
+  Status Write(const std::string& text);
   // Closes the child's stdin and waits up to `grace` for it to exit, then SIGKILLs it.
   // Returns the exit code (128+signal if killed by one).
   int Stop(std::chrono::milliseconds grace = std::chrono::seconds(5));

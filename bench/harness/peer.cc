@@ -86,6 +86,22 @@ Status RunSubscriberPeer(const SubscriberOptions& options) {
   return Status::OK();
 }
 
+Status RunWakePeer() {
+  PrintLine({{"ready", true}});
+  pollfd p{STDIN_FILENO, POLLIN, 0};
+  char buf[256];
+  for (;;) {
+    int r = ::poll(&p, 1, -1);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return Status::FromErrno("poll stdin");
+    int64_t woken_ns = WallClockNs();
+    ssize_t n = ::read(STDIN_FILENO, buf, sizeof(buf));
+    if (n <= 0) return Status::OK();  // EOF: the bench is done
+    for (ssize_t i = 0; i < n; ++i)
+      if (buf[i] == '\n') PrintLine({{"woken_ns", woken_ns}});
+  }
+}
+
 Status RunPollerPeer(const std::string& dir_name, double interval_s) {
   if (interval_s <= 0) return Status::InvalidArgument("--interval must be > 0");
   std::filesystem::path dir(dir_name);

@@ -29,4 +29,9 @@ Status RunSubscriberPeer(const SubscriberOptions& options);
 // line says where the grid is: polls at grid_ns + k * interval_s (CLOCK_REALTIME, k >= 1).
 Status RunPollerPeer(const std::string& dir, double interval_s);
 
+// The fan-out baseline of `viper bench --subscribers`: sleeps in poll(2) on stdin and prints
+// {"woken_ns":...} (CLOCK_REALTIME) for every line the bench writes; the physical cost of waking a
+// sleeping process with a message, without Viper.
+Status RunWakePeer();
+
 }  // namespace viper::bench

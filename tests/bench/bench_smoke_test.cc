@@ -87,6 +87,35 @@ TEST(BenchCli, QuickRunWritesEveryFigure) {
   EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path()), {}), 3) << "only bench.json, stdout, stderr";
 }
 
+// `viper bench --subscribers N`: every figure of the load benchmark, with its baselines.
+TEST(BenchCli, SubscribersRunWritesEveryFigure) {
+  testing::TempDir dir;
+  auto json_path = (dir / "load.json").string();
+  const size_t subscribers = 4, count = 20;
+  Outcome o = RunViper({"bench", "--subscribers", std::to_string(subscribers), "--notify-count", std::to_string(count),
+                        "--json", json_path},
+                       dir);
+  ASSERT_EQ(o.exit_code, 0) << o.out << o.err;
+  for (const char* line : {"raw fan-out", "ucx_perftest tag_lat", "4 subscribers: complete -> NOTIFY", "ratios:", "memory:"})
+    EXPECT_NE(o.out.find(line), std::string::npos) << line << "\n" << o.out;
+  json j = json::parse(testing::ReadFile(json_path));
+  EXPECT_EQ(j["subscribers"], subscribers);
+  ExpectSamples(j["notify_s"], "notify", subscribers * count);
+  ExpectSamples(j["last_notify_s"], "last notify", count);
+  ExpectSamples(j["notify_one_s"], "notify, one subscriber", count);
+  ExpectSamples(j["fanout_s"], "raw fan-out", subscribers * count);
+  ExpectSamples(j["fanout_last_s"], "raw fan-out, last", count);
+  EXPECT_GT(j["ucx_one_way_p50_s"].get<double>(), 0.0);
+  EXPECT_GT(j["subscriber_rss_kb_median"].get<uint64_t>(), 0u);
+  EXPECT_GT(j["subscriber_pss_kb_median"].get<uint64_t>(), 0u);
+  EXPECT_GE(j["subscribers_pss_kb_total"].get<uint64_t>(), j["subscriber_pss_kb_median"].get<uint64_t>());
+  EXPECT_GT(j["node_rss_kb"].get<uint64_t>(), 0u);
+  EXPECT_GT(j["node_segment_bytes"].get<uint64_t>(), 0u);
+  o = RunViper({"bench", "--subscribers", "2", "--hosts", "2"}, dir);
+  EXPECT_NE(o.exit_code, 0);
+  EXPECT_NE(o.err.find("--subscribers runs on one host"), std::string::npos) << o.err;
+}
+
 TEST(BenchCli, BadArgumentsAreRefusedClearly) {
   testing::TempDir dir;
   Outcome o = RunViper({"bench", "--sizes", "12x"}, dir);

@@ -31,6 +31,7 @@ struct BenchFlags {
   bool fanout = false;  // --fanout: only the fan-out benchmark (bench/harness/fanout.h)
   int fanout_hosts = 4, consumers = 8;
   std::string link_rate;
+  int subscribers = 0;  // > 0: only the load benchmark (bench/harness/load.cc)
   CLI::App* app = nullptr;
 };
 
@@ -114,11 +115,18 @@ int RunFanoutBench(const BenchFlags& f) {
 }
 
 int RunBench(const BenchFlags& f) {
+  if (f.fanout && f.subscribers != 0) return Fail("bench", Status::InvalidArgument("--fanout and --subscribers are two benchmarks: give one"));
   if (f.fanout) return RunFanoutBench(f);
   if (f.hosts != 1 && f.hosts != 2) return Fail("bench", Status::InvalidArgument("--hosts must be 1 or 2"));
+  if (f.subscribers != 0 && f.hosts != 1)
+    return Fail("bench", Status::InvalidArgument("--subscribers runs on one host: drop --hosts"));
   if (f.hosts == 2 && f.hosts_stage == 0) return Fail("bench", bench::ExecInHosts(f.hosts_script, InnerArgs(f)));
   auto config = MakeConfig(f);
   if (!config.ok()) return Fail("bench", config.status());
+  if (f.subscribers != 0) {
+    Status st = bench::RunLoad(*config, f.subscribers, f.json_path);
+    return st.ok() ? 0 : Fail("bench", st);
+  }
   if (f.hosts == 2)
     if (Status st = bench::ConfigureHosts(f.hosts_script, *config); !st.ok()) return Fail("bench", st);
   Status st = bench::Run(*config, f.json_path);
@@ -142,6 +150,8 @@ ViperCommand bench_command(
                    "Skip the diagnostic sync row whose consumer checksum pass is flipped (verify-local on one host, no-verify across hosts)");
       app.add_option("--json", f->json_path, "Also write every figure to this JSON file");
       app.add_option("--hosts", f->hosts, "1: one host; 2: producer and consumer in two network namespaces (root)")->capture_default_str();
+      app.add_option("--subscribers", f->subscribers,
+                     "Only the load benchmark: notification p99 and memory with this many subscriber processes on one node");
       app.add_option("--hosts-script", f->hosts_script, "scripts/hosts.sh (default: found beside the build)");
       app.add_option("--hosts-stage", f->hosts_stage, "(internal)")->group("");
       app.add_flag("--fanout", f->fanout,

@@ -3,6 +3,7 @@
 //   bench-peer subscribe --connect ADDR --model M --path map|copy|remote|auto [--no-verify] [--verify-local]
 //   bench-peer poll --dir D --interval S
 //   bench-peer fanout-host --listen IP:0 [--upstream ADDR | --connect ADDR] --consumers N [--no-pipeline]
+//   bench-peer wake
 #include "command.h"
 #include "harness/fanout.h"
 #include "harness/peer.h"
@@ -67,10 +68,11 @@ ViperCommand bench_peer_command(
       host->add_option("--path", f->host.path, "The consumers' fetch path");
       host->add_option("--consumers", f->host.consumers, "Consumer processes");
       host->add_flag("--no-pipeline", [f](int64_t) { f->host.pipelined = false; }, "Relay complete versions only");
+      auto* wake = app.add_subcommand("wake", "Fan-out baseline: one line per line read on stdin");
       app.require_subcommand(1);
-      return [f, sub, host] {
-        if (host->parsed()) {
-          Status st = bench::RunFanoutHost(f->host);
+      return [f, sub, host, wake] {
+        if (host->parsed() || wake->parsed()) {
+          Status st = host->parsed() ? bench::RunFanoutHost(f->host) : bench::RunWakePeer();
           return st.ok() ? 0 : Fail("bench-peer", st);
         }
         return sub->parsed() ? RunSubscribe(*f) : RunPoll(*f);

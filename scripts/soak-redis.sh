@@ -3,7 +3,7 @@
 # killed with -9 at random points ROUNDS times (default 500) while a node publishes and a
 # subscriber that found it through Redis follows; every round checks that the registry lists what
 # the node holds and that the subscriber has the newest version. Prints the figures recorded in
-# docs/ARCHITECTURE.md ("Registry").
+# docs/RELIABILITY.md ("Redis") and docs/ARCHITECTURE.md ("Registry").
 #
 #   scripts/soak-redis.sh [ROUNDS]        VIPER_FAULT_SEED=S replays a run; BUILD_DIR (default build)
 set -euo pipefail

@@ -9,8 +9,8 @@
 #               predicted and measured CIL, and a plot of served loss over time;
 #   rehearsal   new classes arrive as a stream of record files read by viper.data's prefetcher;
 #               the same training with and without a rehearsal buffer: the forgetting it prevents.
-# About 4 minutes on a quiet 2-core machine (transports and policies took 5 min 13 s at load
-# average 11, before the rehearsal stage was added).
+# About 3 minutes on 2 cores after the build (all three stages: 3 min 10 s at load average 6-7 on
+# 2026-11-25; transports and policies took 5 min 13 s at load average 11 the day before).
 #
 #   scripts/demo.sh [demo.py options]    e.g. --stages policies --workdir /tmp/d --json out.json
 #                                         --transports-args "--model-mb 600 --duration 30"

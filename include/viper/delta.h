@@ -47,6 +47,10 @@ inline constexpr size_t kDeltaHeaderRecordBytes = 48;
 struct DeltaOptions {
   uint32_t block_bytes = 1u << 20;  // target bytes per block (rounded down to the element width)
   int zstd_level = 1;               // for SPARSE and PLANES payloads
+  // A byte plane whose sampled entropy is above this many bits per byte is stored raw, not tried
+  // with zstd (which would gain little on it at its full cost). 7.7 measured best on real fp32
+  // steps: 6.5 made the SGD delta 6% bigger at the same CPU (docs/ARCHITECTURE.md "Delta updates").
+  double raw_plane_entropy_bits = 7.7;
 };
 
 // Bytes of each method in an encoded stream (target bytes they cover, encoded bytes they cost).

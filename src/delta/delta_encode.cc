@@ -16,9 +16,6 @@ using namespace delta_internal;
 namespace {
 
 constexpr uint64_t kNoBase = UINT64_MAX;
-// A plane whose sampled byte entropy is above this many bits is stored raw: zstd would gain
-// under ~4% on it and cost its full speed (measured: docs/ARCHITECTURE.md "Delta updates").
-constexpr double kRawPlaneEntropyBits = 7.7;
 // A zstd result is kept only if it saves at least this fraction.
 constexpr double kMinZstdSaving = 0.03;
 
@@ -27,9 +24,9 @@ constexpr double kMinZstdSaving = 0.03;
 struct PlaneHints {
   bool zero[8] = {};
   double entropy[8] = {};  // Shannon bits per byte of up to 4096 sampled elements
-  bool worth_planes(size_t width) const {
+  bool worth_planes(size_t width, double raw_bits) const {
     for (size_t k = 0; k < width; ++k)
-      if (zero[k] || entropy[k] <= kRawPlaneEntropyBits) return true;
+      if (zero[k] || entropy[k] <= raw_bits) return true;
     return false;
   }
 };
@@ -221,7 +218,8 @@ void BuildSparse(DeltaScratch::State& s, const std::byte* r, size_t n, uint8_t w
 }
 
 // PLANES payload: per plane u8 kind (zero, raw, zstd), u32 bytes, data.
-void BuildPlanes(DeltaScratch::State& s, const std::byte* r, size_t n, uint8_t width, int level, const PlaneHints& h) {
+void BuildPlanes(DeltaScratch::State& s, const std::byte* r, size_t n, uint8_t width, int level, double raw_bits,
+                 const PlaneHints& h) {
   const std::byte* planes = r;
   if (width > 1) {
     s.planes.resize(n * width);
@@ -234,7 +232,7 @@ void BuildPlanes(DeltaScratch::State& s, const std::byte* r, size_t n, uint8_t w
     if (h.zero[k]) {
       Put<uint8_t>(s.dense, kPlaneZero);
       Put<uint32_t>(s.dense, 0);
-    } else if (h.entropy[k] <= kRawPlaneEntropyBits && TryZstd(s.cctx, level, p, n, s.zstd)) {
+    } else if (h.entropy[k] <= raw_bits && TryZstd(s.cctx, level, p, n, s.zstd)) {
       Put<uint8_t>(s.dense, kPlaneZstd);
       Put<uint32_t>(s.dense, static_cast<uint32_t>(s.zstd.size()));
       s.dense.insert(s.dense.end(), s.zstd.begin(), s.zstd.end());
@@ -291,8 +289,8 @@ void DeltaEncoder::EncodeBlock(size_t i, DeltaScratch& scratch, std::vector<std:
     }
     PlaneHints hints;
     if (nonzero * 64 > n) hints = HintPlanes(r, n, blk.width);
-    if (nonzero * 64 > n && hints.worth_planes(blk.width)) {
-      BuildPlanes(s, r, n, blk.width, options_.zstd_level, hints);
+    if (nonzero * 64 > n && hints.worth_planes(blk.width, options_.raw_plane_entropy_bits)) {
+      BuildPlanes(s, r, n, blk.width, options_.zstd_level, options_.raw_plane_entropy_bits, hints);
       if (s.dense.size() < payload_bytes) {
         method = DeltaMethod::kPlanes;
         payload = s.dense.data();

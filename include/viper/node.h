@@ -77,6 +77,7 @@ struct NodeOptions {
   // keep_host_versions; delta_bases 0 is the same as kOff (`viper serve --delta --delta-bases`).
   DeltaMode delta = DeltaMode::kAuto;
   size_t delta_bases = 1;
+  size_t delta_threads = 2;  // encoder threads (the parts of one delta are encoded side by side)
   // Testing: called on the node's encoder thread after each part of a delta is encoded, before
   // it is handed to the senders; the encoder waits for it. Leave empty.
   std::function<void(const DeltaPartEvent&)> delta_part_hook;
@@ -113,6 +114,7 @@ struct DeltaStats {
   uint64_t encoded_bytes = 0;    // their size
   uint64_t target_bytes = 0;     // the size of the versions they encode
   uint64_t cancelled = 0;        // encodes stopped (base evicted, not smaller)
+  uint64_t skipped = 0;          // eager encodes not started: the model's deltas did not pay
   uint64_t sent = 0;             // delta streams sent to consumers
   uint64_t sent_bytes = 0;
   uint64_t declined = 0;         // FETCHes that offered a base and got the full snapshot

@@ -214,6 +214,7 @@ OptionsTable<viper::NodeOptions> NodeOptionsTable() {
       .Named("delta", &O::delta, viper::ParseDeltaMode, viper::delta_mode_name,
              "deltas to consumers that fetch over the network: off, auto (when smaller and faster) or always")
       .Plain("delta_bases", &O::delta_bases, "older versions per model kept as delta bases")
+      .Plain("delta_threads", &O::delta_threads, "encoder threads of the node's deltas")
       .Plain("registry", &O::registry, "shared registry to register in: 'embedded' or redis://HOST:PORT[/DB]; empty = none");
   return t;
 }

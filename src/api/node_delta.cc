@@ -34,7 +34,10 @@ DeltaStore::DeltaStore(NodeOptions options, HostTier* host, net::Engine* engine,
       host_(host),
       engine_(engine),
       egress_(egress),
-      encoder_(std::make_unique<internal::TaskQueue>("node-delta")) {}
+      encoders_() {
+  for (size_t i = 0; i < std::max<size_t>(1, options_.delta_threads); ++i)
+    encoders_.push_back(std::make_unique<internal::TaskQueue>("node-delta-" + std::to_string(i)));
+}
 
 DeltaStore::~DeltaStore() {
   {
@@ -45,7 +48,7 @@ DeltaStore::~DeltaStore() {
       job->senders.clear();
     }
   }
-  encoder_->Close();  // queued encodes see `cancelled` and return at once
+  for (auto& q : encoders_) q->Close();  // queued encodes see `cancelled` and return at once
   std::lock_guard<std::mutex> lock(mu_);
   jobs_.clear();
   bases_.clear();
@@ -81,7 +84,8 @@ void DeltaStore::OnCommit(const proto::VersionInfo& info, bool eager) {
       stale.emplace_back(it->second, base_gone);
       it = jobs_.erase(it);
     }
-    if (eager && list.size() >= 2) JobLocked(info.model, list[list.size() - 2], list.back());
+    if (eager && list.size() >= 2 && WorthEncodingLocked(info.model, info.size))
+      JobLocked(info.model, list[list.size() - 2], list.back());
   }
   for (auto& [job, base_gone] : stale) {
     std::lock_guard<std::mutex> lock(job->mu);
@@ -124,20 +128,28 @@ std::shared_ptr<DeltaJob> DeltaStore::JobLocked(const std::string& model, const 
   job->target_lease = target.lease;
   job->base = base.snapshot;
   job->target = target.snapshot;
+  job->slots.resize(job->total_parts);
+  job->workers_left = static_cast<uint32_t>(encoders_.size());
   jobs_[key] = job;
-  encoder_->Post([this, job] { Encode(job); });
+  for (auto& q : encoders_) q->Post([this, job] { Encode(job); });
   return job;
 }
 
-// Encoder thread: the parts in order, each handed to the senders as soon as it is done.
+// Encoder threads: each takes the next part not yet taken; finished parts join the job's
+// in-order prefix, which the senders stream as soon as it grows.
 void DeltaStore::Encode(const std::shared_ptr<DeltaJob>& job) {
-  const int64_t start = WallClockNs();
+  {
+    std::lock_guard<std::mutex> lock(job->mu);
+    if (job->started_ns == 0) job->started_ns = WallClockNs();
+  }
   DeltaScratch scratch;
-  const DeltaEncoder& enc = *job->encoder;  // set before this task was posted; reset only by Finish below
-  for (uint32_t p = 0; p < job->total_parts; ++p) {
+  const DeltaEncoder& enc = *job->encoder;  // reset by Finish only, after every thread is done here
+  for (;;) {
+    uint32_t p = 0;
     {
       std::lock_guard<std::mutex> lock(job->mu);
-      if (job->cancelled) break;
+      if (job->cancelled || job->next_part >= job->total_parts) break;
+      p = job->next_part++;
     }
     auto part = std::make_shared<std::vector<std::byte>>();
     if (p == 0) enc.AppendHeader(part.get());
@@ -148,12 +160,15 @@ void DeltaStore::Encode(const std::shared_ptr<DeltaJob>& job) {
       options_.delta_part_hook(DeltaPartEvent{job->model, job->base_version, job->target_version, p, part.get()});
     {
       std::lock_guard<std::mutex> lock(job->mu);
-      job->encoded_bytes += part->size();
-      job->target_done = enc.target_end_of(last);
-      job->parts.push_back(std::move(part));
-      bool streamed = !job->senders.empty();
+      job->slots[p] = std::move(part);
+      while (job->parts.size() < job->total_parts && job->slots[job->parts.size()]) {
+        auto& next = job->slots[job->parts.size()];
+        job->encoded_bytes += next->size();
+        job->parts.push_back(std::move(next));
+      }
+      job->target_done = enc.target_end_of(std::min(job->parts.size() * kBlocksPerPart, enc.blocks()));
       // Not worth finishing: a quarter in, nobody is receiving it and it is not smaller.
-      if (!streamed && job->target_done >= job->target_size / 4 &&
+      if (!job->cancelled && job->senders.empty() && job->target_done >= job->target_size / 4 &&
           static_cast<double>(job->encoded_bytes) > kMaxRatio * static_cast<double>(job->target_done)) {
         job->cancelled = true;
         job->error = Status::FailedPrecondition("the delta of " + job->model + " " + std::to_string(job->base_version) +
@@ -162,7 +177,13 @@ void DeltaStore::Encode(const std::shared_ptr<DeltaJob>& job) {
     }
     engine_->Post([this, job] { Pump(job); });
   }
-  Finish(job, WallClockNs() - start);
+  int64_t started = 0;
+  {
+    std::lock_guard<std::mutex> lock(job->mu);
+    if (--job->workers_left != 0) return;
+    started = job->started_ns;
+  }
+  Finish(job, WallClockNs() - started);
 }
 
 void DeltaStore::Finish(const std::shared_ptr<DeltaJob>& job, int64_t encode_ns) {
@@ -209,7 +230,7 @@ void DeltaStore::Finish(const std::shared_ptr<DeltaJob>& job, int64_t encode_ns)
   engine_->Post([this, job] { Pump(job); });
 }
 
-bool DeltaStore::Predict(DeltaJob& job, net::PeerId peer, uint64_t size, std::string* why) {
+bool DeltaStore::Predict(const std::string& model, DeltaJob* job, net::PeerId peer, uint64_t size, std::string* why) {
   // With nothing encoded yet and no earlier delta of the model, the delta is assumed as big as
   // the snapshot (full): unrelated versions must not cost an encode plus a full-size stream.
   double bandwidth = kDefaultBandwidth, encode_rate = kDefaultEncodeRate, prior = 1.0;
@@ -218,19 +239,19 @@ bool DeltaStore::Predict(DeltaJob& job, net::PeerId peer, uint64_t size, std::st
     if (bandwidth_ > 0) bandwidth = bandwidth_;
     if (auto it = peer_bandwidth_.find(peer); it != peer_bandwidth_.end()) bandwidth = it->second;
     if (encode_rate_ > 0) encode_rate = encode_rate_;
-    if (auto it = last_ratio_.find(job.model); it != last_ratio_.end()) prior = it->second;
+    if (auto it = last_ratio_.find(model); it != last_ratio_.end()) prior = it->second;
   }
   uint64_t done_bytes = 0, encoded = 0;
   bool finished = false;
-  {
-    std::lock_guard<std::mutex> lock(job.mu);
-    if (!job.error.ok()) {
-      *why = job.error.message();
+  if (job != nullptr) {
+    std::lock_guard<std::mutex> lock(job->mu);
+    if (!job->error.ok()) {
+      *why = job->error.message();
       return false;
     }
-    done_bytes = job.target_done;
-    encoded = job.encoded_bytes;
-    finished = job.done;
+    done_bytes = job->target_done;
+    encoded = job->encoded_bytes;
+    finished = job->done;
   }
   const auto s = static_cast<double>(size);
   const double ratio = done_bytes > 0 ? static_cast<double>(encoded) / static_cast<double>(done_bytes) : prior;
@@ -250,12 +271,13 @@ bool DeltaStore::Predict(DeltaJob& job, net::PeerId peer, uint64_t size, std::st
     *why = "delta predicted slower: " + figures;
     return false;
   }
-  *why = "delta against version " + std::to_string(job.base_version) + ": " + figures;
+  *why = figures;
   return true;
 }
 
 bool DeltaStore::TryStart(net::PeerId peer, const proto::Fetch& m, const proto::VersionInfo& info, std::string* why) {
   std::shared_ptr<DeltaJob> job;
+  std::optional<Base> base_copy, target_copy;  // a job to make if the prediction says it pays
   {
     std::lock_guard<std::mutex> lock(mu_);
     const Base* base = nullptr;
@@ -273,20 +295,41 @@ bool DeltaStore::TryStart(net::PeerId peer, const proto::Fetch& m, const proto::
              " the bases kept here (delta_bases " + std::to_string(options_.delta_bases) + ")";
     } else if (target == nullptr || base->version >= target->version) {
       *why = "no delta is kept towards version " + std::to_string(info.version);
+    } else if (auto it = jobs_.find(Key{m.model, base->version, target->version}); it != jobs_.end()) {
+      job = it->second;  // being encoded (eagerly, or for another consumer) or done
     } else {
-      job = JobLocked(m.model, *base, *target);
+      base_copy = *base;
+      target_copy = *target;
     }
-    if (!job) {
+    if (!job && !base_copy) {
       stats_.declined++;
       return false;
     }
   }
-  if (options_.delta == DeltaMode::kAlways) {
-    *why = "delta against version " + std::to_string(m.base_version) + " (node set to always send deltas)";
-  } else if (!Predict(*job, peer, info.size, why)) {
+  bool stopped = false;  // the job gave up: not smaller, or its base evicted
+  if (job) {
+    std::lock_guard<std::mutex> lock(job->mu);
+    if (!job->error.ok()) {
+      stopped = true;
+      *why = job->error.message();
+    }
+  }
+  const bool always = options_.delta == DeltaMode::kAlways;
+  if (stopped || (!always && !Predict(m.model, job.get(), peer, info.size, why))) {
     std::lock_guard<std::mutex> lock(mu_);
     stats_.declined++;
-    return false;
+    return false;  // a delta not made yet is not started for nothing
+  }
+  *why = "delta against version " + std::to_string(m.base_version) +
+         (always ? " (node set to always send deltas)" : ": " + *why);
+  if (!job) {
+    std::lock_guard<std::mutex> lock(mu_);
+    job = JobLocked(m.model, *base_copy, *target_copy);
+    if (!job) {
+      *why = "the delta could not be planned";
+      stats_.declined++;
+      return false;
+    }
   }
   auto send = std::make_shared<DeltaSend>();
   send->job = job;
@@ -376,6 +419,21 @@ void DeltaStore::PumpSend(const std::shared_ptr<DeltaSend>& send) {
       PumpSend(send);
     });
   }
+}
+
+// The eager encode after a commit is skipped while this model's deltas are predicted not to pay
+// (from its last finished delta, the encoder's rate and the bandwidth), except every 8th version,
+// which keeps those figures fresh. REQUIRES: mu_ held.
+bool DeltaStore::WorthEncodingLocked(const std::string& model, uint64_t size) {
+  if (options_.delta == DeltaMode::kAlways) return true;
+  auto ratio = last_ratio_.find(model);
+  if (ratio == last_ratio_.end() || encode_rate_ <= 0) return true;  // nothing measured: find out
+  if (++eager_commits_[model] % 8 == 0) return true;
+  const double s = static_cast<double>(size), bandwidth = bandwidth_ > 0 ? bandwidth_ : kDefaultBandwidth;
+  const double t = std::max({s / encode_rate_, ratio->second * s / bandwidth, s / kDecodeRate});
+  bool worth = ratio->second <= kMaxRatio && t < s / bandwidth;
+  if (!worth) stats_.skipped++;
+  return worth;
 }
 
 void DeltaStore::RecordFullSend(net::PeerId peer, uint64_t bytes, int64_t ns) {

@@ -41,7 +41,11 @@ struct DeltaJob {
   uint32_t total_parts = 0;
 
   std::mutex mu;  // guards everything below
-  std::vector<std::shared_ptr<const std::vector<std::byte>>> parts;  // encoded so far, in order
+  std::vector<std::shared_ptr<const std::vector<std::byte>>> parts;  // encoded so far, in order (a prefix)
+  std::vector<std::shared_ptr<const std::vector<std::byte>>> slots;  // encoded, not yet in that prefix
+  uint32_t next_part = 0;    // the next part an encoder thread takes
+  uint32_t workers_left = 0; // encoder threads that have not finished with this job
+  int64_t started_ns = 0;
   uint64_t encoded_bytes = 0;
   uint64_t target_done = 0;  // target bytes covered by the parts so far
   bool done = false;         // every part encoded
@@ -103,12 +107,14 @@ class DeltaStore {
 
   std::shared_ptr<DeltaJob> JobLocked(const std::string& model, const Base& base, const Base& target);
   void Encode(const std::shared_ptr<DeltaJob>& job);
+  bool WorthEncodingLocked(const std::string& model, uint64_t size);
   void Finish(const std::shared_ptr<DeltaJob>& job, int64_t encode_ns);
   void Pump(const std::shared_ptr<DeltaJob>& job);
   void PumpSend(const std::shared_ptr<DeltaSend>& send);
   static void Retire(DeltaJob& job, const std::shared_ptr<DeltaSend>& send);
-  // Predicted seconds of the delta (pipelined encode, send, decode) and of the full transfer.
-  bool Predict(DeltaJob& job, net::PeerId peer, uint64_t size, std::string* why);
+  // Whether a delta of `size` bytes to `peer` is predicted smaller and sooner than the full
+  // snapshot: encode (from what `job` has done, if any), send and decode overlap part by part.
+  bool Predict(const std::string& model, DeltaJob* job, net::PeerId peer, uint64_t size, std::string* why);
 
   const NodeOptions options_;
   HostTier* const host_;
@@ -119,12 +125,13 @@ class DeltaStore {
   std::map<std::string, std::deque<Base>> bases_;  // per model, oldest first; the newest is the latest commit
   std::map<Key, std::shared_ptr<DeltaJob>> jobs_;
   std::map<std::string, double> last_ratio_;       // per model: encoded / target of the last finished delta
+  std::map<std::string, uint64_t> eager_commits_;  // per model: commits weighed by WorthEncodingLocked
   double bandwidth_ = 0;                           // bytes/s of full sends (EWMA), 0 = not measured
   std::map<net::PeerId, double> peer_bandwidth_;   // the same per peer (the most recent 1024 peers)
   double encode_rate_ = 0;                         // target bytes/s of the encoder (EWMA), 0 = not measured
   DeltaStats stats_;
 
-  std::unique_ptr<internal::TaskQueue> encoder_;   // last: stopped first
+  std::vector<std::unique_ptr<internal::TaskQueue>> encoders_;  // last: stopped first
 };
 
 }  // namespace viper

@@ -23,7 +23,7 @@ std::map<std::string, uint64_t> StatsCounters(const NodeStats& s) {
           {"bytes_sent_incoming", s.bytes_sent_incoming}, {"incoming_versions", s.incoming_versions},
           {"incoming_aborted", s.incoming_aborted},     {"delta_encoded", s.delta.encoded},
           {"delta_encoded_bytes", s.delta.encoded_bytes}, {"delta_target_bytes", s.delta.target_bytes},
-          {"delta_cancelled", s.delta.cancelled},       {"delta_sent", s.delta.sent},
+          {"delta_cancelled", s.delta.cancelled},       {"delta_skipped", s.delta.skipped},       {"delta_sent", s.delta.sent},
           {"delta_sent_bytes", s.delta.sent_bytes},     {"delta_declined", s.delta.declined}};
 }
 

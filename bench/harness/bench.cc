@@ -203,21 +203,29 @@ Status RunAll(const Config& c, const std::string& json_path) {
   std::fflush(stdout);
   Report report;
   std::vector<SizeResult> sizes;
-  VIPER_RETURN_IF_ERROR(RunSizes(c, report, sizes));
-  auto n = RunNotify(c);
-  if (!n.ok()) return n.status().WithContext("notification latency");
-  PrintNotify(*n);
+  auto named = [&](const Section& s) { return std::find(c.only.begin(), c.only.end(), s.name) != c.only.end(); };
+  for (const auto& name : c.only)
+    if (std::none_of(sections().begin(), sections().end(), [&](const Section& s) { return s.name == name && s.once; }))
+      return Status::InvalidArgument("--only " + name + ": no such part of viper bench");
+  NotifyResult notify;
+  if (c.only.empty()) {
+    VIPER_RETURN_IF_ERROR(RunSizes(c, report, sizes));
+    auto n = RunNotify(c);
+    if (!n.ok()) return n.status().WithContext("notification latency");
+    PrintNotify(*n);
+    notify = std::move(n).value();
+    report.Target("notification p99 (ms)", notify.notify.Percentile(99) * 1e3, 1.0, true);
+  }
   json sections_json = json::object();
   for (const Section& section : sections())
-    if (section.once) {
+    if (section.once && (c.only.empty() ? !section.opt_in : named(section))) {
       auto figures = section.once(c, report);
       if (!figures.ok()) return figures.status().WithContext(section.name);
       sections_json[section.name] = std::move(figures).value();
     }
-  report.Target("notification p99 (ms)", n->notify.Percentile(99) * 1e3, 1.0, true);
   json targets = report.PrintTargets();
   if (json_path.empty()) return Status::OK();
-  return WriteJson(c, sizes, *n, std::move(sections_json), std::move(targets), json_path);
+  return WriteJson(c, sizes, notify, std::move(sections_json), std::move(targets), json_path);
 }
 
 }  // namespace

@@ -24,6 +24,22 @@ Result<PollResult> RunPoll(const Config& config, const SourceModel& m, const std
 // Notification latency over config.notify_count small versions.
 Result<NotifyResult> RunNotify(const Config& config);
 
+// One ucx_perftest tag_bw run from this host to the consumer's (127.0.0.1 with --hosts 1), over
+// UCX's TCP transport as Viper's engine uses it across processes: `bytes` per message, `iters`
+// messages after one warm-up. Returns GB/s (ucx_perftest's overall bandwidth).
+struct UcxRun {
+  uint64_t bytes = 0;
+  int iters = 10;
+  bool peer_failure = false;    // -e on both sides: endpoints with peer-failure handling, as Viper's
+  bool viper_segments = false;  // UCX_TCP_{TX,RX}_SEG_SIZE=256K, the engine's defaults (net/engine.cc)
+};
+Result<double> UcxTagBw(const Config& config, const UcxRun& run);
+
+// The median GB/s of max(reps, 3) plain TCP streams of `bytes` (viper_wire_baseline, one process
+// to another) from this host to the consumer's; `sink` is its server's flag: "" (the wire),
+// "--land" (into a buffer of the stream's size) or "--verify" (landed and hashed).
+Result<double> TcpStreamGbps(const Config& config, uint64_t bytes, const std::string& sink);
+
 // --hosts 2: one more measurement of the raw wire for `bytes` into `wire` (failures are recorded
 // in wire.error, not returned); medians are recomputed over every measurement so far.
 void RunWire(const Config& config, uint64_t bytes, WireResult& wire);

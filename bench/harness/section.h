@@ -52,6 +52,9 @@ struct Section {
   int order = 100;
   std::function<Status(SizeContext&)> per_size;                           // optional
   std::function<Result<nlohmann::json>(const Config&, Report&)> once;    // optional
+  // Runs only when named by `viper bench --only NAME` (which then skips the sizes and the
+  // notification latency): a long part that most runs do not want.
+  bool opt_in = false;
 };
 
 std::vector<Section>& sections();  // sorted by (order, name) when the run starts

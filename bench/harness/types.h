@@ -41,6 +41,9 @@ struct Config {
   std::string log_path;     // children's stderr
   bool quick = false;
   bool diagnose = true;     // add the sync diagnostic row (see ModeResult::variant)
+  std::vector<std::string> only;  // --only: run just these once-parts (section.h), no sizes
+  uint64_t delta_bytes = 256ull << 20;  // delta part, case (a): the bf16 model's size
+  std::string delta_models;  // delta part: bench/delta_models.py's output (empty: made under file_dir)
 };
 
 struct ModeResult {

@@ -3,7 +3,12 @@
 // stream landed in a snapshot-sized buffer and landed + hashed (the verified-receive ceiling), and
 // UCX's own tag_bw (ucx_perftest, TCP transport), each for one message of the snapshot size, from
 // this host (h1, the producer's) to the consumer's (h2).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <sstream>
@@ -24,7 +29,7 @@ std::vector<std::string> InPeerHost(const Config& c, std::vector<std::string> ar
 }
 
 Status RunTcp(const Config& c, uint64_t bytes, const std::string& sink, std::vector<double>& gbps_all, std::string* cc) {
-  TcpEnds ends{c.wire_bin, c.log_path, c.consumer_prefix, c.peer_ip, {}};
+  TcpEnds ends{c.wire_bin, c.log_path, c.consumer_prefix, c.peer_ip.empty() ? "127.0.0.1" : c.peer_ip, {}};
   return MeasureTcpStream(ends, bytes, std::max(c.reps, 3), sink, gbps_all, cc);
 }
 
@@ -44,29 +49,29 @@ Result<double> ParseUcxFinal(const std::string& out) {
   return Status::Corruption("ucx_perftest printed no Final row: " + out.substr(0, 400));
 }
 
+// A TCP port free on this host now (bound to port 0, then released): ucx_perftest takes a fixed one.
+Result<std::string> FreePort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return Status::FromErrno("socket for a free port", errno);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+            ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+  const int err = errno;
+  ::close(fd);
+  if (!ok) return Status::FromErrno("binding a free port on 127.0.0.1", err);
+  return std::to_string(ntohs(a.sin_port));
+}
+
 // peer_failure: both sides with `-e` (endpoints with peer-failure handling).
 Status RunUcx(const Config& c, uint64_t bytes, bool peer_failure, std::vector<double>& gbps_all) {
-  const std::string port = std::to_string(20000 + ::getpid() % 20000 + (peer_failure ? 1 : 0));
-  auto perftest = [&](std::vector<std::string> args) {
-    std::vector<std::string> argv{"env", "UCX_TLS=tcp", "ucx_perftest"};
-    argv.insert(argv.end(), args.begin(), args.end());
-    if (peer_failure) argv.push_back("-e");
-    return argv;
-  };
-  auto server = LineChild::Start(InPeerHost(c, perftest({"-p", port})), c.log_path);
-  if (!server.ok()) return server.status();
-  int iters = bytes > (256u << 20) ? std::max(c.reps, 3) : 10;
-  Result<std::string> out = Status::Unavailable("not run");
-  for (int attempt = 0; attempt < 20; ++attempt) {  // the server needs a moment to listen
-    std::this_thread::sleep_for(milliseconds(250));
-    out = RunCapture(perftest({c.peer_ip, "-p", port, "-t", "tag_bw", "-s", std::to_string(bytes), "-n",
-                               std::to_string(iters), "-w", "1"}),
-                     milliseconds(600000), c.log_path);
-    if (out.ok()) break;
-  }
-  (*server)->Stop(milliseconds(2000));
-  if (!out.ok()) return out.status();
-  VIPER_ASSIGN_OR_RETURN(double gbps, ParseUcxFinal(*out));
+  UcxRun run;
+  run.bytes = bytes;
+  run.iters = bytes > (256u << 20) ? std::max(c.reps, 3) : 10;
+  run.peer_failure = peer_failure;
+  VIPER_ASSIGN_OR_RETURN(double gbps, UcxTagBw(c, run));
   gbps_all.push_back(gbps);
   return Status::OK();
 }
@@ -92,6 +97,42 @@ Status MeasureTcpStream(const TcpEnds& ends, uint64_t bytes, int reps, const std
   if (cc != nullptr) *cc = j.value("cc", "");
   (*server)->Stop();
   return Status::OK();
+}
+
+Result<double> TcpStreamGbps(const Config& c, uint64_t bytes, const std::string& sink) {
+  std::vector<double> all;
+  VIPER_RETURN_IF_ERROR(RunTcp(c, bytes, sink, all, nullptr));
+  if (all.empty()) return Status::Internal("viper_wire_baseline measured no stream of " + std::to_string(bytes) + " bytes");
+  return Median(all);
+}
+
+Result<double> UcxTagBw(const Config& c, const UcxRun& run) {
+  std::string port = std::to_string(20000 + ::getpid() % 20000 + (run.peer_failure ? 1 : 0));
+  if (c.consumer_prefix.empty()) {  // the server runs on this host
+    VIPER_ASSIGN_OR_RETURN(port, FreePort());
+  }
+  auto perftest = [&](std::vector<std::string> args) {
+    std::vector<std::string> argv{"env", "UCX_TLS=tcp"};
+    if (run.viper_segments) argv.insert(argv.end(), {"UCX_TCP_TX_SEG_SIZE=256K", "UCX_TCP_RX_SEG_SIZE=256K"});
+    argv.push_back("ucx_perftest");
+    argv.insert(argv.end(), args.begin(), args.end());
+    if (run.peer_failure) argv.push_back("-e");
+    return argv;
+  };
+  auto server = LineChild::Start(InPeerHost(c, perftest({"-p", port})), c.log_path);
+  if (!server.ok()) return server.status();
+  const std::string host = c.peer_ip.empty() ? "127.0.0.1" : c.peer_ip;
+  Result<std::string> out = Status::Unavailable("not run");
+  for (int attempt = 0; attempt < 20; ++attempt) {  // the server needs a moment to listen
+    std::this_thread::sleep_for(milliseconds(250));
+    out = RunCapture(perftest({host, "-p", port, "-t", "tag_bw", "-s", std::to_string(run.bytes), "-n",
+                               std::to_string(run.iters), "-w", "1"}),
+                     milliseconds(600000), c.log_path);
+    if (out.ok()) break;
+  }
+  (*server)->Stop(milliseconds(2000));
+  if (!out.ok()) return out.status().WithContext("ucx_perftest tag_bw of " + std::to_string(run.bytes) + " bytes");
+  return ParseUcxFinal(*out);
 }
 
 double Median(std::vector<double> v) {

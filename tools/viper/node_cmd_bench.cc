@@ -32,6 +32,9 @@ struct BenchFlags {
   int fanout_hosts = 4, consumers = 8;
   std::string link_rate;
   int subscribers = 0;  // > 0: only the load benchmark (bench/harness/load.cc)
+  std::vector<std::string> only;
+  std::string delta_bytes = "256Mi";
+  std::string delta_models;
   CLI::App* app = nullptr;
 };
 
@@ -60,6 +63,9 @@ Result<bench::Config> MakeConfig(const BenchFlags& f) {
   c.quick = q;
   c.hosts = f.hosts;
   c.diagnose = !f.no_diagnostic_rows;
+  c.only = f.only;
+  VIPER_ASSIGN_OR_RETURN(c.delta_bytes, ParseSize(f.delta_bytes));
+  c.delta_models = f.delta_models.empty() ? "" : std::filesystem::absolute(f.delta_models).string();
   if (c.reps < 1 || c.warmup < 0 || c.baseline_reps < 1 || c.notify_count < 1 || c.poll_interval_s <= 0)
     return Status::InvalidArgument("--reps, --baseline-reps, --notify-count and --poll-interval must be positive");
   c.file_dir = (std::filesystem::path(f.file_dir) / ("viper-bench-" + std::to_string(::getpid()))).string();
@@ -77,6 +83,9 @@ std::vector<std::string> InnerArgs(const BenchFlags& f) {
   add("--reps", f.reps), add("--warmup", f.warmup), add("--baseline-reps", f.baseline_reps), add("--notify-count", f.notify_count);
   if (f.quick) a.push_back("--quick");
   if (f.no_diagnostic_rows) a.push_back("--no-diagnostic-rows");
+  for (const auto& part : f.only) a.insert(a.end(), {"--only", part});
+  a.insert(a.end(), {"--delta-bytes", f.delta_bytes});
+  if (!f.delta_models.empty()) a.insert(a.end(), {"--delta-models", std::filesystem::absolute(f.delta_models).string()});
   if (!f.json_path.empty()) a.insert(a.end(), {"--json", std::filesystem::absolute(f.json_path).string()});
   return a;
 }
@@ -161,6 +170,10 @@ ViperCommand bench_command(
       app.add_option("--consumers", f->consumers, "--fanout: consumers, a multiple of --fanout-hosts")->capture_default_str();
       app.add_option("--link-rate", f->link_rate,
                      "--fanout: shape every host's link to this rate (tc, e.g. 2gbit): the link, not the shared CPUs, limits");
+      app.add_option("--only", f->only, "Run just this part (repeatable), without the sizes: delta");
+      app.add_option("--delta-bytes", f->delta_bytes, "delta part: size of the bf16 model of case (a)")->capture_default_str();
+      app.add_option("--delta-models", f->delta_models,
+                     "delta part: directory of bench/delta_models.py's files (made there if missing)");
       return [f] { return RunBench(*f); };
     },
     70);

@@ -106,6 +106,7 @@ struct PreparedDelta {
   uint64_t base_version = 0;
   uint64_t bytes = 0;           // the delta stream's size
   uint64_t snapshot_bytes = 0;  // the version's size
+  int64_t encode_ns = 0;        // wall time of the encode, first part taken to last part done
   std::string why_not;          // when not prepared: why (no remote subscriber, no previous version, ...)
 };
 

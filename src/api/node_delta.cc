@@ -208,6 +208,7 @@ void DeltaStore::Finish(const std::shared_ptr<DeltaJob>& job, int64_t encode_ns)
     prepared.base_version = job->base_version;
     prepared.bytes = done ? encoded : 0;
     prepared.snapshot_bytes = job->target_size;
+    prepared.encode_ns = encode_ns;
     if (!done) prepared.why_not = job->error.ok() ? "the delta was not finished" : job->error.message();
   }
   {

@@ -243,7 +243,7 @@ Result<PublishResult> Publisher::Enqueue(Draft draft, const PublishInfo& info, i
     impl_->background.Post([this, task, version, delta] {
       Status st = (*task)();
       if (st.ok()) return;
-      delta->Set(PreparedDelta{false, 0, 0, 0, "the publish failed: " + st.message()});
+      delta->Set(PreparedDelta{.why_not = "the publish failed: " + st.message()});
       log(LogLevel::kError, kLog, "publish of {} version {} failed: {}", options_.model, version, st.message());
       std::lock_guard<std::mutex> lock(impl_->mu);
       if (impl_->first_error.ok()) impl_->first_error = st;

@@ -44,6 +44,7 @@ struct Config {
   std::vector<std::string> only;  // --only: run just these once-parts (section.h), no sizes
   uint64_t delta_bytes = 256ull << 20;  // delta part, case (a): the bf16 model's size
   std::string delta_models;  // delta part: bench/delta_models.py's output (empty: made under file_dir)
+  int delta_threads = 2;     // delta part: the producer node's encoder threads (NodeOptions::delta_threads)
 };
 
 struct ModeResult {

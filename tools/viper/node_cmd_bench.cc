@@ -35,6 +35,7 @@ struct BenchFlags {
   std::vector<std::string> only;
   std::string delta_bytes = "256Mi";
   std::string delta_models;
+  int delta_threads = 2;
   CLI::App* app = nullptr;
 };
 
@@ -65,6 +66,8 @@ Result<bench::Config> MakeConfig(const BenchFlags& f) {
   c.diagnose = !f.no_diagnostic_rows;
   c.only = f.only;
   VIPER_ASSIGN_OR_RETURN(c.delta_bytes, ParseSize(f.delta_bytes));
+  c.delta_threads = f.delta_threads;
+  if (c.delta_threads < 1) return Status::InvalidArgument("--delta-threads must be at least 1");
   c.delta_models = f.delta_models.empty() ? "" : std::filesystem::absolute(f.delta_models).string();
   if (c.reps < 1 || c.warmup < 0 || c.baseline_reps < 1 || c.notify_count < 1 || c.poll_interval_s <= 0)
     return Status::InvalidArgument("--reps, --baseline-reps, --notify-count and --poll-interval must be positive");
@@ -84,7 +87,7 @@ std::vector<std::string> InnerArgs(const BenchFlags& f) {
   if (f.quick) a.push_back("--quick");
   if (f.no_diagnostic_rows) a.push_back("--no-diagnostic-rows");
   for (const auto& part : f.only) a.insert(a.end(), {"--only", part});
-  a.insert(a.end(), {"--delta-bytes", f.delta_bytes});
+  a.insert(a.end(), {"--delta-bytes", f.delta_bytes, "--delta-threads", std::to_string(f.delta_threads)});
   if (!f.delta_models.empty()) a.insert(a.end(), {"--delta-models", std::filesystem::absolute(f.delta_models).string()});
   if (!f.json_path.empty()) a.insert(a.end(), {"--json", std::filesystem::absolute(f.json_path).string()});
   return a;
@@ -172,6 +175,8 @@ ViperCommand bench_command(
                      "--fanout: shape every host's link to this rate (tc, e.g. 2gbit): the link, not the shared CPUs, limits");
       app.add_option("--only", f->only, "Run just this part (repeatable), without the sizes: delta");
       app.add_option("--delta-bytes", f->delta_bytes, "delta part: size of the bf16 model of case (a)")->capture_default_str();
+      app.add_option("--delta-threads", f->delta_threads, "delta part: the producer node's encoder threads")
+          ->capture_default_str();
       app.add_option("--delta-models", f->delta_models,
                      "delta part: directory of bench/delta_models.py's files (made there if missing)");
       return [f] { return RunBench(*f); };

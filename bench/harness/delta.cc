@@ -123,13 +123,7 @@ Status EnsureModels(const std::string& dir, uint64_t params) {
 }
 
 Result<Run> RunCase(const Config& c, Case& k, DeltaMode mode) {
-  PublisherOptions o;
-  o.model = "delta";
-  o.mode = PublishMode::kSync;
-  o.node.listen = c.listen;
-  o.node.recover = false;
-  o.node.segment_prefix = "viperbench" + std::to_string(::getpid());
-  o.node.delta = mode;
+  PublisherOptions o = BenchPublisherOptions(c, "delta", PublishMode::kSync, mode);
   o.node.delta_threads = static_cast<size_t>(c.delta_threads);
   VIPER_ASSIGN_OR_RETURN(auto pub, Publisher::Start(o));
   VIPER_ASSIGN_OR_RETURN(auto peer, StartPeer(c, {"subscribe", "--connect", pub->address(), "--model", "delta", "--path", "remote"}));

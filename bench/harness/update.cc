@@ -115,6 +115,10 @@ Result<std::unique_ptr<LineChild>> StartPeer(const Config& c, std::vector<std::s
 
 Result<std::unique_ptr<Publisher>> StartPublisher(const Config& c, const std::string& model, PublishMode mode,
                                                   DeltaMode delta) {
+  return Publisher::Start(BenchPublisherOptions(c, model, mode, delta));
+}
+
+PublisherOptions BenchPublisherOptions(const Config& c, const std::string& model, PublishMode mode, DeltaMode delta) {
   PublisherOptions o;
   o.node.delta = delta;
   o.model = model;
@@ -123,7 +127,7 @@ Result<std::unique_ptr<Publisher>> StartPublisher(const Config& c, const std::st
   o.node.insecure = true;  // --hosts listens on a namespace address, reachable only inside the bench's own namespaces
   o.node.recover = false;
   o.node.segment_prefix = "viperbench" + std::to_string(::getpid());
-  return Publisher::Start(o);
+  return o;
 }
 
 Result<ModeResult> RunMode(const Config& c, Publisher& pub, const SourceModel& m, const std::string& path,

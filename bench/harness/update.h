@@ -63,6 +63,9 @@ PublishInfo AtStep(int i);
 // process (no recovery of a previous run's); `delta`: how its node answers a consumer offering a base.
 Result<std::unique_ptr<Publisher>> StartPublisher(const Config& config, const std::string& model, PublishMode mode,
                                                   DeltaMode delta = DeltaMode::kAuto);
+// The options StartPublisher starts it with, for a part that sets more of them.
+PublisherOptions BenchPublisherOptions(const Config& config, const std::string& model, PublishMode mode,
+                                       DeltaMode delta = DeltaMode::kAuto);
 
 // Starts `viper bench-peer <args>` (behind config.consumer_prefix: in the consumer's host) and
 // waits for its {"ready":true,...} line, which it also stores in `ready_line` if given.

@@ -127,7 +127,7 @@ class DeltaStore {
   std::map<std::string, double> last_ratio_;       // per model: encoded / target of the last finished delta
   std::map<std::string, uint64_t> eager_commits_;  // per model: commits weighed by WorthEncodingLocked
   double bandwidth_ = 0;                           // bytes/s of full sends (EWMA), 0 = not measured
-  std::map<net::PeerId, double> peer_bandwidth_;   // the same per peer (the most recent 1024 peers)
+  std::map<net::PeerId, double> peer_bandwidth_;   // the same per peer (the most recent 1024; 0: one cold send seen)
   double encode_rate_ = 0;                         // target bytes/s of the encoder (EWMA), 0 = not measured
   DeltaStats stats_;
 

@@ -123,8 +123,16 @@ void ProcessMember::Kill() {
 void ProcessMember::Stop() {
   if (!process_ || !process_->running()) return;
   ::kill(process_->pid(), SIGTERM);
-  if (process_->Wait(60s) < 0) process_->Kill(SIGKILL);
+  const int code = process_->Wait(60s);
+  stopped_ = code >= 0 ? "exit code " + std::to_string(code) : "SIGKILL after 60 s";
+  if (code < 0) process_->Kill(SIGKILL);
 }
+
+namespace {
+std::string Tail(const std::string& text, size_t bytes = 1500) {
+  return text.size() <= bytes ? text : "..." + text.substr(text.size() - bytes);
+}
+}  // namespace
 
 // ---------------------------------------------------------------- witness
 
@@ -475,8 +483,11 @@ Status FaultCluster::Stop() {
   std::vector<std::string> left;
   for (const auto& entry : fs::directory_iterator("/dev/shm"))
     if (entry.path().filename().string().starts_with(prefix_)) left.push_back(entry.path().filename().string());
-  if (!left.empty())
-    return Status::Internal(fmt::format("{} segment(s) left after a clean stop, e.g. /dev/shm/{}", left.size(), left[0]));
+  if (!left.empty()) {
+    auto* p = static_cast<ProcessMember*>(producer);
+    return Status::Internal(fmt::format("{} segment(s) left after a clean stop, e.g. /dev/shm/{}; the producer's stop: "
+                                        "{}; its log ends:\n{}", left.size(), left[0], p->stopped(), Tail(p->log())));
+  }
   for (const auto& entry : fs::recursive_directory_iterator(store_))
     if (entry.path().filename().string().find(".tmp.") != std::string::npos)
       return Status::Internal("temporary file left after a clean stop: " + entry.path().string());

@@ -68,9 +68,12 @@ class ProcessMember : public Member {
   int lives() const override { return life_; }
   std::string log() const override { return ReadFile(log_); }
   pid_t pid() const { return process_ ? process_->pid() : -1; }
+  // How the last Stop() ended: "exit code N", "exit code 128+SIG", or "SIGKILL after 60 s".
+  const std::string& stopped() const { return stopped_; }
 
  private:
   Spec spec_;
+  std::string stopped_;
   std::filesystem::path log_;
   std::unique_ptr<Process> process_;
   int life_ = 0;

@@ -157,6 +157,15 @@ Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options, Cl
   net::EngineOptions eo;  // no listener
   eo.token = options.token;
   VIPER_ASSIGN_OR_RETURN(impl->engine, net::Engine::Start(eo, std::move(eh)));
+  // On a failed connect the engine stops before the Impl goes: its thread may still be in
+  // OnClosed (the HELLO it answered with an error is what woke us), touching the Impl's members.
+  struct StopEngineUnlessConnected {
+    Impl& impl;
+    bool connected = false;
+    ~StopEngineUnlessConnected() {
+      if (!connected) impl.engine.reset();
+    }
+  } guard{*impl};
   auto peer = impl->engine->Connect(options.connect);
   if (!peer.ok()) return peer.status().WithContext("cannot connect to node " + options.connect);
   impl->node = *peer;
@@ -175,6 +184,7 @@ Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options, Cl
   if (auto* e = std::get_if<proto::Error>(&reply)) return StatusFromError(*e).WithContext("node " + options.connect + " refused us");
   std::unique_ptr<Client> client(new Client(impl));
   client->node_ = std::get<proto::HelloOk>(reply);
+  guard.connected = true;
   return client;
 }
 

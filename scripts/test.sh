@@ -6,7 +6,8 @@
 #              network-namespace and Python tests)
 #     asan     AddressSanitizer + UndefinedBehaviorSanitizer build in build-asan/, every C++ test
 #     tsan     ThreadSanitizer build in build-tsan/, the concurrent suites (net, host tier, node)
-#     fuzz     libFuzzer targets (snapshot and protocol parsers) under ASan+UBSan, 30 s each
+#     fuzz     libFuzzer targets (every parser of untrusted bytes) under ASan+UBSan, 15 s each
+#              (longer runs: fuzz/run_fuzz.sh SECONDS)
 #
 # Needs root (or sudo) for apt-get and for the network-namespace tests. Exits non-zero on the
 # first failing stage. VIPER_JOBS sets build parallelism (default: number of cores).
@@ -67,7 +68,7 @@ run_tsan() {
 
 run_fuzz() {
   begin "fuzzing the parsers of untrusted bytes"
-  VIPER_FUZZ_JOBS=$jobs "$root/fuzz/run_fuzz.sh" 30
+  VIPER_FUZZ_JOBS=$jobs "$root/fuzz/run_fuzz.sh" 15
   end fuzz
 }
 

@@ -203,10 +203,8 @@ int64_t Scheduler::MeasuredCheckpointCostLocked(int64_t t_train_ns) const {
 // measured, the caller's estimate (options) unless a reported stall is larger.
 void Scheduler::RefreshCheckpointCostLocked() {
   state_.t_p_measured_ns = MeasuredCheckpointCostLocked(state_.t_train_ns);
-  const int64_t whole = state_.t_p_measured_ns > 0 ? state_.t_p_measured_ns
-                        : stall_ns_window_.empty()  ? options_.t_p_ns
-                        : options_.measure_t_train  ? options_.t_p_ns
-                                                    : 0;
+  const bool estimate_stands = stall_ns_window_.empty() || options_.measure_t_train;
+  const int64_t whole = state_.t_p_measured_ns > 0 ? state_.t_p_measured_ns : estimate_stands ? options_.t_p_ns : 0;
   const int64_t estimate = std::max(state_.t_p_stall_ns, whole);
   if (state_.plans > 0 && Moved(plan_problem_.t_p_ns, estimate)) timings_moved_ = true;
   state_.t_p_ns = estimate;

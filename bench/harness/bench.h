@@ -38,8 +38,12 @@ Status ExecInHosts(const std::string& hosts_script, const std::vector<std::strin
 // Inside the hosts: the address of `host` ("h2") from $VIPER_HOSTS ("h1=10.77.0.1 h2=...").
 Result<std::string> HostAddress(const std::string& host);
 
+// Shapes the egress of hosts h1 .. h`hosts` (their eth0) to `rate` with tc tbf ("2gbit"; nothing if
+// empty): links slower than the shared CPUs, as between real hosts. Inside h1, as root.
+Status ShapeLinks(const std::string& hosts_script_path, int hosts, const std::string& rate, const std::string& log_path);
+
 // Inside h1 (the inner stage): the producer listens on h1's address from $VIPER_HOSTS, consumers
-// and wire servers run in h2 through `hosts.sh exec h2 --`.
+// and wire servers run in h2 through `hosts.sh exec h2 --`; both links shaped to config.link_rate.
 Status ConfigureHosts(const std::string& hosts_script, Config& config);
 
 }  // namespace viper::bench

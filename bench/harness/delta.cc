@@ -189,9 +189,11 @@ Result<json> DeltaSection(const Config& c, Report& report) {
   VIPER_ASSIGN_OR_RETURN(Case f, FileCase(dir, "frozen", "(c) fp32, half the layers frozen", "c_half_frozen"));
   cases.push_back(std::move(f));
 
+  const std::string where = c.hosts == 1 ? "a separate process on this host"
+                            : "in namespace h2, link " + (c.link_rate.empty() ? "unshaped (veth)" : "shaped to " + c.link_rate);
   std::printf("\n== delta updates (consumer %s, remote path; %d warm-up + %d timed updates, medians; %d encoder "
               "threads)\n",
-              c.hosts == 1 ? "a separate process on this host" : "in namespace h2", c.warmup, c.reps, c.delta_threads);
+              where.c_str(), c.warmup, c.reps, c.delta_threads);
   std::printf("%-36s %9s %11s %10s %10s %8s %10s %8s %7s\n", "case", "size", "full/delta", "full e2e", "auto e2e",
               "x full", "always e2e", "x full", "deltas");
   json out = json::object();
@@ -231,7 +233,8 @@ Result<json> DeltaSection(const Config& c, Report& report) {
                 "", full.e2e.median() / ucx_full_s, full.e2e.median() / tcp_full_s, always.e2e.median() / ucx_delta_s,
                 always.e2e.median() / tcp_delta_s);
     std::fflush(stdout);
-    out[k.key] = {{"name", k.name}, {"bytes", k.bytes}, {"delta_threads", c.delta_threads}, {"ratio_full_over_delta", ratio}, {"full", RunJson(full)},
+    out[k.key] = {{"name", k.name}, {"bytes", k.bytes}, {"delta_threads", c.delta_threads},
+                  {"link_rate", c.link_rate}, {"ratio_full_over_delta", ratio}, {"full", RunJson(full)},
                   {"auto", RunJson(autom)}, {"always", RunJson(always)}, {"auto_speedup", auto_x},
                   {"always_speedup", always_x},
                   {"baseline", {{"ucx", "ucx_perftest tag_bw -e, UCX_TLS=tcp, 256K segments"},

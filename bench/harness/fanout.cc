@@ -305,12 +305,7 @@ Status Setup(FanoutRun& run) {
     run.ip.push_back(ip);
   }
   cfg.base.listen = run.ip[1] + ":0";
-  for (int k = 1; k <= cfg.hosts && !cfg.link_rate.empty(); ++k) {
-    std::vector<std::string> tc = run.In(k);
-    tc.insert(tc.end(), {"tc", "qdisc", "replace", "dev", "eth0", "root", "tbf", "rate", cfg.link_rate, "burst", "8mb",
-                         "latency", "100ms"});
-    VIPER_RETURN_IF_ERROR(RunCapture(tc, milliseconds(10000), cfg.base.log_path).status().WithContext("shaping h" + std::to_string(k)));
-  }
+  VIPER_RETURN_IF_ERROR(ShapeLinks(run.script, cfg.hosts, cfg.link_rate, cfg.base.log_path));
   VIPER_ASSIGN_OR_RETURN(run.model, MakeNt3(cfg.base.sizes.front().second));
   VIPER_ASSIGN_OR_RETURN(SnapshotLayout layout, SnapshotLayout::Make(run.model.specs));
   run.bytes = layout.total_bytes();  // what each publish sends (checked against PublishResult below)

@@ -46,13 +46,25 @@ Status ExecInHosts(const std::string& hosts_script, const std::vector<std::strin
   return Status::FromErrno("exec " + script);
 }
 
+Status ShapeLinks(const std::string& script, int hosts, const std::string& rate, const std::string& log_path) {
+  for (int k = 1; k <= hosts && !rate.empty(); ++k) {
+    std::vector<std::string> tc;
+    if (k > 1) tc = {script, "exec", "h" + std::to_string(k), "--"};
+    tc.insert(tc.end(), {"tc", "qdisc", "replace", "dev", "eth0", "root", "tbf", "rate", rate, "burst", "8mb", "latency",
+                         "100ms"});
+    VIPER_RETURN_IF_ERROR(
+        RunCapture(tc, std::chrono::milliseconds(10000), log_path).status().WithContext("shaping h" + std::to_string(k)));
+  }
+  return Status::OK();
+}
+
 Status ConfigureHosts(const std::string& hosts_script, Config& c) {
   VIPER_ASSIGN_OR_RETURN(std::string script, FindHostsScript(hosts_script));
   VIPER_ASSIGN_OR_RETURN(std::string h1, HostAddress("h1"));
   VIPER_ASSIGN_OR_RETURN(c.peer_ip, HostAddress("h2"));
   c.listen = h1 + ":0";
   c.consumer_prefix = {script, "exec", "h2", "--"};
-  return Status::OK();
+  return ShapeLinks(script, 2, c.link_rate, c.log_path);
 }
 
 }  // namespace viper::bench

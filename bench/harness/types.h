@@ -37,6 +37,7 @@ struct Config {
   std::vector<std::string> consumer_prefix;  // prepended to consumer commands (hosts.sh exec h2 --)
   std::string file_dir;     // baseline files (a disk, not tmpfs)
   std::string peer_ip;      // --hosts 2: the consumer host's address (wire baselines)
+  std::string link_rate;    // --hosts 2: each host's egress shaped to this tc rate (empty: unshaped veth)
   std::string wire_bin;     // viper_wire_baseline
   std::string log_path;     // children's stderr
   bool quick = false;

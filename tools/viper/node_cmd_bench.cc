@@ -90,6 +90,8 @@ std::vector<std::string> InnerArgs(const BenchFlags& f) {
   a.insert(a.end(), {"--delta-bytes", f.delta_bytes, "--delta-threads", std::to_string(f.delta_threads)});
   if (!f.delta_models.empty()) a.insert(a.end(), {"--delta-models", std::filesystem::absolute(f.delta_models).string()});
   if (!f.json_path.empty()) a.insert(a.end(), {"--json", std::filesystem::absolute(f.json_path).string()});
+  if (!f.hosts_script.empty()) a.insert(a.end(), {"--hosts-script", f.hosts_script});
+  if (!f.link_rate.empty()) a.insert(a.end(), {"--link-rate", f.link_rate});
   return a;
 }
 
@@ -107,9 +109,15 @@ std::vector<std::string> FanoutInnerArgs(const BenchFlags& f) {
   return a;
 }
 
-int RunFanoutBench(const BenchFlags& f) {
+Status CheckLinkRate(const BenchFlags& f) {
   if (!f.link_rate.empty() && !std::regex_match(f.link_rate, std::regex("[0-9]+(\\.[0-9]+)?[kmgt]?(bit|bps)")))
-    return Fail("bench", Status::InvalidArgument("--link-rate '" + f.link_rate + "': expected a tc rate such as 2gbit or 250mbps"));
+    return Status::InvalidArgument("--link-rate '" + f.link_rate + "': expected a tc rate such as 2gbit or 250mbps");
+  if (!f.link_rate.empty() && !f.fanout && f.hosts != 2)
+    return Status::InvalidArgument("--link-rate shapes the links between hosts: give --hosts 2 (or --fanout)");
+  return Status::OK();
+}
+
+int RunFanoutBench(const BenchFlags& f) {
   if (f.hosts_stage == 0) return Fail("bench", bench::ExecInHosts(f.hosts_script, FanoutInnerArgs(f), f.fanout_hosts));
   auto config = MakeConfig(f);
   if (!config.ok()) return Fail("bench", config.status());
@@ -128,6 +136,7 @@ int RunFanoutBench(const BenchFlags& f) {
 
 int RunBench(const BenchFlags& f) {
   if (f.fanout && f.subscribers != 0) return Fail("bench", Status::InvalidArgument("--fanout and --subscribers are two benchmarks: give one"));
+  if (Status st = CheckLinkRate(f); !st.ok()) return Fail("bench", st);
   if (f.fanout) return RunFanoutBench(f);
   if (f.hosts != 1 && f.hosts != 2) return Fail("bench", Status::InvalidArgument("--hosts must be 1 or 2"));
   if (f.subscribers != 0 && f.hosts != 1)
@@ -139,6 +148,7 @@ int RunBench(const BenchFlags& f) {
     Status st = bench::RunLoad(*config, f.subscribers, f.json_path);
     return st.ok() ? 0 : Fail("bench", st);
   }
+  config->link_rate = f.link_rate;
   if (f.hosts == 2)
     if (Status st = bench::ConfigureHosts(f.hosts_script, *config); !st.ok()) return Fail("bench", st);
   Status st = bench::Run(*config, f.json_path);
@@ -172,7 +182,8 @@ ViperCommand bench_command(
       app.add_option("--fanout-hosts", f->fanout_hosts, "--fanout: hosts (the producer's is h1)")->capture_default_str();
       app.add_option("--consumers", f->consumers, "--fanout: consumers, a multiple of --fanout-hosts")->capture_default_str();
       app.add_option("--link-rate", f->link_rate,
-                     "--fanout: shape every host's link to this rate (tc, e.g. 2gbit): the link, not the shared CPUs, limits");
+                     "--fanout, --hosts 2: shape every host's link to this rate (tc, e.g. 2gbit): the link, not the shared CPUs, "
+                     "limits");
       app.add_option("--only", f->only, "Run just this part (repeatable), without the sizes: delta");
       app.add_option("--delta-bytes", f->delta_bytes, "delta part: size of the bf16 model of case (a)")->capture_default_str();
       app.add_option("--delta-threads", f->delta_threads, "delta part: the producer node's encoder threads")

@@ -338,11 +338,13 @@ void BindPublisher(py::module_& m) {
              out["bytes"] = d.bytes;
              out["snapshot_bytes"] = d.snapshot_bytes;
              out["why_not"] = d.why_not;
+             out["encode_seconds"] = NsToSeconds(d.encode_ns);
              return out;
            }, py::arg("timeout") = 60.0,
            "The delta the node prepares for this version against the previous one, for consumers that fetch "
            "over the network: waits for its encode (in the background after the commit) and returns a dict "
-           "with prepared, base_version, bytes, snapshot_bytes and why_not (why none was made).")
+           "with prepared, base_version, bytes, snapshot_bytes, encode_seconds (the encode's wall time) and why_not "
+           "(why none was made).")
       .def("__repr__", [](const viper::PublishResult& r) {
         return "PublishResult(version=" + std::to_string(r.version) + ", stall_seconds=" +
                std::to_string(NsToSeconds(r.stall_ns)) + ", bytes=" + std::to_string(r.bytes) + ")";

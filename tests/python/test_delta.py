@@ -28,6 +28,7 @@ def test_versions_arrive_as_deltas_and_load_into_a_module():
             delta = result.wait_delta(timeout=30)
             assert delta["prepared"] and delta["base_version"] == result.version - 1
             assert 0 < delta["bytes"] < result.bytes // 10 and delta["snapshot_bytes"] == result.bytes
+            assert 0 < delta["encode_seconds"] < 30
             fresh = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Linear(512, 64)).to(torch.bfloat16)
             sub.load_into(fresh)
             for a, b in zip(fresh.state_dict().values(), model.state_dict().values()):

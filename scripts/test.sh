@@ -5,6 +5,7 @@
 #     release  RelWithDebInfo build in build/ and the whole CTest suite (unit, integration,
 #              network-namespace and Python tests)
 #     asan     AddressSanitizer + UndefinedBehaviorSanitizer build in build-asan/, every C++ test
+#              (without the benchmarks: VIPER_BUILD_BENCH=OFF builds no `viper bench`)
 #     tsan     ThreadSanitizer build in build-tsan/, the concurrent suites (net, host tier, node)
 #     fuzz     libFuzzer targets (every parser of untrusted bytes) under ASan+UBSan, 15 s each
 #              (longer runs: fuzz/run_fuzz.sh SECONDS)

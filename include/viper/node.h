@@ -137,6 +137,10 @@ struct NodeStats {
   uint64_t bytes_sent_incoming = 0;  // ...of them sent while the version was still arriving here
   uint64_t incoming_versions = 0;    // versions received through Receive (a relay's transfers)
   uint64_t incoming_aborted = 0;     // ...whose transfer broke before Commit (receivers got ERROR Aborted)
+  // Versions waiting for the file tier; each pins its segment until written (bounded by bytes,
+  // not by count: a slow disk makes it grow).
+  uint64_t flushes_queued = 0;
+  HostTierStats host;  // the host tier's segments by state
   DeltaStats delta;
 };
 // The counters by name ("bytes_sent", ...), as STATS_REPLY carries them.

@@ -212,6 +212,8 @@ NodeStats Node::Impl::StatsLocked() const {
   NodeStats s = stats;
   s.peers = peers.size();
   if (deltas) s.delta = deltas->stats();
+  s.flushes_queued = flushing.size();
+  s.host = host->stats();
   s.leases_active = 0;
   for (const auto& [id, p] : peers) s.leases_active += p.leases.size();
   s.bytes_sent = bytes_sent.load();

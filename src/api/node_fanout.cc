@@ -24,7 +24,12 @@ std::map<std::string, uint64_t> StatsCounters(const NodeStats& s) {
           {"incoming_aborted", s.incoming_aborted},     {"delta_encoded", s.delta.encoded},
           {"delta_encoded_bytes", s.delta.encoded_bytes}, {"delta_target_bytes", s.delta.target_bytes},
           {"delta_cancelled", s.delta.cancelled},       {"delta_skipped", s.delta.skipped},       {"delta_sent", s.delta.sent},
-          {"delta_sent_bytes", s.delta.sent_bytes},     {"delta_declined", s.delta.declined}};
+          {"delta_sent_bytes", s.delta.sent_bytes},     {"delta_declined", s.delta.declined},
+          {"flushes_queued", s.flushes_queued},
+          {"host_writing_segments", s.host.writing_segments},
+          {"host_committed_segments", s.host.committed_segments},
+          {"host_retired_leased_segments", s.host.retired_leased_segments},
+          {"host_free_segments", s.host.free_segments}};
 }
 
 void Node::Impl::HandleStats(net::PeerId peer, const proto::Stats& m) {

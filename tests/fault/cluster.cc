@@ -121,7 +121,10 @@ void ProcessMember::Kill() {
 }
 
 void ProcessMember::Stop() {
-  if (!process_ || !process_->running()) return;
+  if (!process_ || !process_->running()) {
+    stopped_ = "not running when stopped";
+    return;
+  }
   ::kill(process_->pid(), SIGTERM);
   const int code = process_->Wait(60s);
   stopped_ = code >= 0 ? "exit code " + std::to_string(code) : "SIGKILL after 60 s";
@@ -412,8 +415,19 @@ Status FaultCluster::CheckFetchable(bool full) {
   return Status::OK();
 }
 
+Result<std::map<std::string, uint64_t>> FaultCluster::ProducerStats() {
+  ClientOptions co;
+  co.connect = producer_address_;
+  co.name = "fault-checker";
+  VIPER_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Connect(co));
+  return client->Stats();
+}
+
 Status FaultCluster::CheckLeaks() {
   totals_.dead_segments = totals_.dead_temp_files = totals_.live_segments = 0;
+  // The producer's node's counters before and after the scan of /dev/shm: what it had queued for
+  // the file tier then, and how many versions it committed meanwhile (each may pin one more).
+  VIPER_ASSIGN_OR_RETURN(auto before, ProducerStats());
   std::vector<std::string> dead;
   pid_t producer = static_cast<ProcessMember*>(member("producer"))->pid();
   for (const auto& entry : fs::directory_iterator("/dev/shm")) {
@@ -437,9 +451,26 @@ Status FaultCluster::CheckLeaks() {
   totals_.dead_temp_files = temps.size();
   if (!dead.empty()) return Status::Internal(fmt::format("{} leaked segment(s) of dead processes, e.g. /dev/shm/{}", dead.size(), dead[0]));
   if (!temps.empty()) return Status::Internal(fmt::format("{} leaked temporary file(s), e.g. {}", temps.size(), temps[0]));
-  if (totals_.live_segments > options_.max_live_segments)
-    return Status::Internal(fmt::format("the producer holds {} segments (bound {}): leases of dead consumers kept?",
-                                        totals_.live_segments, options_.max_live_segments));
+  VIPER_ASSIGN_OR_RETURN(auto after, ProducerStats());
+  // What the design allows: its idle set (keep_host_versions 2, the free pool 4, the spare 1), the
+  // drafts being filled or waiting for their seal (max_in_flight 2 + 1), the delta base and target
+  // (2), every version queued for the file tier (bounded by bytes, not count: a slow disk makes it
+  // grow), and the leases of the consumers reading from it (those on its node and the relay, and
+  // the one a round may just have killed, until its node notices the connection is gone).
+  constexpr uint64_t kIdle = 2 + 4 + 1, kDrafts = 2 + 1, kDelta = 2;
+  const uint64_t readers = options_.producer_consumer_paths.size() + (options_.relay ? 1 : 0) + 1;
+  const uint64_t flushes = before["flushes_queued"] + (after["versions_committed"] - before["versions_committed"]);
+  const uint64_t bound = kIdle + kDrafts + kDelta + flushes + readers * options_.leases_per_consumer;
+  totals_.live_segments_bound = bound;
+  totals_.flushes_queued = before["flushes_queued"];
+  if (totals_.live_segments > bound)
+    return Status::Internal(fmt::format(
+        "the producer holds {} segments, more than the {} the design allows ({} idle, {} drafts, {} delta, {} queued "
+        "for the file tier, {} consumers x {} leases): leases of dead consumers kept? Its node: {} writing, {} "
+        "committed, {} retired but leased, {} free, {} leases of peers, {} peers",
+        totals_.live_segments, bound, kIdle, kDrafts, kDelta, flushes, readers, options_.leases_per_consumer,
+        after["host_writing_segments"], after["host_committed_segments"], after["host_retired_leased_segments"],
+        after["host_free_segments"], after["leases_active"], after["peers"]));
   return Status::OK();
 }
 
@@ -484,9 +515,21 @@ Status FaultCluster::Stop() {
   for (const auto& entry : fs::directory_iterator("/dev/shm"))
     if (entry.path().filename().string().starts_with(prefix_)) left.push_back(entry.path().filename().string());
   if (!left.empty()) {
-    auto* p = static_cast<ProcessMember*>(producer);
-    return Status::Internal(fmt::format("{} segment(s) left after a clean stop, e.g. /dev/shm/{}; the producer's stop: "
-                                        "{}; its log ends:\n{}", left.size(), left[0], p->stopped(), Tail(p->log())));
+    // Whose they are (the pid in the name) and how each member's stop ended.
+    std::string owners, stops;
+    for (const auto& m : members_) {
+      auto* p = dynamic_cast<ProcessMember*>(m.get());
+      if (p == nullptr) continue;
+      size_t mine = 0;
+      for (const auto& name : left) {
+        size_t dot = name.find('.');
+        if (dot != std::string::npos && PidAfter(name, name.substr(0, dot + 1)) == p->pid()) ++mine;
+      }
+      stops += fmt::format("{}{} (pid {}): {}", stops.empty() ? "" : ", ", m->name(), p->pid(), p->stopped());
+      if (mine > 0) owners += fmt::format("\n---- {} owns {} of them; its log ends:\n{}", m->name(), mine, Tail(m->log()));
+    }
+    return Status::Internal(fmt::format("{} segment(s) left after a clean stop, e.g. /dev/shm/{}; stops: {}{}",
+                                        left.size(), left[0], stops, owners));
   }
   for (const auto& entry : fs::recursive_directory_iterator(store_))
     if (entry.path().filename().string().find(".tmp.") != std::string::npos)

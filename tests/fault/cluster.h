@@ -68,7 +68,8 @@ class ProcessMember : public Member {
   int lives() const override { return life_; }
   std::string log() const override { return ReadFile(log_); }
   pid_t pid() const { return process_ ? process_->pid() : -1; }
-  // How the last Stop() ended: "exit code N", "exit code 128+SIG", or "SIGKILL after 60 s".
+  // How the last Stop() ended: "exit code N", "exit code 128+SIG", "SIGKILL after 60 s", or "not
+  // running when stopped".
   const std::string& stopped() const { return stopped_; }
 
  private:
@@ -91,15 +92,19 @@ struct FaultClusterOptions {
   std::vector<std::string> producer_consumer_paths = {"map", "copy"};
   // Extra arguments (another backend's flags, e.g. a registry URL).
   std::vector<std::string> producer_args, relay_args, consumer_args;
-  // Bound on the producer's segments after each round (kept versions, free pool, spare, queued
-  // flushes, consumers' leases); Stop() checks the tight bound once no consumer runs.
-  size_t max_live_segments = 64;
+  // Leases one consumer of the producer may hold at once (the live version, one per reader
+  // thread, one being loaded): with the producer's idle set, drafts in flight and the versions its
+  // node reports queued for the file tier, this bounds its segments after each round
+  // (CheckLeaks); Stop() checks the tight bound once no consumer runs.
+  size_t leases_per_consumer = 4;
 };
 
 struct FaultTotals {
   uint64_t reads = 0, torn = 0, regressions = 0;
   uint64_t announced = 0, verified_fetches = 0;
   uint64_t dead_segments = 0, dead_temp_files = 0, live_segments = 0;
+  uint64_t live_segments_bound = 0;  // what the design allows at the last check (CheckLeaks)
+  uint64_t flushes_queued = 0;       // of it, versions the producer's node had queued for the file tier
   // From the producer's log: versions a restarted producer took back from its dead predecessor's
   // segments, and temporary files of interrupted flushes it removed.
   uint64_t recovered_from_segments = 0, interrupted_writes_removed = 0;
@@ -156,6 +161,7 @@ class FaultCluster {
   Status CheckLeaks();
   Status VerifyFetch(Client& client, uint64_t version, uint64_t checksum);
   size_t ProducerSegments();  // the producer's segments in /dev/shm
+  Result<std::map<std::string, uint64_t>> ProducerStats();  // its node's STATS counters
 
   FaultClusterOptions options_;
   std::string prefix_;

@@ -51,13 +51,14 @@ void RunRounds(FaultCluster& cluster, uint64_t seed, uint64_t rounds, const char
     kills[victim->name()]++;
     auto t = cluster.totals();
     std::printf("%s round %llu/%llu: killed %s %lld ms after %s, down %lld ms; ok (announced %llu, reads %llu, torn %llu, "
-                "dead segments %llu, temp files %llu)\n",
+                "dead segments %llu, temp files %llu, producer segments %llu of %llu allowed, %llu for queued flushes)\n",
                 label, static_cast<unsigned long long>(round), static_cast<unsigned long long>(rounds),
                 victim->name().c_str(), static_cast<long long>(delay.count()),
                 after_announce ? "an announce" : "the last check", static_cast<long long>(down.count()),
                 static_cast<unsigned long long>(t.announced), static_cast<unsigned long long>(t.reads),
                 static_cast<unsigned long long>(t.torn), static_cast<unsigned long long>(t.dead_segments),
-                static_cast<unsigned long long>(t.dead_temp_files));
+                static_cast<unsigned long long>(t.dead_temp_files), static_cast<unsigned long long>(t.live_segments),
+                static_cast<unsigned long long>(t.live_segments_bound), static_cast<unsigned long long>(t.flushes_queued));
     std::fflush(stdout);
   }
   std::string summary;

@@ -141,6 +141,7 @@ class FaultCluster {
 
   FaultTotals totals() const;
   const std::string& producer_address() const { return producer_address_; }
+  const std::string& relay_address() const { return relay_address_; }
   const std::string& segment_prefix() const { return prefix_; }
   const std::filesystem::path& store_dir() const { return store_; }
   std::string Logs() const;  // every member's log, for a failure message

@@ -5,10 +5,12 @@
 //   produce --model M --listen HOST:PORT --address-file F [--store-dir D] [--segment-prefix P]
 //           [--mode sync|async] [--interval-ms T] [--min-bytes A] [--max-bytes B] [--seed S]
 //           [--versions N] [--keep-files K] [--log L] [--state-file S] [--nonce random|version]
+//           [--registry URL] [--registry-ttl-ms T]
 //       Publishes versions (zero-copy Begin/Commit) every T ms, version v's large tensor of a size
 //       drawn from [A, B] by (S, pid, n), every byte of tensor i set to Pattern(v, i) but the nonce
 //       tensor's, which holds a number drawn at start (random) or v itself (version). Appends "v 0" to L when Commit returns. With N > 0 it stops after N versions, waits until they are announced
-//       and flushed, and writes "published N" to S.
+//       and flushed, and writes "published N" to S. With --registry its node registers what it holds
+//       there (records of TTL T ms, put again every T/3 ms).
 //   consume --model M --connect HOST:PORT --status F [--path auto|map|copy|remote|file]
 //           [--threads K] [--live-log L] [--until V] [--min-reads R] [--file-dir D] [--pause-us P]
 //           [--timeout-s T] [--nonce random|version]
@@ -127,6 +129,11 @@ int Produce(const Flags& f) {
   options.node.store_dir = Get(f, "store-dir");
   options.node.segment_prefix = Get(f, "segment-prefix", "viper");
   options.node.keep_file_versions = GetU64(f, "keep-files", 1000000);
+  options.node.registry = Get(f, "registry");  // a shared registry the node registers in, e.g. redis://...
+  if (const uint64_t ttl_ms = GetU64(f, "registry-ttl-ms", 0); ttl_ms > 0) {
+    options.node.registry_heartbeat.ttl = std::chrono::milliseconds(ttl_ms);
+    options.node.registry_heartbeat.interval = std::chrono::milliseconds(ttl_ms / 3);
+  }
   auto mode = ParsePublishMode(Get(f, "mode", "sync"));
   if (!mode.ok()) Die("mode", mode.status());
   options.mode = *mode;

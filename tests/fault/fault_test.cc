@@ -3,6 +3,10 @@
 //
 //   VIPER_FAULT_ROUNDS=N   rounds of the kill test (default 50; scripts/soak.sh runs more)
 //   VIPER_FAULT_SEED=S     replays a run: every random choice follows from the seed it prints
+//
+// Half the rounds (async publishes) run a registry-backed deployment when Redis is built in: the
+// producer's node and the relay register in a real redis-server, which is one more member the
+// rounds kill with -9 (docs/RELIABILITY.md, "Redis").
 #include <gtest/gtest.h>
 #include <sys/mount.h>
 #include <unistd.h>
@@ -15,6 +19,10 @@
 #include <fmt/format.h>
 
 #include "fault/cluster.h"
+#ifdef VIPER_FAULT_REDIS
+#include "redis_server.h"
+#include "viper/registry.h"
+#endif
 
 namespace viper::testing {
 namespace {
@@ -66,9 +74,78 @@ void RunRounds(FaultCluster& cluster, uint64_t seed, uint64_t rounds, const char
   std::printf("%s kills:%s\n", label, summary.c_str());
 }
 
-void RunFaultSuite(const std::string& mode, uint64_t rounds) {
+#ifdef VIPER_FAULT_REDIS
+// A redis-server on a free loopback port, started at construction (the cluster's arguments name
+// its port); Start() after a Kill starts it again on the same port, empty (no persistence).
+class RedisMember : public Member {
+ public:
+  RedisMember() : started_(server_.Start()) {}
+  const std::string& started() const { return started_; }  // "" if the first start worked
+  const std::string& name() const override { return name_; }
+  Status Start() override {
+    if (server_.running()) return Status::OK();  // the cluster's first start: running since construction
+    std::string why = server_.Restart();
+    ++lives_;
+    return why.empty() ? Status::OK() : Status::Unavailable(why);
+  }
+  void Kill() override { server_.Kill(); }
+  void Stop() override { server_.Stop(); }
+  bool running() override { return server_.running(); }
+  int lives() const override { return lives_; }
+  std::string log() const override { return server_.log(); }
+  std::string url() const { return server_.url(); }
+
+ private:
+  std::string name_ = "redis";
+  RedisServer server_;
+  std::string started_;
+  int lives_ = 1;
+};
+
+// The newest version `address` holds of `model` (0 if none or unreachable).
+uint64_t NewestHeld(const std::string& address, const std::string& model) {
+  ClientOptions co;
+  co.connect = address;
+  co.name = "fault-registry-check";
+  auto client = Client::Connect(co);
+  if (!client.ok()) return 0;
+  auto list = (*client)->List();
+  uint64_t newest = 0;
+  if (list.ok())
+    for (const auto& v : *list)
+      if (v.model == model) newest = std::max(newest, v.version);
+  return newest;
+}
+
+// After every round: Redis lists the producer's node and the relay as holders of the newest version
+// each held when the check began (they registered again after Redis, or they, restarted).
+Status CheckRegistered(FaultCluster& cluster, const std::string& url, const std::string& model) {
+  for (const std::string& address : {cluster.producer_address(), cluster.relay_address()}) {
+    const uint64_t target = NewestHeld(address, model);
+    if (target == 0) return Status::Unavailable("node " + address + " lists no version of " + model);
+    uint64_t registered = 0;
+    bool ok = WaitUntil(
+        [&] {
+          auto registry = OpenRegistry(url);
+          if (!registry.ok()) return false;
+          auto found = (*registry)->Lookup(model);
+          if (!found.ok()) return false;
+          for (const auto& h : found->holders)
+            if (h.node.address == address) registered = std::max(registered, h.info.version);
+          return registered >= target;
+        },
+        30s);
+    if (!ok)
+      return Status::NotFound(fmt::format("Redis lists {} version {} at most for node {}, which held {} (30 s after "
+                                          "the round)", model, registered, address, target));
+  }
+  return Status::OK();
+}
+#endif
+
+void RunFaultSuite(const std::string& mode, uint64_t rounds, bool redis = false) {
   const uint64_t seed = FaultSeed();
-  const std::string label = "fault[" + mode + "]";
+  const std::string label = "fault[" + mode + (redis ? ", redis" : "") + "]";
   std::printf("%s seed %llu, %llu rounds (replay: VIPER_FAULT_SEED=%llu VIPER_FAULT_ROUNDS=%llu)\n", label.c_str(),
               static_cast<unsigned long long>(seed), static_cast<unsigned long long>(rounds),
               static_cast<unsigned long long>(seed), static_cast<unsigned long long>(rounds));
@@ -78,7 +155,29 @@ void RunFaultSuite(const std::string& mode, uint64_t rounds) {
   options.dir = dir.path();
   options.seed = seed;
   options.mode = mode;
+#ifdef VIPER_FAULT_REDIS
+  std::unique_ptr<RedisMember> redis_member;
+  std::string url;
+  if (redis) {
+    redis_member = std::make_unique<RedisMember>();
+    ASSERT_EQ(redis_member->started(), "");
+    url = redis_member->url();
+    // Records of 1.5 s, put again every 0.5 s: a restarted Redis is filled again within a round.
+    options.producer_args = {"--registry", url, "--registry-ttl-ms", "1500"};
+    options.relay_args = {"--registry", url, "--registry-ttl", "1.5"};
+  }
+#else
+  ASSERT_FALSE(redis) << "built without Redis";
+#endif
   FaultCluster cluster(options);
+#ifdef VIPER_FAULT_REDIS
+  if (redis_member) {
+    cluster.AddMember(std::move(redis_member));
+    cluster.AddCheck("registry", [&cluster, url, model = options.model] {
+      return CheckRegistered(cluster, url, model);
+    });
+  }
+#endif
   Status started = cluster.Start();
   ASSERT_TRUE(started.ok()) << started.ToString() << "\n" << cluster.Logs();
   Status first = cluster.WaitForProgress(60s);
@@ -106,8 +205,15 @@ TEST(Fault, KillProducerRelayOrConsumerAtRandomPointsSync) {
   RunFaultSuite("sync", EnvOr("VIPER_FAULT_ROUNDS", 50) / 2 + EnvOr("VIPER_FAULT_ROUNDS", 50) % 2);
 }
 
-// Async publishes: the seal, announce and flush run behind the producer's back.
-TEST(Fault, KillProducerRelayOrConsumerAtRandomPointsAsync) { RunFaultSuite("async", EnvOr("VIPER_FAULT_ROUNDS", 50) / 2); }
+// Async publishes: the seal, announce and flush run behind the producer's back. With Redis built
+// in, the nodes register in a redis-server that the rounds kill too.
+TEST(Fault, KillProducerRelayConsumerOrRedisAtRandomPointsAsync) {
+#ifdef VIPER_FAULT_REDIS
+  RunFaultSuite("async", EnvOr("VIPER_FAULT_ROUNDS", 50) / 2, /*redis=*/true);
+#else
+  RunFaultSuite("async", EnvOr("VIPER_FAULT_ROUNDS", 50) / 2);
+#endif
+}
 
 }  // namespace
 }  // namespace viper::testing

@@ -67,6 +67,7 @@ std::pair<Snapshot, Snapshot> Bf16Pair(uint64_t bytes) {
 struct Args {
   std::string base, target, bf16;
   int threads = 2, reps = 5, level = 1;
+  double raw_bits = DeltaOptions{}.raw_plane_entropy_bits;
   uint32_t block = 1u << 20;
 };
 
@@ -89,6 +90,7 @@ int Main(const Args& a) {
   DeltaOptions o;
   o.block_bytes = a.block;
   o.zstd_level = a.level;
+  o.raw_plane_entropy_bits = a.raw_bits;
   auto enc = DeltaEncoder::Make(base, bck, target, tck, o);
   if (!enc.ok()) return std::fprintf(stderr, "%s\n", enc.status().ToString().c_str()), 2;
 
@@ -187,6 +189,8 @@ int main(int argc, char** argv) {
   app.add_option("--reps", a.reps, "repetitions (best kept)")->capture_default_str();
   app.add_option("--level", a.level, "zstd level")->capture_default_str();
   app.add_option("--block", a.block, "block bytes")->capture_default_str();
+  app.add_option("--raw-bits", a.raw_bits, "planes above this sampled entropy (bits/byte) are stored raw")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (a.bf16.empty() == (a.base.empty() || a.target.empty())) {
     std::fprintf(stderr, "give --bf16 SIZE or --base FILE --target FILE\n");

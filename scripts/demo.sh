@@ -9,8 +9,8 @@
 #               predicted and measured CIL, and a plot of served loss over time;
 #   rehearsal   new classes arrive as a stream of record files read by viper.data's prefetcher;
 #               the same training with and without a rehearsal buffer: the forgetting it prevents.
-# About 3 minutes on 2 cores after the build (all three stages: 3 min 10 s at load average 6-7 on
-# 2026-11-25; transports and policies took 5 min 13 s at load average 11 the day before).
+# About 2.5-3 minutes on 2 cores after the build (all three stages: 2 min 23 s on a quiet machine
+# on 2026-11-25 06:30 UTC, 3 min 10 s at load average 6-7 earlier that day).
 #
 #   scripts/demo.sh [demo.py options]    e.g. --stages policies --workdir /tmp/d --json out.json
 #                                         --transports-args "--model-mb 600 --duration 30"

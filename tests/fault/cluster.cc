@@ -387,10 +387,7 @@ Status FaultCluster::CheckFetchable(bool full) {
   std::set<uint64_t> announced;
   for (const auto& [v, sum] : announced_sums) announced.insert(v);
   totals_.announced = announced.size();
-  ClientOptions co;
-  co.connect = producer_address_;
-  co.name = "fault-checker";
-  VIPER_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Connect(co));
+  VIPER_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, ConnectToProducer());
   VIPER_ASSIGN_OR_RETURN(std::vector<proto::VersionInfo> listed, client->List());
   std::set<uint64_t> catalog;
   for (const auto& v : listed)
@@ -415,11 +412,15 @@ Status FaultCluster::CheckFetchable(bool full) {
   return Status::OK();
 }
 
-Result<std::map<std::string, uint64_t>> FaultCluster::ProducerStats() {
+Result<std::unique_ptr<Client>> FaultCluster::ConnectToProducer() {
   ClientOptions co;
   co.connect = producer_address_;
   co.name = "fault-checker";
-  VIPER_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Connect(co));
+  return Client::Connect(co);
+}
+
+Result<std::map<std::string, uint64_t>> FaultCluster::ProducerStats() {
+  VIPER_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, ConnectToProducer());
   return client->Stats();
 }
 

@@ -162,6 +162,7 @@ class FaultCluster {
   Status CheckLeaks();
   Status VerifyFetch(Client& client, uint64_t version, uint64_t checksum);
   size_t ProducerSegments();  // the producer's segments in /dev/shm
+  Result<std::unique_ptr<Client>> ConnectToProducer();       // a checker's connection to its node
   Result<std::map<std::string, uint64_t>> ProducerStats();  // its node's STATS counters
 
   FaultClusterOptions options_;

@@ -20,8 +20,7 @@
 
 #include "fault/cluster.h"
 #ifdef VIPER_FAULT_REDIS
-#include "redis_server.h"
-#include "viper/registry.h"
+#include "fleet.h"  // tests/registry: RedisServer, HeldBy, RegisteredFor
 #endif
 
 namespace viper::testing {
@@ -109,12 +108,8 @@ uint64_t NewestHeld(const std::string& address, const std::string& model) {
   co.name = "fault-registry-check";
   auto client = Client::Connect(co);
   if (!client.ok()) return 0;
-  auto list = (*client)->List();
-  uint64_t newest = 0;
-  if (list.ok())
-    for (const auto& v : *list)
-      if (v.model == model) newest = std::max(newest, v.version);
-  return newest;
+  std::set<uint64_t> held = HeldBy(**client, model);
+  return held.empty() ? 0 : *held.rbegin();
 }
 
 // After every round: Redis lists the producer's node and the relay as holders of the newest version
@@ -126,12 +121,10 @@ Status CheckRegistered(FaultCluster& cluster, const std::string& url, const std:
     uint64_t registered = 0;
     bool ok = WaitUntil(
         [&] {
-          auto registry = OpenRegistry(url);
+          auto registry = OpenRegistry(url);  // each try: Redis may be restarting
           if (!registry.ok()) return false;
-          auto found = (*registry)->Lookup(model);
-          if (!found.ok()) return false;
-          for (const auto& h : found->holders)
-            if (h.node.address == address) registered = std::max(registered, h.info.version);
+          std::set<uint64_t> listed = RegisteredFor(**registry, model, address);
+          registered = listed.empty() ? 0 : *listed.rbegin();
           return registered >= target;
         },
         30s);

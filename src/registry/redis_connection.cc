@@ -1,6 +1,8 @@
 #include "redis_connection.h"
 
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 
 #include <fmt/format.h>
 
@@ -18,6 +20,46 @@ std::string CommandName(const Command& c) {
   if (c.empty()) return "(empty)";
   return c.size() > 1 ? c[0] + " " + internal::Quote(c[1], 96) : c[0];
 }
+
+// hiredis writes with write(2), which raises SIGPIPE when the server has reset the connection
+// (Redis killed or restarted), and SIGPIPE's default action ends the whole process silently: the
+// fault suite's producer died that way. A library must not change the process's signal
+// dispositions, so for the life of this guard the calling thread blocks SIGPIPE, and a SIGPIPE
+// that its writes raised meanwhile is taken back before the old mask returns; the write itself
+// still fails with EPIPE, which hiredis reports. (A SIGPIPE already pending when the guard began
+// is the application's: it is left alone.)
+class SigpipeGuard {
+ public:
+  SigpipeGuard() {
+    sigset_t pending;
+    sigemptyset(&pending);
+    sigpending(&pending);
+    already_pending_ = sigismember(&pending, SIGPIPE) == 1;
+    if (!already_pending_) pthread_sigmask(SIG_BLOCK, &Pipe(), &old_mask_);
+  }
+  ~SigpipeGuard() {
+    if (already_pending_) return;
+    const timespec no_wait{0, 0};
+    while (sigtimedwait(&Pipe(), nullptr, &no_wait) == -1 && errno == EINTR) {
+    }
+    pthread_sigmask(SIG_SETMASK, &old_mask_, nullptr);
+  }
+  SigpipeGuard(const SigpipeGuard&) = delete;
+  SigpipeGuard& operator=(const SigpipeGuard&) = delete;
+
+ private:
+  static const sigset_t& Pipe() {
+    static const sigset_t set = [] {
+      sigset_t s;
+      sigemptyset(&s);
+      sigaddset(&s, SIGPIPE);
+      return s;
+    }();
+    return set;
+  }
+  bool already_pending_ = false;
+  sigset_t old_mask_{};
+};
 
 }  // namespace
 
@@ -48,6 +90,7 @@ Status RedisConnection::IoError(std::string_view doing) const {
 
 Result<std::vector<Reply>> RedisConnection::Pipeline(const std::vector<Command>& commands) {
   if (context_->err != 0) return IoError("connection already broken");
+  SigpipeGuard no_sigpipe;  // redisGetReply writes the queued commands first
   for (const auto& command : commands) {
     std::vector<const char*> argv;
     std::vector<size_t> lengths;

@@ -29,6 +29,12 @@ namespace {
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
+// A failure's message: the reason, the members' logs, and the reason once more at the end (an
+// excerpt of a long CI output keeps only its head and its tail).
+std::string Failure(const std::string& reason, const std::string& details) {
+  return reason + "\n" + details + "\n(the failure, again) " + reason;
+}
+
 // Kills a randomly chosen member after a random delay, restarts it, and checks everything.
 void RunRounds(FaultCluster& cluster, uint64_t seed, uint64_t rounds, const char* label) {
   std::mt19937_64 rng(seed);
@@ -47,14 +53,17 @@ void RunRounds(FaultCluster& cluster, uint64_t seed, uint64_t rounds, const char
     victim->Kill();
     std::this_thread::sleep_for(down);
     Status started = victim->Start();
-    ASSERT_TRUE(started.ok()) << label << " seed " << seed << " round " << round << ": restarting " << victim->name()
-                              << ": " << started.ToString() << "\n" << cluster.Logs();
+    ASSERT_TRUE(started.ok()) << Failure(fmt::format("{} seed {} round {}: restarting {}: {}", label, seed, round,
+                                                     victim->name(), started.ToString()),
+                                         cluster.Logs());
     Status progress = cluster.WaitForProgress(60s);
-    ASSERT_TRUE(progress.ok()) << label << " seed " << seed << " round " << round << " (killed " << victim->name()
-                               << "): " << progress.ToString() << "\n" << cluster.Logs() << cluster.Stacks();
+    ASSERT_TRUE(progress.ok()) << Failure(fmt::format("{} seed {} round {} (killed {}): {}", label, seed, round,
+                                                      victim->name(), progress.ToString()),
+                                          cluster.Logs() + cluster.Stacks());
     Status ok = cluster.CheckInvariants();
-    ASSERT_TRUE(ok.ok()) << label << " seed " << seed << " round " << round << " (killed " << victim->name() << " after "
-                         << delay.count() << " ms): " << ok.ToString() << "\n" << cluster.Logs();
+    ASSERT_TRUE(ok.ok()) << Failure(fmt::format("{} seed {} round {} (killed {} after {} ms): {}", label, seed, round,
+                                                victim->name(), delay.count(), ok.ToString()),
+                                    cluster.Logs());
     kills[victim->name()]++;
     auto t = cluster.totals();
     std::printf("%s round %llu/%llu: killed %s %lld ms after %s, down %lld ms; ok (announced %llu, reads %llu, torn %llu, "
@@ -175,15 +184,16 @@ void RunFaultSuite(const std::string& mode, uint64_t rounds, bool redis = false)
   ASSERT_TRUE(started.ok()) << started.ToString() << "\n" << cluster.Logs();
   Status first = cluster.WaitForProgress(60s);
   if (first.ok()) first = cluster.CheckInvariants();
-  ASSERT_TRUE(first.ok()) << label << " seed " << seed << ": before the first kill: " << first.ToString() << "\n"
-                          << cluster.Logs();
+  ASSERT_TRUE(first.ok()) << Failure(fmt::format("{} seed {}: before the first kill: {}", label, seed, first.ToString()),
+                                     cluster.Logs());
   RunRounds(cluster, seed, rounds, label.c_str());
   if (::testing::Test::HasFatalFailure()) return;
   Status full = cluster.CheckInvariants(/*full=*/true);
-  ASSERT_TRUE(full.ok()) << label << " seed " << seed << ": final check: " << full.ToString() << "\n" << cluster.Logs();
+  ASSERT_TRUE(full.ok()) << Failure(fmt::format("{} seed {}: final check: {}", label, seed, full.ToString()),
+                                    cluster.Logs());
   auto t = cluster.totals();
   Status stopped = cluster.Stop();
-  ASSERT_TRUE(stopped.ok()) << label << " seed " << seed << ": " << stopped.ToString() << "\n" << cluster.Logs();
+  ASSERT_TRUE(stopped.ok()) << Failure(fmt::format("{} seed {}: {}", label, seed, stopped.ToString()), cluster.Logs());
   std::printf("%s survived %llu rounds: %llu versions announced, all fetchable (%llu verified fetches), %llu reads, "
               "torn 0, leaked segments 0, leaked temp files 0; versions recovered from a killed producer's segments "
               "%llu, interrupted file writes removed %llu (seed %llu)\n",

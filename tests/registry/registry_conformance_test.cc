@@ -3,6 +3,8 @@
 // capabilities(), never assumed.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+
 #include <atomic>
 #include <mutex>
 
@@ -277,6 +279,30 @@ TEST_P(SharedRegistry, DatabasesAreSeparate) {
   EXPECT_TRUE(found->holders.empty());
   std::this_thread::sleep_for(200ms);
   EXPECT_EQ(heard.count(), 0u);
+}
+
+// A Redis server that dies while a node writes to it fails that call; it does not end the
+// process. hiredis writes with write(2), which raises SIGPIPE on a connection the server reset,
+// and SIGPIPE's default action kills silently: the fault suite's producer died that way when
+// Redis was killed while the node re-registered its ~1,000 records.
+TEST(RedisConnection, ServerKilledMidWriteIsAnErrorNotSigpipe) {
+  testing::RedisServer server;
+  ASSERT_EQ(server.Start(), "");
+  auto conn = server.Connect();
+  ASSERT_TRUE(conn);
+  ASSERT_TRUE(conn->Run({"PING"}).ok());
+  server.Kill();
+  // 20 MB of commands, more than the socket buffers take: the writes go on after the reset.
+  std::vector<registry_internal::Command> commands(20000, {"SET", "k", std::string(1024, 'x')});
+  auto written = conn->Pipeline(commands);
+  ASSERT_FALSE(written.ok());
+  EXPECT_EQ(written.status().code(), StatusCode::kUnavailable) << written.status().ToString();
+  EXPECT_NE(written.status().message().find("redis 127.0.0.1:" + std::to_string(server.port())), std::string::npos)
+      << written.status().ToString();
+  sigset_t pending;
+  sigpending(&pending);
+  EXPECT_FALSE(sigismember(&pending, SIGPIPE)) << "a SIGPIPE of the failed write was left pending";
+  EXPECT_FALSE(conn->Run({"PING"}).ok());  // broken for good: no write is tried again
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, SharedRegistry, ::testing::Values("redis"), [](const auto& info) { return info.param; });

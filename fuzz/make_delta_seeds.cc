@@ -54,6 +54,15 @@ int main(int argc, char** argv) {
   reshaped[3] = {"d.f64", DType::kF64, 90, PatternBytes(720, 4)};
   reshaped.erase(reshaped.begin());
   WriteDelta(dir, "05_resized_dropped", reshaped);
+  // An SGD-like fp32 step: every low mantissa byte changes, byte 1 of a fifth of the elements:
+  // that plane is coded as BITMAP (format version 2).
+  auto stepped = tensors;
+  auto noise = PatternBytes(4096, 11);
+  for (size_t i = 0; i < stepped[0].bytes.size(); i += 4) {
+    stepped[0].bytes[i] ^= noise[i] | std::byte{1};
+    if (i % 20 == 0) stepped[0].bytes[i + 1] ^= noise[i + 1] | std::byte{1};
+  }
+  WriteDelta(dir, "08_bitmap_plane_f32", stepped);
   std::vector<std::byte> pair = PatternBytes(600, 7);
   pair[0] = std::byte{128};
   Write(dir, "06_roundtrip", 1, pair);

@@ -40,7 +40,10 @@ namespace viper {
 
 enum class DeltaMethod : uint8_t { kZero = 0, kRaw = 1, kSparse = 2, kPlanes = 3 };
 
-inline constexpr uint32_t kDeltaFormatVersion = 1;
+// Version 2 (2026-11-26) added the BITMAP plane kind (docs/PROTOCOL.md "Delta stream"); encoders
+// write kDeltaFormatVersion, decoders read kDeltaMinFormatVersion .. kDeltaFormatVersion.
+inline constexpr uint32_t kDeltaFormatVersion = 2;
+inline constexpr uint32_t kDeltaMinFormatVersion = 1;
 inline constexpr uint32_t kDeltaMaxBlockBytes = 16u << 20;  // a block's target bytes, at most
 inline constexpr size_t kDeltaHeaderRecordBytes = 48;
 
@@ -122,6 +125,7 @@ Result<std::vector<std::byte>> EncodeDelta(const Snapshot& base, uint64_t base_c
 
 // What a delta stream's header record says.
 struct DeltaHeader {
+  uint16_t version = 0;
   uint64_t base_size = 0;
   uint64_t base_checksum = 0;
   uint64_t target_size = 0;

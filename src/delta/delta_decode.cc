@@ -60,11 +60,13 @@ Result<DeltaHeader> ParseDeltaHeader(std::span<const std::byte> stream) {
                std::to_string(kDeltaHeaderRecordBytes) + " bytes)");
   const std::byte* p = stream.data();
   if (Load<uint32_t>(p) != kMagic) return Bad("bad magic (not a Viper delta)");
-  if (Load<uint16_t>(p + 4) != kDeltaFormatVersion)
-    return Bad("format version " + std::to_string(Load<uint16_t>(p + 4)) + " not supported (this side reads " +
-               std::to_string(kDeltaFormatVersion) + ")");
+  const auto version = Load<uint16_t>(p + 4);
+  if (version < kDeltaMinFormatVersion || version > kDeltaFormatVersion)
+    return Bad("format version " + std::to_string(version) + " not supported (this side reads " +
+               std::to_string(kDeltaMinFormatVersion) + " to " + std::to_string(kDeltaFormatVersion) + ")");
   if (Load<uint16_t>(p + 6) != 0 || Load<uint32_t>(p + 44) != 0) return Bad("header: reserved fields are not zero");
   DeltaHeader h;
+  h.version = version;
   h.base_size = Load<uint64_t>(p + 8);
   h.base_checksum = Load<uint64_t>(p + 16);
   h.target_size = Load<uint64_t>(p + 24);
@@ -89,6 +91,9 @@ struct DeltaDecoder::Impl {
   ZSTD_DCtx* dctx = nullptr;
   std::vector<std::byte> planes;
   std::vector<std::byte> unpacked;
+  std::vector<std::byte> zeros;   // a zero plane
+  std::vector<std::byte> bitmap;  // a BITMAP plane's decompressed bitmap
+  std::vector<std::byte> values;  // and values
 
   ~Impl() { ZSTD_freeDCtx(dctx); }
   Status Header(std::span<const std::byte> bytes);
@@ -96,6 +101,7 @@ struct DeltaDecoder::Impl {
   Status Decompress(const std::byte* src, size_t n, std::byte* dst, size_t expected, const char* what);
   Status Sparse(const BlockRecord& rec, const std::byte* payload, const std::byte* b, std::byte* t);
   Status Planes(const BlockRecord& rec, const std::byte* payload, const std::byte* b, std::byte* t);
+  Status BitmapPlane(size_t k, const std::byte* data, size_t bytes, size_t n, std::byte* dst);
 };
 
 Status DeltaDecoder::Impl::Header(std::span<const std::byte> bytes) {
@@ -168,10 +174,55 @@ Status DeltaDecoder::Impl::Sparse(const BlockRecord& rec, const std::byte* paylo
   return Status::OK();
 }
 
-// PLANES: per plane u8 kind, u32 bytes, data; then element i = its bytes from each plane.
+// BITMAP plane (since version 2; delta_format.h): header, bitmap, values, each checked before use.
+Status DeltaDecoder::Impl::BitmapPlane(size_t k, const std::byte* data, size_t bytes, size_t n, std::byte* dst) {
+  const std::string where = "PLANES: plane " + std::to_string(k) + ": BITMAP ";
+  Cursor c(data, bytes);
+  uint32_t count = 0, bitmap_stored = 0;
+  uint8_t bitmap_coding = 0, values_coding = 0;
+  uint16_t reserved = 0;
+  if (!c.Read(&count) || !c.Read(&bitmap_coding) || !c.Read(&values_coding) || !c.Read(&reserved) ||
+      !c.Read(&bitmap_stored))
+    return Bad(where + "header truncated");
+  if (count == 0 || count > n) return Bad(where + "count " + std::to_string(count) + " in a plane of " + std::to_string(n));
+  if (bitmap_coding > kCodingZstd || values_coding > kCodingZstd || reserved != 0)
+    return Bad(where + "codings " + std::to_string(bitmap_coding) + "/" + std::to_string(values_coding) +
+               " or reserved field " + std::to_string(reserved));
+  const size_t bitmap_bytes = (n + 7) / 8;
+  const std::byte* stored = c.Take(bitmap_stored);
+  if (stored == nullptr) return Bad(where + "bitmap of " + std::to_string(bitmap_stored) + " bytes runs past the plane");
+  const std::byte* bits = stored;
+  if (bitmap_coding == kCodingZstd) {
+    if (bitmap.size() < bitmap_bytes) bitmap.resize(bitmap_bytes);
+    VIPER_RETURN_IF_ERROR(Decompress(stored, bitmap_stored, bitmap.data(), bitmap_bytes, (where + "bitmap").c_str()));
+    bits = bitmap.data();
+  } else if (bitmap_stored != bitmap_bytes) {
+    return Bad(where + "raw bitmap of " + std::to_string(bitmap_stored) + " bytes, expected " + std::to_string(bitmap_bytes));
+  }
+  if (n % 8 != 0 && (static_cast<uint8_t>(bits[n / 8]) >> (n % 8)) != 0) return Bad(where + "bits set past the plane");
+  if (const size_t set = CountBits(bits, n); set != count)
+    return Bad(where + "bitmap has " + std::to_string(set) + " bits set, count says " + std::to_string(count));
+  // The values go to scratch with kNonzeroSlack spare bytes, which ExpandNonzero may read.
+  const size_t values_stored = c.remaining();
+  const std::byte* stored_values = c.Take(values_stored);
+  if (values.size() < count + kNonzeroSlack) values.resize(count + kNonzeroSlack);
+  if (values_coding == kCodingZstd) {
+    VIPER_RETURN_IF_ERROR(Decompress(stored_values, values_stored, values.data(), count, (where + "values").c_str()));
+  } else if (values_stored != count) {
+    return Bad(where + std::to_string(values_stored) + " raw values, expected " + std::to_string(count));
+  } else {
+    std::memcpy(values.data(), stored_values, count);
+  }
+  ExpandNonzero(bits, values.data(), dst, n);
+  return Status::OK();
+}
+
+// PLANES: per plane u8 kind, u32 bytes, data; then element i = its bytes from each plane. Raw
+// planes are read in place, the others decoded into `planes`.
 Status DeltaDecoder::Impl::Planes(const BlockRecord& rec, const std::byte* payload, const std::byte* b, std::byte* t) {
   const size_t n = rec.length / rec.width;
-  planes.resize(rec.length);
+  if (planes.size() < rec.length) planes.resize(rec.length);
+  const std::byte* from[8] = {};
   Cursor c(payload, rec.payload_bytes);
   for (size_t k = 0; k < rec.width; ++k) {
     uint8_t kind = 0;
@@ -180,19 +231,23 @@ Status DeltaDecoder::Impl::Planes(const BlockRecord& rec, const std::byte* paylo
     std::byte* dst = planes.data() + k * n;
     const std::byte* data = c.Take(bytes);
     if (data == nullptr) return Bad("PLANES: plane " + std::to_string(k) + " runs past the payload");
+    from[k] = dst;
     if (kind == kPlaneZero && bytes == 0) {
-      std::memset(dst, 0, n);
+      if (zeros.size() < n) zeros.resize(n);  // only ever zeros
+      from[k] = zeros.data();
     } else if (kind == kPlaneRaw && bytes == n) {
-      std::memcpy(dst, data, n);
+      from[k] = data;
     } else if (kind == kPlaneZstd) {
       VIPER_RETURN_IF_ERROR(Decompress(data, bytes, dst, n, "PLANES"));
+    } else if (kind == kPlaneBitmap && header.version >= 2) {
+      VIPER_RETURN_IF_ERROR(BitmapPlane(k, data, bytes, n, dst));
     } else {
       return Bad("PLANES: plane " + std::to_string(k) + " of kind " + std::to_string(kind) + " with " +
                  std::to_string(bytes) + " bytes");
     }
   }
   if (c.remaining() != 0) return Bad("PLANES: " + std::to_string(c.remaining()) + " bytes after the last plane");
-  ByWidth(rec.width, [&](auto e) { JoinPlanes<decltype(e)>(planes.data(), b, t, n); });
+  ByWidth(rec.width, [&](auto e) { JoinPlanes<decltype(e)>(from, b, t, n); });
   return Status::OK();
 }
 

@@ -1,5 +1,6 @@
 // DeltaEncoder: plans the blocks of a target snapshot against a base and codes each block with
 // the smallest of ZERO / SPARSE / PLANES / RAW (include/viper/delta.h).
+#define ZSTD_STATIC_LINKING_ONLY  // ZSTD_c_literalCompressionMode (in libzstd since 1.4.5)
 #include <zstd.h>
 
 #include <algorithm>
@@ -19,11 +20,22 @@ constexpr uint64_t kNoBase = UINT64_MAX;
 // A zstd result is kept only if it saves at least this fraction.
 constexpr double kMinZstdSaving = 0.03;
 
-// What each byte plane of a residual looks like, read from the residual itself (element order),
-// so that a block whose planes would all be stored raw is not split at all.
+// A plane whose sampled share of nonzero bytes lies in [kBitmapMinNonzero, kBitmapMaxNonzero] is
+// coded as BITMAP (bitmap of its nonzero bytes + those bytes) instead of one zstd frame: on the
+// SGD model's byte-1 mantissa plane (18% nonzero, 1.29 bits a byte) zstd level 1 spends 217 ms
+// per 256 MiB model matching many short sequences for 15.9 MB; the bitmap and the values, each
+// through zstd without effective LZ (level -10, Huffman literals), take 53 ms for 11.3 MB
+// (measured 2026-11-26, docs/ARCHITECTURE.md "Delta updates"). Sparser planes (the SGD model's
+// byte 2: 0.2%) stay zstd, which is smaller there; denser ones too.
+constexpr double kBitmapMinNonzero = 0, kBitmapMaxNonzero = 0.5;
+constexpr int kBitmapZstdLevel = -10;
+
+// What each byte plane of a residual looks like (zero or not, entropy, share of nonzero bytes), so
+// that a block whose planes would all be stored raw is not coded as PLANES.
 struct PlaneHints {
   bool zero[8] = {};
   double entropy[8] = {};  // Shannon bits per byte of up to 4096 sampled elements
+  double nonzero[8] = {};  // share of nonzero bytes among those samples
   bool worth_planes(size_t width, double raw_bits) const {
     for (size_t k = 0; k < width; ++k)
       if (zero[k] || entropy[k] <= raw_bits) return true;
@@ -31,7 +43,30 @@ struct PlaneHints {
   }
 };
 
-PlaneHints HintPlanes(const std::byte* r, size_t n, size_t width) {
+// Fills the entropy and nonzero share of every plane that is not zero; byte_at(e, k) is byte k of
+// element e.
+template <typename ByteAt>
+void SamplePlanes(PlaneHints& h, size_t n, size_t width, ByteAt&& byte_at) {
+  constexpr size_t kSamples = 4096;
+  const size_t stride = std::max<size_t>(1, n / kSamples);
+  for (size_t k = 0; k < width; ++k) {
+    if (h.zero[k]) continue;
+    uint32_t counts[256] = {};
+    size_t taken = 0;
+    for (size_t e = 0; e < n && taken < kSamples; e += stride, ++taken) counts[static_cast<uint8_t>(byte_at(e, k))]++;
+    double bits = 0;
+    for (uint32_t c : counts) {
+      if (c == 0) continue;
+      double q = static_cast<double>(c) / static_cast<double>(taken);
+      bits -= q * std::log2(q);
+    }
+    h.entropy[k] = bits;
+    h.nonzero[k] = taken == 0 ? 0 : 1.0 - static_cast<double>(counts[0]) / static_cast<double>(taken);
+  }
+}
+
+// Hints read from a residual in element order.
+PlaneHints HintResidual(const std::byte* r, size_t n, size_t width) {
   PlaneHints h;
   // OR of all 8-byte words: byte j of the result is the OR of bytes at offsets = j (mod 8), and
   // width divides 8, so plane k is all zero iff bytes k, k + width, ... of it are.
@@ -46,24 +81,20 @@ PlaneHints HintPlanes(const std::byte* r, size_t n, size_t width) {
   uint8_t lanes[8];
   std::memcpy(lanes, &acc, 8);
   for (; i < bytes; ++i) lanes[i % 8] |= static_cast<uint8_t>(r[i]);
-  constexpr size_t kSamples = 4096;
-  const size_t stride = std::max<size_t>(1, n / kSamples);
   for (size_t k = 0; k < width; ++k) {
     uint8_t any = 0;
     for (size_t j = k; j < 8; j += width) any |= lanes[j];
     h.zero[k] = any == 0;
-    if (h.zero[k]) continue;
-    uint32_t counts[256] = {};
-    size_t taken = 0;
-    for (size_t e = 0; e < n && taken < kSamples; e += stride, ++taken) counts[static_cast<uint8_t>(r[e * width + k])]++;
-    double bits = 0;
-    for (uint32_t c : counts) {
-      if (c == 0) continue;
-      double q = static_cast<double>(c) / static_cast<double>(taken);
-      bits -= q * std::log2(q);
-    }
-    h.entropy[k] = bits;
   }
+  SamplePlanes(h, n, width, [&](size_t e, size_t k) { return r[e * width + k]; });
+  return h;
+}
+
+// Hints read from planes already split by XorSplitPlanes (plane_or: the OR of each plane).
+PlaneHints HintSplit(const std::byte* planes, size_t n, size_t width, const uint8_t* plane_or) {
+  PlaneHints h;
+  for (size_t k = 0; k < width; ++k) h.zero[k] = plane_or[k] == 0;
+  SamplePlanes(h, n, width, [&](size_t e, size_t k) { return planes[k * n + e]; });
   return h;
 }
 
@@ -85,21 +116,45 @@ void PutLeb128(std::vector<std::byte>& out, uint64_t v) {
   out.push_back(static_cast<std::byte>(v));
 }
 
+// Scratch of at least n bytes. Scratch vectors only grow, so that they are zero-filled once.
+std::byte* Room(std::vector<std::byte>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+  return v.data();
+}
+
 }  // namespace
 
 struct DeltaScratch::State {
   ZSTD_CCtx* cctx = nullptr;
+  ZSTD_CCtx* bitmap_cctx = nullptr;  // kBitmapZstdLevel with Huffman literals, for BITMAP planes
   std::vector<std::byte> residual;
   std::vector<std::byte> planes;
   std::vector<std::byte> sparse;
-  std::vector<std::byte> dense;
   std::vector<std::byte> zstd;
   std::vector<std::byte> gaps;
   std::vector<std::byte> values;
-  ~State() { ZSTD_freeCCtx(cctx); }
+  std::vector<std::byte> bitmap;
+  std::vector<std::byte> plane_out[8];  // each plane's coded bytes (zstd or BITMAP)
+  std::byte plane_head[8][kPlaneHeaderBytes];
+  struct Segment {
+    const std::byte* data;
+    size_t bytes;
+  };
+  std::vector<Segment> payload;  // the chosen payload, pieces in order
+  ~State() {
+    ZSTD_freeCCtx(cctx);
+    ZSTD_freeCCtx(bitmap_cctx);
+  }
 };
 
-DeltaScratch::DeltaScratch() : state_(std::make_unique<State>()) { state_->cctx = ZSTD_createCCtx(); }
+DeltaScratch::DeltaScratch() : state_(std::make_unique<State>()) {
+  state_->cctx = ZSTD_createCCtx();
+  state_->bitmap_cctx = ZSTD_createCCtx();
+  // Negative levels store literals raw unless told otherwise; an error here (a libzstd without
+  // the parameter) only costs size.
+  (void)ZSTD_CCtx_setParameter(state_->bitmap_cctx, ZSTD_c_compressionLevel, kBitmapZstdLevel);
+  (void)ZSTD_CCtx_setParameter(state_->bitmap_cctx, ZSTD_c_literalCompressionMode, ZSTD_ps_enable);
+}
 DeltaScratch::~DeltaScratch() = default;
 
 void DeltaBlockStats::Add(const DeltaBlockStats& other) {
@@ -190,15 +245,20 @@ bool TryZstd(ZSTD_CCtx* cctx, int level, const std::byte* src, size_t n, std::ve
   return true;
 }
 
-// SPARSE payload: u32 count, u32 gap bytes, LEB128 gaps, count * width value bytes.
-void BuildSparse(DeltaScratch::State& s, const std::byte* r, size_t n, uint8_t width, size_t nonzero, int level,
-                 bool* zstd) {
+// SPARSE payload: u32 count, u32 gap bytes, LEB128 gaps, count * width value bytes. The residual
+// is r ^ y (y == nullptr: r itself).
+void BuildSparse(DeltaScratch::State& s, const std::byte* r, const std::byte* y, size_t n, uint8_t width,
+                 size_t nonzero, int level, bool* zstd) {
   s.gaps.clear();
   s.values.resize(nonzero * width);
   size_t next = 0, k = 0;
-  ForEachNonzero(r, n, width, [&](size_t i) {
+  ForEachNonzero(r, y, n, width, [&](size_t i) {
     PutLeb128(s.gaps, i - next);
-    std::memcpy(s.values.data() + k * width, r + i * width, width);
+    if (y != nullptr) {
+      XorBytes(r + i * width, y + i * width, s.values.data() + k * width, width);
+    } else {
+      std::memcpy(s.values.data() + k * width, r + i * width, width);
+    }
     next = i + 1;
     ++k;
   });
@@ -217,32 +277,90 @@ void BuildSparse(DeltaScratch::State& s, const std::byte* r, size_t n, uint8_t w
   }
 }
 
-// PLANES payload: per plane u8 kind (zero, raw, zstd), u32 bytes, data.
-void BuildPlanes(DeltaScratch::State& s, const std::byte* r, size_t n, uint8_t width, int level, double raw_bits,
-                 const PlaneHints& h) {
-  const std::byte* planes = r;
-  if (width > 1) {
-    s.planes.resize(n * width);
-    ByWidth(width, [&](auto t) { SplitPlanes<decltype(t)>(r, s.planes.data(), n); });
-    planes = s.planes.data();
-  }
-  s.dense.clear();
+// zstd of src[0, n) with the context's parameters into dst if the frame fits in `cap` bytes (zstd
+// gives up as soon as it does not); its size, or 0.
+size_t ZstdInto(ZSTD_CCtx* cctx, const std::byte* src, size_t n, std::byte* dst, size_t cap) {
+  const size_t z = ZSTD_compress2(cctx, dst, cap, src, n);
+  return ZSTD_isError(z) ? 0 : z;
+}
+
+size_t MaxSaved(size_t n) { return static_cast<size_t>(static_cast<double>(n) * (1 - kMinZstdSaving)); }
+
+// Writes plane p[0, n) as BITMAP data at dst (header, bitmap, values: delta_format.h); returns its
+// size, or 0 if it would not save kMinZstdSaving over raw. REQUIRES: dst has room for
+// kBitmapHeaderBytes + (n + 7) / 8 + n bytes.
+size_t WriteBitmapPlane(DeltaScratch::State& s, const std::byte* p, size_t n, std::byte* dst) {
+  const size_t bitmap_bytes = (n + 7) / 8;
+  const size_t count = SplitNonzero(p, n, Room(s.bitmap, bitmap_bytes), Room(s.values, n + kNonzeroSlack));
+  if (count == 0) return 0;
+  std::byte* at = dst + kBitmapHeaderBytes;
+  auto put = [&](const std::byte* src, size_t len, uint8_t* coding) {
+    size_t z = ZstdInto(s.bitmap_cctx, src, len, at, MaxSaved(len));
+    *coding = z != 0 ? kCodingZstd : kCodingRaw;
+    if (z == 0) std::memcpy(at, src, z = len);
+    at += z;
+    return static_cast<uint32_t>(z);
+  };
+  uint8_t bitmap_coding = 0, values_coding = 0;
+  const uint32_t bitmap_stored = put(s.bitmap.data(), bitmap_bytes, &bitmap_coding);
+  put(s.values.data(), count, &values_coding);
+  const auto total = static_cast<size_t>(at - dst);
+  if (total > MaxSaved(n)) return 0;
+  const auto count32 = static_cast<uint32_t>(count);
+  std::memcpy(dst, &count32, 4);
+  std::memcpy(dst + 4, &bitmap_coding, 1);
+  std::memcpy(dst + 5, &values_coding, 1);
+  std::memset(dst + 6, 0, 2);
+  std::memcpy(dst + 8, &bitmap_stored, 4);
+  return total;
+}
+
+// PLANES payload (per plane u8 kind, u32 bytes, data) from the block's planes (plane k at
+// planes + k * n), as pieces in s.payload that point into the planes and s.plane_out; returns its
+// size, or 0 if it is not smaller than `budget`.
+size_t BuildPlanes(DeltaScratch::State& s, const std::byte* planes, size_t n, uint8_t width, int level,
+                   double raw_bits, const PlaneHints& h, size_t budget) {
+  (void)ZSTD_CCtx_setParameter(s.cctx, ZSTD_c_compressionLevel, level);  // checked by Make
+  s.payload.clear();
+  size_t total = 0;
   for (size_t k = 0; k < width; ++k) {
     const std::byte* p = planes + k * n;
+    const std::byte* data = p;
+    uint8_t kind = kPlaneRaw;
+    size_t bytes = n;
     if (h.zero[k]) {
-      Put<uint8_t>(s.dense, kPlaneZero);
-      Put<uint32_t>(s.dense, 0);
-    } else if (h.entropy[k] <= raw_bits && TryZstd(s.cctx, level, p, n, s.zstd)) {
-      Put<uint8_t>(s.dense, kPlaneZstd);
-      Put<uint32_t>(s.dense, static_cast<uint32_t>(s.zstd.size()));
-      s.dense.insert(s.dense.end(), s.zstd.begin(), s.zstd.end());
-    } else {
-      Put<uint8_t>(s.dense, kPlaneRaw);
-      Put<uint32_t>(s.dense, static_cast<uint32_t>(n));
-      s.dense.insert(s.dense.end(), p, p + n);
+      kind = kPlaneZero;
+      bytes = 0;
+    } else if (h.entropy[k] <= raw_bits) {
+      std::byte* dst = Room(s.plane_out[k], kBitmapHeaderBytes + (n + 7) / 8 + n);
+      const bool bitmap = h.nonzero[k] >= kBitmapMinNonzero && h.nonzero[k] <= kBitmapMaxNonzero;
+      const size_t coded = bitmap ? WriteBitmapPlane(s, p, n, dst) : ZstdInto(s.cctx, p, n, dst, MaxSaved(n));
+      if (coded != 0) {
+        kind = bitmap ? kPlaneBitmap : kPlaneZstd;
+        data = dst;
+        bytes = coded;
+      }
     }
+    const auto bytes32 = static_cast<uint32_t>(bytes);
+    std::memcpy(s.plane_head[k], &kind, 1);
+    std::memcpy(s.plane_head[k] + 1, &bytes32, 4);
+    s.payload.push_back({s.plane_head[k], kPlaneHeaderBytes});
+    if (bytes != 0) s.payload.push_back({data, bytes});
+    total += kPlaneHeaderBytes + bytes;
+    if (total >= budget) return 0;
   }
+  return total;
 }
+
+// Room for n more bytes in *out, so that the appends after it copy without reallocating or
+// zero-filling. A part is appended to block by block (the node's parts have 4): room for 4 blocks
+// like this one at once, else each of them would copy the part again. Capacity never written is
+// never faulted in.
+void ReserveMore(std::vector<std::byte>* out, size_t n) {
+  if (out->capacity() - out->size() < n) out->reserve(std::max(out->size() + 4 * n, 2 * out->capacity()));
+}
+
+void Append(std::vector<std::byte>* out, const std::byte* p, size_t n) { out->insert(out->end(), p, p + n); }
 
 }  // namespace
 
@@ -253,65 +371,84 @@ void DeltaEncoder::EncodeBlock(size_t i, DeltaScratch& scratch, std::vector<std:
   const std::byte* t = target_.data() + blk.target_offset;
   const std::byte* b = blk.base_offset == kNoBase ? nullptr : base_.data() + blk.base_offset;
   const size_t n = blk.length / blk.width;
+  // The residual is r ^ y (y == nullptr: r). 2- and 4-byte elements with a base (every float
+  // tensor) take one fused pass that also splits the planes; the rest get the residual written.
   const std::byte* r = t;
+  const std::byte* y = nullptr;
+  const std::byte* planes = nullptr;  // already split, with their ORs
+  uint8_t plane_or[8] = {};
   size_t nonzero = 0;
-  if (b != nullptr) {
-    s.residual.resize(blk.length);
-    nonzero = ByWidth(blk.width, [&](auto e) { return XorCount<decltype(e)>(t, b, s.residual.data(), n); });
-    r = s.residual.data();
+  if (b != nullptr && (blk.width == 2 || blk.width == 4)) {
+    std::byte* split = Room(s.planes, blk.length);
+    nonzero = blk.width == 2 ? XorSplitPlanes<uint16_t>(t, b, split, n, plane_or)
+                             : XorSplitPlanes<uint32_t>(t, b, split, n, plane_or);
+    planes = split;
+    y = b;
+  } else if (b != nullptr) {
+    std::byte* residual = Room(s.residual, blk.length);
+    nonzero = ByWidth(blk.width, [&](auto e) { return XorCount<decltype(e)>(t, b, residual, n); });
+    r = residual;
   } else {
     nonzero = ByWidth(blk.width, [&](auto e) { return CountNonzero<decltype(e)>(t, n); });
   }
-  BlockRecord rec;
-  rec.width = blk.width;
-  rec.length = blk.length;
-  rec.target_offset = blk.target_offset;
   // The candidates: RAW (the target as-is) unless something smaller is found.
   DeltaMethod method = DeltaMethod::kRaw;
-  const std::byte* payload = t;
   size_t payload_bytes = blk.length;
-  bool uses_base = false, sparse_zstd = false;
+  bool sparse_zstd = false;
   if (nonzero == 0) {
     method = DeltaMethod::kZero;
     payload_bytes = 0;
-    uses_base = b != nullptr;
   } else {
     // Measured on the bench models: SPARSE wins below ~1/16 nonzero elements, PLANES above
     // ~1/8; in between both are built and the smaller kept.
     if (nonzero * 4 <= n) {
-      BuildSparse(s, r, n, blk.width, nonzero, options_.zstd_level, &sparse_zstd);
+      BuildSparse(s, r, y, n, blk.width, nonzero, options_.zstd_level, &sparse_zstd);
       if (s.sparse.size() < payload_bytes) {
         method = DeltaMethod::kSparse;
-        payload = s.sparse.data();
         payload_bytes = s.sparse.size();
-        uses_base = b != nullptr;
       }
     }
-    PlaneHints hints;
-    if (nonzero * 64 > n) hints = HintPlanes(r, n, blk.width);
-    if (nonzero * 64 > n && hints.worth_planes(blk.width, options_.raw_plane_entropy_bits)) {
-      BuildPlanes(s, r, n, blk.width, options_.zstd_level, options_.raw_plane_entropy_bits, hints);
-      if (s.dense.size() < payload_bytes) {
-        method = DeltaMethod::kPlanes;
-        payload = s.dense.data();
-        payload_bytes = s.dense.size();
-        uses_base = b != nullptr;
+    if (nonzero * 64 > n) {
+      const PlaneHints hints = planes != nullptr ? HintSplit(planes, n, blk.width, plane_or) : HintResidual(r, n, blk.width);
+      if (hints.worth_planes(blk.width, options_.raw_plane_entropy_bits)) {
+        if (planes == nullptr && blk.width > 1) {
+          std::byte* split = Room(s.planes, blk.length);
+          ByWidth(blk.width, [&](auto e) { SplitPlanes<decltype(e)>(r, split, n); });
+          planes = split;
+        }
+        size_t got = BuildPlanes(s, planes != nullptr ? planes : r, n, blk.width, options_.zstd_level,
+                                 options_.raw_plane_entropy_bits, hints, payload_bytes);
+        if (got != 0) {
+          method = DeltaMethod::kPlanes;
+          payload_bytes = got;
+        }
       }
     }
   }
+  const bool uses_base = b != nullptr && method != DeltaMethod::kRaw;
+  BlockRecord rec;
   rec.method = static_cast<uint8_t>(method);
+  rec.width = blk.width;
   rec.flags = static_cast<uint8_t>((uses_base ? kFlagBase : 0) |
                                    (method == DeltaMethod::kSparse && sparse_zstd ? kFlagZstd : 0));
+  rec.length = blk.length;
+  rec.target_offset = blk.target_offset;
   rec.base_offset = uses_base ? blk.base_offset : 0;
   rec.payload_bytes = static_cast<uint32_t>(payload_bytes);
-  const size_t before = out->size();
-  PutBlockRecord(*out, rec);
-  out->insert(out->end(), payload, payload + payload_bytes);
+  std::byte head[kBlockRecordBytes];
+  StoreBlockRecord(head, rec);
+  const size_t at = out->size();
+  ReserveMore(out, kBlockRecordBytes + payload_bytes);
+  Append(out, head, kBlockRecordBytes);
+  if (method == DeltaMethod::kSparse) Append(out, s.sparse.data(), payload_bytes);
+  if (method == DeltaMethod::kRaw) Append(out, t, payload_bytes);
+  if (method == DeltaMethod::kPlanes)
+    for (const auto& piece : s.payload) Append(out, piece.data, piece.bytes);
   if (stats != nullptr) {
     auto m = static_cast<size_t>(method);
     stats->blocks[m]++;
     stats->target_bytes[m] += blk.length;
-    stats->encoded_bytes[m] += out->size() - before;
+    stats->encoded_bytes[m] += out->size() - at;
   }
 }
 

@@ -17,6 +17,15 @@ inline constexpr size_t kBlockRecordBytes = 28;  // before the payload
 inline constexpr uint8_t kFlagBase = 1;          // residual is XORed onto base[base_offset ..]
 inline constexpr uint8_t kFlagZstd = 2;          // SPARSE payload is a zstd frame (after a u32 raw size)
 inline constexpr uint8_t kPlaneZero = 0, kPlaneRaw = 1, kPlaneZstd = 2;
+// Since format version 2: the plane as a bitmap of its nonzero bytes + those bytes, each raw or a
+// zstd frame. Header: u32 count (nonzero bytes, 1..n), u8 bitmap coding, u8 values coding (0 raw,
+// 1 zstd), u16 reserved (0), u32 bitmap bytes; then the bitmap ((n + 7) / 8 bytes decoded, bit
+// i % 8 of byte i / 8 set iff byte i of the plane is nonzero, bits past n zero), then the values
+// (the rest of the plane's bytes; `count` bytes decoded).
+inline constexpr uint8_t kPlaneBitmap = 3;
+inline constexpr size_t kBitmapHeaderBytes = 12;
+inline constexpr uint8_t kCodingRaw = 0, kCodingZstd = 1;
+inline constexpr size_t kPlaneHeaderBytes = 5;  // u8 kind, u32 bytes
 
 // Block record header: u8 method, u8 width, u8 flags, u8 reserved (0), u32 length,
 // u64 target_offset, u64 base_offset (0 without kFlagBase), u32 payload_bytes.
@@ -45,15 +54,16 @@ inline T Load(const std::byte* p) {
   return v;
 }
 
-inline void PutBlockRecord(std::vector<std::byte>& out, const BlockRecord& r) {
-  Put<uint8_t>(out, r.method);
-  Put<uint8_t>(out, r.width);
-  Put<uint8_t>(out, r.flags);
-  Put<uint8_t>(out, 0);
-  Put<uint32_t>(out, r.length);
-  Put<uint64_t>(out, r.target_offset);
-  Put<uint64_t>(out, r.base_offset);
-  Put<uint32_t>(out, r.payload_bytes);
+// Writes the record at p (kBlockRecordBytes bytes).
+inline void StoreBlockRecord(std::byte* p, const BlockRecord& r) {
+  std::memcpy(p, &r.method, 1);
+  std::memcpy(p + 1, &r.width, 1);
+  std::memcpy(p + 2, &r.flags, 1);
+  p[3] = std::byte{0};
+  std::memcpy(p + 4, &r.length, 4);
+  std::memcpy(p + 8, &r.target_offset, 8);
+  std::memcpy(p + 16, &r.base_offset, 8);
+  std::memcpy(p + 24, &r.payload_bytes, 4);
 }
 
 // REQUIRES: p has kBlockRecordBytes bytes.

@@ -259,6 +259,131 @@ TEST(DeltaTest, CorruptedStreamsAreRejectedOrFailTheChecksum) {
   EXPECT_FALSE(DecodeDelta(base.bytes(), base.compute_checksum(), longer, out).ok());
 }
 
+// An SGD-like step: every fp32 element moves by ~1e-4 of itself (the bench's case (b) in small).
+Tensor SgdStep(const Tensor& w, uint64_t seed) {
+  Tensor out = w;
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> noise(0.0f, 1.0f);
+  for (size_t i = 0; i < w.bytes.size() / 4; ++i) {
+    float f;
+    std::memcpy(&f, w.bytes.data() + i * 4, 4);
+    f += f * 1e-4f * noise(rng);
+    std::memcpy(out.bytes.data() + i * 4, &f, 4);
+  }
+  return out;
+}
+
+Tensor Weights(std::string name, int64_t elements, uint64_t seed) {
+  Tensor t{std::move(name), DType::kF32, {elements}, std::vector<std::byte>(static_cast<size_t>(elements) * 4)};
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> init(0.0f, 0.02f);
+  for (int64_t i = 0; i < elements; ++i) {
+    float f = init(rng);
+    std::memcpy(t.bytes.data() + i * 4, &f, 4);
+  }
+  return t;
+}
+
+// Plane kinds (0 zero, 1 raw, 2 zstd, 3 bitmap) of every PLANES block, by walking the stream
+// (docs/PROTOCOL.md "Delta stream"); *bitmap_at gets the stream offset of the first BITMAP plane.
+std::vector<int> PlaneKinds(const std::vector<std::byte>& delta, size_t* bitmap_at = nullptr) {
+  std::vector<int> kinds(4);
+  size_t pos = kDeltaHeaderRecordBytes;
+  while (pos + 28 <= delta.size()) {
+    const auto method = static_cast<uint8_t>(delta[pos]);
+    const auto width = static_cast<uint8_t>(delta[pos + 1]);
+    uint32_t payload = 0;
+    std::memcpy(&payload, delta.data() + pos + 24, 4);
+    pos += 28;
+    if (method == static_cast<uint8_t>(DeltaMethod::kPlanes)) {
+      size_t at = pos;
+      for (size_t k = 0; k < width; ++k) {
+        const auto kind = static_cast<uint8_t>(delta[at]);
+        uint32_t bytes = 0;
+        std::memcpy(&bytes, delta.data() + at + 1, 4);
+        if (kind < 4) kinds[kind]++;
+        if (kind == 3 && bitmap_at != nullptr && *bitmap_at == 0) *bitmap_at = at;
+        at += 5 + bytes;
+      }
+    }
+    pos += payload;
+  }
+  return kinds;
+}
+
+TEST(DeltaTest, MostlyZeroPlanesAreCodedAsBitmaps) {
+  // Odd lengths exercise the kernels' tails.
+  for (int64_t elements : {int64_t{1} << 18, int64_t{4099}, int64_t{17}}) {
+    Tensor w = Weights("w", elements, 1);
+    Snapshot base = Build({w}, 1);
+    Snapshot target = Build({SgdStep(w, 2)}, 2);
+    DeltaBlockStats stats;
+    auto delta = RoundTrip(base, target, &stats);
+    if (elements < 1000) continue;  // too few samples to say what a plane looks like
+    std::vector<int> kinds = PlaneKinds(delta);
+    EXPECT_GT(kinds[3], 0) << elements << " elements: the mantissa plane above the lowest is mostly zero";
+    EXPECT_LT(delta.size(), w.bytes.size() / 2) << elements;
+  }
+}
+
+TEST(DeltaTest, CorruptedBitmapPlanesAreRejected) {
+  Tensor w = Weights("w", 4096, 1);
+  Snapshot base = Build({w}, 1);
+  Snapshot target = Build({SgdStep(w, 2)}, 2);
+  auto delta = RoundTrip(base, target);
+  size_t at = 0;
+  ASSERT_GT(PlaneKinds(delta, &at)[3], 0);
+  std::vector<std::byte> out(target.bytes().size());
+  const uint64_t bck = base.compute_checksum();
+  // The BITMAP header after the plane's 5 bytes: u32 count, u8 codings x2, u16 reserved, u32 bitmap bytes.
+  for (size_t field : {size_t{0}, size_t{4}, size_t{5}, size_t{6}, size_t{8}}) {
+    for (uint8_t flip : {0x01, 0x02, 0x80}) {
+      auto bad = delta;
+      bad[at + 5 + field] ^= static_cast<std::byte>(flip);
+      Status st = DecodeDelta(base.bytes(), bck, bad, out);
+      EXPECT_EQ(st.code(), StatusCode::kCorruption) << "field at +" << field << " flipped by " << int{flip};
+      EXPECT_NE(st.message().find("BITMAP"), std::string::npos) << st.ToString();
+    }
+  }
+  // Every byte of the plane flipped: an error, the same target (a zstd frame has bits that do not
+  // change its output), or a target whose checksum differs. Never a crash (ASan).
+  uint32_t plane_bytes = 0;
+  std::memcpy(&plane_bytes, delta.data() + at + 1, 4);
+  const uint64_t want = target.compute_checksum();
+  for (size_t i = at; i < at + 5 + plane_bytes; ++i) {
+    auto bad = delta;
+    bad[i] ^= std::byte{0x10};
+    if (Status st = DecodeDelta(base.bytes(), bck, bad, out); st.ok()) {
+      const bool same = std::memcmp(out.data(), target.bytes().data(), out.size()) == 0;
+      EXPECT_TRUE(same || checksum64(std::span<const std::byte>(out).subspan(target.data_offset())) != want)
+          << "flip at +" << i - at;
+    }
+  }
+}
+
+TEST(DeltaTest, ReadsVersionOneStreamsButNotBitmapsInThem) {
+  Tensor w = Weights("w", 4096, 1);
+  Tensor s = Make("s", DType::kBF16, 20000, 2);
+  Snapshot base = Build({w, s}, 1);
+  Tensor s2 = s;
+  Change(s2, 0.01, 3);
+  Snapshot sparse_only = Build({w, s2}, 2);
+  Snapshot stepped = Build({SgdStep(w, 2), s}, 3);
+  std::vector<std::byte> out(base.bytes().size());
+  const uint64_t bck = base.compute_checksum();
+  auto v1 = RoundTrip(base, sparse_only);
+  ASSERT_EQ(PlaneKinds(v1)[3], 0);
+  v1[4] = std::byte{1};  // u16 version at offset 4
+  EXPECT_TRUE(DecodeDelta(base.bytes(), bck, v1, out).ok());
+  auto bitmaps = RoundTrip(base, stepped);
+  ASSERT_GT(PlaneKinds(bitmaps)[3], 0);
+  bitmaps[4] = std::byte{1};
+  EXPECT_EQ(DecodeDelta(base.bytes(), bck, bitmaps, out).code(), StatusCode::kCorruption);
+  bitmaps[4] = std::byte{3};
+  Status st = DecodeDelta(base.bytes(), bck, bitmaps, out);
+  EXPECT_NE(st.message().find("format version 3"), std::string::npos) << st.ToString();
+}
+
 TEST(DeltaTest, OptionsAreChecked) {
   Snapshot s = Build({}, 1);
   DeltaOptions options;

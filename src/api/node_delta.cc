@@ -487,6 +487,7 @@ void DeltaStore::WhenPrepared(const std::string& model, uint64_t version,
     now.base_version = job->base_version;
     now.bytes = job->done ? job->encoded_bytes : 0;
     now.snapshot_bytes = job->target_size;
+    now.encode_ns = job->encode_ns;
     if (!job->done) now.why_not = job->error.message();
   }
   fn(now);

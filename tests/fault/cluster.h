@@ -8,7 +8,8 @@
 //    (tests/fault/content.h) and reports in a status file that survives its own death;
 //  - every version that was announced (seen by the witness, a consumer or, in sync mode, the
 //    producer's own log) is listed by the producer's node and fetchable from it (memory or file
-//    tier), whole and bit-exact;
+//    tier), whole and bit-exact: listed after every round, fetched (the newest and a sample of the
+//    new ones, at most 48 a round) after every round and all of them in the final full check;
 //  - nothing leaked: no shared-memory segment of a dead process, no temporary file of a dead
 //    writer in the file tier, and the producer's live segments stay bounded (a dead consumer's
 //    leases were dropped).
@@ -132,7 +133,7 @@ class FaultCluster {
   // right after an announce hits the window before the version reaches the file tier).
   Status WaitForAnnounce(std::chrono::milliseconds timeout);
   // The checks in the header comment, plus AddCheck's. `full` fetches every announced version
-  // again (else the new ones and a sample of the old).
+  // again (else up to 48 of the new ones, the newest first, and 3 old ones).
   Status CheckInvariants(bool full = false);
   // SIGTERM to every consumer and the relay; then the producer must get back to at most its kept
   // versions, free pool and spare (every lease of every consumer, dead or stopped, was dropped);

@@ -67,6 +67,7 @@ class FileTier {
   std::optional<FileEntry> Find(const std::string& model, uint64_t version) const;
   std::optional<FileEntry> Latest(const std::string& model) const;
   std::vector<FileEntry> List() const;  // every indexed entry, by model then version
+  std::vector<uint64_t> versions(const std::string& model) const;  // indexed versions, ascending
   // Scans the directory again (as Open() does) and replaces the index.
   Status Rescan();
   const FileTierOptions& options() const { return options_; }

@@ -441,6 +441,16 @@ std::optional<FileEntry> FileTier::Latest(const std::string& model) const {
   return it->second.rbegin()->second;
 }
 
+std::vector<uint64_t> FileTier::versions(const std::string& model) const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  std::vector<uint64_t> out;
+  auto it = impl_->index.find(model);
+  if (it == impl_->index.end()) return out;
+  out.reserve(it->second.size());
+  for (const auto& [v, e] : it->second) out.push_back(v);
+  return out;
+}
+
 std::vector<FileEntry> FileTier::List() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   std::vector<FileEntry> out;

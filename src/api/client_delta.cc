@@ -69,8 +69,9 @@ void Client::Impl::PostDeltaReceives(const std::shared_ptr<DeltaInbox>& inbox) {
     inbox->unposted.pop_front();
     inbox->outstanding += bytes;
     lock.unlock();
-    auto buffer = std::make_shared<std::vector<std::byte>>(bytes);
-    engine->RecvBulk(node, inbox->tag + index, *buffer, [this, inbox, buffer, index](const Status& st) {
+    auto buffer = delta_buffers->Acquire(bytes);
+    buffer->resize(bytes);
+    engine->RecvBulk(node, inbox->tag + index, *buffer, [inbox, buffer, index](const Status& st) {
       std::lock_guard<std::mutex> held(inbox->mu);
       inbox->completed++;
       if (!st.ok()) {
@@ -79,7 +80,7 @@ void Client::Impl::PostDeltaReceives(const std::shared_ptr<DeltaInbox>& inbox) {
         inbox->received_bytes += buffer->size();
       }
       if (st.ok() && !inbox->discard) {
-        inbox->ready.emplace(index, std::move(*buffer));
+        inbox->ready.emplace(index, buffer);
       } else {
         inbox->outstanding -= buffer->size();
       }
@@ -110,7 +111,7 @@ void Client::Impl::CloseInbox(uint64_t request_id, const std::shared_ptr<DeltaIn
   {
     std::lock_guard<std::mutex> lock(inbox->mu);
     inbox->discard = true;
-    for (auto& [index, bytes] : inbox->ready) inbox->outstanding -= bytes.size();
+    for (auto& [index, bytes] : inbox->ready) inbox->outstanding -= bytes->size();
     inbox->ready.clear();
   }
   PostDeltaReceives(inbox);  // drains what was announced: those sends complete and are dropped
@@ -210,17 +211,18 @@ Result<DeltaFetch> Client::Impl::ReceiveDelta(const proto::FetchOk& ok, const st
     if (!woke)
       return Status::Timeout(what + ": stalled after " + std::to_string(decoder.decoded_bytes()) + " of " +
                              std::to_string(size) + " bytes");
-    std::vector<std::byte> part = std::move(inbox->ready[next]);
+    std::shared_ptr<std::vector<std::byte>> part = std::move(inbox->ready[next]);
     inbox->ready.erase(next);
     last = inbox->last_announced && next + 1 == inbox->announced;
     lock.unlock();
-    Status fed = decoder.Feed(part);
-    out.wire_bytes += part.size();
+    Status fed = decoder.Feed(*part);
+    const size_t part_bytes = part->size();
+    out.wire_bytes += part_bytes;
     {
       std::lock_guard<std::mutex> held(inbox->mu);
-      inbox->outstanding -= part.size();
+      inbox->outstanding -= part_bytes;
     }
-    part = {};
+    part.reset();  // back to the pool before the next receives are posted
     PostDeltaReceives(inbox);
     if (!fed.ok()) return fed.WithContext(what);
     hash_decoded();

@@ -25,6 +25,7 @@
 #include "viper/engine.h"
 #include "viper/node.h"
 #include "viper/protocol.h"
+#include "vector_pool.h"
 
 namespace viper {
 
@@ -37,7 +38,7 @@ struct DeltaInbox {
   std::mutex mu;
   std::condition_variable cv;
   std::deque<std::pair<uint32_t, uint32_t>> unposted;  // announced parts (index, bytes) not yet received
-  std::map<uint32_t, std::vector<std::byte>> ready;     // received, not yet decoded
+  std::map<uint32_t, std::shared_ptr<std::vector<std::byte>>> ready;  // received, not yet decoded
   uint32_t announced = 0;
   bool last_announced = false;
   uint32_t completed = 0;       // receives completed (ok or not)
@@ -79,6 +80,9 @@ struct Client::Impl {
   std::map<uint64_t, std::function<void(const Status&)>> transfers;
   std::map<uint64_t, std::shared_ptr<DeltaInbox>> inboxes;                     // request id -> delta parts
   std::atomic<uint64_t> next_tag{0};
+  // Delta parts are received into vectors reused across parts and deltas (fresh memory per part
+  // cost page faults on every delta); budget: the inbox's (client_delta.cc) and a part beyond it.
+  std::shared_ptr<internal::VectorPool> delta_buffers = std::make_shared<internal::VectorPool>(72ull << 20);
 
   void OnMessage(std::span<const std::byte> bytes);
   void OnClosed(const Status& reason);

@@ -18,6 +18,7 @@ constexpr double kDefaultEncodeRate = 1.0e9;  // target bytes/s of the encoder u
 constexpr double kDecodeRate = 2.0e9;         // target bytes/s of a consumer's decoder (measured: ARCHITECTURE)
 constexpr double kMaxRatio = 0.9;             // a delta is sent only if below this fraction of the snapshot
 constexpr uint64_t kMinMeasuredSend = 16ull << 20;
+constexpr size_t kMinPoolBytes = 16ull << 20;  // free part vectors kept before any delta is finished
 
 double Ewma(double old, double sample) { return old <= 0 ? sample : 0.7 * old + 0.3 * sample; }
 
@@ -34,9 +35,12 @@ DeltaStore::DeltaStore(NodeOptions options, HostTier* host, net::Engine* engine,
       host_(host),
       engine_(engine),
       egress_(egress),
+      parts_pool_(std::make_shared<internal::VectorPool>(kMinPoolBytes)),
       encoders_() {
-  for (size_t i = 0; i < std::max<size_t>(1, options_.delta_threads); ++i)
+  for (size_t i = 0; i < std::max<size_t>(1, options_.delta_threads); ++i) {
+    scratch_.push_back(std::make_unique<DeltaScratch>());
     encoders_.push_back(std::make_unique<internal::TaskQueue>("node-delta-" + std::to_string(i)));
+  }
 }
 
 DeltaStore::~DeltaStore() {
@@ -80,6 +84,15 @@ void DeltaStore::OnCommit(const proto::VersionInfo& info, bool eager) {
       if (model != info.model || (!base_gone && target >= info.version)) {
         ++it;
         continue;
+      }
+      {
+        // A finished delta nobody is receiving gives its parts back now, so that the encode that
+        // starts below reuses their memory.
+        std::lock_guard<std::mutex> held(it->second->mu);
+        if (it->second->done && it->second->senders.empty()) {
+          it->second->parts.clear();
+          it->second->slots.clear();
+        }
       }
       stale.emplace_back(it->second, base_gone);
       it = jobs_.erase(it);
@@ -131,18 +144,18 @@ std::shared_ptr<DeltaJob> DeltaStore::JobLocked(const std::string& model, const 
   job->slots.resize(job->total_parts);
   job->workers_left = static_cast<uint32_t>(encoders_.size());
   jobs_[key] = job;
-  for (auto& q : encoders_) q->Post([this, job] { Encode(job); });
+  for (size_t i = 0; i < encoders_.size(); ++i) encoders_[i]->Post([this, job, i] { Encode(job, i); });
   return job;
 }
 
 // Encoder threads: each takes the next part not yet taken; finished parts join the job's
 // in-order prefix, which the senders stream as soon as it grows.
-void DeltaStore::Encode(const std::shared_ptr<DeltaJob>& job) {
+void DeltaStore::Encode(const std::shared_ptr<DeltaJob>& job, size_t worker) {
   {
     std::lock_guard<std::mutex> lock(job->mu);
     if (job->started_ns == 0) job->started_ns = WallClockNs();
   }
-  DeltaScratch scratch;
+  DeltaScratch& scratch = *scratch_[worker];
   const DeltaEncoder& enc = *job->encoder;  // reset by Finish only, after every thread is done here
   for (;;) {
     uint32_t p = 0;
@@ -151,7 +164,7 @@ void DeltaStore::Encode(const std::shared_ptr<DeltaJob>& job) {
       if (job->cancelled || job->next_part >= job->total_parts) break;
       p = job->next_part++;
     }
-    auto part = std::make_shared<std::vector<std::byte>>();
+    auto part = parts_pool_->Acquire(0);
     if (p == 0) enc.AppendHeader(part.get());
     const size_t first = static_cast<size_t>(p) * kBlocksPerPart;
     const size_t last = std::min(first + kBlocksPerPart, enc.blocks());
@@ -215,6 +228,7 @@ void DeltaStore::Finish(const std::shared_ptr<DeltaJob>& job, int64_t encode_ns)
     std::lock_guard<std::mutex> lock(mu_);
     if (covered > 0 && encode_ns > 0) encode_rate_ = Ewma(encode_rate_, covered * 1e9 / static_cast<double>(encode_ns));
     if (done) {
+      parts_pool_->set_budget(std::max<size_t>(kMinPoolBytes, encoded + encoded / 2));
       last_ratio_[job->model] = static_cast<double>(encoded) / static_cast<double>(std::max<uint64_t>(1, covered));
       stats_.encoded++;
       stats_.encoded_bytes += encoded;

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "task_queue.h"
+#include "vector_pool.h"
 #include "viper/delta.h"
 #include "viper/engine.h"
 #include "viper/host_tier.h"
@@ -106,7 +107,8 @@ class DeltaStore {
   using Key = std::tuple<std::string, uint64_t, uint64_t>;  // model, base, target
 
   std::shared_ptr<DeltaJob> JobLocked(const std::string& model, const Base& base, const Base& target);
-  void Encode(const std::shared_ptr<DeltaJob>& job);
+  // On encoder thread `worker`, which alone uses scratch_[worker].
+  void Encode(const std::shared_ptr<DeltaJob>& job, size_t worker);
   bool WorthEncodingLocked(const std::string& model, uint64_t size);
   void Finish(const std::shared_ptr<DeltaJob>& job, int64_t encode_ns);
   void Pump(const std::shared_ptr<DeltaJob>& job);
@@ -131,6 +133,10 @@ class DeltaStore {
   double encode_rate_ = 0;                         // target bytes/s of the encoder (EWMA), 0 = not measured
   DeltaStats stats_;
 
+  // Reused across deltas (fresh memory cost the encode ~4x its CPU): the parts' vectors, returned
+  // when the last sender and job let go of them, and each encoder thread's scratch.
+  std::shared_ptr<internal::VectorPool> parts_pool_;
+  std::vector<std::unique_ptr<DeltaScratch>> scratch_;
   std::vector<std::unique_ptr<internal::TaskQueue>> encoders_;  // last: stopped first
 };
 

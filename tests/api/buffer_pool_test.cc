@@ -1,6 +1,7 @@
 // BufferPool (src/api/buffer_pool.h): receive buffers are pre-faulted when mapped, reused after
 // their last reader lets go, and KeepSpare() maps the second buffer of double buffering ahead.
-// Residency is checked with mincore(), i.e. what the kernel has actually faulted in.
+// Residency is checked with mincore(), i.e. what the kernel has actually faulted in. VectorPool
+// (src/api/vector_pool.h): delta parts' vectors come back with their capacity, within a budget.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "buffer_pool.h"
+#include "vector_pool.h"
 
 namespace viper::internal {
 namespace {
@@ -143,6 +145,63 @@ TEST(BufferPool, ConcurrentAcquireAndRelease) {
   for (auto& th : threads) th.join();
   EXPECT_FALSE(failed);
   EXPECT_LE(pool->mapped(), 3u + 4u);
+}
+
+TEST(VectorPool, AReturnedVectorComesBackWithItsCapacityAndPages) {
+  auto pool = std::make_shared<VectorPool>(8u << 20);
+  const std::byte* data = nullptr;
+  {
+    auto v = pool->Acquire(1u << 20);
+    ASSERT_GE(v->capacity(), 1u << 20);
+    v->resize(1u << 20, std::byte{7});
+    data = v->data();
+  }
+  EXPECT_GE(pool->free_bytes(), 1u << 20);
+  auto again = pool->Acquire(1000);
+  EXPECT_EQ(again->data(), data);  // the same memory (its pages faulted), not a fresh allocation
+  EXPECT_EQ(again->size(), 0u);    // empty: the caller appends or resizes
+  EXPECT_GE(again->capacity(), 1u << 20);
+  EXPECT_EQ(pool->free_bytes(), 0u);
+}
+
+TEST(VectorPool, KeepsFreeVectorsWithinItsBudget) {
+  auto pool = std::make_shared<VectorPool>(3u << 20);
+  {
+    std::vector<std::shared_ptr<VectorPool::Bytes>> held;
+    for (int i = 0; i < 5; ++i) held.push_back(pool->Acquire(1u << 20));
+  }
+  EXPECT_LE(pool->free_bytes(), 3u << 20);  // two of five were freed
+  EXPECT_GE(pool->free_bytes(), 2u << 20);
+  pool->set_budget(1u << 20);
+  EXPECT_LE(pool->free_bytes(), 1u << 20);
+  pool->set_budget(0);
+  EXPECT_EQ(pool->free_bytes(), 0u);
+  { auto v = pool->Acquire(4096); }
+  EXPECT_EQ(pool->free_bytes(), 0u);  // budget 0: nothing is kept
+}
+
+TEST(VectorPool, VectorsOutliveThePool) {
+  auto pool = std::make_shared<VectorPool>(8u << 20);
+  auto v = pool->Acquire(4096);
+  v->push_back(std::byte{1});
+  pool.reset();
+  EXPECT_EQ(v->size(), 1u);
+  v.reset();  // freed, not returned (ASan: no leak, no use after free)
+}
+
+TEST(VectorPool, ConcurrentAcquireAndRelease) {
+  auto pool = std::make_shared<VectorPool>(4u << 20);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&pool, t] {
+      for (int i = 0; i < 2000; ++i) {
+        auto v = pool->Acquire(static_cast<size_t>(1024 * (1 + (i + t) % 64)));
+        v->resize(v->capacity() / 2 + 1, std::byte{static_cast<unsigned char>(t)});
+        if (i % 7 == 0) pool->set_budget(static_cast<size_t>((1 + i % 4)) << 20);
+      }
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_LE(pool->free_bytes(), 4u << 20);
 }
 
 }  // namespace

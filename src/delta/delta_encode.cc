@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "delta_format.h"
 #include "delta_kernels.h"
@@ -378,7 +379,11 @@ void DeltaEncoder::EncodeBlock(size_t i, DeltaScratch& scratch, std::vector<std:
   const std::byte* planes = nullptr;  // already split, with their ORs
   uint8_t plane_or[8] = {};
   size_t nonzero = 0;
-  if (b != nullptr && (blk.width == 2 || blk.width == 4)) {
+  if (b != nullptr && std::memcmp(t, b, blk.length) == 0) {
+    // An unchanged block (a frozen layer) costs one compare instead of the XOR pass; a changed
+    // one differs within its first elements, so the compare stops at once.
+    nonzero = 0;
+  } else if (b != nullptr && (blk.width == 2 || blk.width == 4)) {
     std::byte* split = Room(s.planes, blk.length);
     nonzero = blk.width == 2 ? XorSplitPlanes<uint16_t>(t, b, split, n, plane_or)
                              : XorSplitPlanes<uint32_t>(t, b, split, n, plane_or);

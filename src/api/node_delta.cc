@@ -142,6 +142,7 @@ std::shared_ptr<DeltaJob> DeltaStore::JobLocked(const std::string& model, const 
   job->base = base.snapshot;
   job->target = target.snapshot;
   job->slots.resize(job->total_parts);
+  if (auto it = part_sizes_.find(model); it != part_sizes_.end()) job->part_size_hints = it->second;
   job->workers_left = static_cast<uint32_t>(encoders_.size());
   jobs_[key] = job;
   for (size_t i = 0; i < encoders_.size(); ++i) encoders_[i]->Post([this, job, i] { Encode(job, i); });
@@ -164,7 +165,7 @@ void DeltaStore::Encode(const std::shared_ptr<DeltaJob>& job, size_t worker) {
       if (job->cancelled || job->next_part >= job->total_parts) break;
       p = job->next_part++;
     }
-    auto part = parts_pool_->Acquire(0);
+    auto part = parts_pool_->Acquire(p < job->part_size_hints.size() ? job->part_size_hints[p] : 0);
     if (p == 0) enc.AppendHeader(part.get());
     const size_t first = static_cast<size_t>(p) * kBlocksPerPart;
     const size_t last = std::min(first + kBlocksPerPart, enc.blocks());
@@ -204,6 +205,7 @@ void DeltaStore::Finish(const std::shared_ptr<DeltaJob>& job, int64_t encode_ns)
   std::vector<std::function<void(const PreparedDelta&)>> callbacks;
   bool done = false;
   uint64_t covered = 0, encoded = 0;
+  std::vector<uint32_t> part_sizes;
   {
     std::lock_guard<std::mutex> lock(job->mu);
     done = !job->cancelled && job->parts.size() == job->total_parts;
@@ -211,6 +213,8 @@ void DeltaStore::Finish(const std::shared_ptr<DeltaJob>& job, int64_t encode_ns)
     job->encode_ns = encode_ns;
     covered = job->target_done;
     encoded = job->encoded_bytes;
+    if (done)
+      for (const auto& part : job->parts) part_sizes.push_back(static_cast<uint32_t>(part->size()));
     callbacks.swap(job->on_done);
     job->encoder.reset();  // the bytes are encoded: the snapshots and their leases can go
     job->base = Snapshot();
@@ -229,6 +233,7 @@ void DeltaStore::Finish(const std::shared_ptr<DeltaJob>& job, int64_t encode_ns)
     if (covered > 0 && encode_ns > 0) encode_rate_ = Ewma(encode_rate_, covered * 1e9 / static_cast<double>(encode_ns));
     if (done) {
       parts_pool_->set_budget(std::max<size_t>(kMinPoolBytes, encoded + encoded / 2));
+      part_sizes_[job->model] = std::move(part_sizes);
       last_ratio_[job->model] = static_cast<double>(encoded) / static_cast<double>(std::max<uint64_t>(1, covered));
       stats_.encoded++;
       stats_.encoded_bytes += encoded;

@@ -40,6 +40,9 @@ struct DeltaJob {
   uint64_t target_version = 0;
   uint64_t target_size = 0;
   uint32_t total_parts = 0;
+  // Each part's size in the model's last finished delta: the capacity its vector is taken with
+  // (consecutive deltas of a model tend to repeat their parts' sizes: frozen layers, changed ones).
+  std::vector<uint32_t> part_size_hints;
 
   std::mutex mu;  // guards everything below
   std::vector<std::shared_ptr<const std::vector<std::byte>>> parts;  // encoded so far, in order (a prefix)
@@ -128,6 +131,7 @@ class DeltaStore {
   std::map<Key, std::shared_ptr<DeltaJob>> jobs_;
   std::map<std::string, double> last_ratio_;       // per model: encoded / target of the last finished delta
   std::map<std::string, uint64_t> eager_commits_;  // per model: commits weighed by WorthEncodingLocked
+  std::map<std::string, std::vector<uint32_t>> part_sizes_;  // per model: the last finished delta's parts
   double bandwidth_ = 0;                           // bytes/s of full sends (EWMA), 0 = not measured
   std::map<net::PeerId, double> peer_bandwidth_;   // the same per peer (the most recent 1024; 0: one cold send seen)
   double encode_rate_ = 0;                         // target bytes/s of the encoder (EWMA), 0 = not measured

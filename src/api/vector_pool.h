@@ -24,21 +24,25 @@ class VectorPool : public std::enable_shared_from_this<VectorPool> {
   VectorPool(const VectorPool&) = delete;
   VectorPool& operator=(const VectorPool&) = delete;
 
-  // An empty vector (size 0) with at least `reserve` bytes of capacity: the free one with the
-  // largest capacity, else a new one.
+  // An empty vector (size 0) with at least `reserve` bytes of capacity: the smallest free one
+  // that has it, else a new one (growing a free one would move it to fresh memory anyway).
   std::shared_ptr<Bytes> Acquire(size_t reserve) {
     std::unique_ptr<Bytes> v;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (!free_.empty()) {
-        v = std::move(free_.back());
-        free_.pop_back();
+      auto fit = std::lower_bound(free_.begin(), free_.end(), reserve,
+                                  [](const std::unique_ptr<Bytes>& f, size_t c) { return f->capacity() < c; });
+      if (fit != free_.end()) {
+        v = std::move(*fit);
+        free_.erase(fit);
         free_bytes_ -= v->capacity();
       }
     }
-    if (!v) v = std::make_unique<Bytes>();
+    if (!v) {
+      v = std::make_unique<Bytes>();
+      v->reserve(reserve);
+    }
     v->clear();
-    v->reserve(reserve);
     std::weak_ptr<VectorPool> weak = weak_from_this();
     return std::shared_ptr<Bytes>(v.release(), [weak](Bytes* p) {
       std::unique_ptr<Bytes> owned(p);
@@ -67,7 +71,7 @@ class VectorPool : public std::enable_shared_from_this<VectorPool> {
       return;
     }
     free_bytes_ += v->capacity();
-    // Sorted by capacity, largest last: Acquire takes the largest, which fits any part.
+    // Sorted by capacity: Acquire takes the smallest that fits.
     auto at = std::lower_bound(free_.begin(), free_.end(), v->capacity(),
                                [](const std::unique_ptr<Bytes>& f, size_t c) { return f->capacity() < c; });
     free_.insert(at, std::move(v));

@@ -164,6 +164,25 @@ TEST(VectorPool, AReturnedVectorComesBackWithItsCapacityAndPages) {
   EXPECT_EQ(pool->free_bytes(), 0u);
 }
 
+TEST(VectorPool, AcquireTakesTheSmallestFreeVectorThatFits) {
+  auto pool = std::make_shared<VectorPool>(64u << 20);
+  const std::byte *small = nullptr, *large = nullptr;
+  {
+    auto a = pool->Acquire(1u << 20);
+    auto b = pool->Acquire(4u << 20);
+    small = a->data();
+    large = b->data();
+  }
+  auto mid = pool->Acquire(2u << 20);
+  EXPECT_EQ(mid->data(), large);
+  auto tiny = pool->Acquire(100);
+  EXPECT_EQ(tiny->data(), small);
+  auto big = pool->Acquire(8u << 20);  // nothing free fits: a new one
+  EXPECT_NE(big->data(), small);
+  EXPECT_NE(big->data(), large);
+  EXPECT_GE(big->capacity(), 8u << 20);
+}
+
 TEST(VectorPool, KeepsFreeVectorsWithinItsBudget) {
   auto pool = std::make_shared<VectorPool>(3u << 20);
   {

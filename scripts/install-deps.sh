@@ -4,7 +4,7 @@
 set -euo pipefail
 
 PACKAGES=(
-  build-essential g++ cmake pkg-config git
+  build-essential g++ cmake pkg-config git ninja-build lld
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   libucx-dev ucx-utils
   nlohmann-json3-dev libxxhash-dev libzstd-dev

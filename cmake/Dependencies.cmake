@@ -5,6 +5,7 @@ find_package(PkgConfig REQUIRED)
 find_package(nlohmann_json 3 REQUIRED)   # nlohmann-json3-dev
 find_package(fmt REQUIRED)               # libfmt-dev
 find_package(CLI11 REQUIRED)             # libcli11-dev
+find_package(OpenSSL REQUIRED COMPONENTS Crypto)  # libssl-dev: HMAC-SHA256, CSPRNG (src/core/crypto.h)
 pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)   # libxxhash-dev
 pkg_check_modules(ZSTD REQUIRED IMPORTED_TARGET libzstd)       # libzstd-dev
 

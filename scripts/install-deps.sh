@@ -7,7 +7,7 @@ PACKAGES=(
   build-essential g++ cmake pkg-config git ninja-build lld
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   libucx-dev ucx-utils
-  nlohmann-json3-dev libxxhash-dev libzstd-dev
+  nlohmann-json3-dev libxxhash-dev libzstd-dev libssl-dev
   libhiredis-dev redis-server
   libcli11-dev libfmt-dev libspdlog-dev
   pybind11-dev python3-dev python3-numpy python3-torch python3-pytest python3-venv python3-pip

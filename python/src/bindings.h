@@ -53,8 +53,8 @@ inline double NsToSeconds(int64_t ns) { return static_cast<double>(ns) / 1e9; }
 
 // Each binds its part of the module; called once from PYBIND11_MODULE in module.cc.
 void BindErrors(py::module_& m);     // module.cc: exception classes (first)
-void BindSnapshot(py::module_& m);   // module.cc
-void BindApi(py::module_& m);        // module.cc: Node, Publisher, Subscriber
+void BindSnapshot(py::module_& m);   // snapshot_bindings.cc
+void BindApi(py::module_& m);        // module.cc: options, Node, Publisher, Subscriber
 void BindSchedule(py::module_& m);   // schedule_bindings.cc: Scheduler, plan_schedules, ...
 void BindData(py::module_& m);       // data_bindings.cc: sources, Prefetcher, RehearsalBuffer
 

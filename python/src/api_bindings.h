@@ -1,0 +1,143 @@
+// Shared by the bindings of Viper's API classes (Snapshot, Node, Publisher, Subscriber): the
+// handle types Python holds, tensors in and out of numpy, the options tables, and the helpers that
+// start and guard a handle. Internal to the extension module.
+// REQUIRES: the GIL is held in every function here unless a comment says otherwise.
+#pragma once
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bindings.h"
+#include "options.h"
+#include "viper/node.h"
+#include "viper/publisher.h"
+#include "viper/snapshot.h"
+#include "viper/subscriber.h"
+
+namespace viper_py {
+
+// ---------------------------------------------------------------- tensors (tensor_views.cc)
+
+py::dtype NumpyDtype(viper::DType dtype);
+py::array TensorView(const viper::Snapshot& snap, const viper::TensorInfo& tensor, py::handle base);
+py::dict TensorDescriptions(const viper::Snapshot& snap);
+
+// Both Python-facing snapshot types expose the same read-only mapping.
+template <typename Handle, typename Class>
+void BindTensorMapping(Class& cls) {
+  cls.def("__len__", [](const Handle& h) { return h.snapshot().tensors().size(); })
+      .def("__contains__", [](const Handle& h, const std::string& name) { return h.snapshot().find(name) != nullptr; })
+      .def("__iter__", [](const Handle& h) {
+        py::list names;
+        for (const auto& t : h.snapshot().tensors()) names.append(t.name);
+        return py::iter(names);
+      })
+      .def("keys", [](const Handle& h) {
+        py::list names;
+        for (const auto& t : h.snapshot().tensors()) names.append(t.name);
+        return names;
+      }, "Tensor names in data order.")
+      .def("__getitem__", [](py::object self, const std::string& name) {
+        const Handle& h = self.cast<const Handle&>();
+        const viper::TensorInfo* t = h.snapshot().find(name);
+        if (t == nullptr) throw py::key_error(name);
+        return TensorView(h.snapshot(), *t, self);
+      }, "The tensor as a read-only numpy view of the buffer (no copy). BF16 comes back as uint16 bits, F8 as uint8.")
+      .def("items", [](py::object self) {
+        const Handle& h = self.cast<const Handle&>();
+        py::list out;
+        for (const auto& t : h.snapshot().tensors()) out.append(py::make_tuple(t.name, TensorView(h.snapshot(), t, self)));
+        return out;
+      }, "(name, read-only numpy view) pairs in data order.")
+      .def_property_readonly("dtypes", [](const Handle& h) { return TensorDescriptions(h.snapshot()); },
+                             "{name: (safetensors dtype name, shape)}.")
+      .def_property_readonly("metadata", [](const Handle& h) { return h.snapshot().metadata(); },
+                             "The header's __metadata__ (viper.* keys included), str -> str.")
+      .def_property_readonly("nbytes", [](const Handle& h) { return h.snapshot().bytes().size(); },
+                             "Size of the whole safetensors buffer.")
+      .def_property_readonly("buffer_address", [](const Handle& h) {
+        return reinterpret_cast<uintptr_t>(h.snapshot().bytes().data());
+      }, "Address of the buffer the views point into (for checking where the memory lives).");
+}
+
+struct SnapshotHandle {
+  viper::Snapshot snap;
+  const viper::Snapshot& snapshot() const { return snap; }
+};
+
+struct VersionHandle {
+  std::shared_ptr<const viper::ModelVersion> version;
+  const viper::Snapshot& snapshot() const { return version->snapshot; }
+};
+
+
+// (name, dtype name, shape, buffer) tuples from python/viper/_tensors.py -> TensorData. The
+// buffers stay referenced by `items` (held by the caller) for as long as the spans are used.
+struct HeldTensors {
+  std::vector<viper::TensorData> tensors;
+  std::vector<py::buffer_info> buffers;
+};
+HeldTensors HoldTensors(const py::list& items);
+
+// User metadata as strings; keys under viper.* are refused (InvalidArgumentError).
+std::map<std::string, std::string> StringMetadata(const py::dict& metadata);
+
+// ---------------------------------------------------------------- options (options_bindings.cc)
+
+// Node, Publisher and Subscriber take their options as keyword arguments with the names and
+// defaults of the C++ structs (options.h); the node's table is defined once and included in the
+// publisher's (a Publisher embeds a node).
+OptionsTable<viper::NodeOptions> NodeOptionsTable();
+OptionsTable<viper::PublisherOptions> PublisherOptionsTable();
+OptionsTable<viper::SubscriberOptions> SubscriberOptionsTable();
+void BindOptionsClasses(py::module_& m);
+
+// ---------------------------------------------------------------- handles
+
+// Starts a Node, Publisher or Subscriber (they listen or connect, which may block) with the GIL
+// released; raises the mapped exception on failure.
+template <typename T, typename Options>
+std::unique_ptr<T> StartWithoutGil(const Options& options) {
+  viper::Result<std::unique_ptr<T>> started = viper::Status::OK();
+  {
+    py::gil_scoped_release release;
+    started = T::Start(options);
+  }
+  return Unwrap(std::move(started));
+}
+
+// Handles own their C++ object until close(); every method after close() raises.
+template <typename T>
+T& Open(const std::unique_ptr<T>& p, const char* what) {
+  if (!p) Raise(viper::Status(viper::StatusCode::kFailedPrecondition, std::string(what) + " is closed"));
+  return *p;
+}
+
+struct NodeHandle {
+  std::unique_ptr<viper::Node> node;
+};
+
+struct PublisherHandle {
+  std::unique_ptr<viper::Publisher> publisher;
+  double last_stall_seconds = 0.0;
+};
+
+struct SubscriberHandle {
+  std::unique_ptr<viper::Subscriber> subscriber;
+};
+
+// A version's catalog entry as a dict (node_bindings.cc).
+py::dict VersionInfoDict(const viper::proto::VersionInfo& info);
+
+void BindNode(py::module_& m);        // node_bindings.cc
+void BindPublisher(py::module_& m);   // publisher_bindings.cc
+void BindSubscriber(py::module_& m);  // subscriber_bindings.cc
+
+}  // namespace viper_py

@@ -1,0 +1,76 @@
+// viper._viper._Node: a standalone node (viper.Node in python/viper), and the catalog entries it lists.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "api_bindings.h"
+
+namespace viper_py {
+
+using viper::Status;
+using viper::StatusCode;
+
+py::dict VersionInfoDict(const viper::proto::VersionInfo& info) {
+  py::dict d;
+  d["model"] = info.model;
+  d["version"] = info.version;
+  d["size"] = info.size;
+  d["checksum"] = viper::checksum_hex(info.checksum);
+  d["step"] = info.step;
+  d["publish_ns"] = info.publish_ns;
+  d["completed_ns"] = info.completed_ns;
+  d["metadata"] = info.metadata;
+  py::list replicas;
+  for (const auto& r : info.replicas) {
+    const char* kind = r.kind == viper::proto::ReplicaKind::kHostSegment ? "segment"
+                       : r.kind == viper::proto::ReplicaKind::kNode   ? "node"
+                                                                      : "file";
+    replicas.append(py::make_tuple(kind, r.locator));
+  }
+  d["replicas"] = replicas;
+  return d;
+}
+
+void BindNode(py::module_& m) {
+  py::class_<NodeHandle>(m, "_Node")
+      .def(py::init([](const viper::NodeOptions& o) {
+             auto handle = std::make_unique<NodeHandle>();
+             handle->node = StartWithoutGil<viper::Node>(o);
+             return handle;
+           }),
+           py::arg("options"))
+      .def_property_readonly("address", [](NodeHandle& h) { return Open(h.node, "Node").address(); })
+      .def("versions", [](NodeHandle& h) {
+             py::list out;
+             for (const auto& info : Open(h.node, "Node").List()) out.append(VersionInfoDict(info));
+             return out;
+           })
+      .def("latest", [](NodeHandle& h, const std::string& model) -> std::optional<py::dict> {
+             auto info = Open(h.node, "Node").Latest(model);
+             if (!info) return std::nullopt;
+             return VersionInfoDict(*info);
+           })
+      .def("wait_flushed", [](NodeHandle& h, double timeout) {
+             viper::Node& node = Open(h.node, "Node");
+             auto ms = SecondsToMs(timeout, "timeout");
+             Status st;
+             {
+               py::gil_scoped_release release;
+               st = node.WaitFlushed(ms);
+             }
+             ThrowIfError(st);
+           })
+      .def("close", [](NodeHandle& h) {
+             std::unique_ptr<viper::Node> n = std::move(h.node);
+             py::gil_scoped_release release;
+             n.reset();
+           });
+}
+
+}  // namespace viper_py

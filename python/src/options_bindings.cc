@@ -1,0 +1,83 @@
+// The options tables of Node, Publisher and Subscriber: one row per field, shared by the C++
+// struct's defaults and the Python keyword arguments.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "api_bindings.h"
+
+namespace viper_py {
+
+using viper::Status;
+using viper::StatusCode;
+
+OptionsTable<viper::NodeOptions> NodeOptionsTable() {
+  using O = viper::NodeOptions;
+  OptionsTable<O> t;
+  t.Plain("listen", &O::listen, "HOST:PORT to listen on; port 0 = any free port")
+      .Plain("name", &O::name, "shown to peers; empty = node-<pid>")
+      .Path("store_dir", &O::store_dir, "file tier directory; empty = no file tier")
+      .Plain("keep_host_versions", &O::keep_host_versions, "versions per model kept in shared memory")
+      .Plain("keep_file_versions", &O::keep_file_versions, "versions per model kept on the file tier")
+      .Plain("token", &O::token, "shared secret every peer must present; empty = none")
+      .Plain("insecure", &O::insecure, "listen beyond loopback without a token (refused otherwise)")
+      .Plain("recover", &O::recover, "on start, load each model's latest file into memory")
+      .Plain("chunk_bytes", &O::chunk_bytes, "bulk transfer chunk size")
+      .Plain("chunks_in_flight", &O::chunks_in_flight, "bulk sends outstanding per transfer")
+      .Plain("segment_prefix", &O::segment_prefix, "name prefix of the shared-memory segments")
+      .Named("delta", &O::delta, viper::ParseDeltaMode, viper::delta_mode_name,
+             "deltas to consumers that fetch over the network: off, auto (when smaller and faster) or always")
+      .Plain("delta_bases", &O::delta_bases, "older versions per model kept as delta bases")
+      .Plain("delta_threads", &O::delta_threads, "encoder threads of the node's deltas")
+      .Plain("registry", &O::registry, "shared registry to register in: 'embedded' or redis://HOST:PORT[/DB]; empty = none");
+  return t;
+}
+
+OptionsTable<viper::PublisherOptions> PublisherOptionsTable() {
+  using O = viper::PublisherOptions;
+  OptionsTable<O> t;
+  t.Plain("model", &O::model, "the model's name")
+      .Named("mode", &O::mode, viper::ParsePublishMode, viper::publish_mode_name,
+             "async: publish() returns after the copy; sync: after the version is announced")
+      .Plain("alignment", &O::alignment, "tensor alignment in the snapshot (1 = gap-free safetensors)")
+      .Plain("max_in_flight", &O::max_in_flight, "async versions queued before publish() blocks")
+      .Include(&O::node, NodeOptionsTable());
+  return t;
+}
+
+OptionsTable<viper::SubscriberOptions> SubscriberOptionsTable() {
+  using O = viper::SubscriberOptions;
+  OptionsTable<O> t;
+  t.Plain("model", &O::model, "the model's name")
+      .Plain("connect", &O::connect, "HOST:PORT of the node (unused with a registry)")
+      .Plain("registry", &O::registry, "find the node in this registry instead: 'embedded' or redis://HOST:PORT[/DB]")
+      .Plain("token", &O::token, "the node's shared secret")
+      .Plain("name", &O::name, "shown to the node")
+      .Named("path", &O::path, viper::ParseFetchPath, viper::fetch_path_name, "auto, map, copy, remote or file")
+      .Plain("verify_checksum", &O::verify_checksum, "verify bytes that crossed the network or came from a file")
+      .Plain("verify_local", &O::verify_local, "also verify mapped and copied bytes of this host's node")
+      .Path("file_dir", &O::file_dir, "the node's store_dir as seen from here (the file fallback)")
+      .Plain("chunk_bytes", &O::chunk_bytes, "bulk transfer chunk size asked for")
+      .Seconds("request_timeout", &O::request_timeout, "seconds a request to the node may take")
+      .Plain("buffers", &O::buffers, "reused receive buffers kept (copy, remote and file paths)")
+      .Plain("ack_on_live", &O::ack_on_live,
+             "ACK each version to the node when it goes live here (False: call ack(version) once it is served)")
+      .Plain("pipelined", &O::pipelined,
+             "with the node on another host, also fetch versions it is still receiving, as they land")
+      .Plain("delta", &O::delta, "offer the live version to the node as a delta base (remote path)");
+  return t;
+}
+
+void BindOptionsClasses(py::module_& m) {
+  BindOptions(m, "_NodeOptions", "viper.Node", NodeOptionsTable());
+  BindOptions(m, "_PublisherOptions", "viper.Publisher", PublisherOptionsTable());
+  BindOptions(m, "_SubscriberOptions", "viper.Subscriber", SubscriberOptionsTable());
+}
+
+}  // namespace viper_py

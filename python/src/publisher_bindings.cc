@@ -1,0 +1,111 @@
+// viper._viper._Publisher and PublishResult (viper.Publisher in python/viper).
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "api_bindings.h"
+#include <future>
+
+namespace viper_py {
+
+using viper::Status;
+using viper::StatusCode;
+
+void BindPublisher(py::module_& m) {
+  py::class_<viper::PublishResult>(m, "PublishResult", "What one publish did.")
+      .def_readonly("version", &viper::PublishResult::version, "The version number assigned.")
+      .def_property_readonly("stall_seconds", [](const viper::PublishResult& r) { return NsToSeconds(r.stall_ns); },
+                             "How long the caller was blocked.")
+      .def_property_readonly("copy_seconds", [](const viper::PublishResult& r) { return NsToSeconds(r.copy_ns); },
+                             "Of which copying the tensors into the segment.")
+      .def_readonly("recycled", &viper::PublishResult::recycled, "The segment was recycled (the fast path).")
+      .def_readonly("bytes", &viper::PublishResult::bytes, "Size of the snapshot.")
+      .def("wait_delta", [](const viper::PublishResult& r, double timeout) {
+             auto ms = SecondsToMs(timeout, "timeout");
+             bool ready = false;
+             {
+               py::gil_scoped_release release;
+               ready = r.delta.valid() && r.delta.wait_for(ms) == std::future_status::ready;
+             }
+             if (!ready) ThrowIfError(viper::Status::Timeout("the delta of version " + std::to_string(r.version) +
+                                                             " was not encoded within " + std::to_string(timeout) + " s"));
+             const viper::PreparedDelta& d = r.delta.get();
+             py::dict out;
+             out["prepared"] = d.prepared;
+             out["base_version"] = d.base_version;
+             out["bytes"] = d.bytes;
+             out["snapshot_bytes"] = d.snapshot_bytes;
+             out["why_not"] = d.why_not;
+             out["encode_seconds"] = NsToSeconds(d.encode_ns);
+             return out;
+           }, py::arg("timeout") = 60.0,
+           "The delta the node prepares for this version against the previous one, for consumers that fetch "
+           "over the network: waits for its encode (in the background after the commit) and returns a dict "
+           "with prepared, base_version, bytes, snapshot_bytes, encode_seconds (the encode's wall time) and why_not "
+           "(why none was made).")
+      .def("__repr__", [](const viper::PublishResult& r) {
+        return "PublishResult(version=" + std::to_string(r.version) + ", stall_seconds=" +
+               std::to_string(NsToSeconds(r.stall_ns)) + ", bytes=" + std::to_string(r.bytes) + ")";
+      });
+
+  py::class_<PublisherHandle>(m, "_Publisher")
+      .def(py::init([](viper::PublisherOptions o, std::shared_ptr<viper::Scheduler> scheduler) {
+             o.scheduler = std::move(scheduler);
+             auto handle = std::make_unique<PublisherHandle>();
+             handle->publisher = StartWithoutGil<viper::Publisher>(o);
+             return handle;
+           }),
+           py::arg("options"), py::arg("scheduler").none(true))
+      .def("due", [](PublisherHandle& h, int64_t iteration, double loss) {
+             return Unwrap(Open(h.publisher, "Publisher").Due(iteration, loss));
+           })
+      .def("publish", [](PublisherHandle& h, const py::list& items, uint64_t step, std::optional<double> loss,
+                         const py::dict& metadata) {
+             viper::Publisher& pub = Open(h.publisher, "Publisher");
+             HeldTensors held = HoldTensors(items);
+             viper::PublishInfo info;
+             info.step = step;
+             info.loss = loss;
+             info.metadata = StringMetadata(metadata);
+             viper::Result<viper::PublishResult> result = viper::Status::OK();
+             {
+               py::gil_scoped_release release;
+               result = pub.Publish(held.tensors, info);
+             }
+             viper::PublishResult r = Unwrap(std::move(result));
+             h.last_stall_seconds = NsToSeconds(r.stall_ns);
+             return r;
+           })
+      .def("wait", [](PublisherHandle& h, double timeout) {
+             viper::Publisher& pub = Open(h.publisher, "Publisher");
+             auto ms = SecondsToMs(timeout, "timeout");
+             Status st;
+             {
+               py::gil_scoped_release release;
+               st = pub.Wait(ms);
+             }
+             ThrowIfError(st);
+           })
+      .def_property_readonly("address", [](PublisherHandle& h) { return Open(h.publisher, "Publisher").address(); })
+      .def_property_readonly("announced_version",
+                             [](PublisherHandle& h) { return Open(h.publisher, "Publisher").announced_version(); })
+      .def_readonly("last_stall_seconds", &PublisherHandle::last_stall_seconds)
+      .def("versions", [](PublisherHandle& h) {
+             py::list out;
+             for (const auto& info : Open(h.publisher, "Publisher").node().List()) out.append(VersionInfoDict(info));
+             return out;
+           })
+      .def("close", [](PublisherHandle& h) {
+             std::unique_ptr<viper::Publisher> p = std::move(h.publisher);
+             py::gil_scoped_release release;
+             p.reset();  // waits for queued publishes, flushes, stops the node
+           });
+}
+
+}  // namespace viper_py

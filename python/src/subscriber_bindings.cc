@@ -1,0 +1,102 @@
+// viper._viper._Subscriber and ModelVersion (viper.Subscriber in python/viper).
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "api_bindings.h"
+
+namespace viper_py {
+
+using viper::Status;
+using viper::StatusCode;
+
+void BindSubscriber(py::module_& m) {
+  py::class_<VersionHandle> version(m, "ModelVersion",
+                                    "One whole model version held by a subscriber: a read-only mapping name -> numpy "
+                                    "view (no copy). Holding it keeps the version's memory alive.");
+  BindTensorMapping<VersionHandle>(version);
+  version.def_property_readonly("version", [](const VersionHandle& h) { return h.version->version(); },
+                                "The version number (assigned by the producer's node, increasing).")
+      .def_property_readonly("model", [](const VersionHandle& h) { return h.version->info.model; }, "The model name.")
+      .def_property_readonly("step", [](const VersionHandle& h) { return h.version->info.step; },
+                             "The training step the producer published it at.")
+      .def_property_readonly("checksum", [](const VersionHandle& h) { return viper::checksum_hex(h.version->info.checksum); },
+                             "xxh3-64 of the data region, 16 hex digits, as the node announced it.")
+      .def_property_readonly("path", [](const VersionHandle& h) { return std::string(viper::fetch_path_name(h.version->path)); },
+                             "The path that delivered it: map, copy, remote or file.")
+      .def_property_readonly("reason", [](const VersionHandle& h) { return h.version->reason; },
+                             "Why that path was chosen (and which paths failed first, if any).")
+      .def_property_readonly("delta_base", [](const VersionHandle& h) { return h.version->delta_base; },
+                             "The version the bytes came as a delta against; 0 if they came in full.")
+      .def_property_readonly("wire_bytes", [](const VersionHandle& h) { return h.version->wire_bytes; },
+                             "Bytes received from the node (the delta or the snapshot); 0 for map, copy and file.")
+      .def_property_readonly("timings", [](const VersionHandle& h) {
+        const viper::UpdateTimings& t = h.version->timings;
+        py::dict d;
+        d["publish_ns"] = t.publish_ns;
+        d["completed_ns"] = t.completed_ns;
+        d["notified_ns"] = t.notified_ns;
+        d["fetched_ns"] = t.fetched_ns;
+        d["verified_ns"] = t.verified_ns;
+        d["live_ns"] = t.live_ns;
+        return d;
+      }, "CLOCK_REALTIME ns: publish_ns, completed_ns (at the producer's node), notified_ns, fetched_ns, verified_ns, live_ns.")
+      .def("__repr__", [](const VersionHandle& h) {
+        return "ModelVersion(model='" + h.version->info.model + "', version=" + std::to_string(h.version->version()) +
+               ", step=" + std::to_string(h.version->info.step) + ", tensors=" +
+               std::to_string(h.version->snapshot.tensors().size()) + ")";
+      });
+
+  py::class_<SubscriberHandle>(m, "_Subscriber")
+      .def(py::init([](const viper::SubscriberOptions& o) {
+             auto handle = std::make_unique<SubscriberHandle>();
+             handle->subscriber = StartWithoutGil<viper::Subscriber>(o);
+             return handle;
+           }),
+           py::arg("options"))
+      .def("latest", [](SubscriberHandle& h) -> std::optional<VersionHandle> {
+             auto v = Open(h.subscriber, "Subscriber").latest();
+             if (!v) return std::nullopt;
+             return VersionHandle{std::move(v)};
+           })
+      .def("wait_for", [](SubscriberHandle& h, uint64_t version, double timeout) {
+             viper::Subscriber& sub = Open(h.subscriber, "Subscriber");
+             auto ms = SecondsToMs(timeout, "timeout");
+             viper::Result<std::shared_ptr<const viper::ModelVersion>> got = viper::Status::OK();
+             {
+               py::gil_scoped_release release;
+               got = sub.WaitFor(version, ms);
+             }
+             return VersionHandle{Unwrap(std::move(got))};
+           })
+      .def("stats", [](SubscriberHandle& h) {
+             viper::SubscriberStats s = Open(h.subscriber, "Subscriber").stats();
+             py::dict d;
+             d["notifies"] = s.notifies;
+             d["updates"] = s.updates;
+             d["skipped"] = s.skipped;
+             d["fetch_failures"] = s.fetch_failures;
+             d["deltas"] = s.deltas;
+             d["delta_fallbacks"] = s.delta_fallbacks;
+             return d;
+           })
+      .def("ack", [](SubscriberHandle& h, uint64_t version) { ThrowIfError(Open(h.subscriber, "Subscriber").Ack(version)); })
+      .def("last_error", [](SubscriberHandle& h) -> std::optional<std::string> {
+             Status st = Open(h.subscriber, "Subscriber").last_error();
+             if (st.ok()) return std::nullopt;
+             return st.ToString();
+           })
+      .def("close", [](SubscriberHandle& h) {
+             std::unique_ptr<viper::Subscriber> s = std::move(h.subscriber);
+             py::gil_scoped_release release;
+             s.reset();
+           });
+}
+
+}  // namespace viper_py

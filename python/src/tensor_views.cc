@@ -1,0 +1,99 @@
+// Tensors between Python and Viper: snapshots as read-only numpy views (no copy), and the
+// (name, dtype, shape, buffer) tuples of python/viper/_tensors.py as TensorData.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "api_bindings.h"
+
+namespace viper_py {
+
+using viper::Status;
+using viper::StatusCode;
+
+// numpy has no bfloat16 or float8: those come back as their raw bit patterns (uint16 / uint8);
+// python/viper/_tensors.py reinterprets them for torch.
+py::dtype NumpyDtype(viper::DType dtype) {
+  switch (dtype) {
+    case viper::DType::kF64: return py::dtype("float64");
+    case viper::DType::kF32: return py::dtype("float32");
+    case viper::DType::kF16: return py::dtype("float16");
+    case viper::DType::kBF16: return py::dtype("uint16");
+    case viper::DType::kI64: return py::dtype("int64");
+    case viper::DType::kI32: return py::dtype("int32");
+    case viper::DType::kI16: return py::dtype("int16");
+    case viper::DType::kI8: return py::dtype("int8");
+    case viper::DType::kU64: return py::dtype("uint64");
+    case viper::DType::kU32: return py::dtype("uint32");
+    case viper::DType::kU16: return py::dtype("uint16");
+    case viper::DType::kU8: return py::dtype("uint8");
+    case viper::DType::kBool: return py::dtype("bool");
+    case viper::DType::kF8_E4M3: return py::dtype("uint8");
+    case viper::DType::kF8_E5M2: return py::dtype("uint8");
+  }
+  return py::dtype("uint8");
+}
+
+// A read-only numpy array over the tensor's bytes inside `snap`; `base` keeps them alive.
+py::array TensorView(const viper::Snapshot& snap, const viper::TensorInfo& tensor, py::handle base) {
+  std::vector<py::ssize_t> shape(tensor.shape.begin(), tensor.shape.end());
+  std::vector<py::ssize_t> strides(shape.size());
+  py::ssize_t stride = static_cast<py::ssize_t>(viper::dtype_size(tensor.dtype));
+  for (size_t i = shape.size(); i-- > 0;) {
+    strides[i] = stride;
+    stride *= std::max<py::ssize_t>(shape[i], 1);
+  }
+  auto bytes = snap.tensor_data(tensor);
+  py::array view(NumpyDtype(tensor.dtype), shape, strides, bytes.data(), base);
+  view.attr("setflags")(py::arg("write") = false);
+  return view;
+}
+
+py::dict TensorDescriptions(const viper::Snapshot& snap) {
+  py::dict out;
+  for (const auto& t : snap.tensors()) {
+    out[py::str(t.name)] = py::make_tuple(std::string(viper::dtype_name(t.dtype)), py::tuple(py::cast(t.shape)));
+  }
+  return out;
+}
+
+HeldTensors HoldTensors(const py::list& items) {
+  HeldTensors held;
+  held.buffers.reserve(items.size());
+  for (py::handle item : items) {
+    auto t = item.cast<py::tuple>();
+    if (t.size() != 4) Raise(Status::InvalidArgument("internal: tensor entries are (name, dtype, shape, buffer)"));
+    viper::TensorData data;
+    data.spec.name = t[0].cast<std::string>();
+    auto dtype = viper::parse_dtype(t[1].cast<std::string>());
+    if (!dtype.ok()) Raise(dtype.status().WithContext("tensor '" + data.spec.name + "'"));
+    data.spec.dtype = *dtype;
+    data.spec.shape = t[2].cast<std::vector<int64_t>>();
+    held.buffers.push_back(t[3].cast<py::buffer>().request());
+    const py::buffer_info& info = held.buffers.back();
+    uint64_t nbytes = static_cast<uint64_t>(info.size) * static_cast<uint64_t>(info.itemsize);
+    data.bytes = std::span<const std::byte>(static_cast<const std::byte*>(info.ptr), nbytes);
+    held.tensors.push_back(std::move(data));
+  }
+  return held;
+}
+
+std::map<std::string, std::string> StringMetadata(const py::dict& metadata) {
+  std::map<std::string, std::string> out;
+  for (auto [key, value] : metadata) {
+    std::string k = py::str(key);
+    if (k.rfind("viper.", 0) == 0) {
+      Raise(Status::InvalidArgument("metadata key '" + k + "': keys starting with 'viper.' are Viper's own"));
+    }
+    out[k] = py::isinstance<py::str>(value) ? value.cast<std::string>() : std::string(py::str(value));
+  }
+  return out;
+}
+
+}  // namespace viper_py

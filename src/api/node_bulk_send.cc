@@ -1,0 +1,63 @@
+// Node: bulk sends of a version's bytes to a peer, chunk by chunk with a bounded window.
+#include "viper/node.h"
+
+#include <algorithm>
+
+#include "node_impl.h"
+#include "viper/engine.h"
+#include "viper/log.h"
+
+namespace viper {
+
+namespace {
+
+constexpr std::string_view kLog = "node";
+
+}  // namespace
+
+void Node::Impl::StartBulkSend(net::PeerId peer, const proto::Fetch& m, const proto::VersionInfo& info,
+                               std::shared_ptr<BulkSend> send) {
+  send->peer = peer;
+  send->request_id = m.request_id;
+  send->tag = m.tag;
+  send->chunk = ClampChunk(m.chunk_bytes, options.chunk_bytes);
+  send->chunks = static_cast<uint32_t>((send->bytes.size() + send->chunk - 1) / send->chunk);
+  send->started_ns = WallClockNs();
+  proto::FetchOk ok;
+  ok.request_id = m.request_id;
+  ok.mode = proto::FetchMode::kSend;
+  ok.info = info;
+  ok.chunk_bytes = send->chunk;
+  ok.chunks = send->chunks;
+  ok.detail = send->detail;
+  Send(peer, ok);
+  PumpBulkSend(send);
+}
+
+// Keeps up to chunks_in_flight chunks in flight; each completion sends the next. A send that
+// forwards a version still arriving waits (parked) for the bytes of its next chunk to land.
+void Node::Impl::PumpBulkSend(const std::shared_ptr<BulkSend>& send) {
+  while (!send->failed && send->next < send->chunks && send->next - send->done < options.chunks_in_flight) {
+    if (send->incoming && !NextChunkReady(send)) return;
+    uint32_t index = send->next++;
+    uint64_t begin = static_cast<uint64_t>(index) * send->chunk;
+    auto piece = send->bytes.subspan(begin, std::min<uint64_t>(send->chunk, send->bytes.size() - begin));
+    bool early = send->incoming != nullptr;  // the version was not complete here yet
+    engine->SendBulk(send->peer, send->tag + index, piece, [this, send, early, n = piece.size()](const Status& st) {
+      send->done++;
+      if (!st.ok()) {
+        if (!send->failed) log(LogLevel::kInfo, kLog, "transfer to peer {} abandoned: {}", send->peer, st.message());
+        send->failed = true;
+        return;
+      }
+      bytes_sent += n;
+      if (early) bytes_sent_incoming += n;
+      // A whole transfer of bytes that were here times this peer's path for the delta decision.
+      if (!early && send->done == send->chunks && !send->failed && deltas)
+        deltas->RecordFullSend(send->peer, send->bytes.size(), WallClockNs() - send->started_ns);
+      PumpBulkSend(send);
+    });
+  }
+}
+
+}  // namespace viper

@@ -1,0 +1,182 @@
+// Subscriber: the connection to a node (announcements, (re)connect, alternates) and the loop that
+// loads each announced version.
+#include "viper/subscriber.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "subscriber_impl.h"
+#include "viper/file_tier.h"
+#include "viper/host_tier.h"
+#include "viper/log.h"
+#include "viper/node.h"
+
+namespace viper {
+
+namespace {
+constexpr std::string_view kLog = "subscriber";
+}  // namespace
+
+void Subscriber::Impl::OnAnnounce(const proto::VersionInfo& info, bool incoming) {
+  std::lock_guard<std::mutex> lock(mu);
+  stats.notifies++;
+  if (info.model != options.model) return;
+  // A version whose pipelined load failed is loaded again once its node has it complete.
+  bool retry = !incoming && announced_incoming && announced && announced->version == info.version &&
+               failed_version == info.version;
+  if (announced && announced->version >= info.version && !retry) return;
+  auto current = live.load();
+  if (announced && announced->version < info.version && (!current || announced->version > current->version()))
+    stats.skipped++;  // superseded before load
+  if (retry) failed_version = 0;
+  announced = info;
+  announced_incoming = incoming;
+  announced_ns = WallClockNs();
+  cv.notify_all();
+}
+
+ClientOptions Subscriber::Impl::ClientOptionsFor(const std::string& node) const {
+  ClientOptions co;
+  co.connect = node;
+  co.token = options.token;
+  co.name = options.name;
+  co.timeout = options.request_timeout;
+  co.chunk_bytes = options.chunk_bytes;
+  return co;
+}
+
+Result<std::shared_ptr<Client>> Subscriber::Impl::EnsureClient() {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (client && client->connected()) return client;
+  }
+  ClientHandlers handlers;
+  // A connection may outlive this subscriber (a mapped version handed out holds it, with its
+  // lease): its handlers reach the subscriber only while it exists.
+  std::weak_ptr<Impl> self = weak_from_this();
+  handlers.on_notify = [self](const proto::VersionInfo& info) {
+    if (auto impl = self.lock()) impl->OnAnnounce(info, false);
+  };
+  handlers.on_incoming = [self](const proto::VersionInfo& info) {
+    if (auto impl = self.lock()) impl->OnAnnounce(info, true);
+  };
+  handlers.on_disconnect = [self](const Status& why) {
+    auto impl = self.lock();
+    if (!impl) return;
+    log(LogLevel::kWarn, kLog, "{}", why.message());
+    std::lock_guard<std::mutex> lock(impl->mu);
+    impl->cv.notify_all();
+  };
+  // The configured node first, then the alternates, in order (with a registry: the node it
+  // named, then the nearest other holders).
+  Result<std::unique_ptr<Client>> fresh = Status::Unavailable("no node to connect to");
+  std::string address;
+  if (registry) fresh = ConnectViaRegistry(handlers, &address);
+  for (size_t i = 0; !registry && i <= options.alternates.size(); ++i) {
+    address = i == 0 ? options.connect : options.alternates[i - 1];
+    fresh = Client::Connect(ClientOptionsFor(address), handlers);
+    if (fresh.ok()) break;
+    if (i < options.alternates.size())
+      log(LogLevel::kWarn, kLog, "{}; trying {}", fresh.status().message(), options.alternates[i]);
+  }
+  if (!fresh.ok()) return fresh.status();
+  std::shared_ptr<Client> shared(std::move(fresh).value());
+  // Versions still arriving at the node are worth fetching only over the network (a consumer on
+  // the node's host maps complete versions).
+  bool pipelined = options.pipelined && (!shared->same_host() || options.path == FetchPath::kRemote);
+  VIPER_RETURN_IF_ERROR(shared->Subscribe(options.model, pipelined ? proto::kSubscribeIncoming : 0));
+  std::lock_guard<std::mutex> lock(mu);
+  client = shared;
+  node_address = address;
+  return shared;
+}
+
+void Subscriber::Impl::DropClient(const std::shared_ptr<Client>& broken) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (client == broken) client.reset();
+}
+
+// Predicted time of each usable path, cheapest first (DESIGN.md §7).
+
+void Subscriber::Impl::Run() {
+  std::unique_lock<std::mutex> lock(mu);
+  for (;;) {
+    auto current = live.load();
+    uint64_t live_version = current ? current->version() : 0;
+    auto ready = [&] {
+      return closing || (announced && announced->version > live_version && announced->version != failed_version);
+    };
+    WaitConnected(lock, ready);
+    if (closing) return;
+    proto::VersionInfo info = *announced;
+    int64_t notified = announced_ns;
+    lock.unlock();
+
+    auto loaded = Load(info);
+    lock.lock();
+    if (!loaded.ok()) {
+      stats.fetch_failures++;
+      last_error = loaded.status();
+      failed_version = info.version;  // wait for a newer NOTIFY (or a reconnect) before retrying
+      log(LogLevel::kError, kLog, "could not load {} version {}: {}", options.model, info.version, last_error.message());
+      continue;
+    }
+    std::shared_ptr<ModelVersion> mv = std::move(loaded).value();
+    mv->timings.publish_ns = mv->info.publish_ns;
+    mv->timings.completed_ns = mv->info.completed_ns;
+    mv->timings.notified_ns = notified;
+    mv->timings.live_ns = WallClockNs();
+    if (mv->version() <= live_version) continue;  // e.g. the file path found nothing newer
+    std::shared_ptr<const ModelVersion> frozen = mv;
+    live.store(frozen);
+    stats.updates++;
+    if (mv->delta_base != 0) stats.deltas++;
+    auto listeners = callbacks;
+    auto c = client;
+    cv.notify_all();
+    lock.unlock();
+    if (c && options.ack_on_live) c->Ack(frozen->info.model, frozen->version());
+    for (auto& cb : listeners) cb(frozen);
+    // The next version needs a second buffer while readers hold this one: map and fault it in
+    // now, between versions, on the spare thread: a version announced meanwhile is fetched at
+    // once, into the spare as it is being populated (BufferPool::KeepSpare). A remote version
+    // received into a landing zone needs none.
+    if (frozen->path != FetchPath::kMap && !(frozen->path == FetchPath::kRemote && options.landing))
+      KeepSpareLater(frozen->info.size);
+    lock.lock();
+  }
+}
+
+std::string Subscriber::Impl::CurrentNode() {
+  std::lock_guard<std::mutex> lock(mu);
+  if (!node_address.empty()) return node_address;
+  return registry ? registry_node : options.connect;
+}
+
+// Waits until `ready`; while the connection to the node is down (the node restarted, died, or a
+// broken transfer dropped it) reconnects, to the node or an alternate, every kReconnectInterval,
+// so that announcements resume.
+void Subscriber::Impl::WaitConnected(std::unique_lock<std::mutex>& lock, const std::function<bool()>& ready) {
+  constexpr auto kReconnectInterval = std::chrono::seconds(1);
+  while (!ready()) {
+    if (client && client->connected()) {
+      cv.wait(lock, [&] { return ready() || !(client && client->connected()); });
+      continue;
+    }
+    lock.unlock();
+    bool connected = EnsureClient().ok();
+    lock.lock();
+    if (connected) failed_version = 0;  // a version whose load failed while the node was away: try again
+    if (!connected) cv.wait_for(lock, kReconnectInterval, ready);
+  }
+}
+
+}  // namespace viper

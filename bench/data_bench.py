@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The data side's benchmark (issue 17, docs/BENCHMARKS.md "Data side"): how long a training loop
+"""The data side's benchmark (docs/BENCHMARKS.md "Data loader"): how long a training loop
 waits for its next batch with viper.data's auto-tuned prefetcher, against torch's DataLoader, in
 the same run, on the same files, with the files evicted from the page cache before every run.
 

@@ -29,7 +29,7 @@
 #   hosts.sh gc
 #       Removes host sets named vp<pid> whose pid no longer runs (a `run` killed with SIGKILL).
 #
-# Options: --mtu (veth MTU, default 65535: measured fastest, see docs/ARCHITECTURE.md "Test hosts"),
+# Options: --mtu (veth MTU, default 65535: measured fastest, see docs/ARCHITECTURE.md "Facts of the machine"),
 # --cc (default congestion control inside the hosts, default cubic; "keep" leaves the kernel's).
 # Env: VIPER_HOSTS_QUIET=1 silences the progress lines on stderr.
 set -uo pipefail

@@ -1,4 +1,5 @@
-// Loss predictor of the Inference Performance Predictor (IPP, DESIGN.md section 11).
+// Loss predictor of the Inference Performance Predictor (IPP; docs/ARCHITECTURE.md "Inference
+// Performance Predictor").
 //
 // Fits (iteration, loss) samples of a training run with four families and keeps the one with the
 // lowest mean squared error:

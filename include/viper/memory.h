@@ -21,8 +21,8 @@ void StreamingCopy(std::span<std::byte> dst, std::span<const std::byte> src);
 // holds nothing yet). Best effort: out of memory the pages stay lazy and fault in on first use.
 // Why: the first write into fresh pages runs at ~1.8 GB/s on our VMs, into faulted ones at
 // ~11 GB/s; 1.7 GB of a fresh /dev/shm segment took 0.98-4.8 s to fill by faulting against
-// 0.34 s to populate + 0.14 s to fill (docs/ARCHITECTURE.md, "Fresh memory is faulted in before
-// it is written").
+// 0.34 s to populate + 0.14 s to fill (docs/ARCHITECTURE.md, "Host tier: segment
+// pool", Creation).
 void PrefaultForWrite(void* base, size_t size);
 
 }  // namespace viper

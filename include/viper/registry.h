@@ -1,7 +1,9 @@
 // Registry: the catalog of which node holds which version of which model, and the notification of
-// new versions, shared by every node and consumer that open the same registry (DESIGN.md §10).
+// new versions, shared by every node and consumer that open the same registry (docs/ARCHITECTURE.md
+// "Registry").
 //
-// A small abstract backend (STYLE.md §5). Two backends, chosen by URL (OpenRegistry):
+// A small abstract backend that reports what it can do (capabilities()); a verb it lacks returns
+// NotSupported. Two backends, chosen by URL (OpenRegistry):
 //   "embedded"                 in this process only: nodes and subscribers of one process share
 //                              it (tests, a producer and its consumers in one Python program).
 //                              Nodes without a registry URL keep using their own catalog, served to
@@ -40,7 +42,7 @@
 
 namespace viper {
 
-// What a backend can do. Callers ask instead of assuming (STYLE.md §5).
+// What a backend can do. Callers ask instead of assuming.
 struct RegistryCapabilities {
   bool shared = false;  // other processes and hosts see this process's records (redis); embedded: no
   bool expiry = false;  // records vanish when their TTL passes without a new Put

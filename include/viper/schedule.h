@@ -1,4 +1,4 @@
-// Checkpoint schedules of the Inference Performance Predictor (IPP, DESIGN.md section 11): the
+// Checkpoint schedules of the Inference Performance Predictor (IPP, docs/ARCHITECTURE.md): the
 // exact cumulative-inference-loss (CIL) model and the five schedulers (epoch, fixed, greedy, sqrt,
 // optimal). Pure functions of their inputs: thread-safe, no shared state.
 //

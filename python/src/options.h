@@ -1,7 +1,8 @@
 // Options structs as Python classes built from keyword arguments, from one table per struct.
 //
-// The C++ struct is the one table of names and defaults (STYLE.md 4): an OptionsTable lists its
-// fields once (name, how a Python value sets it, how it reads back, a doc line); BindOptions makes
+// The C++ struct is the one table of names and defaults, shared by C++, CLI flags and Python
+// keyword arguments: an OptionsTable lists its fields once (name, how a Python value sets it, how
+// it reads back, a doc line); BindOptions makes
 // a Python class whose constructor takes keyword arguments only, each setting the field of that
 // name, every other field keeping the struct's default. A table can include another struct's table
 // for a member (PublisherOptions includes the node's), so the node's keywords are defined once for

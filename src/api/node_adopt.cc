@@ -6,7 +6,7 @@
 // restart, and the restarted node would even hand out its number again for other bytes. A node
 // with a file tier therefore names its segments after its store directory, and on start writes
 // every sealed version it finds in a dead predecessor's segments to the file tier before the
-// host tier removes them (docs/ARCHITECTURE.md, "Crash recovery").
+// host tier removes them (docs/RELIABILITY.md, "Kill -9 anywhere").
 #include <filesystem>
 #include <system_error>
 

@@ -1,6 +1,7 @@
-// PathEstimator: predicts the time of each fetch path from live measurements and ranks them
-// (DESIGN.md §7). Each path keeps an exponentially weighted bandwidth and a fixed latency;
-// before the first measurement it uses this machine kind's measured figures (DESIGN.md §14).
+// PathEstimator: predicts the time of each fetch path (bytes / measured bandwidth + latency) from
+// live measurements and ranks them, cheapest first. Each path keeps an exponentially weighted
+// bandwidth and a fixed latency; before the first measurement it uses this machine kind's
+// measured figures (docs/ARCHITECTURE.md, "Facts of the machine").
 // Thread-safe.
 #pragma once
 

@@ -104,7 +104,7 @@ void Subscriber::Impl::DropClient(const std::shared_ptr<Client>& broken) {
   if (client == broken) client.reset();
 }
 
-// Predicted time of each usable path, cheapest first (DESIGN.md §7).
+// Predicted time of each usable path (bytes / bandwidth + latency), cheapest first.
 
 void Subscriber::Impl::Run() {
   std::unique_lock<std::mutex> lock(mu);

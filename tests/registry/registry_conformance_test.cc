@@ -1,5 +1,5 @@
-// One conformance suite for every registry backend (STYLE.md §10): the embedded one and Redis
-// (a real redis-server on a free loopback port). Backend-specific behaviour is asked of
+// One conformance suite for every registry backend, as for every interface: the embedded one and
+// Redis (a real redis-server on a free loopback port). Backend-specific behaviour is asked of
 // capabilities(), never assumed.
 #include <gtest/gtest.h>
 

@@ -1,5 +1,6 @@
-// Shared fixtures of the schedule tests: the worked example of DESIGN.md section 11 and a
-// brute-force oracle.
+// Shared fixtures of the schedule tests: the worked example (L(x) = 2*exp(-0.01*x) + 0.1, s = 100,
+// e = 400, M = 5000, t_train 100 ms, t_p 500 ms, t_c 300 ms, t_infer 10 ms; docs/ARCHITECTURE.md
+// "The CIL model, in integer time") and a brute-force oracle.
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,115 @@
+// GPU-resident versions: a producer keeps each published version in device memory, in the
+// snapshot's own layout, and same-node consumers in other processes open it through CUDA IPC.
+//
+// DeviceVersionStore (producer side). Publish queues, on the store's own copy stream, one
+// device-to-device copy per tensor into a device buffer laid out exactly as the host snapshot
+// (SnapshotLayout: header space, then every tensor at its data offset), ordered after the
+// producer's stream by an event (cuStreamWaitEvent: the device orders the copy; the host never
+// waits and nothing synchronizes the device). A worker thread announces the version (LiveFn) when
+// its copy event completes. When host_copy is on, a second stream copies the buffer's data region
+// to pinned host memory after the same event; the worker then seals it there (xxh3 checksum +
+// header, SnapshotLayout::Seal) and hands the complete host snapshot to SealedFn (the host/file
+// tiers). With Announce::kAfterChecksum the version is announced only once sealed.
+//
+// Buffers are reused across versions as the host tier reuses segments: a buffer is free again
+// when it is neither the live version, nor leased (Acquire/Release), nor still being copied or
+// sealed. Publish allocates a new buffer while fewer than max_buffers exist, else it waits for one
+// to free (the only case in which Publish blocks the caller).
+//
+// DeviceVersionReader (consumer side): opens a GpuVersion's IPC handle (cached per buffer, since
+// buffers are reused) and copies the data region device-to-device into the consumer's memory.
+//
+// GpuVersion travels between processes as a fixed 128-byte message (EncodeGpuVersion /
+// ParseGpuVersion; docs/PROTOCOL.md "GPU version").
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "viper/gpu.h"
+#include "viper/snapshot.h"
+#include "viper/status.h"
+
+namespace viper::gpu {
+
+// A tensor in the producer's device memory: spec.dtype/shape give its byte count.
+struct DeviceTensor {
+  TensorSpec spec;
+  DevicePtr ptr = 0;
+};
+
+// What a same-node consumer needs to open a version.
+struct GpuVersion {
+  uint64_t version = 0;
+  uint64_t total_bytes = 0;  // the device buffer's snapshot extent: header space + data
+  uint64_t data_offset = 0;  // where the data region starts in the buffer
+  uint64_t data_bytes = 0;
+  uint64_t checksum = 0;     // xxh3 of the data region; 0 until sealed (Announce::kAfterDeviceCopy)
+  int32_t device = 0;
+  uint32_t buffer = 0;       // the producer's buffer index (a lease names version and buffer)
+  uint32_t producer_pid = 0;
+  IpcHandle handle{};
+};
+
+inline constexpr size_t kGpuVersionMessageBytes = 128;
+std::string EncodeGpuVersion(const GpuVersion& v);
+// Corruption naming the field and value when the bytes are not a GPU version message: wrong size,
+// magic or format, data region outside total_bytes, negative device.
+Result<GpuVersion> ParseGpuVersion(std::span<const std::byte> bytes);
+
+class DeviceVersionStore {
+ public:
+  enum class Announce { kAfterDeviceCopy, kAfterChecksum };
+  struct Options {
+    int device = 0;
+    size_t max_buffers = 3;  // live + one being written + one leased
+    bool host_copy = true;   // pinned copy, checksum and seal of every version
+    Announce announce = Announce::kAfterDeviceCopy;
+    uint64_t alignment = 64;
+  };
+  using LiveFn = std::function<void(const GpuVersion&)>;
+  // The sealed host snapshot (header + data, checksum in the header); valid during the call.
+  using SealedFn = std::function<void(const GpuVersion&, std::span<const std::byte> snapshot)>;
+
+  static Result<std::unique_ptr<DeviceVersionStore>> Create(Options options, LiveFn on_live = {},
+                                                            SealedFn on_sealed = {});
+  ~DeviceVersionStore();  // waits for queued versions
+  DeviceVersionStore(const DeviceVersionStore&) = delete;
+  DeviceVersionStore& operator=(const DeviceVersionStore&) = delete;
+
+  // Call from one thread at a time. Queues version stamp.version of `tensors` (written by work on producer_stream). Returns once
+  // the copies are queued. Errors: InvalidArgument (bad specs, tensor on another device,
+  // version not above the last), the GPU's errors.
+  Status Publish(const std::vector<DeviceTensor>& tensors, const Stream& producer_stream, VersionStamp stamp);
+  // Blocks until `version` is live (or sealed, if sealed=true). Timeout / the copy's error.
+  Status Wait(uint64_t version, std::chrono::milliseconds timeout, bool sealed = false);
+  // Leases the live version (NotFound before the first): its buffer is not reused until Release.
+  Result<GpuVersion> Acquire();
+  void Release(const GpuVersion& v);
+  size_t buffers() const;
+
+ private:
+  struct Impl;
+  explicit DeviceVersionStore(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+class DeviceVersionReader {
+ public:
+  explicit DeviceVersionReader(int device) : device_(device) {}
+  // Copies v's data region into dst (data_bytes bytes of device memory) on `stream` and waits for it.
+  Status CopyInto(const GpuVersion& v, DevicePtr dst, const Stream& stream);
+  // The producer's buffer mapped into this process (cached); valid while this reader lives.
+  Result<DevicePtr> Map(const GpuVersion& v);
+
+ private:
+  int device_;
+  std::map<IpcHandle, IpcMapping> mappings_;
+};
+
+}  // namespace viper::gpu

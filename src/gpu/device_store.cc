@@ -1,0 +1,364 @@
+// DeviceVersionStore, DeviceVersionReader and the GPU version message (include/viper/gpu_store.h).
+#include <unistd.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "viper/gpu_store.h"
+
+namespace viper::gpu {
+
+// ---- message ---------------------------------------------------------------------------------
+namespace {
+constexpr char kMagic[4] = {'V', 'G', 'P', 'U'};
+constexpr uint32_t kFormat = 1;
+
+template <typename T>
+void Put(std::string* out, size_t at, T v) {
+  std::memcpy(out->data() + at, &v, sizeof(T));  // little-endian hosts only (x86-64, aarch64)
+}
+template <typename T>
+T Get(std::span<const std::byte> in, size_t at) {
+  T v;
+  std::memcpy(&v, in.data() + at, sizeof(T));
+  return v;
+}
+}  // namespace
+
+// Layout (little-endian): 0 magic "VGPU", 4 u32 format, 8 u64 version, 16 u64 total_bytes,
+// 24 u64 data_offset, 32 u64 data_bytes, 40 u64 checksum, 48 i32 device, 52 u32 buffer,
+// 56 u32 producer_pid, 60 u32 zero, 64 the 64-byte CUipcMemHandle.
+std::string EncodeGpuVersion(const GpuVersion& v) {
+  std::string out(kGpuVersionMessageBytes, '\0');
+  std::memcpy(out.data(), kMagic, 4);
+  Put<uint32_t>(&out, 4, kFormat);
+  Put<uint64_t>(&out, 8, v.version);
+  Put<uint64_t>(&out, 16, v.total_bytes);
+  Put<uint64_t>(&out, 24, v.data_offset);
+  Put<uint64_t>(&out, 32, v.data_bytes);
+  Put<uint64_t>(&out, 40, v.checksum);
+  Put<int32_t>(&out, 48, v.device);
+  Put<uint32_t>(&out, 52, v.buffer);
+  Put<uint32_t>(&out, 56, v.producer_pid);
+  std::memcpy(out.data() + 64, v.handle.data(), kIpcHandleBytes);
+  return out;
+}
+
+Result<GpuVersion> ParseGpuVersion(std::span<const std::byte> in) {
+  if (in.size() != kGpuVersionMessageBytes)
+    return Status::Corruption("GPU version message: size " + std::to_string(in.size()) + ": must be " +
+                              std::to_string(kGpuVersionMessageBytes) + " bytes");
+  if (std::memcmp(in.data(), kMagic, 4) != 0) return Status::Corruption("GPU version message: magic is not \"VGPU\"");
+  if (uint32_t f = Get<uint32_t>(in, 4); f != kFormat)
+    return Status::Corruption("GPU version message: format " + std::to_string(f) + ": only 1 is known");
+  GpuVersion v;
+  v.version = Get<uint64_t>(in, 8);
+  v.total_bytes = Get<uint64_t>(in, 16);
+  v.data_offset = Get<uint64_t>(in, 24);
+  v.data_bytes = Get<uint64_t>(in, 32);
+  v.checksum = Get<uint64_t>(in, 40);
+  v.device = Get<int32_t>(in, 48);
+  v.buffer = Get<uint32_t>(in, 52);
+  v.producer_pid = Get<uint32_t>(in, 56);
+  if (Get<uint32_t>(in, 60) != 0) return Status::Corruption("GPU version message: reserved bytes 60..63 not zero");
+  std::memcpy(v.handle.data(), in.data() + 64, kIpcHandleBytes);
+  if (v.device < 0) return Status::Corruption("GPU version message: device " + std::to_string(v.device) + ": must be >= 0");
+  if (v.data_offset > v.total_bytes || v.data_bytes > v.total_bytes - v.data_offset)
+    return Status::Corruption("GPU version message: data region [" + std::to_string(v.data_offset) + ", +" +
+                              std::to_string(v.data_bytes) + ") outside total_bytes " + std::to_string(v.total_bytes));
+  return v;
+}
+
+// ---- store -----------------------------------------------------------------------------------
+struct DeviceVersionStore::Impl {
+  struct Buffer {
+    DeviceBuffer device;
+    PinnedBuffer pinned;
+    Event ready;      // recorded on the producer's stream
+    Event copied;     // recorded on the copy stream after the tensors
+    Event host_done;  // recorded on the host stream after the device-to-host copy
+    IpcHandle handle{};
+    uint64_t version = 0;
+    int leases = 0;
+    bool busy = false;  // queued: copy or seal still to finish
+  };
+  struct Job {
+    size_t buffer;
+    VersionStamp stamp;
+    std::shared_ptr<const SnapshotLayout> layout;
+  };
+
+  Options options;
+  LiveFn on_live;
+  SealedFn on_sealed;
+  Stream copy_stream;
+  Stream host_stream;
+
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::unique_ptr<Buffer>> buffers;
+  std::deque<Job> jobs;
+  std::optional<size_t> live;  // buffer index of the live version
+  uint64_t last_published = 0;
+  uint64_t last_live = 0;
+  uint64_t last_sealed = 0;
+  Status failed;  // first error of the worker: every later Wait returns it
+  bool stop = false;
+  std::shared_ptr<const SnapshotLayout> layout;  // of the last publish, reused when specs match
+  std::vector<TensorSpec> layout_specs;
+  std::thread worker;
+
+  GpuVersion Describe(size_t i, const SnapshotLayout& l, uint64_t checksum) const {
+    GpuVersion v;
+    v.version = buffers[i]->version;
+    v.total_bytes = l.total_bytes();
+    v.data_offset = l.data_offset();
+    v.data_bytes = l.data_bytes();
+    v.checksum = checksum;
+    v.device = options.device;
+    v.buffer = static_cast<uint32_t>(i);
+    v.producer_pid = static_cast<uint32_t>(::getpid());
+    v.handle = buffers[i]->handle;
+    return v;
+  }
+  std::optional<GpuVersion> live_desc;  // what Acquire hands out
+
+  void MakeLive(size_t i, const GpuVersion& v) {
+    {
+      std::lock_guard lock(mu);
+      live = i;
+      live_desc = v;
+      last_live = v.version;
+    }
+    cv.notify_all();
+    if (on_live) on_live(v);
+  }
+
+  void Run() {
+    for (;;) {
+      Job job;
+      {
+        std::unique_lock lock(mu);
+        cv.wait(lock, [&] { return stop || !jobs.empty(); });
+        if (jobs.empty()) return;
+        job = std::move(jobs.front());
+        jobs.pop_front();
+      }
+      Buffer& b = *buffers[job.buffer];
+      Status st = b.copied.Synchronize();
+      if (st.ok() && options.announce == Announce::kAfterDeviceCopy) MakeLive(job.buffer, Describe(job.buffer, *job.layout, 0));
+      if (st.ok() && options.host_copy) {
+        st = b.host_done.Synchronize();
+        if (st.ok()) st = job.layout->Seal(std::span<std::byte>(b.pinned.data(), job.layout->total_bytes()), &job.stamp);
+        if (st.ok()) {
+          GpuVersion v = Describe(job.buffer, *job.layout, job.stamp.checksum);
+          {
+            std::lock_guard lock(mu);
+            if (live_desc && live_desc->version == v.version) live_desc->checksum = v.checksum;
+          }
+          if (options.announce == Announce::kAfterChecksum) MakeLive(job.buffer, v);
+          if (on_sealed) on_sealed(v, std::span<const std::byte>(b.pinned.data(), job.layout->total_bytes()));
+        }
+      } else if (st.ok() && options.announce == Announce::kAfterChecksum) {
+        MakeLive(job.buffer, Describe(job.buffer, *job.layout, 0));
+      }
+      {
+        std::lock_guard lock(mu);
+        b.busy = false;
+        if (st.ok()) last_sealed = job.stamp.version;
+        else if (failed.ok()) failed = st.WithContext("GPU version " + std::to_string(job.stamp.version));
+      }
+      cv.notify_all();
+    }
+  }
+
+  // A buffer able to hold `bytes` that no one uses, allocating one while under max_buffers.
+  Result<size_t> TakeBuffer(uint64_t bytes, std::unique_lock<std::mutex>& lock) {
+    for (;;) {
+      if (!failed.ok()) return failed;
+      size_t best = buffers.size();
+      for (size_t i = 0; i < buffers.size(); ++i) {
+        const Buffer& b = *buffers[i];
+        if (b.busy || b.leases > 0 || (live && *live == i)) continue;
+        if (b.device.size() == bytes) return i;
+        best = i;  // a free buffer of another size: replaced below
+      }
+      if (best < buffers.size() || buffers.size() < options.max_buffers) {
+        size_t i = best < buffers.size() ? best : buffers.size();
+        lock.unlock();  // allocation is slow; the slot stays unused by others (only Publish takes slots)
+        Result<std::unique_ptr<Buffer>> nb = NewBuffer(bytes);
+        lock.lock();
+        if (!nb.ok()) return nb.status();
+        if (i == buffers.size()) buffers.push_back(std::move(*nb));
+        else buffers[i] = std::move(*nb);
+        return i;
+      }
+      cv.wait(lock);
+    }
+  }
+
+  Result<std::unique_ptr<Buffer>> NewBuffer(uint64_t bytes) {
+    auto b = std::make_unique<Buffer>();
+    VIPER_ASSIGN_OR_RETURN(b->device, DeviceBuffer::Allocate(options.device, bytes));
+    VIPER_RETURN_IF_ERROR(Memset(options.device, b->device.ptr(), 0, bytes));  // padding reads as zeros
+    if (options.host_copy) {
+      VIPER_ASSIGN_OR_RETURN(b->pinned, PinnedBuffer::Allocate(options.device, bytes));
+    }
+    VIPER_ASSIGN_OR_RETURN(b->ready, Event::Create(options.device));
+    VIPER_ASSIGN_OR_RETURN(b->copied, Event::Create(options.device));
+    VIPER_ASSIGN_OR_RETURN(b->host_done, Event::Create(options.device));
+    VIPER_ASSIGN_OR_RETURN(b->handle, b->device.ExportIpc());
+    return b;
+  }
+};
+
+DeviceVersionStore::DeviceVersionStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Result<std::unique_ptr<DeviceVersionStore>> DeviceVersionStore::Create(Options options, LiveFn on_live,
+                                                                        SealedFn on_sealed) {
+  if (options.max_buffers < 2)
+    return Status::InvalidArgument("DeviceVersionStore: max_buffers " + std::to_string(options.max_buffers) +
+                                   ": must be >= 2 (the live version and the next)");
+  VIPER_RETURN_IF_ERROR(Available());
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  impl->on_live = std::move(on_live);
+  impl->on_sealed = std::move(on_sealed);
+  VIPER_ASSIGN_OR_RETURN(impl->copy_stream, Stream::Create(options.device));
+  VIPER_ASSIGN_OR_RETURN(impl->host_stream, Stream::Create(options.device));
+  Impl* raw = impl.get();
+  impl->worker = std::thread([raw] { raw->Run(); });  // every GPU call sets its own context
+  return std::unique_ptr<DeviceVersionStore>(new DeviceVersionStore(std::move(impl)));
+}
+
+DeviceVersionStore::~DeviceVersionStore() {
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->stop = true;
+  }
+  impl_->cv.notify_all();
+  if (impl_->worker.joinable()) impl_->worker.join();
+}
+
+Status DeviceVersionStore::Publish(const std::vector<DeviceTensor>& tensors, const Stream& producer_stream,
+                                   VersionStamp stamp) {
+  Impl& m = *impl_;
+  if (producer_stream.device() != m.options.device)
+    return Status::InvalidArgument("DeviceVersionStore::Publish: producer stream on device " +
+                                   std::to_string(producer_stream.device()) + ", store on device " +
+                                   std::to_string(m.options.device));
+  std::vector<TensorSpec> specs;
+  specs.reserve(tensors.size());
+  for (const DeviceTensor& t : tensors) specs.push_back(t.spec);
+  std::unique_lock lock(m.mu);
+  if (stamp.version <= m.last_published)
+    return Status::InvalidArgument("DeviceVersionStore::Publish: version " + std::to_string(stamp.version) +
+                                   ": must be above the last published, " + std::to_string(m.last_published));
+  bool same = m.layout && specs.size() == m.layout_specs.size();
+  for (size_t i = 0; same && i < specs.size(); ++i)
+    same = specs[i].name == m.layout_specs[i].name && specs[i].dtype == m.layout_specs[i].dtype &&
+           specs[i].shape == m.layout_specs[i].shape;
+  if (!same) {
+    VIPER_ASSIGN_OR_RETURN(SnapshotLayout l, SnapshotLayout::Make(specs, {}, m.options.alignment));
+    m.layout = std::make_shared<const SnapshotLayout>(std::move(l));
+    m.layout_specs = std::move(specs);
+  }
+  std::shared_ptr<const SnapshotLayout> layout = m.layout;
+  VIPER_ASSIGN_OR_RETURN(size_t i, m.TakeBuffer(layout->total_bytes(), lock));
+  Impl::Buffer& b = *m.buffers[i];
+  b.busy = true;
+  b.version = stamp.version;
+  m.last_published = stamp.version;
+  lock.unlock();
+
+  auto fail = [&](Status st) {
+    std::lock_guard relock(m.mu);
+    b.busy = false;
+    return st;
+  };
+  // The copies start on the device when the producer's queued work is done; the host goes on.
+  if (Status st = b.ready.Record(producer_stream); !st.ok()) return fail(st);
+  if (Status st = m.copy_stream.WaitEvent(b.ready); !st.ok()) return fail(st);
+  const auto& infos = layout->tensors();
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    const TensorInfo& info = infos[t];
+    if (info.nbytes() == 0) continue;
+    if (Status st = CopyDeviceToDevice(b.device.ptr() + layout->data_offset() + info.begin, tensors[t].ptr,
+                                       info.nbytes(), m.copy_stream);
+        !st.ok())
+      return fail(st.WithContext("tensor \"" + info.name + "\""));
+  }
+  if (Status st = b.copied.Record(m.copy_stream); !st.ok()) return fail(st);
+  if (m.options.host_copy) {
+    if (Status st = m.host_stream.WaitEvent(b.copied); !st.ok()) return fail(st);
+    if (Status st = CopyDeviceToHost(b.pinned.data() + layout->data_offset(), b.device.ptr() + layout->data_offset(),
+                                     layout->data_bytes(), m.host_stream);
+        !st.ok())
+      return fail(st);
+    if (Status st = b.host_done.Record(m.host_stream); !st.ok()) return fail(st);
+  }
+  {
+    std::lock_guard relock(m.mu);
+    m.jobs.push_back(Impl::Job{i, std::move(stamp), layout});
+  }
+  m.cv.notify_all();
+  return Status::OK();
+}
+
+Status DeviceVersionStore::Wait(uint64_t version, std::chrono::milliseconds timeout, bool sealed) {
+  Impl& m = *impl_;
+  std::unique_lock lock(m.mu);
+  bool done = m.cv.wait_for(lock, timeout, [&] {
+    return !m.failed.ok() || (sealed ? m.last_sealed >= version : m.last_live >= version);
+  });
+  if (!m.failed.ok()) return m.failed;
+  if (!done)
+    return Status::Timeout("GPU version " + std::to_string(version) + " not " + (sealed ? "sealed" : "live") +
+                           " after " + std::to_string(timeout.count()) + " ms");
+  return Status::OK();
+}
+
+Result<GpuVersion> DeviceVersionStore::Acquire() {
+  Impl& m = *impl_;
+  std::lock_guard lock(m.mu);
+  if (!m.live_desc) return Status::NotFound("GPU: no live version yet");
+  m.buffers[m.live_desc->buffer]->leases++;
+  return *m.live_desc;
+}
+
+void DeviceVersionStore::Release(const GpuVersion& v) {
+  Impl& m = *impl_;
+  {
+    std::lock_guard lock(m.mu);
+    if (v.buffer >= m.buffers.size() || m.buffers[v.buffer]->leases == 0) return;
+    m.buffers[v.buffer]->leases--;
+  }
+  m.cv.notify_all();
+}
+
+size_t DeviceVersionStore::buffers() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->buffers.size();
+}
+
+// ---- reader ----------------------------------------------------------------------------------
+Result<DevicePtr> DeviceVersionReader::Map(const GpuVersion& v) {
+  auto it = mappings_.find(v.handle);
+  if (it == mappings_.end()) {
+    VIPER_ASSIGN_OR_RETURN(IpcMapping m, IpcMapping::Open(device_, v.handle));
+    it = mappings_.emplace(v.handle, std::move(m)).first;
+  }
+  return it->second.ptr();
+}
+
+Status DeviceVersionReader::CopyInto(const GpuVersion& v, DevicePtr dst, const Stream& stream) {
+  VIPER_ASSIGN_OR_RETURN(DevicePtr src, Map(v));
+  VIPER_RETURN_IF_ERROR(CopyDeviceToDevice(dst, src + v.data_offset, v.data_bytes, stream));
+  return stream.Synchronize();
+}
+
+}  // namespace viper::gpu

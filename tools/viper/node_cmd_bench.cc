@@ -9,6 +9,7 @@
 #include "command.h"
 #include "harness/bench.h"
 #include "harness/fanout.h"
+#include "harness/gpu.h"
 #include "harness/child.h"
 #include "viper/units.h"
 
@@ -28,6 +29,7 @@ struct BenchFlags {
   bool no_diagnostic_rows = false;
   int hosts = 1;
   int hosts_stage = 0;
+  bool gpu = false;     // --gpu: only the GPU benchmark (bench/harness/gpu.h)
   bool fanout = false;  // --fanout: only the fan-out benchmark (bench/harness/fanout.h)
   int fanout_hosts = 4, consumers = 8;
   std::string link_rate;
@@ -134,7 +136,28 @@ int RunFanoutBench(const BenchFlags& f) {
   return st.ok() ? 0 : Fail("bench", st);
 }
 
+int RunGpuBench(const BenchFlags& f) {
+  bench::GpuConfig c;
+  std::string sizes = f.app->count("--sizes") ? f.sizes : "1.7G,8G";
+  std::stringstream in(sizes);
+  for (std::string item; std::getline(in, item, ',');) {
+    auto bytes = ParseSize(item);
+    if (!bytes.ok()) return Fail("bench", bytes.status());
+    c.sizes.push_back(*bytes);
+  }
+  c.reps = f.reps;
+  if (c.reps < 1) return Fail("bench", Status::InvalidArgument("--reps " + std::to_string(c.reps) + ": must be >= 1"));
+  c.peer_bin = (std::filesystem::path(bench::SelfExe()).parent_path() / "viper_gpu_peer").string();
+  Status st = bench::RunGpu(c, f.json_path);
+  return st.ok() ? 0 : Fail("bench", st);
+}
+
 int RunBench(const BenchFlags& f) {
+  if (f.gpu) {
+    if (f.fanout || f.subscribers != 0 || f.hosts != 1)
+      return Fail("bench", Status::InvalidArgument("--gpu runs alone on one host: drop --fanout, --subscribers, --hosts"));
+    return RunGpuBench(f);
+  }
   if (f.fanout && f.subscribers != 0) return Fail("bench", Status::InvalidArgument("--fanout and --subscribers are two benchmarks: give one"));
   if (Status st = CheckLinkRate(f); !st.ok()) return Fail("bench", st);
   if (f.fanout) return RunFanoutBench(f);
@@ -176,6 +199,9 @@ ViperCommand bench_command(
                      "Only the load benchmark: notification p99 and memory with this many subscriber processes on one node");
       app.add_option("--hosts-script", f->hosts_script, "scripts/hosts.sh (default: found beside the build)");
       app.add_option("--hosts-stage", f->hosts_stage, "(internal)")->group("");
+      app.add_flag("--gpu", f->gpu,
+                   "Only the GPU benchmark: publish -> live on one GPU in another process (CUDA IPC) against one "
+                   "device-to-device copy, GPU -> pinned -> GPU staging, the training stall (--sizes default 1.7G,8G)");
       app.add_flag("--fanout", f->fanout,
                     "Only the fan-out benchmark: one producer, --consumers on --fanout-hosts network namespaces, "
                     "with and without a chain of relays (root; first size of --sizes)");

@@ -1,0 +1,279 @@
+// `viper bench --gpu` (bench/harness/gpu.h).
+#include "harness/gpu.h"
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "viper/gpu.h"
+#include "viper/gpu_store.h"
+
+extern char** environ;
+
+namespace viper::bench {
+namespace {
+
+using namespace viper::gpu;
+
+int64_t NowNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+// Times `work` (queued on s) with events: milliseconds, median of reps.
+template <typename F>
+Result<double> TimeOnStream(const Stream& s, int device, int reps, F work) {
+  VIPER_ASSIGN_OR_RETURN(Event a, Event::Create(device, true));
+  VIPER_ASSIGN_OR_RETURN(Event b, Event::Create(device, true));
+  std::vector<double> ms;
+  for (int r = 0; r < reps + 1; ++r) {  // the first is a warm-up
+    VIPER_RETURN_IF_ERROR(a.Record(s));
+    VIPER_RETURN_IF_ERROR(work());
+    VIPER_RETURN_IF_ERROR(b.Record(s));
+    VIPER_RETURN_IF_ERROR(b.Synchronize());
+    VIPER_ASSIGN_OR_RETURN(float t, Event::ElapsedMs(a, b));
+    if (r > 0) ms.push_back(t);
+  }
+  return Median(ms);
+}
+
+class PeerProcess {
+ public:
+  Status Start(const std::string& bin, int device) {
+    int in[2], out[2];
+    if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0) return Status::FromErrno("pipe2");
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+    std::string dev = std::to_string(device);
+    std::vector<char*> argv = {const_cast<char*>(bin.c_str()), const_cast<char*>("--device"), dev.data(), nullptr};
+    int rc = posix_spawn(&pid_, bin.c_str(), &fa, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    ::close(in[0]);
+    ::close(out[1]);
+    to_ = in[1];
+    from_ = ::fdopen(out[0], "r");
+    if (rc != 0) return Status::FromErrno("spawn " + bin, rc);
+    std::string ready = Line();
+    if (ready.rfind("READY ", 0) != 0) return Status::Unavailable("GPU consumer process: " + ready);
+    return Status::OK();
+  }
+  ~PeerProcess() {
+    if (to_ >= 0) {
+      char q = 'Q';
+      (void)!::write(to_, &q, 1);
+      ::close(to_);
+    }
+    if (from_) std::fclose(from_);
+    int status = 0;
+    if (pid_ > 0) ::waitpid(pid_, &status, 0);
+  }
+  std::string Line() {
+    char buf[2048];
+    if (!from_ || !std::fgets(buf, sizeof buf, from_)) return "EOF (the consumer process ended)";
+    std::string s(buf);
+    if (!s.empty() && s.back() == '\n') s.pop_back();
+    return s;
+  }
+  // Sends v; returns the consumer's copy-complete time (CLOCK_MONOTONIC ns) and its copy's ms.
+  Result<std::pair<int64_t, double>> Copy(const GpuVersion& v) {
+    std::string m = "V" + EncodeGpuVersion(v);
+    if (::write(to_, m.data(), m.size()) != static_cast<ssize_t>(m.size())) return Status::FromErrno("write to consumer");
+    std::string r = Line();
+    long long version = 0, done = 0, us = 0;
+    if (std::sscanf(r.c_str(), "OK %lld %lld %lld", &version, &done, &us) != 3)
+      return Status::Internal("GPU consumer process: " + r);
+    return std::make_pair(static_cast<int64_t>(done), us / 1000.0);
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int to_ = -1;
+  FILE* from_ = nullptr;
+};
+
+struct Row {
+  double dtod_ms = 0, staging_ms = 0, live_ms = 0, live_sealed_ms = 0, sealed_ms = 0, consumer_copy_ms = 0;
+  double step_ms = 0, step_with_publish_ms = 0, stall_ms = 0, publish_call_ms = 0, device_copy_in_store_ms = 0;
+};
+
+Result<Row> MeasureSize(const GpuConfig& c, uint64_t bytes) {
+  const int dev = c.device;
+  Row row;
+  VIPER_ASSIGN_OR_RETURN(Stream train, Stream::Create(dev));
+  // The model: 32 tensors (a few layers' worth), filled with random bytes (never zeros).
+  const int kTensors = 32;
+  uint64_t per = (bytes / kTensors) & ~uint64_t(255);
+  VIPER_ASSIGN_OR_RETURN(DeviceBuffer model, DeviceBuffer::Allocate(dev, per * kTensors));
+  {
+    const uint64_t chunk = 64ull << 20;
+    VIPER_ASSIGN_OR_RETURN(PinnedBuffer rnd, PinnedBuffer::Allocate(dev, chunk));
+    std::mt19937_64 rng(42);
+    for (uint64_t i = 0; i + 8 <= chunk; i += 8) {
+      uint64_t x = rng();
+      std::memcpy(rnd.data() + i, &x, 8);
+    }
+    for (uint64_t off = 0; off < model.size(); off += chunk)
+      VIPER_RETURN_IF_ERROR(CopyHostToDevice(model.ptr() + off, rnd.data(), std::min(chunk, model.size() - off), train));
+    VIPER_RETURN_IF_ERROR(train.Synchronize());
+  }
+  const uint64_t n = model.size();
+  std::vector<DeviceTensor> tensors;
+  for (int i = 0; i < kTensors; ++i)
+    tensors.push_back(DeviceTensor{TensorSpec{"layer" + std::to_string(i), DType::kBF16, {int64_t(per / 2)}},
+                                   model.ptr() + per * i});
+
+  // 1. The floor: one device-to-device copy of the model.
+  {
+    VIPER_ASSIGN_OR_RETURN(DeviceBuffer dst, DeviceBuffer::Allocate(dev, n));
+    VIPER_ASSIGN_OR_RETURN(row.dtod_ms, TimeOnStream(train, dev, c.reps, [&] {
+      return CopyDeviceToDevice(dst.ptr(), model.ptr(), n, train);
+    }));
+    // 2. Staging without Viper: GPU -> pinned host -> GPU.
+    VIPER_ASSIGN_OR_RETURN(PinnedBuffer host, PinnedBuffer::Allocate(dev, n));
+    VIPER_ASSIGN_OR_RETURN(row.staging_ms, TimeOnStream(train, dev, std::max(1, c.reps / 2), [&]() -> Status {
+      VIPER_RETURN_IF_ERROR(CopyDeviceToHost(host.data(), model.ptr(), n, train));
+      return CopyHostToDevice(dst.ptr(), host.data(), n, train);
+    }));
+  }
+
+  // 3. Publish -> live in another process.
+  PeerProcess peer;
+  VIPER_RETURN_IF_ERROR(peer.Start(c.peer_bin, dev));
+  DeviceVersionStore::Options o;
+  o.device = dev;
+  o.max_buffers = 2;
+  VIPER_ASSIGN_OR_RETURN(auto store, DeviceVersionStore::Create(o));
+  std::vector<double> live, live_sealed, sealed, copy, call;
+  uint64_t version = 0;
+  for (int r = 0; r < c.reps + 1; ++r) {
+    ++version;
+    int64_t t0 = NowNs();
+    VIPER_RETURN_IF_ERROR(store->Publish(tensors, train, VersionStamp{"bench", version, version, 0, 0, {}}));
+    int64_t t_call = NowNs();
+    VIPER_RETURN_IF_ERROR(store->Wait(version, std::chrono::seconds(60)));
+    VIPER_ASSIGN_OR_RETURN(GpuVersion v, store->Acquire());
+    auto done = peer.Copy(v);
+    store->Release(v);
+    if (!done.ok()) return done.status();
+    VIPER_RETURN_IF_ERROR(store->Wait(version, std::chrono::seconds(60), /*sealed=*/true));
+    int64_t t_sealed = NowNs();
+    // Announced after the checksum, the consumer's copy starts then: sealed + its copy.
+    if (r == 0) continue;
+    live.push_back((done->first - t0) / 1e6);
+    call.push_back((t_call - t0) / 1e6);
+    sealed.push_back((t_sealed - t0) / 1e6);
+    copy.push_back(done->second);
+    live_sealed.push_back((t_sealed - t0) / 1e6 + done->second);
+  }
+  row.live_ms = Median(live);
+  row.sealed_ms = Median(sealed);
+  row.live_sealed_ms = Median(live_sealed);
+  row.consumer_copy_ms = Median(copy);
+  row.publish_call_ms = Median(call);
+
+  // 4. The training stall: a bandwidth-bound step (4 device copies of a quarter of the model's
+  // size, in place on the producer's stream) alone, then with a publish queued beside it.
+  {
+    uint64_t q = std::max<uint64_t>(n / 4, 256) & ~uint64_t(255);
+    VIPER_ASSIGN_OR_RETURN(DeviceBuffer s1, DeviceBuffer::Allocate(dev, q));
+    VIPER_ASSIGN_OR_RETURN(DeviceBuffer s2, DeviceBuffer::Allocate(dev, q));
+    auto step = [&]() -> Status {
+      for (int k = 0; k < 4; ++k)
+        VIPER_RETURN_IF_ERROR(CopyDeviceToDevice(k % 2 ? s1.ptr() : s2.ptr(), k % 2 ? s2.ptr() : s1.ptr(), q, train));
+      return Status::OK();
+    };
+    VIPER_RETURN_IF_ERROR(store->Wait(version, std::chrono::seconds(60), true));
+    VIPER_ASSIGN_OR_RETURN(row.step_ms, TimeOnStream(train, dev, c.reps, step));
+    VIPER_ASSIGN_OR_RETURN(Event a, Event::Create(dev, true));
+    VIPER_ASSIGN_OR_RETURN(Event b, Event::Create(dev, true));
+    std::vector<double> with;
+    for (int r = 0; r < c.reps; ++r) {
+      ++version;
+      VIPER_RETURN_IF_ERROR(a.Record(train));
+      VIPER_RETURN_IF_ERROR(store->Publish(tensors, train, VersionStamp{"bench", version, version, 0, 0, {}}));
+      VIPER_RETURN_IF_ERROR(step());  // the next training step, queued right after the publish
+      VIPER_RETURN_IF_ERROR(b.Record(train));
+      VIPER_RETURN_IF_ERROR(b.Synchronize());
+      VIPER_ASSIGN_OR_RETURN(float t, Event::ElapsedMs(a, b));
+      with.push_back(t);
+      VIPER_RETURN_IF_ERROR(store->Wait(version, std::chrono::seconds(60), true));
+    }
+    row.step_with_publish_ms = Median(with);
+    row.stall_ms = std::max(0.0, row.step_with_publish_ms - row.step_ms);
+  }
+  return row;
+}
+
+std::string Gb(uint64_t b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GB", b / 1e9);
+  return buf;
+}
+
+}  // namespace
+
+Status RunGpu(const GpuConfig& c, const std::string& json_path) {
+  VIPER_RETURN_IF_ERROR(Available());
+  std::printf("viper bench --gpu on %s, %d timed reps per figure (medians)\n", Describe(c.device).c_str(), c.reps);
+  nlohmann::json out = {{"device", Describe(c.device)}, {"reps", c.reps}, {"sizes", nlohmann::json::array()}};
+  bool all_ok = true;
+  for (uint64_t bytes : c.sizes) {
+    Result<Row> r = MeasureSize(c, bytes);
+    if (!r.ok()) {
+      std::printf("\n%s: FAILED: %s\n", Gb(bytes).c_str(), r.status().ToString().c_str());
+      out["sizes"].push_back({{"bytes", bytes}, {"error", r.status().ToString()}});
+      all_ok = false;
+      continue;
+    }
+    const Row& w = *r;
+    double gbps = w.dtod_ms > 0 ? 2.0 * bytes / (w.dtod_ms * 1e6) : 0;
+    std::printf("\n%s model (32 tensors)                          ms      x one DtoD copy\n", Gb(bytes).c_str());
+    std::printf("  one device-to-device copy (floor)          %9.2f   1.00   (%.0f GB/s read+write)\n", w.dtod_ms, gbps);
+    std::printf("  GPU -> pinned host -> GPU, no Viper        %9.2f   %.2f\n", w.staging_ms, w.staging_ms / w.dtod_ms);
+    std::printf("  publish -> live in another process         %9.2f   %.2f   (announced after the device copy)\n",
+                w.live_ms, w.live_ms / w.dtod_ms);
+    std::printf("    of which the consumer's own copy         %9.2f\n", w.consumer_copy_ms);
+    std::printf("  publish -> live, announced after checksum  %9.2f   %.2f   (sealed at %.2f ms)\n", w.live_sealed_ms,
+                w.live_sealed_ms / w.dtod_ms, w.sealed_ms);
+    std::printf("  Publish call on the training thread        %9.3f\n", w.publish_call_ms);
+    std::printf("  training step alone / with a publish       %9.2f / %.2f\n", w.step_ms, w.step_with_publish_ms);
+    std::printf("  training stall                             %9.2f   %.2f\n", w.stall_ms, w.stall_ms / w.dtod_ms);
+    std::printf("  targets: live <= 1.5x copy: %s; stall <= 1.2x copy: %s\n", w.live_ms <= 1.5 * w.dtod_ms ? "met" : "MISSED",
+                w.stall_ms <= 1.2 * w.dtod_ms ? "met" : "MISSED");
+    out["sizes"].push_back({{"bytes", bytes},
+                            {"dtod_ms", w.dtod_ms},
+                            {"staging_ms", w.staging_ms},
+                            {"live_ms", w.live_ms},
+                            {"consumer_copy_ms", w.consumer_copy_ms},
+                            {"live_after_checksum_ms", w.live_sealed_ms},
+                            {"sealed_ms", w.sealed_ms},
+                            {"publish_call_ms", w.publish_call_ms},
+                            {"step_ms", w.step_ms},
+                            {"step_with_publish_ms", w.step_with_publish_ms},
+                            {"stall_ms", w.stall_ms}});
+    std::fflush(stdout);
+  }
+  if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";
+  return all_ok ? Status::OK() : Status::Internal("viper bench --gpu: a size failed (above)");
+}
+
+}  // namespace viper::bench

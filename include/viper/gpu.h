@@ -73,6 +73,7 @@ class PinnedBuffer {
  private:
   std::byte* data_ = nullptr;
   uint64_t size_ = 0;
+  int device_ = 0;
 };
 
 // A CUDA event. timing=false events are cheaper (no timestamp). Move-only.

@@ -62,7 +62,7 @@ Result<const Driver*> Load(const std::string& path, bool default_path) {
   Resolve(lib, &d->cuEventQuery, {"cuEventQuery"}, &missing);
   Resolve(lib, &d->cuEventElapsedTime, {"cuEventElapsedTime_v2", "cuEventElapsedTime"}, &missing);
   Resolve(lib, &d->cuIpcGetMemHandle, {"cuIpcGetMemHandle"}, &missing);
-  Resolve(lib, &d->cuIpcOpenMemHandle, {"cuIpcOpenMemHandle_v2"}, &missing);
+  Resolve(lib, &d->cuIpcOpenMemHandle, {"cuIpcOpenMemHandle_v2", "cuIpcOpenMemHandle"}, &missing);
   Resolve(lib, &d->cuIpcCloseMemHandle, {"cuIpcCloseMemHandle"}, &missing);
   Resolve(lib, &d->cuPointerGetAttribute, {"cuPointerGetAttribute"}, &missing);
   Resolve(lib, &d->cuGetErrorString, {"cuGetErrorString"}, &missing);

@@ -68,19 +68,21 @@ Result<PinnedBuffer> PinnedBuffer::Allocate(int device, uint64_t bytes) {
   PinnedBuffer b;
   b.data_ = static_cast<std::byte*>(p);
   b.size_ = bytes;
+  b.device_ = device;
   return b;
 }
 PinnedBuffer::~PinnedBuffer() {
   if (data_ == nullptr) return;
-  if (auto d = cu::Get(); d.ok()) (void)(*d)->cuMemFreeHost(data_);
+  if (const cu::Driver* d = OnOrNull(device_)) (void)d->cuMemFreeHost(data_);
 }
 PinnedBuffer::PinnedBuffer(PinnedBuffer&& o) noexcept
-    : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+    : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)), device_(o.device_) {}
 PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& o) noexcept {
   if (this != &o) {
     PinnedBuffer old(std::move(*this));
     data_ = std::exchange(o.data_, nullptr);
     size_ = std::exchange(o.size_, 0);
+    device_ = o.device_;
   }
   return *this;
 }

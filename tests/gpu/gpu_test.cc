@@ -131,30 +131,40 @@ TEST(Gpu, PublishKeepsTheLayoutAndSealsTheHostCopy) {
 }
 
 TEST(Gpu, PublishIsOrderedAfterTheProducersStreamWithoutWaitingForIt) {
-  // The producer queues a 512 MiB upload and publishes at once: the version must hold the new bytes.
+  // The producer queues a 256 MiB upload (pattern A or B in turn) and publishes at once: the
+  // version must hold the bytes just uploaded, and Publish must return without waiting for them.
   auto s = Stream::Create(0);
   ASSERT_TRUE(s.ok());
-  const size_t n = 512u << 20;
+  const size_t n = 256u << 20;
   DevTensor t = Upload(RandomBytes(n, 4), *s);
-  auto pinned = PinnedBuffer::Allocate(0, n);
-  ASSERT_TRUE(pinned.ok());
-  std::vector<std::byte> next = RandomBytes(n, 5);
-  std::memcpy(pinned->data(), next.data(), n);
-  uint64_t want = checksum64(next);
+  std::vector<PinnedBuffer> pinned;
+  std::vector<uint64_t> want;
+  for (uint64_t seed : {5, 6}) {
+    auto p = PinnedBuffer::Allocate(0, n);
+    ASSERT_TRUE(p.ok());
+    std::vector<std::byte> bytes = RandomBytes(n, seed);
+    std::memcpy(p->data(), bytes.data(), n);
+    want.push_back(checksum64(bytes));
+    pinned.push_back(std::move(*p));
+  }
   auto store = DeviceVersionStore::Create({});
   ASSERT_TRUE(store.ok());
-  for (int round = 0; round < 3; ++round) {
-    ASSERT_TRUE(CopyHostToDevice(t.buf.ptr(), pinned->data(), n, *s).ok());  // not synchronized
+  for (int round = 0; round < 6; ++round) {
+    ASSERT_TRUE(CopyHostToDevice(t.buf.ptr(), pinned[round % 2].data(), n, *s).ok());  // not synchronized
     auto t0 = std::chrono::steady_clock::now();
     ASSERT_TRUE((*store)->Publish(Specs({&t}), *s, VersionStamp{.version = uint64_t(round + 1)}).ok());
     auto queued = std::chrono::steady_clock::now() - t0;
-    EXPECT_LT(queued, 50ms) << "Publish must not wait for the device";
+    // Rounds 0 and 1 allocate the two buffers; from round 2 on buffers are reused.
+    if (round >= 2) {
+      EXPECT_LT(queued, 50ms) << "Publish must not wait for the device (round " << round << ")";
+    }
     ASSERT_TRUE((*store)->Wait(round + 1, 20s, true).ok());
     auto v = (*store)->Acquire();
     ASSERT_TRUE(v.ok());
-    EXPECT_EQ(v->checksum, want) << "the copy ran before the producer's upload finished";
+    EXPECT_EQ(v->checksum, want[round % 2]) << "round " << round << ": the copy ran before the producer's upload finished";
     (*store)->Release(*v);
   }
+  EXPECT_EQ((*store)->buffers(), 2u) << "buffers are reused across versions";
 }
 
 // viper_gpu_peer in its own process, spoken to over pipes.

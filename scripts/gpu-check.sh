@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The GPU check, for a machine with an NVIDIA GPU and driver but none of this project's Debian
+# libraries: programs built elsewhere and packed with their libraries (a device-pack.sh folder:
+# PACK/run, PACK/bin/{viper,viper_gpu_peer,gpu_test}), plus bench/gpu_torch_baseline.py.
+#
+#   scripts/gpu-check.sh PACK [TORCH_SCRIPT]     figures and the full log go to $OUT (default ./gpu-check-out)
+#
+# Runs every step even when one fails (CUDA IPC can be refused in a sandbox), prints what worked and
+# what did not, and exits non-zero if any step failed. Steps: the machine (nvidia-smi, kernel,
+# torch), gpu_test (VIPER_FAIL_ON_SKIP=1: no GPU is a failure here), `viper bench --gpu` (JSON to
+# $OUT/gpu-bench.json), the torch.save + polling + torch.load baseline ($OUT/torch-baseline.json).
+# Sizes: GPU_CHECK_SIZES (default 1.7G,8G); reps: GPU_CHECK_REPS (default 5), torch reps
+# GPU_CHECK_TORCH_REPS (default 2).
+set -uo pipefail
+pack=${1:?usage: gpu-check.sh PACK [TORCH_SCRIPT]}
+pack=$(cd "$pack" && pwd)
+torch_script=${2:-$(dirname "$0")/../bench/gpu_torch_baseline.py}
+OUT=${OUT:-$PWD/gpu-check-out}
+mkdir -p "$OUT"
+log=$OUT/gpu-check.log
+sizes=${GPU_CHECK_SIZES:-1.7G,8G}
+reps=${GPU_CHECK_REPS:-5}
+treps=${GPU_CHECK_TORCH_REPS:-2}
+declare -a summary
+failed=0
+
+step() {  # step NAME TIMEOUT CMD...: runs, logs, records the outcome
+  local name=$1 limit=$2; shift 2
+  echo "=== $name: $*" | tee -a "$log"
+  local t0=$SECONDS
+  timeout --kill-after=10 "$limit" "$@" 2>&1 | tee -a "$log"
+  local rc=${PIPESTATUS[0]}
+  local took=$((SECONDS - t0))
+  if [ "$rc" -eq 0 ]; then summary+=("ok      $name (${took}s)")
+  else summary+=("FAILED  $name (exit $rc, ${took}s)"); failed=1; fi
+  echo "=== $name: exit $rc after ${took}s" | tee -a "$log"
+}
+
+: >"$log"
+echo "gpu-check: $(date -u +%FT%TZ) on $(hostname)" | tee -a "$log"
+step "machine: nvidia-smi" 30 nvidia-smi
+step "machine: kernel" 5 uname -a
+step "machine: torch" 60 python3 -c 'import torch; print(torch.__version__, torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")'
+step "gpu_test" 90 env VIPER_FAIL_ON_SKIP=1 VIPER_GPU_PEER="$pack/bin/viper_gpu_peer" "$pack/run" gpu_test
+step "viper bench --gpu" 160 "$pack/run" viper bench --gpu --sizes "$sizes" --reps "$reps" --json "$OUT/gpu-bench.json"
+step "torch.save + poll + torch.load baseline" 150 env PYTHONUNBUFFERED=1 python3 "$torch_script" --sizes "$sizes" --reps "$treps" --json "$OUT/torch-baseline.json"
+
+echo | tee -a "$log"
+echo "gpu-check summary:" | tee -a "$log"
+for line in "${summary[@]}"; do echo "  $line" | tee -a "$log"; done
+exit $failed

@@ -10,7 +10,7 @@
 # torch), gpu_test (VIPER_FAIL_ON_SKIP=1: no GPU is a failure here), `viper bench --gpu` (JSON to
 # $OUT/gpu-bench.json), the torch.save + polling + torch.load baseline ($OUT/torch-baseline.json).
 # Sizes: GPU_CHECK_SIZES (default 1.7G,8G); reps: GPU_CHECK_REPS (default 5), torch reps
-# GPU_CHECK_TORCH_REPS (default 2).
+# GPU_CHECK_TORCH_REPS (default 2; 0 skips the torch baseline).
 set -uo pipefail
 pack=${1:?usage: gpu-check.sh PACK [TORCH_SCRIPT]}
 pack=$(cd "$pack" && pwd)
@@ -43,7 +43,7 @@ step "machine: kernel" 5 uname -a
 step "machine: torch" 60 python3 -c 'import torch; print(torch.__version__, torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")'
 step "gpu_test" 90 env VIPER_FAIL_ON_SKIP=1 VIPER_GPU_PEER="$pack/bin/viper_gpu_peer" "$pack/run" gpu_test
 step "viper bench --gpu" 160 "$pack/run" viper bench --gpu --sizes "$sizes" --reps "$reps" --json "$OUT/gpu-bench.json"
-step "torch.save + poll + torch.load baseline" 150 env PYTHONUNBUFFERED=1 python3 "$torch_script" --sizes "$sizes" --reps "$treps" --json "$OUT/torch-baseline.json"
+[ "$treps" -gt 0 ] && step "torch.save + poll + torch.load baseline" 150 env PYTHONUNBUFFERED=1 python3 "$torch_script" --sizes "$sizes" --reps "$treps" --json "$OUT/torch-baseline.json"
 
 echo | tee -a "$log"
 echo "gpu-check summary:" | tee -a "$log"

@@ -56,7 +56,7 @@ Result<double> TimeOnStream(const Stream& s, int device, int reps, F work) {
 
 class PeerProcess {
  public:
-  Status Start(const std::string& bin, int device) {
+  Status Start(const std::string& bin, int device, bool in_place) {
     int in[2], out[2];
     if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0) return Status::FromErrno("pipe2");
     posix_spawn_file_actions_t fa;
@@ -64,7 +64,9 @@ class PeerProcess {
     posix_spawn_file_actions_adddup2(&fa, in[0], 0);
     posix_spawn_file_actions_adddup2(&fa, out[1], 1);
     std::string dev = std::to_string(device);
-    std::vector<char*> argv = {const_cast<char*>(bin.c_str()), const_cast<char*>("--device"), dev.data(), nullptr};
+    std::vector<char*> argv = {const_cast<char*>(bin.c_str()), const_cast<char*>("--device"), dev.data()};
+    if (in_place) argv.push_back(const_cast<char*>("--in-place"));
+    argv.push_back(nullptr);
     int rc = posix_spawn(&pid_, bin.c_str(), &fa, nullptr, argv.data(), environ);
     posix_spawn_file_actions_destroy(&fa);
     ::close(in[0]);
@@ -113,6 +115,7 @@ class PeerProcess {
 struct Row {
   double dtod_ms = 0, staging_ms = 0, live_ms = 0, live_sealed_ms = 0, sealed_ms = 0, consumer_copy_ms = 0;
   double step_ms = 0, step_with_publish_ms = 0, stall_ms = 0, publish_call_ms = 0;
+  double live_in_place_ms = 0;
   std::string live_error;  // why publish -> live in another process was not measured
 };
 
@@ -165,7 +168,7 @@ Result<Row> MeasureSize(const GpuConfig& c, uint64_t bytes) {
   uint64_t version = 0;
   Status live_st = [&]() -> Status {
     PeerProcess peer;
-    VIPER_RETURN_IF_ERROR(peer.Start(c.peer_bin, dev));
+    VIPER_RETURN_IF_ERROR(peer.Start(c.peer_bin, dev, false));
     std::vector<double> live, live_sealed, sealed, copy, call;
     for (int r = 0; r < c.reps + 1; ++r) {
       ++version;
@@ -195,6 +198,30 @@ Result<Row> MeasureSize(const GpuConfig& c, uint64_t bytes) {
     return Status::OK();
   }();
   if (!live_st.ok()) row.live_error = live_st.ToString();
+  // The same with a consumer that reads the version in place (its parameters are the producer's
+  // buffer, leased while in use): live = the producer's copy + the announcement.
+  if (live_st.ok()) {
+    Status st = [&]() -> Status {
+      PeerProcess peer;
+      VIPER_RETURN_IF_ERROR(peer.Start(c.peer_bin, dev, true));
+      std::vector<double> live;
+      for (int r = 0; r < c.reps + 1; ++r) {
+        ++version;
+        int64_t t0 = NowNs();
+        VIPER_RETURN_IF_ERROR(store->Publish(tensors, train, VersionStamp{"bench", version, version, 0, 0, {}}));
+        VIPER_RETURN_IF_ERROR(store->Wait(version, std::chrono::seconds(60)));
+        VIPER_ASSIGN_OR_RETURN(GpuVersion v, store->Acquire());
+        auto done = peer.Copy(v);
+        store->Release(v);
+        if (!done.ok()) return done.status();
+        VIPER_RETURN_IF_ERROR(store->Wait(version, std::chrono::seconds(60), true));
+        if (r > 0) live.push_back((done->first - t0) / 1e6);
+      }
+      row.live_in_place_ms = Median(live);
+      return Status::OK();
+    }();
+    if (!st.ok()) row.live_error = "in place: " + st.ToString();
+  }
 
   // 4. The training stall: a bandwidth-bound step (4 device copies of a quarter of the model's
   // size, in place on the producer's stream) alone, then with a publish queued beside it.
@@ -262,18 +289,22 @@ Status RunGpu(const GpuConfig& c, const std::string& json_path) {
     std::printf("  publish -> live in another process         %9.2f   %.2f   (announced after the device copy)\n",
                 w.live_ms, w.live_ms / w.dtod_ms);
     std::printf("    of which the consumer's own copy         %9.2f\n", w.consumer_copy_ms);
+    std::printf("  publish -> live, consumer reads in place   %9.2f   %.2f\n", w.live_in_place_ms,
+                w.live_in_place_ms / w.dtod_ms);
     std::printf("  publish -> live, announced after checksum  %9.2f   %.2f   (sealed at %.2f ms)\n", w.live_sealed_ms,
                 w.live_sealed_ms / w.dtod_ms, w.sealed_ms);
     std::printf("  Publish call on the training thread        %9.3f\n", w.publish_call_ms);
     std::printf("  training step alone / with a publish       %9.2f / %.2f\n", w.step_ms, w.step_with_publish_ms);
     std::printf("  training stall                             %9.2f   %.2f\n", w.stall_ms, w.stall_ms / w.dtod_ms);
-    std::printf("  targets: live <= 1.5x copy: %s; stall <= 1.2x copy: %s\n", w.live_ms <= 1.5 * w.dtod_ms ? "met" : "MISSED",
+    std::printf("  targets: live <= 1.5x copy: %s (copied), %s (in place); stall <= 1.2x copy: %s\n",
+                w.live_ms <= 1.5 * w.dtod_ms ? "met" : "MISSED", w.live_in_place_ms <= 1.5 * w.dtod_ms ? "met" : "MISSED",
                 w.stall_ms <= 1.2 * w.dtod_ms ? "met" : "MISSED");
     out["sizes"].push_back({{"bytes", bytes},
                             {"dtod_ms", w.dtod_ms},
                             {"staging_ms", w.staging_ms},
                             {"live_ms", w.live_ms},
                             {"consumer_copy_ms", w.consumer_copy_ms},
+                            {"live_in_place_ms", w.live_in_place_ms},
                             {"live_after_checksum_ms", w.live_sealed_ms},
                             {"sealed_ms", w.sealed_ms},
                             {"publish_call_ms", w.publish_call_ms},

@@ -123,6 +123,10 @@ Status Error(const Driver& d, CUresult r, const std::string& what) {
 }
 
 Status UseDevice(const Driver& d, int device) {
+  // Per thread, the device whose primary context this code last made current: most calls find it
+  // already current and cost no driver call (a publish makes one call per tensor).
+  thread_local int current = -1;
+  if (current == device) return Status::OK();
   static std::mutex mu;
   static std::vector<CUcontext> contexts;  // primary context per device, retained once
   CUcontext ctx = nullptr;
@@ -142,6 +146,7 @@ Status UseDevice(const Driver& d, int device) {
     ctx = contexts[device];
   }
   VIPER_CU(d, cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+  current = device;
   return Status::OK();
 }
 

@@ -85,6 +85,7 @@ struct DeviceVersionStore::Impl {
     uint64_t version = 0;
     int leases = 0;
     bool busy = false;  // queued: copy or seal still to finish
+    std::shared_ptr<const SnapshotLayout> layout;  // of the last version copied into it
   };
   struct Job {
     size_t buffer;
@@ -283,15 +284,38 @@ Status DeviceVersionStore::Publish(const std::vector<DeviceTensor>& tensors, con
   // The copies start on the device when the producer's queued work is done; the host goes on.
   if (Status st = b.ready.Record(producer_stream); !st.ok()) return fail(st);
   if (Status st = m.copy_stream.WaitEvent(b.ready); !st.ok()) return fail(st);
+  // A buffer last filled under another layout may hold old bytes where this one has padding:
+  // zero it, so that the device bytes equal the sealed host bytes (padding included).
+  if (b.layout != layout) {
+    if (b.layout != nullptr)
+      if (Status st = Memset(m.options.device, b.device.ptr(), 0, b.device.size()); !st.ok()) return fail(st);
+    b.layout = layout;
+  }
+  // One copy per run of tensors that are contiguous both in the producer's memory and in the
+  // layout (a flat parameter buffer is one copy).
   const auto& infos = layout->tensors();
+  DevicePtr run_src = 0, run_dst = 0;
+  uint64_t run_bytes = 0;
+  auto flush = [&]() -> Status {
+    if (run_bytes == 0) return Status::OK();
+    Status st = CopyDeviceToDevice(run_dst, run_src, run_bytes, m.copy_stream);
+    run_bytes = 0;
+    return st;
+  };
   for (size_t t = 0; t < tensors.size(); ++t) {
     const TensorInfo& info = infos[t];
     if (info.nbytes() == 0) continue;
-    if (Status st = CopyDeviceToDevice(b.device.ptr() + layout->data_offset() + info.begin, tensors[t].ptr,
-                                       info.nbytes(), m.copy_stream);
-        !st.ok())
-      return fail(st.WithContext("tensor \"" + info.name + "\""));
+    DevicePtr dst = b.device.ptr() + layout->data_offset() + info.begin;
+    if (run_bytes > 0 && tensors[t].ptr == run_src + run_bytes && dst == run_dst + run_bytes) {
+      run_bytes += info.nbytes();
+      continue;
+    }
+    if (Status st = flush(); !st.ok()) return fail(st.WithContext("tensor \"" + info.name + "\""));
+    run_src = tensors[t].ptr;
+    run_dst = dst;
+    run_bytes = info.nbytes();
   }
+  if (Status st = flush(); !st.ok()) return fail(st);
   if (Status st = b.copied.Record(m.copy_stream); !st.ok()) return fail(st);
   if (m.options.host_copy) {
     if (Status st = m.host_stream.WaitEvent(b.copied); !st.ok()) return fail(st);

@@ -1,10 +1,10 @@
 // viper_gpu_peer: a same-node GPU consumer in its own process, driven over stdin/stdout by the GPU
 // test (tests/gpu) and `viper bench --gpu` (bench/harness/gpu.cc).
 //
-//   viper_gpu_peer [--device N] [--verify]
+//   viper_gpu_peer [--device N] [--verify] [--in-place]
 // stdin: 'V' + a 128-byte GPU version message (docs/PROTOCOL.md): open its IPC handle (cached),
-// copy the data region device-to-device into this process's own buffer, wait for the copy; 'Q':
-// exit. Each 'V' is answered by one line on stdout:
+// copy the data region device-to-device into this process's own buffer, wait for the copy (with
+// --in-place: no copy, the consumer reads the producer's buffer where it is); 'Q': exit. Each 'V' is answered by one line on stdout:
 //   OK <version> <done_ns> <copy_us> <checksum>   done_ns: CLOCK_MONOTONIC when the copy completed;
 //                                                 copy_us: the copy timed with events; checksum:
 //                                                 16 hex digits of the copied bytes with --verify
@@ -50,8 +50,21 @@ void Reply(const std::string& line) {
   std::fflush(stdout);
 }
 
-Status Handle(DeviceVersionReader& reader, const GpuVersion& v, int device, bool verify, DeviceBuffer& dst,
-              const Stream& stream, Event& t0, Event& t1) {
+Status Handle(DeviceVersionReader& reader, const GpuVersion& v, int device, bool verify, bool in_place,
+              DeviceBuffer& dst, const Stream& stream, Event& t0, Event& t1) {
+  if (in_place) {
+    VIPER_ASSIGN_OR_RETURN(DevicePtr src, reader.Map(v));
+    int64_t done = NowNs();
+    std::string sum = "-";
+    if (verify) {
+      std::vector<std::byte> host(v.data_bytes);
+      VIPER_RETURN_IF_ERROR(CopyDeviceToHost(host.data(), src + v.data_offset, v.data_bytes, stream));
+      VIPER_RETURN_IF_ERROR(stream.Synchronize());
+      sum = checksum_hex(checksum64(host));
+    }
+    Reply("OK " + std::to_string(v.version) + " " + std::to_string(done) + " 0 " + sum);
+    return Status::OK();
+  }
   if (dst.size() < v.data_bytes) {
     dst = DeviceBuffer();
     VIPER_ASSIGN_OR_RETURN(dst, DeviceBuffer::Allocate(device, v.data_bytes));
@@ -79,12 +92,13 @@ Status Handle(DeviceVersionReader& reader, const GpuVersion& v, int device, bool
 
 int main(int argc, char** argv) {
   int device = 0;
-  bool verify = false;
+  bool verify = false, in_place = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--device") == 0 && i + 1 < argc) device = std::atoi(argv[++i]);
     else if (std::strcmp(argv[i], "--verify") == 0) verify = true;
+    else if (std::strcmp(argv[i], "--in-place") == 0) in_place = true;
     else {
-      std::fprintf(stderr, "viper_gpu_peer: unknown argument \"%s\": usage: viper_gpu_peer [--device N] [--verify]\n", argv[i]);
+      std::fprintf(stderr, "viper_gpu_peer: unknown argument \"%s\": usage: viper_gpu_peer [--device N] [--verify] [--in-place]\n", argv[i]);
       return 2;
     }
   }
@@ -112,7 +126,7 @@ int main(int argc, char** argv) {
     std::byte msg[kGpuVersionMessageBytes];
     if (!ReadFull(0, msg, sizeof msg)) return 1;
     Result<GpuVersion> v = ParseGpuVersion(msg);
-    Status st = v.ok() ? Handle(reader, *v, device, verify, dst, *stream, *t0, *t1) : v.status();
+    Status st = v.ok() ? Handle(reader, *v, device, verify, in_place, dst, *stream, *t0, *t1) : v.status();
     if (!st.ok()) Reply("ERR " + st.ToString());
   }
 }

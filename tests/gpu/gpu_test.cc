@@ -170,7 +170,7 @@ TEST(Gpu, PublishIsOrderedAfterTheProducersStreamWithoutWaitingForIt) {
 // viper_gpu_peer in its own process, spoken to over pipes.
 class Peer {
  public:
-  explicit Peer(bool verify) {
+  explicit Peer(bool verify, bool in_place = false) {
     int in[2], out[2];
     EXPECT_EQ(::pipe2(in, O_CLOEXEC), 0);
     EXPECT_EQ(::pipe2(out, O_CLOEXEC), 0);
@@ -183,6 +183,8 @@ class Peer {
     std::vector<char*> argv = {bin.data()};
     std::string v = "--verify";
     if (verify) argv.push_back(v.data());
+    std::string ip = "--in-place";
+    if (in_place) argv.push_back(ip.data());
     argv.push_back(nullptr);
     EXPECT_EQ(posix_spawn(&pid_, bin.c_str(), &fa, nullptr, argv.data(), environ), 0) << bin;
     posix_spawn_file_actions_destroy(&fa);
@@ -280,6 +282,54 @@ TEST(Gpu, ALeasedBufferIsNeverReused) {
   }
   EXPECT_LE((*store)->buffers(), 3u);
   (*store)->Release(*held);
+}
+
+TEST(Gpu, AConsumerReadsTheVersionInPlace) {
+  auto s = Stream::Create(0);
+  ASSERT_TRUE(s.ok());
+  DevTensor a = Upload(RandomBytes(6 << 20, 9), *s);
+  auto store = DeviceVersionStore::Create({});
+  ASSERT_TRUE(store.ok());
+  Peer peer(/*verify=*/true, /*in_place=*/true);
+  ASSERT_EQ(peer.Line().rfind("READY ", 0), 0u);
+  for (uint64_t version = 1; version <= 4; ++version) {
+    a = Upload(RandomBytes(6 << 20, 300 + version), *s);
+    ASSERT_TRUE((*store)->Publish(Specs({&a}), *s, VersionStamp{.version = version}).ok());
+    ASSERT_TRUE((*store)->Wait(version, 10s, true).ok());
+    auto v = (*store)->Acquire();
+    ASSERT_TRUE(v.ok());
+    std::string reply = peer.Send(*v);
+    ASSERT_EQ(reply.rfind("OK ", 0), 0u) << reply;
+    EXPECT_EQ(Field(reply, 4), checksum_hex(v->checksum));
+    (*store)->Release(*v);
+  }
+}
+
+TEST(Gpu, AReusedBufferUnderANewLayoutHasZeroPadding) {
+  // Layouts A (100 + 60 bytes) and B (120 + 60 bytes) have the same size: B's first tensor covers
+  // A's padding. A buffer that held B and then holds A must read as the sealed bytes (zero padding).
+  auto s = Stream::Create(0);
+  ASSERT_TRUE(s.ok());
+  DevTensor a100 = Upload(RandomBytes(100, 10), *s), a120 = Upload(RandomBytes(120, 11), *s),
+            b60 = Upload(RandomBytes(60, 12), *s);
+  DeviceVersionStore::Options o;
+  o.max_buffers = 2;
+  auto store = DeviceVersionStore::Create(o);
+  ASSERT_TRUE(store.ok());
+  Peer peer(true);
+  ASSERT_EQ(peer.Line().rfind("READY ", 0), 0u);
+  for (uint64_t version = 1; version <= 6; ++version) {
+    DevTensor* first = version % 4 == 2 || version % 4 == 3 ? &a120 : &a100;  // A B B A A B: each buffer changes layout
+    ASSERT_TRUE((*store)->Publish(Specs({first, &b60}), *s, VersionStamp{.version = version}).ok());
+    ASSERT_TRUE((*store)->Wait(version, 10s, true).ok());
+    auto v = (*store)->Acquire();
+    ASSERT_TRUE(v.ok());
+    std::string reply = peer.Send(*v);
+    ASSERT_EQ(reply.rfind("OK ", 0), 0u) << reply;
+    EXPECT_EQ(Field(reply, 4), checksum_hex(v->checksum)) << "version " << version;
+    (*store)->Release(*v);
+  }
+  EXPECT_EQ((*store)->buffers(), 2u);
 }
 
 }  // namespace

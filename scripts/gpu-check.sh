@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The GPU check, for a machine with an NVIDIA GPU and driver but none of this project's Debian
-# libraries: programs built elsewhere and packed with their libraries (a device-pack.sh folder:
-# PACK/run, PACK/bin/{viper,viper_gpu_peer,gpu_test}), plus bench/gpu_torch_baseline.py.
+# libraries: programs built elsewhere and packed with their libraries by scripts/gpu-pack.sh
+# (PACK/run, PACK/bin/{viper,viper_gpu_peer,gpu_test}), plus bench/gpu_torch_baseline.py.
 #
 #   scripts/gpu-check.sh PACK [TORCH_SCRIPT]     figures and the full log go to $OUT (default ./gpu-check-out)
+# TORCH_SCRIPT defaults to PACK/gpu_torch_baseline.py, else the one beside this script.
 #
 # Runs every step even when one fails (CUDA IPC can be refused in a sandbox), prints what worked and
 # what did not, and exits non-zero if any step failed. Steps: the machine (nvidia-smi, kernel,
@@ -14,7 +15,8 @@
 set -uo pipefail
 pack=${1:?usage: gpu-check.sh PACK [TORCH_SCRIPT]}
 pack=$(cd "$pack" && pwd)
-torch_script=${2:-$(dirname "$0")/../bench/gpu_torch_baseline.py}
+torch_script=${2:-$pack/gpu_torch_baseline.py}
+[ -e "$torch_script" ] || torch_script=$(dirname "$0")/../bench/gpu_torch_baseline.py
 OUT=${OUT:-$PWD/gpu-check-out}
 mkdir -p "$OUT"
 log=$OUT/gpu-check.log

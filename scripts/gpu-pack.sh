@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Packs what scripts/gpu-check.sh runs, for a GPU machine that has none of this project's Debian
+# libraries: OUT/bin (viper, viper_gpu_peer, gpu_test), OUT/lib (every shared library they load,
+# found by ldd, but the C and C++ runtimes), OUT/ucx (UCX's transport modules, which UCX opens
+# itself), OUT/run (sets LD_LIBRARY_PATH and UCX_MODULE_DIR, then runs a program of OUT/bin),
+# OUT/gpu-check.sh and OUT/gpu_torch_baseline.py. Then, there: `bash OUT/gpu-check.sh OUT`.
+#
+#   scripts/gpu-pack.sh OUT [BUILD]       BUILD defaults to ./build (after scripts/build.sh)
+set -euo pipefail
+out=${1:?usage: gpu-pack.sh OUT [BUILD]}
+build=${2:-build}
+root=$(cd "$(dirname "$0")/.." && pwd)
+rm -rf "$out"; mkdir -p "$out/bin" "$out/lib" "$out/ucx"
+skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libstdc\+\+|libgcc_s)'
+deps() {
+  ldd "$1" | awk '/=> \// {print $1, $3}' | while read -r name path; do
+    [[ $name =~ $skip ]] && continue
+    [ -e "$out/lib/$name" ] || { cp -L "$path" "$out/lib/$name"; deps "$path"; }
+  done
+}
+for p in "$build/bin/viper" "$build/bin/viper_gpu_peer" "$build/tests/gpu/gpu_test"; do
+  [ -x "$p" ] || { echo "gpu-pack: $p missing: build it first (cmake --build $build --target viper viper_gpu_peer gpu_test)" >&2; exit 1; }
+  strip --strip-debug -o "$out/bin/$(basename "$p")" "$p"
+  deps "$p"
+done
+ucx=/usr/lib/x86_64-linux-gnu/ucx
+if [ -d "$ucx" ]; then
+  for m in "$ucx"/libuct_*.so.0 "$ucx"/libucx_*.so.0; do [ -e "$m" ] && { cp -L "$m" "$out/ucx/"; deps "$m"; }; done
+fi
+cat >"$out/run" <<'RUN'
+#!/usr/bin/env bash
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" UCX_MODULE_DIR="$here/ucx"
+prog=$1; shift
+exec "$here/bin/$prog" "$@"
+RUN
+chmod +x "$out/run"
+cp "$root/scripts/gpu-check.sh" "$root/bench/gpu_torch_baseline.py" "$out/"
+echo "gpu-pack: $(du -sh "$out" | cut -f1) in $out; run there: bash $out/gpu-check.sh $out"

@@ -16,7 +16,10 @@
 #include <nlohmann/json.hpp>
 
 #include "viper/gpu.h"
+#include "viper/gpu_publisher.h"
 #include "viper/gpu_store.h"
+#include "viper/publisher.h"
+#include "viper/subscriber.h"
 
 extern char** environ;
 
@@ -116,6 +119,8 @@ struct Row {
   double dtod_ms = 0, staging_ms = 0, live_ms = 0, live_sealed_ms = 0, sealed_ms = 0, consumer_copy_ms = 0;
   double step_ms = 0, step_with_publish_ms = 0, stall_ms = 0, publish_call_ms = 0;
   double live_in_place_ms = 0;
+  double host_live_ms = 0;  // publish -> a subscriber without a GPU has the version (host path)
+  std::string host_error;
   std::string live_error;  // why publish -> live in another process was not measured
 };
 
@@ -223,6 +228,38 @@ Result<Row> MeasureSize(const GpuConfig& c, uint64_t bytes) {
     if (!st.ok()) row.live_error = "in place: " + st.ToString();
   }
 
+  // 3b. The host path: a subscriber without a GPU (same host, map) gets the GPU version once it is
+  // sealed, copied into a segment and committed on the node.
+  {
+    Status st = [&]() -> Status {
+      PublisherOptions po;
+      po.model = "gpu-bench";
+      po.node.segment_prefix = "viper-gpu-bench";
+      VIPER_ASSIGN_OR_RETURN(auto pub, Publisher::Start(po));
+      DeviceVersionStore::Options go;
+      go.device = dev;
+      go.max_buffers = 2;
+      VIPER_ASSIGN_OR_RETURN(auto gp, GpuPublisher::Start(pub.get(), go));
+      SubscriberOptions so;
+      so.model = "gpu-bench";
+      so.connect = pub->address();
+      VIPER_ASSIGN_OR_RETURN(auto sub, Subscriber::Start(so));
+      std::vector<double> lat;
+      for (int r = 0; r < std::max(2, c.reps / 2) + 1; ++r) {
+        int64_t t0 = NowNs();
+        VIPER_ASSIGN_OR_RETURN(uint64_t v, gp->PublishDevice(tensors, train));
+        VIPER_ASSIGN_OR_RETURN(auto got, sub->WaitFor(v, std::chrono::seconds(60)));
+        int64_t t1 = NowNs();
+        if (got->version() != v) return Status::Internal("host path: subscriber got version " + std::to_string(got->version()));
+        if (r > 0) lat.push_back((t1 - t0) / 1e6);
+        VIPER_RETURN_IF_ERROR(gp->WaitHost(v, std::chrono::seconds(60)));
+      }
+      row.host_live_ms = Median(lat);
+      return Status::OK();
+    }();
+    if (!st.ok()) row.host_error = st.ToString();
+  }
+
   // 4. The training stall: a bandwidth-bound step (4 device copies of a quarter of the model's
   // size, in place on the producer's stream) alone, then with a publish queued beside it.
   {
@@ -293,6 +330,11 @@ Status RunGpu(const GpuConfig& c, const std::string& json_path) {
                 w.live_in_place_ms / w.dtod_ms);
     std::printf("  publish -> live, announced after checksum  %9.2f   %.2f   (sealed at %.2f ms)\n", w.live_sealed_ms,
                 w.live_sealed_ms / w.dtod_ms, w.sealed_ms);
+    if (!w.host_error.empty())
+      std::printf("  publish -> subscriber without a GPU        NOT MEASURED: %s\n", w.host_error.c_str());
+    else
+      std::printf("  publish -> subscriber without a GPU        %9.2f   %.2f   (host path: seal, segment, commit, map)\n",
+                  w.host_live_ms, w.host_live_ms / w.dtod_ms);
     std::printf("  Publish call on the training thread        %9.3f\n", w.publish_call_ms);
     std::printf("  training step alone / with a publish       %9.2f / %.2f\n", w.step_ms, w.step_with_publish_ms);
     std::printf("  training stall                             %9.2f   %.2f\n", w.stall_ms, w.stall_ms / w.dtod_ms);
@@ -305,6 +347,8 @@ Status RunGpu(const GpuConfig& c, const std::string& json_path) {
                             {"live_ms", w.live_ms},
                             {"consumer_copy_ms", w.consumer_copy_ms},
                             {"live_in_place_ms", w.live_in_place_ms},
+                            {"host_live_ms", w.host_live_ms},
+                            {"host_error", w.host_error},
                             {"live_after_checksum_ms", w.live_sealed_ms},
                             {"sealed_ms", w.sealed_ms},
                             {"publish_call_ms", w.publish_call_ms},

@@ -21,6 +21,10 @@
 
 #include "viper/gpu.h"
 #include "viper/gpu_store.h"
+#if VIPER_GPU_TEST_API
+#include "viper/gpu_publisher.h"
+#include "viper/subscriber.h"
+#endif
 #include "viper/snapshot.h"
 
 extern char** environ;
@@ -331,6 +335,50 @@ TEST(Gpu, AReusedBufferUnderANewLayoutHasZeroPadding) {
   }
   EXPECT_EQ((*store)->buffers(), 2u);
 }
+
+#if VIPER_GPU_TEST_API
+TEST(Gpu, AConsumerWithoutAGpuGetsTheVersionsThroughTheHostPath) {
+  // A real Publisher (embedded node, UCX on loopback, shared memory) and a Subscriber that loads
+  // into host memory: each GPU version reaches it under the same number, checksum and bytes.
+  PublisherOptions po;
+  po.model = "gpu-model";
+  po.node.segment_prefix = "viper-gpu-test";
+  auto pub = Publisher::Start(po);
+  ASSERT_TRUE(pub.ok()) << pub.status().ToString();
+  auto gp = GpuPublisher::Start(pub->get());
+  ASSERT_TRUE(gp.ok()) << gp.status().ToString();
+  SubscriberOptions so;
+  so.model = "gpu-model";
+  so.connect = (*pub)->address();
+  auto sub = Subscriber::Start(so);
+  ASSERT_TRUE(sub.ok()) << sub.status().ToString();
+  auto s = Stream::Create(0);
+  ASSERT_TRUE(s.ok());
+  for (uint64_t round = 0; round < 3; ++round) {
+    DevTensor a = Upload(RandomBytes(3 << 20, 400 + round), *s), b = Upload(RandomBytes(777, 500 + round), *s);
+    auto version = (*gp)->PublishDevice(Specs({&a, &b}), *s, PublishInfo{.step = 10 + round, .loss = 0.5});
+    ASSERT_TRUE(version.ok()) << version.status().ToString();
+    ASSERT_TRUE((*gp)->store().Wait(*version, 10s).ok());
+    ASSERT_TRUE((*gp)->WaitHost(*version, 10s).ok());
+    auto got = (*sub)->WaitFor(*version, 10s);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ((*got)->version(), *version);
+    EXPECT_EQ((*got)->info.step, 10 + round);
+    auto v = (*gp)->store().Acquire();
+    ASSERT_TRUE(v.ok());
+    EXPECT_EQ(v->version, *version);
+    EXPECT_EQ((*got)->info.checksum, v->checksum);
+    (*gp)->store().Release(*v);
+    EXPECT_TRUE((*got)->snapshot.VerifyChecksum().ok());
+    auto t0 = (*got)->snapshot.find("t0"), t1 = (*got)->snapshot.find("t1");
+    ASSERT_TRUE(t0 && t1);
+    auto d0 = (*got)->snapshot.tensor_data(*t0), d1 = (*got)->snapshot.tensor_data(*t1);
+    EXPECT_TRUE(std::equal(a.host.begin(), a.host.end(), d0.begin(), d0.end()));
+    EXPECT_TRUE(std::equal(b.host.begin(), b.host.end(), d1.begin(), d1.end()));
+  }
+}
+
+#endif  // VIPER_GPU_TEST_API
 
 }  // namespace
 }  // namespace viper::gpu

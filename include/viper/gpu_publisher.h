@@ -1,0 +1,47 @@
+// GpuPublisher: a Publisher's versions kept on the GPU, with the host path for everyone else.
+//
+// PublishDevice(tensors in device memory, the producer's stream, info) reserves the version number
+// on the publisher's node, queues the device copy into a DeviceVersionStore (include/viper/
+// gpu_store.h: device-to-device, ordered after the producer's stream by an event, the version live
+// on the GPU when its copy completes) and returns without waiting for the device. When the store
+// has sealed the version's pinned host copy (same layout, same bytes, checksum and header with this
+// model, version, step, time and loss), the store's thread copies it into a host-tier segment and
+// commits it on the node: subscribers without a GPU, on this host or another, receive the same
+// version through the host path, under the same number and checksum.
+//
+// Versions are numbered by the node in PublishDevice call order; use one publishing path per
+// model (PublishDevice, or the Publisher's Publish/Commit). Thread-safety: PublishDevice from one
+// thread at a time; store() as DeviceVersionStore.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "viper/gpu_store.h"
+#include "viper/publisher.h"
+
+namespace viper {
+
+class GpuPublisher {
+ public:
+  // `publisher` is borrowed and must outlive this object. Unavailable without a GPU.
+  static Result<std::unique_ptr<GpuPublisher>> Start(Publisher* publisher,
+                                                     gpu::DeviceVersionStore::Options options = {});
+  ~GpuPublisher();  // waits for queued versions to be sealed and committed
+
+  // The version number on success. Errors: the node's (ReserveVersion), the store's (Publish).
+  Result<uint64_t> PublishDevice(const std::vector<gpu::DeviceTensor>& tensors, const gpu::Stream& producer_stream,
+                                 const PublishInfo& info = {});
+  // Blocks until `version` is committed in the host tier (announced to every subscriber), or the
+  // first error of the host path.
+  Status WaitHost(uint64_t version, std::chrono::milliseconds timeout);
+  gpu::DeviceVersionStore& store() { return *store_; }
+
+ private:
+  struct Shared;
+  GpuPublisher() = default;
+  std::shared_ptr<Shared> shared_;
+  std::unique_ptr<gpu::DeviceVersionStore> store_;
+};
+
+}  // namespace viper

@@ -1,0 +1,113 @@
+// GpuPublisher (include/viper/gpu_publisher.h).
+#include "viper/gpu_publisher.h"
+
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "viper/node.h"
+
+namespace viper {
+
+struct GpuPublisher::Shared {
+  Publisher* publisher = nullptr;
+  std::mutex mu;
+  std::condition_variable cv;
+  struct Pending {
+    PublishInfo info;
+    int64_t publish_ns = 0;  // CLOCK_REALTIME of PublishDevice
+  };
+  std::map<uint64_t, Pending> pending;  // version -> what PublishDevice was given
+  uint64_t committed = 0;
+  Status failed;
+
+  // On the store's thread: the sealed host snapshot into a segment, committed on the node.
+  Status Commit(const gpu::GpuVersion& v, std::span<const std::byte> snapshot) {
+    Pending p;
+    {
+      std::lock_guard lock(mu);
+      auto it = pending.find(v.version);
+      if (it != pending.end()) {
+        p = std::move(it->second);
+        pending.erase(it);
+      }
+    }
+    const PublishInfo& info = p.info;
+    Node& node = publisher->node();
+    VIPER_ASSIGN_OR_RETURN(WriteLease lease, node.Allocate(snapshot.size()));
+    std::memcpy(lease.data().data(), snapshot.data(), snapshot.size());
+    proto::VersionInfo vi;
+    vi.model = publisher->options().model;
+    vi.version = v.version;
+    vi.size = snapshot.size();
+    vi.checksum = v.checksum;
+    vi.step = info.step;
+    vi.publish_ns = p.publish_ns;
+    if (info.loss) vi.metadata[std::string(kMetaLoss)] = std::to_string(*info.loss);
+    VIPER_RETURN_IF_ERROR(node.Commit(std::move(lease), std::move(vi)).status());
+    return Status::OK();
+  }
+};
+
+Result<std::unique_ptr<GpuPublisher>> GpuPublisher::Start(Publisher* publisher, gpu::DeviceVersionStore::Options options) {
+  if (publisher == nullptr) return Status::InvalidArgument("GpuPublisher::Start: publisher is null");
+  options.host_copy = true;  // the host path needs the sealed copy
+  options.alignment = publisher->options().alignment;
+  std::unique_ptr<GpuPublisher> gp(new GpuPublisher());
+  gp->shared_ = std::make_shared<Shared>();
+  gp->shared_->publisher = publisher;
+  std::weak_ptr<Shared> weak = gp->shared_;
+  VIPER_ASSIGN_OR_RETURN(
+      gp->store_, gpu::DeviceVersionStore::Create(options, {}, [weak](const gpu::GpuVersion& v, std::span<const std::byte> snap) {
+        auto s = weak.lock();
+        if (!s) return;
+        Status st = s->Commit(v, snap);
+        {
+          std::lock_guard lock(s->mu);
+          if (st.ok()) s->committed = std::max(s->committed, v.version);
+          else if (s->failed.ok()) s->failed = st.WithContext("GPU version " + std::to_string(v.version) + " to the host tier");
+        }
+        s->cv.notify_all();
+      }));
+  return gp;
+}
+
+GpuPublisher::~GpuPublisher() { store_.reset(); }  // the store's thread finishes its queue first
+
+Result<uint64_t> GpuPublisher::PublishDevice(const std::vector<gpu::DeviceTensor>& tensors,
+                                             const gpu::Stream& producer_stream, const PublishInfo& info) {
+  const std::string& model = shared_->publisher->options().model;
+  if (!info.metadata.empty())
+    return Status::InvalidArgument("GpuPublisher::PublishDevice: user metadata is not supported on the GPU path (" +
+                                   std::to_string(info.metadata.size()) + " keys given)");
+  VIPER_ASSIGN_OR_RETURN(uint64_t version, shared_->publisher->node().ReserveVersion(model));
+  VersionStamp stamp;
+  stamp.model = model;
+  stamp.version = version;
+  stamp.step = info.step;
+  stamp.time_ns = static_cast<uint64_t>(WallClockNs());
+  stamp.loss = info.loss;
+  {
+    std::lock_guard lock(shared_->mu);
+    shared_->pending[version] = Shared::Pending{info, static_cast<int64_t>(stamp.time_ns)};
+  }
+  Status st = store_->Publish(tensors, producer_stream, stamp);
+  if (!st.ok()) {
+    std::lock_guard lock(shared_->mu);
+    shared_->pending.erase(version);
+    return st;
+  }
+  return version;
+}
+
+Status GpuPublisher::WaitHost(uint64_t version, std::chrono::milliseconds timeout) {
+  std::unique_lock lock(shared_->mu);
+  bool done = shared_->cv.wait_for(lock, timeout, [&] { return !shared_->failed.ok() || shared_->committed >= version; });
+  if (!shared_->failed.ok()) return shared_->failed;
+  if (!done) return Status::Timeout("GPU version " + std::to_string(version) + " not in the host tier after " +
+                                    std::to_string(timeout.count()) + " ms");
+  return Status::OK();
+}
+
+}  // namespace viper

@@ -3,10 +3,13 @@
 #pragma once
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
+#include <thread>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -20,8 +23,10 @@ struct Outcome {
 };
 
 // Runs bin/viper with `args`; its stdout and stderr go through the files `dir`/stdout and
-// `dir`/stderr (overwritten).
-inline Outcome RunViper(const std::vector<std::string>& args, const std::filesystem::path& dir) {
+// `dir`/stderr (overwritten). With a `timeout`, a run still going after it is killed (SIGKILL:
+// exit_code 128 + 9) and `timed_out` is set.
+inline Outcome RunViper(const std::vector<std::string>& args, const std::filesystem::path& dir,
+                        std::chrono::milliseconds timeout = std::chrono::milliseconds(0), bool* timed_out = nullptr) {
   const auto out_path = dir / "stdout", err_path = dir / "stderr";
   const std::string exe = std::string(VIPER_BINARY_DIR) + "/bin/viper";
   pid_t pid = ::fork();
@@ -38,7 +43,21 @@ inline Outcome RunViper(const std::vector<std::string>& args, const std::filesys
     ::_exit(127);
   }
   int status = 0;
-  ::waitpid(pid, &status, 0);
+  if (timed_out != nullptr) *timed_out = false;
+  if (timeout.count() > 0) {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (::waitpid(pid, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        ::kill(pid, SIGKILL);
+        if (timed_out != nullptr) *timed_out = true;
+        ::waitpid(pid, &status, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  } else {
+    ::waitpid(pid, &status, 0);
+  }
   auto slurp = [](const std::filesystem::path& path) {
     std::ifstream in(path, std::ios::binary);
     std::stringstream ss;

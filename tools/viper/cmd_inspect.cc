@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "cli_checks.h"
 #include "command.h"
 #include "viper/snapshot.h"
 
@@ -149,7 +150,7 @@ ViperCommand inspect_command(
     "inspect", "Show the tensors, metadata and checksum of a snapshot file",
     [](CLI::App& app) -> RunFn {
       auto flags = std::make_shared<InspectFlags>();
-      app.add_option("file", flags->path, "Snapshot file (.safetensors)")->required();
+      app.add_option("file", flags->path, "Snapshot file (.safetensors)")->required()->check(PathText());
       app.add_flag("--json", flags->json, "Print one JSON object instead of text");
       app.add_flag("--verify", flags->verify, "Verify viper.checksum against the data (reads every byte)");
       return [flags] { return RunInspect(*flags); };

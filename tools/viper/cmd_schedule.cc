@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "cli_checks.h"
 #include "command.h"
 #include "viper/loss_fit.h"
 #include "viper/schedule.h"
@@ -140,17 +141,27 @@ ViperCommand schedule_command(
     [](CLI::App& app) -> RunFn {
       auto f = std::make_shared<ScheduleFlags>();
       app.add_option("--loss-log", f->loss_log, "CSV with header 'iteration,loss'; rows up to --warmup-end are fitted")
-          ->required();
-      app.add_option("--warmup-end", f->warmup_end, "Warm-up end iteration s (its model is live at time 0)")->required();
-      app.add_option("--end", f->end, "Last training iteration e (> s)")->required();
-      app.add_option("--epoch", f->epoch, "Iterations per epoch (the epoch baseline's interval)")->required();
-      app.add_option("--t-train", f->t_train, "Seconds per training iteration (> 0)")->required();
-      app.add_option("--t-p", f->t_p, "Producer stall per checkpoint, seconds (>= 0)")->required();
-      app.add_option("--t-c", f->t_c, "Seconds from the end of the stall until live at the consumer (>= 0)")->required();
-      app.add_option("--t-infer", f->t_infer, "Seconds between inference requests (> 0)")->required();
-      app.add_option("--requests", f->requests, "Number of inference requests M (> 0)")->required();
+          ->required()
+          ->check(PathText());
+      app.add_option("--warmup-end", f->warmup_end, "Warm-up end iteration s (its model is live at time 0)")
+          ->required()
+          ->check(NonNegativeInteger());
+      app.add_option("--end", f->end, "Last training iteration e (> s)")->required()->check(NonNegativeInteger());
+      app.add_option("--epoch", f->epoch, "Iterations per epoch (the epoch baseline's interval)")
+          ->required()
+          ->check(NonNegativeInteger());
+      app.add_option("--t-train", f->t_train, "Seconds per training iteration (> 0)")->required()->check(Number());
+      app.add_option("--t-p", f->t_p, "Producer stall per checkpoint, seconds (>= 0)")->required()->check(Number());
+      app.add_option("--t-c", f->t_c, "Seconds from the end of the stall until live at the consumer (>= 0)")
+          ->required()
+          ->check(Number());
+      app.add_option("--t-infer", f->t_infer, "Seconds between inference requests (> 0)")->required()->check(Number());
+      app.add_option("--requests", f->requests, "Number of inference requests M (> 0)")
+          ->required()
+          ->check(NonNegativeInteger());
       app.add_option("--max-cells", f->max_cells, "Work bound of the optimal scheduler (DP cells)")
-          ->default_val(OptimalOptions{}.max_cells);
+          ->default_val(OptimalOptions{}.max_cells)
+          ->check(PositiveInteger());
       app.add_flag("--json", f->json, "One JSON array, one object per scheduler");
       app.add_flag("--robust", f->robust,
                    "Fit as the online Scheduler does: family by held-out extrapolation error, monotone guard, "

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "cli_checks.h"
 #include "command.h"
 #include "viper/version.h"
 
@@ -40,6 +41,24 @@ int main(int argc, char** argv) {
     subcommands.emplace_back(sub, command.setup(*sub));
   }
 
+  // A first word that is not an option must name a command (CLI11 would say only "A subcommand is
+  // required").
+  std::string names;
+  for (const auto& command : commands)
+    if (!command.description.starts_with("(internal)")) names += (names.empty() ? "" : ", ") + command.name;
+  if (argc < 2) {
+    std::fprintf(stderr, "viper: a command is required: one of %s (see viper --help)\n", names.c_str());
+    return 2;
+  }
+  auto known = [&](const std::string& word) {
+    return std::any_of(commands.begin(), commands.end(), [&](const CommandInfo& c) { return c.name == word; });
+  };
+  if (argv[1][0] != '-' && !known(argv[1])) {
+    std::fprintf(stderr, "viper: %s is not a command: one of %s (see viper --help)\n", Shown(argv[1]).c_str(),
+                 names.c_str());
+    return 2;
+  }
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -49,8 +68,14 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    // One line, to stderr, non-zero.
-    std::fprintf(stderr, "viper: %s (see viper --help)\n", e.what());
+    // One line, to stderr, exit code 2, naming the command that refused it.
+    std::string who = "viper";
+    for (auto& [sub, run] : subcommands)
+      if (sub->parsed()) who += " " + sub->get_name();
+    std::fprintf(stderr, "%s: %s (see %s --help)\n", who.c_str(), e.what(), who.c_str());
+    return 2;
+  } catch (const std::exception& e) {  // a conversion that threw past CLI11: still one line, exit 2
+    std::fprintf(stderr, "viper: cannot read the arguments: %s (see viper --help)\n", e.what());
     return 2;
   }
   for (auto& [sub, run] : subcommands) {

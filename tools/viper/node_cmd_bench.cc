@@ -6,6 +6,7 @@
 #include <regex>
 #include <sstream>
 
+#include "cli_checks.h"
 #include "command.h"
 #include "harness/bench.h"
 #include "harness/fanout.h"
@@ -183,39 +184,64 @@ ViperCommand bench_command(
     [](CLI::App& app) -> RunFn {
       auto f = std::make_shared<BenchFlags>();
       f->app = &app;
-      app.add_option("--sizes", f->sizes, "Snapshot sizes, e.g. 64Mi,600M,1.7G")->capture_default_str();
+      app.add_option("--sizes", f->sizes, "Snapshot sizes, e.g. 64Mi,600M,1.7G")->capture_default_str()->check(Text(256));
       app.add_flag("--quick", f->quick, "Fewer repetitions (2 warm-up, 2 timed, 1 baseline, 200 notifications) unless given");
-      app.add_option("--reps", f->reps, "Timed updates per (mode, path)")->capture_default_str();
-      app.add_option("--warmup", f->warmup, "Untimed updates first (segments and buffers fault in)")->capture_default_str();
-      app.add_option("--baseline-reps", f->baseline_reps, "Timed file + poll updates per size")->capture_default_str();
-      app.add_option("--notify-count", f->notify_count, "Small versions for notification percentiles")->capture_default_str();
-      app.add_option("--poll-interval", f->poll_interval, "Baseline polling interval, seconds (TF Serving default 1)")->capture_default_str();
-      app.add_option("--file-dir", f->file_dir, "Where baseline files go (a disk, not tmpfs)")->capture_default_str();
+      app.add_option("--reps", f->reps, "Timed updates per (mode, path)")->capture_default_str()->check(IntegerIn(1, 1000000));
+      app.add_option("--warmup", f->warmup, "Untimed updates first (segments and buffers fault in)")
+          ->capture_default_str()
+          ->check(IntegerIn(0, 1000000));
+      app.add_option("--baseline-reps", f->baseline_reps, "Timed file + poll updates per size")
+          ->capture_default_str()
+          ->check(IntegerIn(1, 1000000));
+      app.add_option("--notify-count", f->notify_count, "Small versions for notification percentiles")
+          ->capture_default_str()
+          ->check(IntegerIn(1, 1000000));
+      app.add_option("--poll-interval", f->poll_interval, "Baseline polling interval, seconds (TF Serving default 1)")
+          ->capture_default_str()
+          ->check(SecondsIn(0, 3600, /*lo_open=*/true));
+      app.add_option("--file-dir", f->file_dir, "Where baseline files go (a disk, not tmpfs)")
+          ->capture_default_str()
+          ->check(PathText());
       app.add_flag("--no-diagnostic-rows", f->no_diagnostic_rows,
                    "Skip the diagnostic sync row whose consumer checksum pass is flipped (verify-local on one host, no-verify across hosts)");
-      app.add_option("--json", f->json_path, "Also write every figure to this JSON file");
-      app.add_option("--hosts", f->hosts, "1: one host; 2: producer and consumer in two network namespaces (root)")->capture_default_str();
+      app.add_option("--json", f->json_path, "Also write every figure to this JSON file")->check(NewFile());
+      app.add_option("--hosts", f->hosts, "1: one host; 2: producer and consumer in two network namespaces (root)")
+          ->capture_default_str()
+          ->check(IntegerIn(1, 2));
       app.add_option("--subscribers", f->subscribers,
-                     "Only the load benchmark: notification p99 and memory with this many subscriber processes on one node");
-      app.add_option("--hosts-script", f->hosts_script, "scripts/hosts.sh (default: found beside the build)");
-      app.add_option("--hosts-stage", f->hosts_stage, "(internal)")->group("");
+                     "Only the load benchmark: notification p99 and memory with this many subscriber processes on one node")
+          ->check(IntegerIn(0, 4096));
+      app.add_option("--hosts-script", f->hosts_script, "scripts/hosts.sh (default: found beside the build)")->check(ReadableFile());
+      app.add_option("--hosts-stage", f->hosts_stage, "(internal: the stage of --hosts 2 and --fanout)")
+          ->group("Internal")  // not "": CLI11 names a hidden option "" in its errors
+          ->check(IntegerIn(0, 64));
       app.add_flag("--gpu", f->gpu,
                    "Only the GPU benchmark: publish -> live on one GPU in another process (CUDA IPC) against one "
                    "device-to-device copy, GPU -> pinned -> GPU staging, the training stall (--sizes default 1.7G,8G)");
       app.add_flag("--fanout", f->fanout,
                     "Only the fan-out benchmark: one producer, --consumers on --fanout-hosts network namespaces, "
                     "with and without a chain of relays (root; first size of --sizes)");
-      app.add_option("--fanout-hosts", f->fanout_hosts, "--fanout: hosts (the producer's is h1)")->capture_default_str();
-      app.add_option("--consumers", f->consumers, "--fanout: consumers, a multiple of --fanout-hosts")->capture_default_str();
+      app.add_option("--fanout-hosts", f->fanout_hosts, "--fanout: hosts (the producer's is h1)")
+          ->capture_default_str()
+          ->check(IntegerIn(2, 64));
+      app.add_option("--consumers", f->consumers, "--fanout: consumers, a multiple of --fanout-hosts")
+          ->capture_default_str()
+          ->check(IntegerIn(1, 4096));
       app.add_option("--link-rate", f->link_rate,
                      "--fanout, --hosts 2: shape every host's link to this rate (tc, e.g. 2gbit): the link, not the shared CPUs, "
-                     "limits");
-      app.add_option("--only", f->only, "Run just this part (repeatable), without the sizes: delta");
-      app.add_option("--delta-bytes", f->delta_bytes, "delta part: size of the bf16 model of case (a)")->capture_default_str();
+                     "limits")
+          ->check(Text(32));
+      app.add_option("--only", f->only, "Run just this part (repeatable), without the sizes: delta")
+          ->check(OneOf({"delta"}));
+      app.add_option("--delta-bytes", f->delta_bytes, "delta part: size of the bf16 model of case (a)")
+          ->capture_default_str()
+          ->check(Text(32));
       app.add_option("--delta-threads", f->delta_threads, "delta part: the producer node's encoder threads")
-          ->capture_default_str();
+          ->capture_default_str()
+          ->check(IntegerIn(1, 256));
       app.add_option("--delta-models", f->delta_models,
-                     "delta part: directory of bench/delta_models.py's files (made there if missing)");
+                     "delta part: directory of bench/delta_models.py's files (made there if missing)")
+          ->check(PathText());
       return [f] { return RunBench(*f); };
     },
     70);

@@ -18,6 +18,7 @@ struct PeerFlags {
   double interval_s = 1.0;
   bool no_verify = false;
   bool verify_local = false;
+  bool no_pipeline = false;  // fanout-host: relay complete versions only
   AuthFlags auth;
 };
 
@@ -51,27 +52,29 @@ ViperCommand bench_peer_command(
       app.group("");  // hidden from --help
       auto f = std::make_shared<PeerFlags>();
       auto* sub = app.add_subcommand("subscribe", "Subscriber; one JSON line per update");
-      sub->add_option("--connect", f->connect, "Node address HOST:PORT")->required();
-      sub->add_option("--model", f->model, "Model name");
-      sub->add_option("--path", f->path, "auto|map|copy|remote|file");
+      sub->add_option("--connect", f->connect, "Node address HOST:PORT")->required()->check(HostPort());
+      sub->add_option("--model", f->model, "Model name")->check(ModelName());
+      sub->add_option("--path", f->path, "auto|map|copy|remote|file")
+          ->check(OneOf({"auto", "map", "copy", "remote", "file"}));
       sub->add_flag("--no-verify", f->no_verify, "Verify no checksum");
       sub->add_flag("--verify-local", f->verify_local, "Also verify map/copy bytes (SubscriberOptions::verify_local)");
       f->auth.Add(*sub);
       auto* poll = app.add_subcommand("poll", "Directory poller (the file baseline)");
-      poll->add_option("--dir", f->dir, "Directory of <version>.safetensors files")->required();
-      poll->add_option("--interval", f->interval_s, "Seconds between polls");
+      poll->add_option("--dir", f->dir, "Directory of <version>.safetensors files")->required()->check(PathText());
+      poll->add_option("--interval", f->interval_s, "Seconds between polls")->check(SecondsIn(0, 3600, /*lo_open=*/true));
       auto* host = app.add_subcommand("fanout-host", "A node (relaying with --upstream) and its consumers (viper bench --fanout)");
-      host->add_option("--listen", f->host.listen, "HOST:PORT of the node")->required();
-      host->add_option("--upstream", f->host.upstream, "Relay the model from this node");
-      host->add_option("--connect", f->host.connect, "Without --upstream: the node the consumers subscribe to");
-      host->add_option("--model", f->host.model, "Model name");
-      host->add_option("--path", f->host.path, "The consumers' fetch path");
-      host->add_option("--consumers", f->host.consumers, "Consumer processes");
-      host->add_flag("--no-pipeline", [f](int64_t) { f->host.pipelined = false; }, "Relay complete versions only");
+      host->add_option("--listen", f->host.listen, "HOST:PORT of the node")->required()->check(HostPort());
+      host->add_option("--upstream", f->host.upstream, "Relay the model from this node")->check(HostPort());
+      host->add_option("--connect", f->host.connect, "Without --upstream: the node the consumers subscribe to")->check(HostPort());
+      host->add_option("--model", f->host.model, "Model name")->check(ModelName());
+      host->add_option("--path", f->host.path, "The consumers' fetch path")->check(OneOf({"auto", "map", "copy", "remote", "file"}));
+      host->add_option("--consumers", f->host.consumers, "Consumer processes")->check(IntegerIn(1, 4096));
+      host->add_flag("--no-pipeline", f->no_pipeline, "Relay complete versions only");
       auto* wake = app.add_subcommand("wake", "Fan-out baseline: one line per line read on stdin");
       app.require_subcommand(1);
       return [f, sub, host, wake] {
         if (host->parsed() || wake->parsed()) {
+          f->host.pipelined = !f->no_pipeline;
           Status st = host->parsed() ? bench::RunFanoutHost(f->host) : bench::RunWakePeer();
           return st.ok() ? 0 : Fail("bench-peer", st);
         }

@@ -81,9 +81,9 @@ ViperCommand publish_command(
     "publish", "Publish a safetensors file as the next version of MODEL",
     [](CLI::App& app) -> RunFn {
       auto f = std::make_shared<PublishFlags>();
-      app.add_option("MODEL", f->model, "Model name")->required();
-      app.add_option("FILE", f->file, "A .safetensors file")->required();
-      app.add_option("--step", f->step, "Training step recorded with the version");
+      app.add_option("MODEL", f->model, "Model name")->required()->check(ModelName());
+      app.add_option("FILE", f->file, "A .safetensors file")->required()->check(ReadableFile());
+      app.add_option("--step", f->step, "Training step recorded with the version")->check(NonNegativeInteger());
       AddConnect(app, f->connect);
       f->auth.Add(app);
       return [f] { return RunPublish(*f); };
@@ -191,16 +191,21 @@ ViperCommand watch_command(
     "watch", "Follow MODEL: one line per update with its latencies",
     [](CLI::App& app) -> RunFn {
       auto f = std::make_shared<WatchFlags>();
-      app.add_option("MODEL", f->model, "Model name")->required();
+      app.add_option("MODEL", f->model, "Model name")->required()->check(ModelName());
       AddConnect(app, f->connect);
       app.add_flag("--json", f->json, "One JSON object per line");
-      app.add_option("--path", f->path, "auto|map|copy|remote|file")->default_val("auto");
-      app.add_option("--file-dir", f->file_dir, "The node's store dir as seen from here (file fallback)");
+      app.add_option("--path", f->path, "auto|map|copy|remote|file")
+          ->default_val("auto")
+          ->check(OneOf({"auto", "map", "copy", "remote", "file"}));
+      app.add_option("--file-dir", f->file_dir, "The node's store dir as seen from here (file fallback)")
+          ->check(PathText());
       app.add_flag("--verify-local", f->verify_local, "Also verify versions mapped or copied from this host's node");
-      app.add_option("--alternate", f->alternates, "Subscribe through this HOST:PORT while --connect is unreachable (repeatable)");
+      app.add_option("--alternate", f->alternates, "Subscribe through this HOST:PORT while --connect is unreachable (repeatable)")
+          ->check(HostPort());
       AddRegistry(app, f->registry);
-      app.add_option("--count", f->count, "Exit after N updates");
-      app.add_option("--timeout", f->timeout_s, "Exit after this many seconds (error if --count not reached)");
+      app.add_option("--count", f->count, "Exit after N updates (0: no limit)")->check(NonNegativeInteger());
+      app.add_option("--timeout", f->timeout_s, "Exit after this many seconds (0: none; error if --count not reached)")
+          ->check(SecondsIn(0, kMaxWaitSeconds));
       f->auth.Add(app);
       return [f] { return RunWatch(*f); };
     },
@@ -237,8 +242,22 @@ Status WriteFileAtomically(const std::string& path, std::span<const std::byte> b
     }
     done += static_cast<size_t>(n);
   }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) return Status::FromErrno("fsync " + tmp);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) return Status::FromErrno("rename to " + path);
+  if (::fsync(fd) != 0) {
+    Status st = Status::FromErrno("fsync " + tmp);
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return st;
+  }
+  if (::close(fd) != 0) {
+    Status st = Status::FromErrno("close " + tmp);
+    ::unlink(tmp.c_str());
+    return st;
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {  // e.g. `path` is a directory: no temporary left behind
+    Status st = Status::FromErrno("rename " + tmp + " to " + path);
+    ::unlink(tmp.c_str());
+    return st;
+  }
   return Status::OK();
 }
 
@@ -293,9 +312,9 @@ ViperCommand pull_command(
     "pull", "Save a version of MODEL to a safetensors file",
     [](CLI::App& app) -> RunFn {
       auto f = std::make_shared<PullFlags>();
-      app.add_option("MODEL", f->model, "Model name")->required();
-      app.add_option("--version", f->version, "Version to pull (default: the latest)");
-      app.add_option("-o,--output", f->output, "Output file")->required();
+      app.add_option("MODEL", f->model, "Model name")->required()->check(ModelName());
+      app.add_option("--version", f->version, "Version to pull (default: the latest)")->check(NonNegativeInteger());
+      app.add_option("-o,--output", f->output, "Output file")->required()->check(NewFile());
       AddConnect(app, f->connect);
       AddRegistry(app, f->registry);
       f->auth.Add(app);

@@ -21,6 +21,27 @@ struct ServeFlags {
   RelayOptions relay;  // with --upstream: this node replicates the upstream's models
 };
 
+// Writes "HOST:PORT\n" to `path` through a temporary beside it (removed if anything fails), so a
+// reader never sees a partial address.
+Status WriteAddressFile(const std::string& path, const std::string& address) {
+  std::string tmp = path + ".tmp";
+  std::ofstream out(tmp, std::ios::trunc);
+  if (!out) return Status::FromErrno("--address-file: cannot create " + tmp);
+  out << address << "\n";
+  out.close();
+  if (!out) {
+    Status st = Status::FromErrno("--address-file: cannot write " + tmp);
+    std::remove(tmp.c_str());
+    return st;
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    Status st = Status::FromErrno("--address-file: cannot rename " + tmp + " to " + path);
+    std::remove(tmp.c_str());
+    return st;
+  }
+  return Status::OK();
+}
+
 int RunServe(const ServeFlags& flags) {
   NodeOptions options = flags.node;
   auto token = flags.auth.Resolve();
@@ -57,9 +78,11 @@ int RunServe(const ServeFlags& flags) {
                 static_cast<unsigned long long>(v.version), static_cast<unsigned long long>(v.size));
   std::fflush(stdout);
   if (!flags.address_file.empty()) {
-    std::string tmp = flags.address_file + ".tmp";
-    std::ofstream(tmp) << (*node)->address() << "\n";
-    std::rename(tmp.c_str(), flags.address_file.c_str());
+    if (Status st = WriteAddressFile(flags.address_file, (*node)->address()); !st.ok()) {
+      relay.reset();
+      node->reset();
+      return Fail("serve", st);
+    }
   }
   int sig = 0;
   sigwait(&stop, &sig);
@@ -75,36 +98,49 @@ ViperCommand serve_command(
     [](CLI::App& app) -> RunFn {
       auto flags = std::make_shared<ServeFlags>();
       app.add_option("--listen", flags->node.listen, "HOST:PORT to listen on (loopback unless told otherwise)")
-          ->default_val("127.0.0.1:7300");
-      app.add_option("--store-dir", flags->node.store_dir, "File tier directory (persistence and fallback)");
+          ->default_val("127.0.0.1:7300")
+          ->check(HostPort());
+      app.add_option("--store-dir", flags->node.store_dir, "File tier directory (persistence and fallback)")
+          ->check(PathText());
       app.add_option("--keep-host", flags->node.keep_host_versions, "Versions per model kept in memory")
-          ->default_val(2)->check(CLI::PositiveNumber);
+          ->default_val(2)
+          ->check(IntegerIn(1, kMaxKeptVersions));
       app.add_option("--keep-files", flags->node.keep_file_versions, "Versions per model kept on the file tier")
-          ->default_val(3)->check(CLI::PositiveNumber);
-      app.add_option("--name", flags->node.name, "Node name shown to peers");
+          ->default_val(3)
+          ->check(IntegerIn(1, kMaxKeptVersions));
+      app.add_option("--name", flags->node.name, "Node name shown to peers")->check(Text(kMaxNodeNameBytes));
       app.add_flag("--insecure", flags->node.insecure,
                    "Listen beyond loopback without a token (anyone who reaches the port can publish and fetch)");
       app.add_option("--segment-prefix", flags->node.segment_prefix,
                      "Shared-memory segment name prefix ([A-Za-z0-9_-]; a hash of --store-dir is appended)")
-          ->default_val("viper");
+          ->default_val("viper")
+          ->check(SegmentPrefix());
       app.add_option("--delta", flags->delta,
                      "Deltas to remote consumers: off, auto (when smaller and predicted faster), always")
-          ->default_val("auto");
+          ->default_val("auto")
+          ->check(OneOf({"off", "auto", "always"}));
       app.add_option("--delta-bases", flags->node.delta_bases,
                      "Older versions per model kept as delta bases (each pins one snapshot in memory)")
-          ->default_val(1);
-      app.add_option("--address-file", flags->address_file, "Write the bound HOST:PORT to this file once listening");
+          ->default_val(1)
+          ->check(IntegerIn(0, kMaxKeptVersions));
+      app.add_option("--address-file", flags->address_file, "Write the bound HOST:PORT to this file once listening")
+          ->check(NewFile());
       AddRegistry(app, flags->node.registry);
       app.add_option("--registry-ttl", flags->registry_ttl_s,
                      "Seconds the registry keeps this node's records without a heartbeat (one every third)")
-          ->default_val(10);
+          ->default_val(10)
+          ->check(SecondsIn(0.3, 86400));
       app.add_option("--upstream", flags->relay.upstream,
-                     "Relay: replicate the models named by --relay-model from the node at HOST:PORT");
-      app.add_option("--relay-model", flags->relay.models, "Model to relay (repeatable; with --upstream)");
+                     "Relay: replicate the models named by --relay-model from the node at HOST:PORT")
+          ->check(HostPort());
+      app.add_option("--relay-model", flags->relay.models, "Model to relay (repeatable; with --upstream)")
+          ->check(ModelName());
       app.add_option("--upstream-alternate", flags->relay.alternates,
-                     "Relay from this HOST:PORT while --upstream is unreachable (repeatable, tried in order)");
+                     "Relay from this HOST:PORT while --upstream is unreachable (repeatable, tried in order)")
+          ->check(HostPort());
       app.add_option("--upstream-file-dir", flags->relay.file_dir,
-                     "The upstream's file tier as seen from here (relay's fallback)");
+                     "The upstream's file tier as seen from here (relay's fallback)")
+          ->check(PathText());
       flags->auth.Add(app);
       return [flags] {
         if (flags->relay.upstream.empty() != flags->relay.models.empty())

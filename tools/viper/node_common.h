@@ -13,6 +13,7 @@
 #include "viper/protocol.h"
 #include "viper/status.h"
 #include "viper/units.h"
+#include "cli_checks.h"
 
 namespace viper::cli {
 
@@ -34,7 +35,8 @@ struct AuthFlags {
     return std::string(env ? env : "");
   }
   void Add(CLI::App& app) {
-    app.add_option("--token-file", token_file, "File holding the shared secret (default: $VIPER_TOKEN)");
+    app.add_option("--token-file", token_file, "File holding the shared secret (default: $VIPER_TOKEN)")
+        ->check(ReadableFile());
   }
 };
 
@@ -51,7 +53,7 @@ inline sigset_t BlockStopSignals() {
 }
 
 inline void AddConnect(CLI::App& app, std::string& connect) {
-  app.add_option("--connect", connect, "Node address HOST:PORT")->default_val("127.0.0.1:7300");
+  app.add_option("--connect", connect, "Node address HOST:PORT")->default_val("127.0.0.1:7300")->check(HostPort());
 }
 
 // "shm:NAME", "node:HOST:PORT", "file:PATH", "relay:HOST:PORT"

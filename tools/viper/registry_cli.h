@@ -5,12 +5,14 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cli_checks.h"
 #include "viper/registry.h"
 
 namespace viper::cli {
 
 inline void AddRegistry(CLI::App& app, std::string& url) {
-  app.add_option("--registry", url, "Shared registry: redis://HOST:PORT[/DB] (instead of --connect)");
+  app.add_option("--registry", url, "Shared registry: redis://HOST:PORT[/DB] (instead of --connect)")
+      ->check(RegistryUrl());
 }
 // TTL of a node's records and a heartbeat every third of it. InvalidArgument outside 0.3-86400 s.
 Result<RegistryHeartbeat> HeartbeatForTtl(double ttl_seconds);

@@ -60,7 +60,12 @@ py::object MakeError(py::module_& m, const char* name, py::tuple bases, const ch
     case StatusCode::kResourceExhausted: cls = e.io; break;
     default: cls = e.base; break;
   }
-  PyErr_SetString(cls.ptr(), status.ToString().c_str());
+  // A message may quote bytes that are not UTF-8 (a model name given as b"\xff"): shown as \xNN,
+  // never an exception with an empty message.
+  const std::string text = status.ToString();
+  py::object message = py::reinterpret_steal<py::object>(
+      PyUnicode_DecodeUTF8(text.data(), static_cast<Py_ssize_t>(text.size()), "backslashreplace"));
+  PyErr_SetObject(cls.ptr(), message.ptr());
   throw py::error_already_set();
 }
 

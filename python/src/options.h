@@ -15,8 +15,10 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -25,6 +27,12 @@
 #include "bindings.h"
 
 namespace viper_py {
+
+// Thrown by a field's setter for an int outside its C++ type's range (one type for every table,
+// so that an included table's refusal reaches the outer FromKeywords).
+struct OptionOutOfRange {
+  std::string rule;
+};
 
 template <typename Options>
 class OptionsTable {
@@ -36,27 +44,40 @@ class OptionsTable {
     std::function<py::object(const Options&)> get;
   };
 
-  // A field Python passes as its C++ type (str, int, bool).
+  // A field Python passes as its C++ type (str, int, bool). A str field takes str only (not
+  // bytes); an int field takes an int (not a bool) and refuses one outside the C++ type's range
+  // with InvalidArgumentError naming the option, the value and the range.
   template <typename T>
   OptionsTable& Plain(const char* name, T Options::*member, const char* doc) {
-    return Add(name, doc, Expected<T>(), [member](Options& o, py::handle v) { o.*member = v.cast<T>(); },
+    std::string field = name;
+    return Add(name, doc, Expected<T>(), [member, field](Options& o, py::handle v) { o.*member = Checked<T>(field, v); },
                [member](const Options& o) { return py::cast(o.*member); });
   }
-  // A path: any object, taken as str(value) (pathlib.Path works).
+  // A path: a str or an os.PathLike whose __fspath__ is a str (pathlib.Path works).
   OptionsTable& Path(const char* name, std::filesystem::path Options::*member, const char* doc) {
-    return Add(name, doc, "a path", [member](Options& o, py::handle v) { o.*member = std::string(py::str(v)); },
+    return Add(name, doc, "a str or os.PathLike path", [member, field = std::string(name)](Options& o, py::handle v) {
+                 py::object p = py::reinterpret_borrow<py::object>(v);
+                 if (!PyUnicode_Check(p.ptr()) && py::hasattr(p, "__fspath__")) p = p.attr("__fspath__")();
+                 o.*member = Checked<std::string>(field, p);
+               },
                [member](const Options& o) { return py::cast((o.*member).string()); });
   }
   // A duration: seconds (float) in Python, milliseconds in C++.
   OptionsTable& Seconds(const char* name, std::chrono::milliseconds Options::*member, const char* doc) {
     std::string what = name;
-    return Add(name, doc, "a number of seconds", [member, what](Options& o, py::handle v) { o.*member = SecondsToMs(v.cast<double>(), what.c_str()); },
+    return Add(name, doc, "a number of seconds", [member, what](Options& o, py::handle v) {
+                 if (PyBool_Check(v.ptr()) || !(PyFloat_Check(v.ptr()) || PyLong_Check(v.ptr()))) throw py::cast_error(what);
+                 const double s = v.cast<double>();
+                 if (!std::isfinite(s) || s < 0 || s > 9.0e9) throw OptionOutOfRange{"a finite number of seconds from 0 to 9e9"};
+                 o.*member = SecondsToMs(s, what.c_str());
+               },
                [member](const Options& o) { return py::cast(std::chrono::duration<double>(o.*member).count()); });
   }
   // An enum named by a string: `parse` refuses unknown names (InvalidArgumentError).
   template <typename E, typename Parse, typename Name>
   OptionsTable& Named(const char* name, E Options::*member, Parse parse, Name to_name, const char* doc) {
-    return Add(name, doc, "a str", [member, parse](Options& o, py::handle v) { o.*member = Unwrap(parse(v.cast<std::string>())); },
+    std::string field = name;
+    return Add(name, doc, "a str", [member, parse, field](Options& o, py::handle v) { o.*member = Unwrap(parse(Checked<std::string>(field, v))); },
                [member, to_name](const Options& o) { return py::cast(std::string(to_name(o.*member))); });
   }
   // Every field of `inner` as a field of this struct's `member` (same keyword names).
@@ -83,9 +104,12 @@ class OptionsTable {
       }
       try {
         f->set(o, value);
+      } catch (const OptionOutOfRange& range) {
+        Raise(viper::Status::InvalidArgument(owner + "(): " + k + "=" + ShortRepr(value) + ": must be " + range.rule));
       } catch (const py::cast_error&) {
-        PyErr_SetString(PyExc_TypeError,
-                        (owner + "(): " + k + "=" + std::string(py::repr(value)) + ": expected " + f->expected).c_str());
+        PyErr_SetString(PyExc_TypeError, (owner + "(): " + k + "=" + ShortRepr(value) + ": expected " + f->expected +
+                                          ", got " + std::string(py::str(py::type::handle_of(value).attr("__name__"))))
+                                             .c_str());
         throw py::error_already_set();
       }
     }
@@ -101,6 +125,25 @@ class OptionsTable {
   }
 
  private:
+  // repr(value) cut to 60 characters (a tensor passed by mistake is not printed whole).
+  static std::string ShortRepr(py::handle value) {
+    std::string r = py::repr(value);
+    return r.size() > 60 ? r.substr(0, 60) + "..." : r;
+  }
+  template <typename T>
+  static T Checked(const std::string& field, py::handle v) {
+    if constexpr (std::is_same_v<T, std::string>) {
+      if (!PyUnicode_Check(v.ptr())) throw py::cast_error(field);
+    } else if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+      if (PyBool_Check(v.ptr()) || !PyLong_Check(v.ptr())) throw py::cast_error(field);
+      py::int_ lo(std::numeric_limits<T>::min()), hi(std::numeric_limits<T>::max());
+      if (v < lo || v > hi) throw OptionOutOfRange{"an int from " + std::to_string(std::numeric_limits<T>::min()) + " to " +
+                                             std::to_string(std::numeric_limits<T>::max())};
+    } else if constexpr (std::is_same_v<T, bool>) {
+      if (!PyBool_Check(v.ptr())) throw py::cast_error(field);
+    }
+    return v.cast<T>();
+  }
   template <typename T>
   static std::string Expected() {
     if constexpr (std::is_same_v<T, bool>) return "a bool";

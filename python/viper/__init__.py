@@ -26,6 +26,7 @@ from __future__ import annotations
 import textwrap
 from typing import Any, Mapping, Optional
 
+from . import _checks as _check
 from . import _tensors
 from ._viper import (  # noqa: F401 (re-exported)
     Error,
@@ -34,13 +35,123 @@ from ._viper import (  # noqa: F401 (re-exported)
     ModelVersion,
     NotFoundError,
     PublishResult,
-    Snapshot,
     TimeoutError,
     __version__,
 )
 from . import _viper
 
-from ._viper import Scheduler, plan_schedules  # noqa: F401 (the Inference Performance Predictor)
+
+_POLICIES = ("none", "epoch", "fixed", "greedy", "sqrt", "optimal")
+
+
+def _losses(owner: str, name: str, pairs: Any) -> list:
+    """(iteration, loss) pairs as a list of (int, float)."""
+    if isinstance(pairs, (str, bytes, Mapping)) or not hasattr(pairs, "__iter__"):
+        raise TypeError(f"{owner}: {name}={_check.shown(pairs)}: expected a sequence of (iteration, loss) pairs, "
+                        f"got {type(pairs).__name__}")
+    out = []
+    for i, pair in enumerate(pairs):
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise TypeError(f"{owner}: {name}[{i}]={_check.shown(pair)}: expected an (iteration, loss) pair, "
+                            f"got {type(pair).__name__}")
+        out.append((_check.integer(owner, f"{name}[{i}] iteration", pair[0]),
+                    _check.number(owner, f"{name}[{i}] loss", pair[1])))
+    return out
+
+
+class Scheduler(_viper.Scheduler):
+    __doc__ = _viper.Scheduler.__doc__
+
+    def __init__(self, policy: str = "optimal", *, warmup_end: int, end: int, epoch: int = 0, t_infer: float,
+                 requests: int, t_train: float = 0.0, t_p: float = 0.0, t_c: float = 0.0, refit_every: int = 0,
+                 checkpoint_at_warmup_end: bool = True, measure_t_train: bool = True, history: Any = (),
+                 robust_fit: bool = True, duration: float = 0.0, checkpoint_cost_intervals: int = 3):
+        o = "viper.Scheduler()"
+        if _check.text(o, "policy", policy) not in _POLICIES:
+            raise InvalidArgumentError(f"{o}: policy={_check.shown(policy)}: must be one of {', '.join(_POLICIES)}")
+        super().__init__(policy, warmup_end=_check.integer(o, "warmup_end", warmup_end),
+                         end=_check.integer(o, "end", end), epoch=_check.integer(o, "epoch", epoch),
+                         t_infer=_check.seconds(o, "t_infer", t_infer, lo_open=True),
+                         requests=_check.integer(o, "requests", requests, lo=1),
+                         t_train=_check.seconds(o, "t_train", t_train), t_p=_check.seconds(o, "t_p", t_p),
+                         t_c=_check.seconds(o, "t_c", t_c), refit_every=_check.integer(o, "refit_every", refit_every),
+                         checkpoint_at_warmup_end=_check.boolean(o, "checkpoint_at_warmup_end", checkpoint_at_warmup_end),
+                         measure_t_train=_check.boolean(o, "measure_t_train", measure_t_train),
+                         history=_losses(o, "history", history), robust_fit=_check.boolean(o, "robust_fit", robust_fit),
+                         duration=_check.seconds(o, "duration", duration),
+                         checkpoint_cost_intervals=_check.integer(o, "checkpoint_cost_intervals",
+                                                                  checkpoint_cost_intervals))
+
+    def observe(self, iteration: int, loss: float) -> None:
+        o = "Scheduler.observe()"
+        super().observe(_check.integer(o, "iteration", iteration), _check.number(o, "loss", loss))
+
+    def should_checkpoint(self, iteration: int) -> bool:
+        return super().should_checkpoint(_check.integer("Scheduler.should_checkpoint()", "iteration", iteration))
+
+    def step(self, iteration: int, loss: float) -> bool:
+        o = "Scheduler.step()"
+        return super().step(_check.integer(o, "iteration", iteration), _check.number(o, "loss", loss))
+
+    def report_publish_stall(self, seconds: float) -> None:
+        super().report_publish_stall(_check.seconds("Scheduler.report_publish_stall()", "seconds", seconds))
+
+    def report_update_latency(self, seconds: float) -> None:
+        super().report_update_latency(_check.seconds("Scheduler.report_update_latency()", "seconds", seconds))
+
+    def evaluate(self, schedule: Any) -> float:
+        o = "Scheduler.evaluate()"
+        if isinstance(schedule, (str, bytes, Mapping)) or not hasattr(schedule, "__iter__"):
+            raise TypeError(f"{o}: schedule={_check.shown(schedule)}: expected a sequence of iterations, "
+                            f"got {type(schedule).__name__}")
+        return super().evaluate([_check.integer(o, f"schedule[{i}]", x) for i, x in enumerate(schedule)])
+
+
+for _name in ("observe", "should_checkpoint", "step", "report_publish_stall", "report_update_latency", "evaluate"):
+    getattr(Scheduler, _name).__doc__ = getattr(_viper.Scheduler, _name).__doc__
+
+
+def plan_schedules(losses: Any, *, warmup_end: int, end: int, epoch: int = 0, t_train: float, t_p: float, t_c: float,
+                   t_infer: float, requests: int, policies: Any = (), robust_fit: bool = False) -> dict:
+    o = "viper.plan_schedules()"
+    if isinstance(policies, (str, bytes)) or not hasattr(policies, "__iter__"):
+        raise TypeError(f"{o}: policies={_check.shown(policies)}: expected a sequence of policy names, "
+                        f"got {type(policies).__name__}")
+    names = [_check.text(o, f"policies[{i}]", p) for i, p in enumerate(policies)]
+    for p in names:
+        if p not in _POLICIES:
+            raise InvalidArgumentError(f"{o}: policies={_check.shown(p)}: each must be one of {', '.join(_POLICIES)}")
+    return _viper.plan_schedules(
+        _losses(o, "losses", losses), warmup_end=_check.integer(o, "warmup_end", warmup_end),
+        end=_check.integer(o, "end", end), epoch=_check.integer(o, "epoch", epoch),
+        t_train=_check.seconds(o, "t_train", t_train, lo_open=True), t_p=_check.seconds(o, "t_p", t_p),
+        t_c=_check.seconds(o, "t_c", t_c), t_infer=_check.seconds(o, "t_infer", t_infer, lo_open=True),
+        requests=_check.integer(o, "requests", requests, lo=1), policies=names,
+        robust_fit=_check.boolean(o, "robust_fit", robust_fit))
+
+
+plan_schedules.__doc__ = _viper.plan_schedules.__doc__
+
+Snapshot = _viper.Snapshot
+_snapshot_open, _snapshot_from_bytes, _snapshot_save = Snapshot.open, Snapshot.from_bytes, Snapshot.save
+
+
+def _open(path: Any, verify: bool = True) -> Snapshot:
+    return _snapshot_open(_check.path("Snapshot.open()", "path", path), _check.boolean("Snapshot.open()", "verify", verify))
+
+
+def _from_bytes(data: Any, verify: bool = True) -> Snapshot:
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"Snapshot.from_bytes(): data={_check.shown(data)}: expected bytes, got {type(data).__name__}")
+    return _snapshot_from_bytes(bytes(data), _check.boolean("Snapshot.from_bytes()", "verify", verify))
+
+
+def _save(self: Snapshot, path: Any) -> None:
+    _snapshot_save(self, _check.path("Snapshot.save()", "path", path))
+
+
+_open.__doc__, _from_bytes.__doc__, _save.__doc__ = _snapshot_open.__doc__, _snapshot_from_bytes.__doc__, _snapshot_save.__doc__
+Snapshot.open, Snapshot.from_bytes, Snapshot.save = staticmethod(_open), staticmethod(_from_bytes), _save
 
 __all__ = ["Error", "InvalidArgumentError", "IOError", "ModelVersion", "Node", "NotFoundError", "PublishResult",
            "Publisher", "Scheduler", "Snapshot", "Subscriber", "TimeoutError", "build_snapshot", "plan_schedules",
@@ -80,6 +191,7 @@ class Node(_Handle):
     subscribers, keeps the file tier. Publishers embed one; use this for a standalone node."""
 
     def __init__(self, listen: str = "127.0.0.1:0", **options: Any):
+        listen = _check.address("viper.Node()", "listen", listen)
         self._impl = _viper._Node(_viper._NodeOptions(listen=listen, **options))
 
     @property
@@ -93,11 +205,11 @@ class Node(_Handle):
 
     def latest(self, model: str) -> Optional[dict]:
         """The newest version of `model`, or None."""
-        return self._live().latest(model)
+        return self._live().latest(_check.model_name("Node.latest()", "model", model))
 
     def wait_flushed(self, timeout: float = 600.0) -> None:
         """Blocks until every version queued for the file tier is written."""
-        self._live().wait_flushed(timeout)
+        self._live().wait_flushed(_check.seconds("Node.wait_flushed()", "timeout", timeout))
 
 
 class Publisher(_Handle):
@@ -110,8 +222,11 @@ class Publisher(_Handle):
 
     def __init__(self, model: str, listen: str = "127.0.0.1:0", *, scheduler: Optional[Scheduler] = None,
                  **options: Any):
+        model = _check.model_name("viper.Publisher()", "model", model)
+        listen = _check.address("viper.Publisher()", "listen", listen)
         if scheduler is not None and not isinstance(scheduler, Scheduler):
-            raise TypeError(f"scheduler must be a viper.Scheduler, got {type(scheduler).__name__}")
+            raise TypeError(f"viper.Publisher(): scheduler={_check.shown(scheduler)}: expected a viper.Scheduler, "
+                            f"got {type(scheduler).__name__}")
         self._impl = _viper._Publisher(_viper._PublisherOptions(model=model, listen=listen, **options), scheduler)
 
     def publish(self, tensors: Mapping[str, Any], step: int = 0, loss: Optional[float] = None,
@@ -120,23 +235,30 @@ class Publisher(_Handle):
         Extra keyword arguments become string metadata. Returns a PublishResult (version,
         stall_seconds: how long this call blocked training; wait_delta(): the delta the node
         prepares for consumers that fetch over the network). GIL released while copying."""
-        if step < 0:
-            raise InvalidArgumentError(f"step must be >= 0, got {step}")
+        owner = "Publisher.publish()"
+        _check.mapping(owner, "tensors", tensors)
+        step = _check.integer(owner, "step", step)
+        loss = _check.optional_number(owner, "loss", loss)
+        _check.metadata(owner, metadata)
         entries = _tensors.to_entries(tensors)
-        return self._live().publish(entries, int(step), None if loss is None else float(loss), metadata)
+        return self._live().publish(entries, step, loss, metadata)
 
     def publish_if_due(self, iteration: int, loss: float, tensors: Mapping[str, Any], **metadata: Any):
         """With `scheduler=` (a viper.Scheduler): feeds it (iteration, loss) and publishes when it
         says a checkpoint is due; the tensors are not touched otherwise. Returns the PublishResult,
         or None. The publisher feeds the scheduler the stall of every publish (t_p) and, from the
         subscribers' acknowledgements, the time until a version is live at them (t_c)."""
-        if not self._live().due(int(iteration), float(loss)):
+        owner = "Publisher.publish_if_due()"
+        iteration = _check.integer(owner, "iteration", iteration)
+        loss = _check.number(owner, "loss", loss)
+        _check.mapping(owner, "tensors", tensors)
+        if not self._live().due(iteration, loss):
             return None
-        return self.publish(tensors, step=int(iteration), loss=float(loss), **metadata)
+        return self.publish(tensors, step=iteration, loss=loss, **metadata)
 
     def wait(self, timeout: float = 600.0) -> None:
         """Blocks until every queued version is announced; raises the first background error."""
-        self._live().wait(timeout)
+        self._live().wait(_check.seconds("Publisher.wait()", "timeout", timeout))
 
     @property
     def address(self) -> str:
@@ -168,6 +290,8 @@ class Subscriber(_Handle):
     unless verify_local=True."""
 
     def __init__(self, model: str, connect: str = "127.0.0.1:7300", **options: Any):
+        model = _check.model_name("viper.Subscriber()", "model", model)
+        connect = _check.address("viper.Subscriber()", "connect", connect)
         self._impl = _viper._Subscriber(_viper._SubscriberOptions(model=model, connect=connect, **options))
 
     def latest(self) -> Optional[ModelVersion]:
@@ -177,12 +301,13 @@ class Subscriber(_Handle):
     def wait_for(self, version: int = 1, timeout: float = 60.0) -> ModelVersion:
         """Blocks (GIL released) until a version >= `version` is live and returns it; raises
         viper.TimeoutError after `timeout` seconds."""
-        if version < 0:
-            raise InvalidArgumentError(f"version must be >= 0, got {version}")
-        return self._live().wait_for(int(version), float(timeout))
+        version = _check.integer("Subscriber.wait_for()", "version", version)
+        timeout = _check.seconds("Subscriber.wait_for()", "timeout", timeout)
+        return self._live().wait_for(version, timeout)
 
     def wait(self, timeout: float = 60.0) -> ModelVersion:
         """Blocks until the next version after the live one is live (the first, if none is)."""
+        timeout = _check.seconds("Subscriber.wait()", "timeout", timeout)
         current = self.latest()
         return self.wait_for((current.version if current is not None else 0) + 1, timeout)
 
@@ -190,6 +315,14 @@ class Subscriber(_Handle):
         """Copies `version` (default: the live one) into a torch module's existing parameters and
         buffers (or a dict of tensors) without reallocating them; returns the version loaded.
         Raises NotFoundError if no version is live yet, ValueError if names or shapes differ."""
+        owner = "Subscriber.load_into()"
+        if not (hasattr(module, "state_dict") or isinstance(module, Mapping)):
+            raise TypeError(f"{owner}: module={_check.shown(module)}: expected a torch module or a mapping name -> "
+                            f"tensor, got {type(module).__name__}")
+        if version is not None and not isinstance(version, ModelVersion):
+            raise TypeError(f"{owner}: version={_check.shown(version)}: expected a viper.ModelVersion or None, "
+                            f"got {type(version).__name__}")
+        _check.boolean(owner, "strict", strict)
         if version is None:
             version = self.latest()
             if version is None:
@@ -200,7 +333,7 @@ class Subscriber(_Handle):
     def ack(self, version: int) -> None:
         """With ack_on_live=False: tells the producer's node that `version` is now served here (a
         Publisher with a Scheduler measures t_c up to this ACK)."""
-        self._live().ack(int(version))
+        self._live().ack(_check.integer("Subscriber.ack()", "version", version, lo=1))
 
     def stats(self) -> dict:
         """notifies, updates, skipped, fetch_failures, deltas (versions that came as a delta),
@@ -222,5 +355,12 @@ Subscriber.__doc__ += "\n\n" + textwrap.indent(_viper._SubscriberOptions.__doc__
 def build_snapshot(tensors: Mapping[str, Any], *, model: str = "", version: int = 0, step: int = 0,
                    loss: Optional[float] = None, alignment: int = 64, **metadata: Any) -> Snapshot:
     """A sealed safetensors Snapshot built from `tensors` (copied once), e.g. to save() to a file."""
-    return Snapshot._build(_tensors.to_entries(tensors), model, int(version), int(step),
-                           None if loss is None else float(loss), metadata, int(alignment))
+    owner = "viper.build_snapshot()"
+    _check.mapping(owner, "tensors", tensors)
+    model = _check.model_name(owner, "model", model, allow_empty=True)
+    version = _check.integer(owner, "version", version)
+    step = _check.integer(owner, "step", step)
+    loss = _check.optional_number(owner, "loss", loss)
+    alignment = _check.integer(owner, "alignment", alignment, lo=1, hi=1 << 20)
+    _check.metadata(owner, metadata)
+    return Snapshot._build(_tensors.to_entries(tensors), model, version, step, loss, metadata, alignment)

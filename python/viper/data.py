@@ -32,11 +32,27 @@ from __future__ import annotations
 import math
 import os
 import textwrap
+from collections.abc import Mapping
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Tuple
 
 import numpy as np
 
 from . import _Handle, _viper
+from . import _checks as _check
+
+
+def _ids(owner: str, ids: Any) -> Optional[list]:
+    """`ids` as a list of sample ids (ints >= 0), or None."""
+    if ids is None:
+        return None
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+        raise TypeError(f"{owner}: ids={_check.shown(ids)}: expected a sequence of sample ids, got {type(ids).__name__}")
+    return [_check.integer(owner, f"ids[{i}]", v) for i, v in enumerate(ids)]
+
+
+def _callable(owner: str, name: str, value: Any) -> None:
+    if value is not None and not callable(value):
+        raise TypeError(f"{owner}: {name}={_check.shown(value)}: expected a callable or None, got {type(value).__name__}")
 
 try:  # torch is optional: the Prefetcher and RehearsalBuffer work on numpy alone
     import torch
@@ -90,7 +106,11 @@ def open_source(path, *, extensions: Sequence[str] = (), **options) -> Source:
     top-level subdirectories) or a record file (viper.data.write_records). Keyword options of a
     directory source: labels_from_subdirs, sample_bytes, max_sample_bytes, skip_hidden, and
     `extensions` (e.g. [".bin"])."""
-    path = os.fspath(path)
+    path = _check.path("viper.data.open_source()", "path", path)
+    if isinstance(extensions, (str, bytes)) or not hasattr(extensions, "__iter__"):
+        raise TypeError(f"viper.data.open_source(): extensions={_check.shown(extensions)}: expected a sequence of str, "
+                        f"got {type(extensions).__name__}")
+    extensions = [_check.text("viper.data.open_source()", f"extensions[{i}]", e) for i, e in enumerate(extensions)]
     if os.path.isdir(path):
         impl = _viper._open_directory(_viper._DirectorySourceOptions(dir=path, **options), list(extensions))
     else:
@@ -112,9 +132,23 @@ def _as_source(source) -> Source:
 def write_records(path, samples: Iterable[Tuple[Any, int]], metadata: bytes = b"") -> int:
     """Writes a record file atomically (a temporary file, fsync, rename) from (buffer, label)
     pairs (bytes, numpy arrays; label -1 for none). Returns the number of records."""
-    writer = _viper._RecordWriter(os.fspath(path))
-    for data, label in samples:
-        writer.append(np.ascontiguousarray(data), int(label))
+    owner = "viper.data.write_records()"
+    path = _check.path(owner, "path", path)
+    if not hasattr(samples, "__iter__") or isinstance(samples, (str, bytes)):
+        raise TypeError(f"{owner}: samples={_check.shown(samples)}: expected an iterable of (buffer, label) pairs, "
+                        f"got {type(samples).__name__}")
+    if not isinstance(metadata, (bytes, bytearray)):
+        raise TypeError(f"{owner}: metadata={_check.shown(metadata)}: expected bytes, got {type(metadata).__name__}")
+    writer = _viper._RecordWriter(path)
+    for i, sample in enumerate(samples):
+        if not isinstance(sample, (tuple, list)) or len(sample) != 2:
+            raise TypeError(f"{owner}: samples[{i}]={_check.shown(sample)}: expected a (buffer, label) pair")
+        data, label = sample
+        if data is None or isinstance(data, (str, Mapping)):
+            raise TypeError(f"{owner}: samples[{i}] buffer={_check.shown(data)}: expected bytes or a numpy array, "
+                            f"got {type(data).__name__}")
+        label = _check.integer(owner, f"samples[{i}] label", label, lo=-1)
+        writer.append(np.ascontiguousarray(data), label)
     writer.finish(bytes(metadata))
     return writer.records
 
@@ -127,10 +161,11 @@ class Prefetcher(_Handle):
     `ids` restricts it to some samples (e.g. a shard)."""
 
     def __init__(self, source, *, ids: Optional[Sequence[int]] = None, **options):
+        ids = _ids("viper.data.Prefetcher()", ids)
+        prefetch_options = _viper._PrefetchOptions(**options)  # checked before the source is opened
         self.source = _as_source(source)
         self._pid = os.getpid()
-        self._impl = _viper._Prefetcher(self.source._impl, _viper._PrefetchOptions(**options),
-                                        [int(i) for i in (ids if ids is not None else [])])
+        self._impl = _viper._Prefetcher(self.source._impl, prefetch_options, ids or [])
 
     def close(self) -> None:
         """Stops and joins the readers. In a process forked from the one that opened it (a
@@ -152,13 +187,14 @@ class Prefetcher(_Handle):
         """The next (array, label, sample_id) of the epoch, or None at its end (the next call
         begins the next epoch) and after the last epoch. Raises viper.TimeoutError after
         `timeout` seconds without a sample."""
-        return self._live().next(timeout)
+        return self._live().next(_check.optional_seconds("Prefetcher.next()", "timeout", timeout))
 
     def next_batch(self, n: int, stack: bool = True):
         """Up to `n` samples of the epoch (fewer at its end), None at the end. stack=True: one
         (uint8 array [k, nbytes], int64 labels [k], uint64 ids [k]) (equal sizes needed); else a
         list of (array, label, sample_id)."""
-        return self._live().next_batch(int(n), bool(stack))
+        n = _check.integer("Prefetcher.next_batch()", "n", n, lo=1, hi=1 << 24)
+        return self._live().next_batch(n, _check.boolean("Prefetcher.next_batch()", "stack", stack))
 
     def stats(self) -> dict:
         """delivered, skipped, last_skip_error, bytes_read, epoch, consumer_wait_seconds, readers,
@@ -256,6 +292,8 @@ class PrefetchDataset(_IterableBase):
     def __init__(self, source, *, transform: Optional[Callable] = None, ids: Optional[Sequence[int]] = None,
                  **options):
         super().__init__()
+        _callable("viper.data.PrefetchDataset()", "transform", transform)
+        ids = _ids("viper.data.PrefetchDataset()", ids)
         self._feed = _EpochFeed(source, ids, options)
         self._transform = transform or _default_transform
 
@@ -290,10 +328,13 @@ class DataLoader:
     def __init__(self, source, batch_size: int = 1, *, shuffle: bool = True, drop_last: bool = False,
                  transform: Optional[Callable] = None, collate_fn: Optional[Callable] = None,
                  batch_transform: Optional[Callable] = None, ids: Optional[Sequence[int]] = None, **options):
-        if batch_size < 1:
-            raise _viper.InvalidArgumentError(f"batch_size must be >= 1, got {batch_size}")
-        self.batch_size = int(batch_size)
-        self.drop_last = drop_last
+        owner = "viper.data.DataLoader()"
+        self.batch_size = _check.integer(owner, "batch_size", batch_size, lo=1, hi=1 << 24)
+        self.drop_last = _check.boolean(owner, "drop_last", drop_last)
+        _check.boolean(owner, "shuffle", shuffle)
+        for name, fn in (("transform", transform), ("collate_fn", collate_fn), ("batch_transform", batch_transform)):
+            _callable(owner, name, fn)
+        ids = _ids(owner, ids)
         self._transform = transform
         self._collate = collate_fn
         self._batch_transform = batch_transform
@@ -372,9 +413,14 @@ class RehearsalBuffer(_Handle):
 
     def __init__(self, capacity: int = 1024, *, sample_shape: Sequence[int], dtype="float32", ratio: float = 0.5,
                  **options):
-        if not ratio >= 0 or not math.isfinite(ratio):
-            raise _viper.InvalidArgumentError(f"ratio must be a finite number >= 0, got {ratio}")
-        self.sample_shape = tuple(int(d) for d in sample_shape)
+        owner = "viper.data.RehearsalBuffer()"
+        capacity = _check.integer(owner, "capacity", capacity, lo=1)
+        ratio = _check.number(owner, "ratio", ratio, lo=0.0)
+        if isinstance(sample_shape, (str, bytes)) or not hasattr(sample_shape, "__iter__"):
+            raise TypeError(f"{owner}: sample_shape={_check.shown(sample_shape)}: expected a sequence of ints, "
+                            f"got {type(sample_shape).__name__}")
+        self.sample_shape = tuple(_check.integer(owner, f"sample_shape[{i}]", d, lo=1, hi=1 << 40)
+                                  for i, d in enumerate(sample_shape))
         self.dtype = _numpy_dtype(dtype)
         self.ratio = float(ratio)
         nbytes = int(np.prod(self.sample_shape, dtype=np.int64)) * self.dtype.itemsize
@@ -405,7 +451,7 @@ class RehearsalBuffer(_Handle):
     def sample(self, k: int, as_numpy: bool = False):
         """`k` distinct samples drawn uniformly (fewer if the buffer holds fewer): (x, y), torch
         tensors (numpy arrays with as_numpy=True)."""
-        data, labels = self._live().draw(int(k))
+        data, labels = self._live().draw(_check.integer("RehearsalBuffer.sample()", "k", k))
         x = data.view(self.dtype).reshape((len(labels),) + self.sample_shape)
         if as_numpy or torch is None:
             return x, labels
@@ -416,7 +462,8 @@ class RehearsalBuffer(_Handle):
         buffer (none while it is empty); then, with add=True, the new samples are offered to the
         buffer (after the draw, so that a batch never rehearses itself). Returns torch tensors
         when x is one, else numpy arrays."""
-        r = self.ratio if ratio is None else float(ratio)
+        r = self.ratio if ratio is None else _check.number("RehearsalBuffer.mix()", "ratio", ratio, lo=0.0)
+        _check.boolean("RehearsalBuffer.mix()", "add", add)
         k = int(round(len(x) * r))
         is_torch = torch is not None and isinstance(x, torch.Tensor)
         old_x, old_y = self.sample(k, as_numpy=not is_torch) if k > 0 and len(self) > 0 else (None, None)

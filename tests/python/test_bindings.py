@@ -262,7 +262,7 @@ def test_options_are_keywords_of_one_table(tmp_path):
         viper.Node(keep_host_version=2)
     with pytest.raises(TypeError, match="unexpected keyword argument 'buffer'"):
         viper.Subscriber("m", buffer=3)
-    with pytest.raises(TypeError, match=r"keep_host_versions=-1: expected an int >= 0"):
+    with pytest.raises(ValueError, match=r"keep_host_versions=-1: must be an int from 0 to 18446744073709551615"):
         viper.Publisher("m", keep_host_versions=-1)
     with pytest.raises(TypeError, match=r"recover='no': expected a bool"):
         viper.Node(recover="no")

@@ -471,6 +471,17 @@ TEST_F(OptionChecks, FoundInstances) {
             std::string::npos)
       << address.err;
 
+  // The address file's directory exists but the file cannot be written there: serve stops at
+  // start with one line and exit code 1, its temporary not left behind.
+  Outcome unwritable = RunViper({"serve", "--listen", "127.0.0.1:0", "--segment-prefix", "vchecks",
+                                 "--address-file", "/proc/viper-address"},
+                                dir_->path(), 30s, &timed_out);
+  EXPECT_FALSE(timed_out) << "serve kept running although it could not write its address file";
+  EXPECT_EQ(unwritable.exit_code, 1) << unwritable.err;
+  EXPECT_NE(unwritable.err.find("viper serve: --address-file: cannot create /proc/viper-address.tmp"), std::string::npos)
+      << unwritable.err;
+  EXPECT_FALSE(std::filesystem::exists("/proc/viper-address.tmp"));
+
   // pull -o DIR: refused before anything is fetched; nothing left beside DIR.
   auto out_dir = dir_->path() / "pull_dir";
   std::filesystem::create_directories(out_dir);

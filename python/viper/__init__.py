@@ -153,6 +153,35 @@ def _save(self: Snapshot, path: Any) -> None:
 _open.__doc__, _from_bytes.__doc__, _save.__doc__ = _snapshot_open.__doc__, _snapshot_from_bytes.__doc__, _snapshot_save.__doc__
 Snapshot.open, Snapshot.from_bytes, Snapshot.save = staticmethod(_open), staticmethod(_from_bytes), _save
 
+
+def _check_tensor_names(cls: type, owner: str) -> None:
+    """cls[name] takes a str (TypeError naming the key otherwise); `key in cls` is False for a non-str."""
+    getitem, contains = cls.__getitem__, cls.__contains__
+
+    def __getitem__(self, name: Any):
+        if not isinstance(name, str):
+            raise TypeError(f"{owner}[]: name={_check.shown(name)}: expected a str tensor name, got {type(name).__name__}")
+        return getitem(self, name)
+
+    def __contains__(self, name: Any) -> bool:
+        return isinstance(name, str) and contains(self, name)
+
+    __getitem__.__doc__ = getitem.__doc__
+    cls.__getitem__, cls.__contains__ = __getitem__, __contains__
+
+
+_check_tensor_names(Snapshot, "Snapshot")
+_check_tensor_names(ModelVersion, "ModelVersion")
+_wait_delta = PublishResult.wait_delta
+
+
+def _checked_wait_delta(self: PublishResult, timeout: float = 60.0) -> dict:
+    return _wait_delta(self, _check.seconds("PublishResult.wait_delta()", "timeout", timeout))
+
+
+_checked_wait_delta.__doc__ = _wait_delta.__doc__
+PublishResult.wait_delta = _checked_wait_delta
+
 __all__ = ["Error", "InvalidArgumentError", "IOError", "ModelVersion", "Node", "NotFoundError", "PublishResult",
            "Publisher", "Scheduler", "Snapshot", "Subscriber", "TimeoutError", "build_snapshot", "plan_schedules",
            "__version__"]

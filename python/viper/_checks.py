@@ -59,6 +59,17 @@ def integer(owner: str, name: str, value: Any, lo: int = 0, hi: int = INT64_MAX)
     return v
 
 
+def index(owner: str, name: str, value: Any, size: int) -> int:
+    """An index into `size` items: an int (TypeError otherwise) from 0 to size - 1 (IndexError otherwise,
+    as a sequence raises it)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise _type_error(owner, name, value, "an int")
+    v = int(value)
+    if not 0 <= v < size:
+        raise IndexError(f"{owner}: {name}={shown(v)}: must be from 0 to {size - 1} (there are {size})")
+    return v
+
+
 def number(owner: str, name: str, value: Any, lo: float = -math.inf, hi: float = math.inf,
            lo_open: bool = False) -> float:
     """A finite real number (int or float; not a bool) with lo <= value <= hi (lo < value if lo_open)."""

@@ -79,21 +79,25 @@ class Source:
     def __len__(self) -> int:
         return len(self._impl)
 
+    def _id(self, owner: str, sample_id: Any) -> int:
+        """An index into the samples: TypeError if not an int, IndexError if out of range."""
+        return _check.index(owner, "sample_id", sample_id, len(self._impl))
+
     def nbytes(self, sample_id: int) -> int:
         """Size of sample `sample_id` in bytes."""
-        return self._impl.bytes(sample_id)
+        return self._impl.bytes(self._id("Source.nbytes()", sample_id))
 
     def label(self, sample_id: int) -> int:
         """Label of sample `sample_id` (-1: none)."""
-        return self._impl.label(sample_id)
+        return self._impl.label(self._id("Source.label()", sample_id))
 
     def describe(self, sample_id: int) -> str:
         """How errors name the sample: "sample 17 (/data/cat/0017.bin)"."""
-        return self._impl.describe(sample_id)
+        return self._impl.describe(self._id("Source.describe()", sample_id))
 
     def read(self, sample_id: int) -> np.ndarray:
         """Reads one sample now (uint8 array; GIL released while reading)."""
-        return self._impl.read(sample_id)
+        return self._impl.read(self._id("Source.read()", sample_id))
 
     @property
     def class_names(self) -> list:

@@ -36,21 +36,28 @@ CLASSES = {
     "mapping": ([42, "w", [1], None, HUGE], []),
     "bool": ([1, "yes", None, HUGE], []),
     "sequence": ([42, "ab", b"ab", 1.5], []),
+    "key": ([42, None, b"w", 1.5, HUGE], []),
+    "sample_id": ([1.5, "1", None, True, HUGE], [(-1, "negative"), (2, "out-of-range"), (2**70, "overlong")]),
 }
 
 
 @pytest.fixture(scope="module")
-def live():
+def live(tmp_path_factory):
     """A publisher with one version, a subscriber that has it, a standalone node, a snapshot and a scheduler."""
     pub = viper.Publisher("checks")
     pub.publish({"w": np.arange(4, dtype=np.float32)}, step=1)
+    result = pub.publish({"w": np.arange(4, dtype=np.float32)}, step=2)
     pub.wait(30)
     sub = viper.Subscriber("checks", connect=pub.address)
-    sub.wait_for(1, timeout=30)
+    version = sub.wait_for(1, timeout=30)
+    records = tmp_path_factory.mktemp("records") / "r.rec"
+    viper.data.write_records(records, [(b"abcd", 0), (b"efgh", 1)])
+    source = viper.data.open_source(records)
     node = viper.Node()
     snap = viper.build_snapshot({"w": np.zeros(2, dtype=np.float32)})
     sched = viper.Scheduler(warmup_end=10, end=100, t_infer=1.0, requests=10)
-    yield {"pub": pub, "sub": sub, "node": node, "snap": snap, "sched": sched}
+    yield {"pub": pub, "sub": sub, "node": node, "snap": snap, "sched": sched, "result": result, "version": version,
+           "source": source}
     sub.close()
     pub.close()
     node.close()
@@ -93,6 +100,13 @@ ENTRY_POINTS = [
     ("Snapshot.open()", "verify", "bool", lambda L, v: viper.Snapshot.open("x", verify=v)),
     ("Snapshot.from_bytes()", "data", "mapping", lambda L, v: viper.Snapshot.from_bytes(v)),
     ("Snapshot.save()", "path", "path", lambda L, v: L["snap"].save(v)),
+    ("Snapshot[]", "name", "key", lambda L, v: L["snap"][v]),
+    ("ModelVersion[]", "name", "key", lambda L, v: L["version"][v]),
+    ("PublishResult.wait_delta()", "timeout", "seconds", lambda L, v: L["result"].wait_delta(v)),
+    ("Source.read()", "sample_id", "sample_id", lambda L, v: L["source"].read(v)),
+    ("Source.nbytes()", "sample_id", "sample_id", lambda L, v: L["source"].nbytes(v)),
+    ("Source.label()", "sample_id", "sample_id", lambda L, v: L["source"].label(v)),
+    ("Source.describe()", "sample_id", "sample_id", lambda L, v: L["source"].describe(v)),
     ("viper.Scheduler()", "policy", "model", lambda L, v: viper.Scheduler(v, **SCHED)),
     ("viper.Scheduler()", "warmup_end", "int", lambda L, v: viper.Scheduler(**dict(SCHED, warmup_end=v))),
     ("viper.Scheduler()", "end", "int", lambda L, v: viper.Scheduler(**dict(SCHED, end=v))),
@@ -152,9 +166,10 @@ def test_wrong_types_and_values_are_refused(live, owner, argument, kind, call):
         _one_line(str(e.value), owner, argument)
         TRIED["wrong type"] += 1
     for value, why in wrong_values:
-        with pytest.raises(ValueError) as e:
+        # An index out of range is an IndexError (Source.read(10_000)); every other rule a ValueError.
+        with pytest.raises(IndexError if kind == "sample_id" else ValueError) as e:
             call(live, value)
-        assert isinstance(e.value, viper.InvalidArgumentError), repr(e.value)
+        assert kind == "sample_id" or isinstance(e.value, viper.InvalidArgumentError), repr(e.value)
         _one_line(str(e.value), owner, argument)
         assert "must be" in str(e.value), str(e.value)
         TRIED[why] += 1
@@ -207,6 +222,7 @@ def test_every_keyword_option_checks_its_type_and_range(owner, options_class, ma
 def test_found_instances(live):
     with pytest.raises(TypeError, match=r"viper.Publisher\(\): model=b'\\xff': expected a str, got bytes"):
         viper.Publisher(b"\xff")
+    assert 42 not in live["snap"] and "w" in live["snap"]
     with pytest.raises(viper.InvalidArgumentError, match=r"step=1180591620717411303424: must be an int from 0 to"):
         live["pub"].publish({"w": np.zeros(1 << 20, dtype=np.float32)}, step=2**70)
     with pytest.raises(TypeError, match=r"Subscriber.load_into\(\): module=42: expected a torch module or a mapping"):

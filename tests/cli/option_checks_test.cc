@@ -290,7 +290,7 @@ const std::map<std::string, std::set<std::string>>& Flags() {
       {"stats", {"--json"}},
       {"inspect", {"--json", "--verify"}},
       {"schedule", {"--json", "--robust"}},
-      {"bench", {"--quick", "--no-diagnostic-rows", "--fanout"}},
+      {"bench", {"--quick", "--no-diagnostic-rows", "--fanout", "--gpu"}},
       {"bench-peer subscribe", {"--no-verify", "--verify-local"}},
       {"bench-peer fanout-host", {"--no-pipeline"}},
   };

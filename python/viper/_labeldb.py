@@ -1,0 +1,178 @@
+"""The label database of viper.neardata: one SQLite file (WAL mode) per PipeStore.
+
+Schema (user_version 1, application_id 0x56504C42 "VPLB"):
+    labels(id INTEGER PRIMARY KEY, label INTEGER, score REAL, version INTEGER, time REAL)
+    meta(key TEXT PRIMARY KEY, value TEXT)       model, seen_version (newest version the store saw)
+
+Every batch is one transaction (a reader sees all of a batch's rows or none of them), with
+synchronous=FULL: a label whose transaction committed survives the store being killed. A file
+that is not this database (another SQLite database, a corrupt one, any other file) is refused
+with viper.InvalidArgumentError and never written to.
+"""
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from typing import Iterable, Iterator, Optional, Sequence
+
+from ._viper import InvalidArgumentError
+
+APPLICATION_ID = 0x56504C42  # "VPLB"
+SCHEMA_VERSION = 1
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+_LABEL_COLUMNS = [("id", "INTEGER"), ("label", "INTEGER"), ("score", "REAL"), ("version", "INTEGER"),
+                  ("time", "REAL")]
+_META_COLUMNS = [("key", "TEXT"), ("value", "TEXT")]
+
+
+def _refuse(path: str, why: str) -> InvalidArgumentError:
+    return InvalidArgumentError(f"label database {path}: {why}; refusing to use it (it is left untouched)")
+
+
+def _columns(conn: sqlite3.Connection, table: str) -> list:
+    return [(row[1], row[2].upper()) for row in conn.execute(f"PRAGMA table_info({table})")]
+
+
+def _check_existing(path: str) -> None:
+    """Raises unless `path` is absent, empty, or a label database of this schema. Reads only."""
+    try:
+        size = os.path.getsize(path)
+    except FileNotFoundError:
+        return
+    if size == 0:
+        return
+    with open(path, "rb") as f:
+        head = f.read(16)
+    if head != _SQLITE_MAGIC:
+        raise _refuse(path, f"not an SQLite database (first bytes {head[:16]!r})")
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            app = conn.execute("PRAGMA application_id").fetchone()[0]
+            if app != APPLICATION_ID:
+                raise _refuse(path, f"application_id {app:#x} is not a Viper label database's ({APPLICATION_ID:#x})")
+            user = conn.execute("PRAGMA user_version").fetchone()[0]
+            if user != SCHEMA_VERSION:
+                raise _refuse(path, f"schema version {user}, this Viper reads version {SCHEMA_VERSION}")
+            if _columns(conn, "labels") != _LABEL_COLUMNS or _columns(conn, "meta") != _META_COLUMNS:
+                raise _refuse(path, "its tables are not labels(id, label, score, version, time) and meta(key, value)")
+            check = conn.execute("PRAGMA quick_check").fetchone()[0]
+            if check != "ok":
+                raise _refuse(path, f"integrity check failed: {check}")
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as e:
+        raise _refuse(path, f"corrupt ({e})") from None
+
+
+class LabelDB:
+    """One store's labels. Not thread-safe: one writer thread (the PipeStore's); readers open
+    their own LabelDB(path, readonly=True) (WAL: they never block the writer)."""
+
+    def __init__(self, path, *, model: Optional[str] = None, readonly: bool = False):
+        self.path = os.fspath(path)
+        _check_existing(self.path)
+        if readonly:
+            if not os.path.exists(self.path) or os.path.getsize(self.path) == 0:
+                raise InvalidArgumentError(f"label database {self.path}: does not exist")
+            self._conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, isolation_level=None,
+                                         check_same_thread=False)
+        else:
+            self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self._create()
+        self.readonly = readonly
+        stored = self.meta("model")
+        if model is not None and stored is not None and stored != model:
+            self._conn.close()
+            raise _refuse(self.path, f"it holds labels of model {stored!r}, not {model!r}")
+        if model is not None and stored is None and not readonly:
+            self._set_meta("model", model)
+
+    def _create(self) -> None:
+        c = self._conn
+        c.execute("PRAGMA journal_mode=WAL")
+        c.execute("PRAGMA synchronous=FULL")
+        c.execute("BEGIN IMMEDIATE")
+        try:
+            if c.execute("PRAGMA application_id").fetchone()[0] == 0:  # new (checked above: else ours)
+                c.execute(f"PRAGMA application_id={APPLICATION_ID}")
+                c.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+                c.execute("CREATE TABLE labels(id INTEGER PRIMARY KEY, label INTEGER, score REAL, version INTEGER, "
+                          "time REAL)")
+                c.execute("CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT)")
+                c.execute("CREATE INDEX labels_version ON labels(version)")
+            c.execute("COMMIT")
+        except BaseException:
+            c.execute("ROLLBACK")
+            raise
+
+    def meta(self, key: str) -> Optional[str]:
+        row = self._conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return None if row is None else row[0]
+
+    def _set_meta(self, key: str, value) -> None:
+        self._conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES(?, ?)", (key, str(value)))
+
+    @property
+    def seen_version(self) -> int:
+        """The newest model version the store has seen (0: none)."""
+        value = self.meta("seen_version")
+        return int(value) if value is not None else 0
+
+    def note_version(self, version: int) -> None:
+        """Records that the store saw `version` (labels of older versions are stale from now on)."""
+        if version > self.seen_version:
+            with self._transaction():
+                self._set_meta("seen_version", int(version))
+
+    def write_batch(self, ids: Sequence[int], labels: Sequence[int], scores: Sequence[float], version: int) -> None:
+        """One transaction: every row of the batch or none."""
+        now = time.time()
+        rows = [(int(i), int(l), float(s), int(version), now) for i, l, s in zip(ids, labels, scores)]
+        with self._transaction():
+            self._conn.executemany("INSERT OR REPLACE INTO labels(id, label, score, version, time) VALUES(?,?,?,?,?)",
+                                   rows)
+
+    def _transaction(self):
+        conn = self._conn
+
+        class _Tx:
+            def __enter__(self):
+                conn.execute("BEGIN IMMEDIATE")
+
+            def __exit__(self, exc_type, *rest):
+                conn.execute("ROLLBACK" if exc_type else "COMMIT")
+                return False
+        return _Tx()
+
+    def ids_not_at(self, version: int, ids: Iterable[int]) -> list:
+        """Those of `ids` with no label of `version` yet (in the order given)."""
+        done = {row[0] for row in self._conn.execute("SELECT id FROM labels WHERE version=?", (int(version),))}
+        return [i for i in ids if i not in done]
+
+    def count(self, version: Optional[int] = None) -> int:
+        if version is None:
+            return self._conn.execute("SELECT COUNT(*) FROM labels").fetchone()[0]
+        return self._conn.execute("SELECT COUNT(*) FROM labels WHERE version=?", (int(version),)).fetchone()[0]
+
+    def rows(self, stale: bool = False) -> Iterator[dict]:
+        """Every row (stale=True: those older than seen_version), by id; one read transaction."""
+        query = "SELECT id, label, score, version, time FROM labels"
+        args: tuple = ()
+        if stale:
+            query += " WHERE version < ?"
+            args = (self.seen_version,)
+        for i, label, score, version, t in self._conn.execute(query + " ORDER BY id", args):
+            yield {"id": i, "label": label, "score": score, "version": version, "time": t}
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

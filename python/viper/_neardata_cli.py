@@ -1,0 +1,160 @@
+"""python3 -m viper.neardata COMMAND: serve (a PipeStore), labels (read a label database),
+fileserver (the baseline's storage side: raw files over HTTP), bench (near-data vs baseline)."""
+from __future__ import annotations
+
+import argparse
+import functools
+import http.server
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+from . import Error
+
+
+def _print_event(as_json: bool, event: dict) -> None:
+    if as_json:
+        print(json.dumps(event), flush=True)
+        return
+    kind, store = event["event"], event["store"]
+    if kind == "version":
+        how = f"delta against {event['delta_base']}" if event.get("delta_base") else "in full"
+        when = " mid-pass (taken at a batch boundary)" if event.get("mid_pass") else ""
+        print(f"{store}: version {event['version']}{when} ({event['wire_bytes']} bytes over the network, {how}); "
+              f"{event['done']}/{event['total']} labels already at it", flush=True)
+    elif kind == "progress":
+        print(f"{store}: version {event['version']}: {event['done']}/{event['total']} labelled, "
+              f"{event['samples_per_s']} samples/s", flush=True)
+    elif kind == "refreshed":
+        print(f"{store}: version {event['version']}: all {event['total']} labels refreshed (pass {event['pass_seconds']} s, "
+              f"{event['since_publish_seconds']} s since publish, {event['samples_per_s']} samples/s)", flush=True)
+    elif kind == "finetune":
+        print(f"{store}: fine-tuning job {event['job']}: extracting features for {event['rounds']} rounds "
+              f"(depth {event['depth']})", flush=True)
+    else:
+        print(f"{store}: {kind}: {event}", flush=True)
+
+
+def _serve(args) -> int:
+    from .neardata import PipeStore
+    options = {}
+    if args.path:
+        options["path"] = args.path
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    store = PipeStore(args.model, args.factory, args.data, args.labels, connect=args.connect, registry=args.registry,
+                      transform=args.transform, postprocess=args.postprocess, batch_size=args.batch_size,
+                      name=args.name, features_listen=args.features_listen,
+                      on_event=functools.partial(_print_event, args.json), **options)
+    ready = {"event": "ready", "store": args.name, "total": store.stats()["total"], "time": time.time(),
+             "features_address": store.features_address}
+    print(json.dumps(ready) if args.json else f"{args.name}: serving {ready['total']} samples of {args.data} "
+          f"(labels in {args.labels})", flush=True)
+    try:
+        while not stop.wait(0.2):
+            s = store.stats()
+            if s["error"]:
+                print(f"viper.neardata serve: {s['error']}", file=sys.stderr, flush=True)
+                return 1
+    finally:
+        if args.json:
+            s = store.stats()
+            s.pop("subscriber", None)
+            print(json.dumps({"event": "stats", "store": args.name, **s}), flush=True)
+        store.close()
+    return 0
+
+
+def _labels(args) -> int:
+    from ._labeldb import LabelDB
+    with LabelDB(args.db, readonly=True) as db:
+        seen = db.seen_version
+        for row in db.rows(stale=args.stale):
+            if args.json:
+                print(json.dumps(row))
+            else:
+                print(f"{row['id']}\t{row['label']}\t{row['score']:.4f}\t{row['version']}"
+                      f"{'' if row['version'] >= seen else ' (stale)'}")
+    return 0
+
+
+def _fileserver(args) -> int:
+    host, port = _host_port(args.listen, "--listen")
+    handler = functools.partial(_QuietHandler, directory=args.dir)
+    server = http.server.ThreadingHTTPServer((host, port), handler)
+    print(json.dumps({"event": "ready", "address": f"{host}:{server.server_address[1]}"}), flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
+    server.serve_forever()
+    return 0
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:  # no line per request
+        pass
+
+
+def _host_port(value: str, what: str):
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise Error(f"{what} {value!r} must be HOST:PORT (port 0-65535)")
+    return host, int(port)
+
+
+def _bench(args) -> int:
+    from ._neardata_bench import run
+    return run(args)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python3 -m viper.neardata", description=__doc__.splitlines()[0])
+    commands = ap.add_subparsers(dest="command", required=True)
+    s = commands.add_parser("serve", help="run a PipeStore: relabel the shard on every new version")
+    s.add_argument("--model", required=True)
+    s.add_argument("--factory", required=True, help="MODULE:FUNCTION that builds the torch module")
+    s.add_argument("--transform", help="MODULE:FUNCTION: uint8 batch [B, nbytes] -> input (default a float32 view)")
+    s.add_argument("--postprocess", help="MODULE:FUNCTION: output -> (labels, scores) (default argmax, softmax)")
+    s.add_argument("--data", required=True, help="the shard: a record file or a directory")
+    s.add_argument("--labels", required=True, help="the label database (SQLite, created if absent)")
+    where = s.add_mutually_exclusive_group(required=True)
+    where.add_argument("--connect", help="HOST:PORT of the node that has the model")
+    where.add_argument("--registry", help="redis://HOST:PORT[/DB]")
+    s.add_argument("--name", default="store", help="this store's name (its features stream) [%(default)s]")
+    s.add_argument("--features-listen", help="HOST:PORT to publish fine-tuning features on (FT-DMP)")
+    s.add_argument("--batch-size", type=int, default=256)
+    s.add_argument("--path", help="the subscriber's fetch path (auto, remote, ...)")
+    s.add_argument("--json", action="store_true", help="one JSON object per event")
+    s.set_defaults(run=_serve)
+    l = commands.add_parser("labels", help="print a label database, one row per line")
+    l.add_argument("db")
+    l.add_argument("--stale", action="store_true", help="only labels older than the newest version the store saw")
+    l.add_argument("--json", action="store_true", help="one JSON object per row")
+    l.set_defaults(run=_labels)
+    f = commands.add_parser("fileserver", help="serve a directory's files over HTTP (the disaggregated baseline)")
+    f.add_argument("--dir", required=True)
+    f.add_argument("--listen", default="127.0.0.1:0")
+    f.set_defaults(run=_fileserver)
+    b = commands.add_parser("bench", help="near-data against the disaggregated baseline on network-namespace hosts")
+    _bench_arguments(b)
+    b.set_defaults(run=_bench)
+    args = ap.parse_args(argv)
+    try:
+        return args.run(args)
+    except Error as e:
+        print(f"viper.neardata {args.command}: {e}", file=sys.stderr)
+        return 2
+
+
+def _bench_arguments(ap) -> None:
+    ap.add_argument("--stores", default="1,2,4", help="store counts for the refresh-time rows [%(default)s]")
+    ap.add_argument("--samples", type=int, default=4096, help="samples in all (split among the stores) [%(default)s]")
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--chunks", type=int, default=4, help="fine-tuning rounds per epoch [%(default)s]")
+    ap.add_argument("--local-epochs", type=int, default=3, help="Tuner passes over each round's features")
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--workdir", default=None, help="scratch (default: a temporary directory)")
+    ap.add_argument("--json", default=None, help="write the results here as JSON")
+    ap.add_argument("--quick", action="store_true", help="small sizes (a smoke test)")

@@ -1,0 +1,157 @@
+"""viper.neardata.Tuner: FT-DMP's compute side. Owns the trainable layers (the module's `head`),
+trains them on the features the PipeStores publish, and publishes each round's model as a new
+version (the stores receive it as a delta: only the head changed).
+
+A job of R rounds (epochs x chunks) is announced in the version's metadata (ft_job, ft_round,
+ft_rounds, ft_chunks, ft_depth). Round k uses chunk k % chunks of every store. A store extracts
+round k once it holds the Tuner's version of round k-1-depth (depth 1 pipelined, 0 not) and
+publishes it once it holds the version of round k-1, so the Tuner has taken every earlier
+features version of that store before the next replaces it: no round is skipped.
+"""
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any, Callable, Dict, Optional
+
+import numpy as np
+import torch
+
+from . import Publisher, Subscriber, TimeoutError as ViperTimeout
+
+
+def train_round(module, optimizer, x: torch.Tensor, y: torch.Tensor, *, seed: int, round_index: int,
+                minibatch: int, local_epochs: int) -> float:
+    """SGD on module.head over the features x (labels y), in an order fixed by (seed, round):
+    the near-data Tuner and the baseline train on the same order. Returns the mean loss."""
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + round_index)
+    module.head.train()
+    losses = []
+    for _ in range(local_epochs):
+        order = torch.randperm(len(y), generator=generator)
+        for start in range(0, len(y), minibatch):
+            idx = order[start:start + minibatch]
+            optimizer.zero_grad()
+            loss = torch.nn.functional.cross_entropy(module.head(x[idx]), y[idx])
+            loss.backward()
+            optimizer.step()
+            losses.append(float(loss))
+    module.head.eval()
+    return float(np.mean(losses)) if losses else 0.0
+
+
+def make_optimizer(module, lr: float):
+    return torch.optim.SGD(module.head.parameters(), lr=lr, momentum=0.9)
+
+
+def accuracy(module, x: torch.Tensor, y: torch.Tensor) -> float:
+    """Top-1 accuracy of the whole module on inputs x."""
+    module.eval()
+    with torch.no_grad():
+        return float((module(x).argmax(dim=1) == y).float().mean())
+
+
+class Tuner:
+    """Trains the trainable layers from the stores' features and publishes the model.
+
+    stores: name -> "host:port" of each PipeStore's features_listen. The embedded Publisher
+    listens on `listen` (the stores subscribe to it); publisher_options go to it. Not
+    thread-safe: one thread drives it."""
+
+    def __init__(self, model: str, factory, stores: Dict[str, str], *, listen: str = "127.0.0.1:0",
+                 lr: float = 0.05, seed: int = 0, minibatch: int = 64, local_epochs: int = 1,
+                 subscriber_options: Optional[dict] = None, **publisher_options: Any):
+        from .neardata import load_callable
+        self.model = model
+        self.module = load_callable(factory)()
+        self.module.eval()
+        for p in self.module.backbone.parameters():
+            p.requires_grad_(False)
+        self.stores = dict(stores)
+        self.lr, self.seed, self.minibatch, self.local_epochs = lr, int(seed), int(minibatch), int(local_epochs)
+        self._sub_options = dict(subscriber_options or {})
+        self.publisher = Publisher(model, listen=listen, **publisher_options)
+        self._subs: Dict[str, Subscriber] = {}
+
+    @property
+    def address(self) -> str:
+        return self.publisher.address
+
+    def publish(self, **metadata: Any):
+        """Publishes the module as it is now (e.g. the version stores relabel with)."""
+        return self.publisher.publish(self.module.state_dict(), **metadata)
+
+    def _subscriber(self, name: str) -> Subscriber:
+        if name not in self._subs:
+            from .neardata import FEATURES_STREAM
+            self._subs[name] = Subscriber(FEATURES_STREAM.format(model=self.model, store=name),
+                                          connect=self.stores[name], **self._sub_options)
+        return self._subs[name]
+
+    def _take(self, name: str, job: str, k: int, deadline: float):
+        """Round k's features from store `name` (copied out of the version)."""
+        sub = self._subscriber(name)
+        while True:
+            v = sub.latest()
+            if v is not None and v.metadata.get("ft_job") == job:
+                r = int(v.metadata["ft_round"])
+                if r == k:  # in id order, whatever order the store's readers delivered them in
+                    order = np.argsort(np.asarray(v["ids"]), kind="stable")
+                    return np.asarray(v["x"])[order], np.asarray(v["y"])[order], int(v.wire_bytes)
+                if r > k:
+                    raise RuntimeError(f"store {name}: features of round {r} arrived while waiting for round {k}")
+            if time.monotonic() > deadline:
+                raise ViperTimeout(f"store {name}: no features of round {k} of job {job}")
+            try:
+                sub.wait_for((v.version if v is not None else 0) + 1, timeout=0.2)
+            except ViperTimeout:
+                pass
+
+    def finetune(self, epochs: int = 1, chunks: int = 4, *, pipelined: bool = True, timeout: float = 300.0,
+                 on_round: Optional[Callable[[dict], None]] = None) -> dict:
+        """Runs one job of epochs x chunks rounds. Returns rounds, seconds, busy_seconds,
+        busy_fraction (training and publishing over the time from round 0's features being in to
+        the end: the pipeline's fill is fill_seconds), feature_wire_bytes, losses."""
+        for name in self.stores:
+            self._subscriber(name)
+        job = secrets.token_hex(4)
+        rounds, depth = int(epochs) * int(chunks), 1 if pipelined else 0
+        meta = {"ft_job": job, "ft_rounds": str(rounds), "ft_chunks": str(chunks), "ft_depth": str(depth)}
+        optimizer = make_optimizer(self.module, self.lr)
+        started = time.monotonic()
+        self.publish(ft_round="-1", **meta)
+        busy = fill = 0.0
+        feature_bytes = 0
+        losses = []
+        for k in range(rounds):
+            t0 = time.monotonic()
+            parts = [self._take(name, job, k, t0 + timeout) for name in self.stores]
+            t1 = time.monotonic()
+            if k == 0:
+                fill = t1 - started
+            x = torch.from_numpy(np.concatenate([p[0] for p in parts]))
+            y = torch.from_numpy(np.concatenate([p[1] for p in parts]))
+            feature_bytes += sum(p[2] for p in parts)
+            loss = train_round(self.module, optimizer, x, y, seed=self.seed, round_index=k,
+                               minibatch=self.minibatch, local_epochs=self.local_epochs)
+            self.publish(ft_round=str(k), **meta)
+            busy += time.monotonic() - t1
+            losses.append(loss)
+            if on_round is not None:
+                on_round({"round": k, "loss": loss, "samples": len(y), "wait_seconds": t1 - t0})
+        seconds = time.monotonic() - started
+        return {"job": job, "rounds": rounds, "pipelined": pipelined, "seconds": seconds, "fill_seconds": fill,
+                "busy_seconds": busy, "busy_fraction": busy / max(seconds - fill, 1e-9),
+                "feature_wire_bytes": feature_bytes, "losses": losses}
+
+    def close(self) -> None:
+        for sub in self._subs.values():
+            sub.close()
+        self._subs.clear()
+        self.publisher.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

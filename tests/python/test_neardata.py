@@ -1,0 +1,238 @@
+"""viper.neardata: PipeStores relabel their shard into a real SQLite label database on every new
+version (deltas across the network path), take a version at the next batch boundary, resume after
+kill -9 without losing a committed label, refuse a foreign or corrupt database, and feed a Tuner
+features (FT-DMP) pipelined and not.
+
+Run: PYTHONPATH=<build>/python /usr/bin/python3 -m pytest tests/python/test_neardata.py
+"""
+import hashlib
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import viper
+import viper.neardata as nd
+from viper import _ndsynth as synth
+from viper._labeldb import LabelDB
+from viper._tuner import accuracy
+
+PY = "/usr/bin/python3"
+
+
+def _env(**extra):
+    env = dict(os.environ)
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def _digest(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def _expected_labels(module, shard):
+    src = viper.data.open_source(shard)
+    raw = np.stack([src.read(i) for i in range(len(src))])
+    with torch.no_grad():
+        return module(torch.from_numpy(raw).view(torch.float32)).argmax(dim=1).numpy()
+
+
+def _rows(db_path):
+    with LabelDB(db_path, readonly=True) as db:
+        return {r["id"]: r for r in db.rows()}
+
+
+def test_relabels_every_version_with_deltas_and_takes_a_version_mid_pass(tmp_path):
+    shard = tmp_path / "shard.rec"
+    synth.write_shard(shard, 600, seed=1)
+    model = synth.build()
+    pub = viper.Publisher("nd1", listen="127.0.0.1:0", mode="sync", delta="always")
+    store = nd.PipeStore("nd1", "viper._ndsynth:build", shard, tmp_path / "labels.db", connect=pub.address,
+                         transform="viper._ndsynth:slow_transform", batch_size=50, path="remote")
+    try:
+        os.environ["VIPER_NDSYNTH_SLEEP"] = "0.02"
+        v1 = pub.publish(model.state_dict(), step=1).version
+        s = store.wait_refreshed(v1, timeout=60)
+        assert s["done"] == s["total"] == 600 and s["passes"] == 1
+        rows = _rows(tmp_path / "labels.db")
+        assert len(rows) == 600 and {r["version"] for r in rows.values()} == {v1}
+        np.testing.assert_array_equal([rows[i]["label"] for i in range(600)], _expected_labels(model, shard))
+        assert all(0 < r["score"] <= 1 for r in rows.values())
+
+        # v2 arrives while the pass for v2's predecessor runs: taken at a batch boundary.
+        os.environ["VIPER_NDSYNTH_SLEEP"] = "0.05"
+        synth.perturb(model, seed=2, scale=0.5)
+        v2 = pub.publish(model.state_dict(), step=2).version
+        deadline = time.time() + 30
+        while store.stats()["version"] != v2 or store.stats()["done"] < 100:
+            assert time.time() < deadline
+            time.sleep(0.01)
+        synth.perturb(model, seed=3, scale=0.5)
+        v3 = pub.publish(model.state_dict(), step=3).version
+        os.environ["VIPER_NDSYNTH_SLEEP"] = "0.0"
+        s = store.wait_refreshed(v3, timeout=60)
+        assert s["switches"] >= 1, s  # v3 came mid-pass and was taken there
+        rows = _rows(tmp_path / "labels.db")
+        assert {r["version"] for r in rows.values()} == {v3}
+        np.testing.assert_array_equal([rows[i]["label"] for i in range(600)], _expected_labels(model, shard))
+        assert s["subscriber"]["deltas"] >= 1 and s["wire_bytes"] > 0
+        out = subprocess.run([PY, "-m", "viper.neardata", "labels", str(tmp_path / "labels.db"), "--stale", "--json"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and out.stdout == "", out.stderr  # nothing older than the newest seen
+    finally:
+        os.environ.pop("VIPER_NDSYNTH_SLEEP", None)
+        store.close()
+        pub.close()
+
+
+def test_foreign_corrupt_and_other_model_databases_are_refused_untouched(tmp_path):
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(os.urandom(8192))
+    foreign = tmp_path / "foreign.db"
+    conn = sqlite3.connect(foreign)
+    conn.execute("CREATE TABLE labels(id INTEGER PRIMARY KEY, label INTEGER)")
+    conn.commit()
+    conn.close()
+    good = tmp_path / "good.db"
+    LabelDB(good, model="m1").close()
+    corrupt = tmp_path / "corrupt.db"
+    data = bytearray(good.read_bytes())
+    data[100:] = os.urandom(len(data) - 100)  # the header is SQLite's, the pages are garbage
+    corrupt.write_bytes(bytes(data))
+    cases = {junk: "not an SQLite database", foreign: "application_id 0x0", corrupt: "refusing"}
+    for path, why in cases.items():
+        before = _digest(path)
+        with pytest.raises(viper.InvalidArgumentError, match=why):
+            LabelDB(path, model="m1")
+        out = subprocess.run([PY, "-m", "viper.neardata", "labels", str(path)], capture_output=True, text=True,
+                             timeout=60)
+        assert out.returncode == 2 and why in out.stderr and "left untouched" in out.stderr, out.stderr
+        assert _digest(path) == before
+    with pytest.raises(viper.InvalidArgumentError, match="labels of model 'm1', not 'm2'"):
+        LabelDB(good, model="m2")
+
+
+def _serve(tmp_path, shard, db, address, sleep):
+    log = open(tmp_path / "serve.log", "a")
+    return subprocess.Popen([PY, "-m", "viper.neardata", "serve", "--model", "nd3", "--factory", "viper._ndsynth:build",
+                             "--transform", "viper._ndsynth:slow_transform", "--data", str(shard), "--labels", str(db),
+                             "--connect", address, "--batch-size", "40", "--json", "--path", "remote"],
+                            stdout=subprocess.PIPE, stderr=log, text=True, env=_env(VIPER_NDSYNTH_SLEEP=sleep))
+
+
+def _events(proc, until, timeout=60):
+    deadline = time.time() + timeout
+    seen = []
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        event = json.loads(line)
+        seen.append(event)
+        if until(event):
+            return seen
+    raise AssertionError(f"no such event in {seen}")
+
+
+def test_kill9_mid_pass_loses_no_committed_label_and_resumes(tmp_path):
+    shard, db = tmp_path / "shard.rec", tmp_path / "labels.db"
+    synth.write_shard(shard, 2000, seed=4)
+    model = synth.build()
+    pub = viper.Publisher("nd3", listen="127.0.0.1:0", mode="sync")
+    proc = _serve(tmp_path, shard, db, pub.address, "0.03")
+    try:
+        _events(proc, lambda e: e["event"] == "ready")
+        version = pub.publish(model.state_dict()).version
+        deadline = time.time() + 60
+        while True:  # wait until part of the pass is committed, then kill -9 mid-pass
+            with LabelDB(db, readonly=True) as reader:
+                if reader.count(version) >= 400:
+                    break
+            assert time.time() < deadline and proc.poll() is None
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        committed = _rows(db)
+        assert 400 <= len(committed) < 2000, len(committed)  # killed mid-pass, batches whole
+        assert len(committed) % 40 == 0
+        proc = _serve(tmp_path, shard, db, pub.address, "0")
+        events = _events(proc, lambda e: e["event"] == "refreshed")
+        resumed = [e for e in events if e["event"] == "version"][0]
+        assert resumed["done"] == len(committed), resumed  # it starts where it stopped
+        rows = _rows(db)
+        assert len(rows) == 2000 and {r["version"] for r in rows.values()} == {version}
+        for i, row in committed.items():
+            assert rows[i] == row  # untouched: same label, score, version and time
+        np.testing.assert_array_equal([rows[i]["label"] for i in range(2000)], _expected_labels(model, shard))
+    finally:
+        proc.kill()
+        proc.wait()
+        pub.close()
+
+
+def _baseline_accuracy(stores, epochs, chunks, seed, test_x, test_y):
+    """The disaggregated computation on the same samples, order and seeds (local files here)."""
+    from viper._tuner import make_optimizer, train_round
+    module = synth.build()
+    optimizer = make_optimizer(module, 0.2)
+    shards = []
+    for path in stores:
+        src = viper.data.open_source(path)
+        shards.append((np.stack([src.read(i) for i in range(len(src))]), np.array([src.label(i) for i in range(len(src))])))
+    for k in range(epochs * chunks):
+        xs, ys = [], []
+        for raw, labels in shards:
+            idx = np.array_split(np.arange(len(labels)), chunks)[k % chunks]
+            with torch.no_grad():
+                xs.append(module.backbone(torch.from_numpy(raw[idx]).view(torch.float32)))
+            ys.append(torch.from_numpy(labels[idx]))
+        train_round(module, optimizer, torch.cat(xs), torch.cat(ys), seed=seed, round_index=k, minibatch=64,
+                    local_epochs=3)
+    return accuracy(module, test_x, test_y)
+
+
+@pytest.mark.parametrize("pipelined", [True, False])
+def test_ft_dmp_tuner_trains_on_store_features_and_versions_flow_back_as_deltas(tmp_path, pipelined):
+    paths = []
+    for s in range(2):
+        paths.append(tmp_path / f"s{s}.rec")
+        synth.write_shard(paths[-1], 400, seed=10 + s)
+    test_x, test_y = synth.samples(500, seed=99)
+    test_x = torch.from_numpy(test_x.reshape(len(test_y), -1))
+    test_y = torch.from_numpy(test_y)
+    tuner = nd.Tuner("nd4", "viper._ndsynth:build", stores={}, listen="127.0.0.1:0", seed=5, lr=0.2,
+                     local_epochs=3, delta="always")
+    stores = [nd.PipeStore("nd4", "viper._ndsynth:build", p, tmp_path / f"s{i}.db", connect=tuner.address,
+                           name=f"s{i}", features_listen="127.0.0.1:0", batch_size=100, path="remote")
+              for i, p in enumerate(paths)]
+    try:
+        tuner.stores = {s.name: s.features_address for s in stores}
+        before = accuracy(tuner.module, test_x, test_y)
+        report = tuner.finetune(epochs=2, chunks=2, pipelined=pipelined, timeout=60)
+        assert report["rounds"] == 4 and len(report["losses"]) == 4
+        after = accuracy(tuner.module, test_x, test_y)
+        assert after > before + 0.2, (before, after)
+        baseline = _baseline_accuracy(paths, 2, 2, 5, test_x, test_y)
+        assert abs(after - baseline) <= 0.01, (after, baseline)
+        final = tuner.publisher.announced_version
+        raw_bytes = sum(os.path.getsize(p) for p in paths) * 2  # two epochs of raw samples
+        for s in stores:
+            st = s.wait_refreshed(final, timeout=60)  # relabelled with the fine-tuned model
+            assert st["feature_rounds"] == 4
+            assert st["subscriber"]["deltas"] >= 3, st["subscriber"]  # only the head changed
+        feature_bytes = sum(s.stats()["feature_bytes"] for s in stores)
+        assert feature_bytes < 0.1 * raw_bytes, (feature_bytes, raw_bytes)
+        rows = _rows(tmp_path / "s0.db")
+        assert {r["version"] for r in rows.values()} == {final}
+    finally:
+        for s in stores:
+            s.close()
+        tuner.close()

@@ -46,9 +46,10 @@ def _serve(args) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    token = _token(args.token_file)
     store = PipeStore(args.model, args.factory, args.data, args.labels, connect=args.connect, registry=args.registry,
                       transform=args.transform, postprocess=args.postprocess, batch_size=args.batch_size,
-                      name=args.name, features_listen=args.features_listen,
+                      name=args.name, features_listen=args.features_listen, token=token,
                       on_event=functools.partial(_print_event, args.json), **options)
     ready = {"event": "ready", "store": args.name, "total": store.stats()["total"], "time": time.time(),
              "features_address": store.features_address}
@@ -67,6 +68,20 @@ def _serve(args) -> int:
             print(json.dumps({"event": "stats", "store": args.name, **s}), flush=True)
         store.close()
     return 0
+
+
+def _token(token_file) -> str:
+    """The token from --token-file, else $VIPER_TOKEN, else none (as the viper command reads it)."""
+    if not token_file:
+        return os.environ.get("VIPER_TOKEN", "")
+    try:
+        with open(token_file) as f:
+            token = f.readline().rstrip("\r\n ")
+    except OSError as e:
+        raise Error(f"--token-file {token_file!r}: cannot read it: {e.strerror}") from None
+    if not token:
+        raise Error(f"--token-file {token_file!r} is empty")
+    return token
 
 
 def _labels(args) -> int:
@@ -126,6 +141,7 @@ def main(argv=None) -> int:
     s.add_argument("--features-listen", help="HOST:PORT to publish fine-tuning features on (FT-DMP)")
     s.add_argument("--batch-size", type=int, default=256)
     s.add_argument("--path", help="the subscriber's fetch path (auto, remote, ...)")
+    s.add_argument("--token-file", help="the nodes' shared secret (default: $VIPER_TOKEN)")
     s.add_argument("--json", action="store_true", help="one JSON object per event")
     s.set_defaults(run=_serve)
     l = commands.add_parser("labels", help="print a label database, one row per line")
@@ -158,3 +174,4 @@ def _bench_arguments(ap) -> None:
     ap.add_argument("--workdir", default=None, help="scratch (default: a temporary directory)")
     ap.add_argument("--json", default=None, help="write the results here as JSON")
     ap.add_argument("--quick", action="store_true", help="small sizes (a smoke test)")
+    ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)

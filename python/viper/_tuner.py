@@ -55,12 +55,13 @@ class Tuner:
     """Trains the trainable layers from the stores' features and publishes the model.
 
     stores: name -> "host:port" of each PipeStore's features_listen. The embedded Publisher
-    listens on `listen` (the stores subscribe to it); publisher_options go to it. Not
+    listens on `listen` (the stores subscribe to it); publisher_options go to it; `token` is the
+    shared secret of it and of the stores' features nodes. Not
     thread-safe: one thread drives it."""
 
     def __init__(self, model: str, factory, stores: Dict[str, str], *, listen: str = "127.0.0.1:0",
                  lr: float = 0.05, seed: int = 0, minibatch: int = 64, local_epochs: int = 1,
-                 subscriber_options: Optional[dict] = None, **publisher_options: Any):
+                 token: str = "", subscriber_options: Optional[dict] = None, **publisher_options: Any):
         from .neardata import load_callable
         self.model = model
         self.module = load_callable(factory)()
@@ -69,8 +70,8 @@ class Tuner:
             p.requires_grad_(False)
         self.stores = dict(stores)
         self.lr, self.seed, self.minibatch, self.local_epochs = lr, int(seed), int(minibatch), int(local_epochs)
-        self._sub_options = dict(subscriber_options or {})
-        self.publisher = Publisher(model, listen=listen, **publisher_options)
+        self._sub_options = dict(subscriber_options or {}, token=token)
+        self.publisher = Publisher(model, listen=listen, token=token, **publisher_options)
         self._subs: Dict[str, Subscriber] = {}
 
     @property

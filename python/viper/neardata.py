@@ -93,6 +93,8 @@ class PipeStore:
     Restarted on the same database it resumes: only samples without a label of the newest version
     are read. When a Tuner's version announces a fine-tuning job, it runs the frozen layers on its
     chunks and publishes the features as `<model>.features.<name>` (needs features_listen).
+    `token`: the shared secret of the model's node, also required of the Tuner by the features
+    node (a node listening beyond loopback needs one).
 
     Thread-safety: stats() and close() may be called from any thread; the work runs on one
     background thread started by the constructor."""
@@ -100,7 +102,8 @@ class PipeStore:
     def __init__(self, model: str, factory, data, labels, *, connect: Optional[str] = None,
                  registry: Optional[str] = None, transform=None, postprocess=None, batch_size: int = 256,
                  ids: Optional[Sequence[int]] = None, name: str = "store", features_listen: Optional[str] = None,
-                 on_event: Optional[Callable[[dict], None]] = None, readers: int = 2, **subscriber_options: Any):
+                 on_event: Optional[Callable[[dict], None]] = None, readers: int = 2, token: str = "",
+                 **subscriber_options: Any):
         if (connect is None) == (registry is None):
             raise InvalidArgumentError("PipeStore: give exactly one of connect=HOST:PORT and registry=URL")
         if batch_size < 1:
@@ -118,14 +121,14 @@ class PipeStore:
         self._features_pub: Optional[Publisher] = None
         if features_listen is not None:  # up from the start: a Tuner may subscribe before any job
             self._features_pub = Publisher(FEATURES_STREAM.format(model=model, store=name), listen=features_listen,
-                                           mode="sync", delta="off")
+                                           mode="sync", delta="off", token=token)
         self._jobs_done: set = set()
         self._lock = threading.Lock()
         self._stats = {"version": 0, "done": self._db.count(), "total": len(self._ids), "samples_per_s": 0.0,
                        "passes": 0, "batches": 0, "samples": 0, "bytes_read": 0, "switches": 0, "feature_rounds": 0,
                        "feature_bytes": 0, "state": "waiting", "error": None}
         self._stop = threading.Event()
-        options = dict(subscriber_options)
+        options = dict(subscriber_options, token=token)
         if registry is not None:
             options["registry"] = registry
         self._sub = Subscriber(model, connect=connect or "", **options)
@@ -213,8 +216,8 @@ class PipeStore:
                 if current is None or v.version != current.version:
                     current = v
                     self._db.note_version(v.version)
-                job = _ft_job(v)
-                if job is not None and job["job"] not in self._jobs_done and job["round"] < job["rounds"] - 1:
+                job = self._active_job(v)
+                if job is not None:
                     self._features(job)
                     current = None
                     continue
@@ -230,6 +233,13 @@ class PipeStore:
         except Exception as e:  # noqa: BLE001 (reported through stats() and the command's exit code)
             self._set(state="failed", error=f"{type(e).__name__}: {e}")
             self._emit("failed", error=f"{type(e).__name__}: {e}")
+
+    def _active_job(self, version) -> Optional[dict]:
+        """The fine-tuning job `version` announces, if this store has not served it and it goes on."""
+        job = _ft_job(version)
+        if job is None or job["job"] in self._jobs_done or job["round"] >= job["rounds"] - 1:
+            return None
+        return job
 
     def _relabel(self, version, todo: list) -> None:
         self._sub.load_into(self._module, version)
@@ -248,6 +258,8 @@ class PipeStore:
                 if batch is None:
                     break
                 newest = self._sub.latest()
+                if newest is not None and newest.version > loaded and self._active_job(newest) is not None:
+                    break  # a fine-tuning job comes first; the labels follow with its final version
                 if newest is not None and newest.version > loaded:  # the batch boundary: take it now
                     self._sub.load_into(self._module, newest)
                     self._db.note_version(newest.version)

@@ -1,0 +1,327 @@
+"""python3 -m viper.neardata bench: near-data processing against the disaggregated baseline, in
+the same run, on network-namespace hosts (scripts/hosts.sh; root).
+
+Host h1 is the compute node (the Tuner and its Publisher; the baseline's inference and training),
+h2.. are storage hosts, each holding one shard of the same synthetic data set (viper._ndsynth).
+For each store count n: n PipeStores (`serve` processes) and n HTTP file servers (the baseline's
+storage side). Network bytes are every byte the hosts sent, read from the hub's bridge ports.
+  relabel  near-data: a new version is published, every store relabels its shard; bytes and
+           the time from publish to the last store's last label. Baseline: the compute node
+           downloads every shard over HTTP and relabels it itself.
+  finetune (n = the largest count) FT-DMP non-pipelined and pipelined against the baseline, which
+           reads every raw sample once per epoch; same data, order, seeds and hyperparameters;
+           accuracy on a held-out set, bytes per epoch, the Tuner's busy fraction.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import queue
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+PY = "/usr/bin/python3"
+
+
+def _hosts_script() -> str:
+    here = os.path.dirname(os.path.abspath(__file__))
+    candidates = [os.environ.get("VIPER_HOSTS_SCRIPT", "")]
+    candidates += [os.path.join(here, *([".."] * up), "scripts", "hosts.sh") for up in (2, 3)]
+    for c in candidates:
+        if c and os.path.isfile(c):
+            return os.path.abspath(c)
+    raise SystemExit("viper.neardata bench: scripts/hosts.sh not found (set VIPER_HOSTS_SCRIPT)")
+
+
+def run(args) -> int:
+    if not args.inner:
+        if os.geteuid() != 0 or shutil.which("ip") is None:
+            print("viper.neardata bench: needs root and iproute2 (network-namespace hosts)", file=sys.stderr)
+            return 2
+        counts = [int(c) for c in args.stores.split(",")]
+        argv = ["--stores", args.stores, "--samples", str(args.samples), "--epochs", str(args.epochs), "--chunks",
+                str(args.chunks), "--local-epochs", str(args.local_epochs), "--seed", str(args.seed), "--inner"]
+        argv += ["--workdir", args.workdir] if args.workdir else []
+        argv += ["--json", os.path.abspath(args.json)] if args.json else []
+        argv += ["--quick"] if args.quick else []
+        env = dict(os.environ, UCX_TLS="tcp", VIPER_HOSTS_QUIET="1", VIPER_TOKEN=secrets.token_hex(16))
+        return subprocess.call([_hosts_script(), "run", str(max(counts) + 1), "--", "sh", "-c",
+                                'exec ip netns exec "$VIPER_HOST_PREFIX-h1" "$@"', "sh", PY, "-m", "viper.neardata",
+                                "bench", *argv], env=env)
+    return _Bench(args).run()
+
+
+class _Store:
+    """One `serve` process on a storage host, its events read by a thread."""
+
+    def __init__(self, prefix: str, host: int, name: str, argv: list, log):
+        self.name = name
+        self.events: "queue.Queue[dict]" = queue.Queue()
+        self.proc = subprocess.Popen(["ip", "netns", "exec", f"{prefix}-h{host}", PY, "-m", "viper.neardata", *argv],
+                                     stdout=subprocess.PIPE, stderr=log, text=True)
+        self.refreshed = 0
+        self.last_refresh = 0.0
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            try:
+                self.events.put(json.loads(line))
+            except ValueError:
+                pass
+        self.events.put({"event": "exited"})
+
+    def wait(self, what, deadline: float) -> dict:
+        while True:
+            try:
+                e = self.events.get(timeout=max(deadline - time.time(), 0.01))
+            except queue.Empty:
+                raise TimeoutError(f"store {self.name}: timed out waiting") from None
+            if e["event"] in ("exited", "failed"):
+                raise RuntimeError(f"store {self.name}: {e}")
+            if e["event"] == "refreshed":
+                self.refreshed, self.last_refresh = e["version"], e["time"]
+            if what(e):
+                return e
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class _Bench:
+    def __init__(self, args):
+        self.args = args
+        self.prefix = os.environ["VIPER_HOST_PREFIX"]
+        base = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        self.workdir = args.workdir or tempfile.mkdtemp(prefix="ndbench.", dir=base)
+        os.makedirs(self.workdir, exist_ok=True)
+        self.log = open(os.path.join(self.workdir, "stores.log"), "a")
+        self.counts = [int(c) for c in args.stores.split(",")]
+        if args.quick:
+            args.samples, args.epochs, args.chunks = min(args.samples, 1024), 1, 2
+
+    def wire_bytes(self) -> int:
+        """Bytes every host sent so far: rx of the hub's bridge ports h1.. (one per host)."""
+        out = subprocess.run(["ip", "-n", f"{self.prefix}-br", "-s", "-j", "link", "show"], capture_output=True,
+                             text=True, check=True).stdout
+        return sum(link["stats64"]["rx"]["bytes"] for link in json.loads(out) if link["ifname"].startswith("h"))
+
+    def run(self) -> int:
+        import numpy as np
+        import torch
+        from . import _ndsynth as synth
+        torch.set_num_threads(1)
+        a = self.args
+        x, y = synth.samples(a.samples, a.seed)
+        tx, ty = synth.samples(1000, a.seed + 1)
+        self.test = (torch.from_numpy(tx.reshape(len(ty), -1)), torch.from_numpy(ty))
+        results = {"machine": _machine(), "samples": a.samples, "sample_bytes": int(x[0].nbytes), "relabel": []}
+        for n in self.counts:
+            shard_dir = os.path.join(self.workdir, f"n{n}")
+            os.makedirs(shard_dir, exist_ok=True)
+            for k, idx in enumerate(np.array_split(np.arange(a.samples), n)):
+                from . import data as vd
+                vd.write_records(os.path.join(shard_dir, f"s{k + 1}.rec"),
+                                 ((x[i].reshape(-1).view(np.uint8), int(y[i])) for i in idx))
+            row, ft = self.one_count(n, shard_dir, finetune=(n == max(self.counts)))
+            results["relabel"].append(row)
+            if ft is not None:
+                results["finetune"] = ft
+            print(json.dumps({"stores": n, **row}), flush=True)
+        _print_summary(results)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(results, f, indent=1)
+        return 0
+
+    def one_count(self, n: int, shard_dir: str, finetune: bool):
+        from . import _ndsynth as synth
+        from ._tuner import Tuner
+        a = self.args
+        model = f"ndb{n}"
+        names = [f"s{k}" for k in range(1, n + 1)]
+        stores, servers = [], []
+        tuner = Tuner(model, synth.build, {s: f"10.77.0.{k + 1}:{7800 + n}" for k, s in enumerate(names, 1)},
+                      listen=f"10.77.0.1:{7700 + n}", seed=a.seed, lr=0.2, local_epochs=a.local_epochs,
+                      subscriber_options={"path": "remote"}, delta="always",
+                      token=os.environ["VIPER_TOKEN"])
+        try:
+            for k, s in enumerate(names, 1):
+                host = k + 1
+                stores.append(_Store(self.prefix, host, s, [
+                    "serve", "--model", model, "--factory", "viper._ndsynth:build", "--data",
+                    os.path.join(shard_dir, f"{s}.rec"), "--labels", os.path.join(shard_dir, f"{s}.db"), "--connect",
+                    tuner.address, "--name", s, "--features-listen", f"10.77.0.{host}:{7800 + n}", "--path", "remote",
+                    "--json"], self.log))
+                servers.append(subprocess.Popen(["ip", "netns", "exec", f"{self.prefix}-h{host}", PY, "-m",
+                                                 "viper.neardata", "fileserver", "--dir", shard_dir, "--listen",
+                                                 f"10.77.0.{host}:{8000 + n}"], stdout=subprocess.DEVNULL,
+                                                stderr=self.log))
+            deadline = time.time() + 300
+            for st in stores:
+                st.wait(lambda e: e["event"] == "ready", deadline)
+            first = tuner.publish().version
+            self._all_refreshed(stores, first, deadline)
+            # Near-data relabel of a new version.
+            synth.perturb(tuner.module, seed=a.seed + n)
+            b0 = self.wire_bytes()
+            published = time.time()
+            version = tuner.publish().version
+            self._all_refreshed(stores, version, deadline)
+            near = {"bytes": self.wire_bytes() - b0, "seconds": max(st.last_refresh for st in stores) - published}
+            base = self._baseline_relabel(n, tuner.module)
+            row = {"stores": n, "near_bytes": near["bytes"], "near_seconds": round(near["seconds"], 3),
+                   "baseline_bytes": base["bytes"], "baseline_seconds": round(base["seconds"], 3),
+                   "bytes_ratio": near["bytes"] / base["bytes"], "label_bytes_if_shipped": 20 * a.samples}
+            ft = self._finetune(tuner, stores, n, deadline + 600) if finetune else None
+            return row, ft
+        finally:
+            tuner.close()  # first: the stores' ends of its connections close quietly
+            for st in stores:
+                st.stop()
+            for p in servers:
+                p.terminate()
+                p.wait()
+
+    def _all_refreshed(self, stores, version: int, deadline: float) -> None:
+        for st in stores:
+            if st.refreshed < version:
+                st.wait(lambda e: e["event"] == "refreshed" and e["version"] >= version, deadline)
+
+    def _fetch_shards(self, n: int):
+        """Every shard over HTTP from its storage host, side by side; returns local copies' paths."""
+        out = [None] * n
+
+        def get(k):
+            url = f"http://10.77.0.{k + 2}:{8000 + n}/s{k + 1}.rec"
+            local = os.path.join(self.workdir, f"fetched.{n}.{k}.rec")
+            with urllib.request.urlopen(url, timeout=60) as r, open(local, "wb") as f:
+                shutil.copyfileobj(r, f, 1 << 20)
+            out[k] = local
+        threads = [threading.Thread(target=get, args=(k,)) for k in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if None in out:
+            raise RuntimeError("baseline: a shard download failed")
+        return out
+
+    def _baseline_relabel(self, n: int, module) -> dict:
+        import numpy as np
+        import torch
+        from . import data as vd
+        from ._labeldb import LabelDB
+        from .neardata import default_transform, softmax_postprocess
+        b0 = self.wire_bytes()
+        t0 = time.time()
+        db = LabelDB(os.path.join(self.workdir, f"baseline.{n}.{time.time_ns()}.db"), model="baseline")
+        offset = 0
+        for path in self._fetch_shards(n):
+            src = vd.open_source(path)
+            with vd.Prefetcher(src, epochs=1, shuffle=False) as p:
+                while (batch := p.next_batch(256)) is not None:
+                    raw, _, ids = batch
+                    with torch.no_grad():
+                        labels, scores = softmax_postprocess(module(default_transform(raw)))
+                    db.write_batch((ids + offset).tolist(), np.asarray(labels).tolist(), np.asarray(scores).tolist(), 1)
+            offset += len(src)
+        db.close()
+        return {"bytes": self.wire_bytes() - b0, "seconds": time.time() - t0}
+
+    def _finetune(self, tuner, stores, n: int, deadline: float) -> dict:
+        from . import _ndsynth as synth
+        from ._tuner import accuracy
+        a = self.args
+        out = {"stores": n, "epochs": a.epochs, "chunks": a.chunks, "local_epochs": a.local_epochs}
+        initial = synth.build().state_dict()
+        for mode in ("non_pipelined", "pipelined"):
+            tuner.module.load_state_dict(initial)
+            self._all_refreshed(stores, tuner.publish().version, deadline)
+            b0 = self.wire_bytes()
+            report = tuner.finetune(a.epochs, a.chunks, pipelined=(mode == "pipelined"), timeout=300)
+            moved = self.wire_bytes() - b0
+            out[mode] = {"bytes_per_epoch": moved / a.epochs, "seconds": round(report["seconds"], 3),
+                         "busy_fraction": round(report["busy_fraction"], 3), "fill_seconds": round(report["fill_seconds"], 3),
+                         "accuracy": accuracy(tuner.module, *self.test)}
+            self._all_refreshed(stores, tuner.publisher.announced_version, deadline)
+            print(json.dumps({"finetune": mode, **out[mode]}), flush=True)
+        out["baseline"] = self._baseline_finetune(n)
+        print(json.dumps({"finetune": "baseline", **out["baseline"]}), flush=True)
+        return out
+
+    def _baseline_finetune(self, n: int) -> dict:
+        import numpy as np
+        import torch
+        from . import _ndsynth as synth
+        from . import data as vd
+        from ._tuner import accuracy, make_optimizer, train_round
+        from .neardata import default_transform
+        a = self.args
+        module = synth.build()
+        optimizer = make_optimizer(module, 0.2)
+        b0 = self.wire_bytes()
+        t0 = time.time()
+        for epoch in range(a.epochs):
+            shards = []
+            for path in self._fetch_shards(n):  # the raw samples cross the network every epoch
+                src = vd.open_source(path)
+                shards.append((np.stack([src.read(i) for i in range(len(src))]),
+                               np.array([src.label(i) for i in range(len(src))], dtype=np.int64)))
+            for c in range(a.chunks):
+                k = epoch * a.chunks + c
+                xs, ys = [], []
+                for raw, labels in shards:
+                    idx = np.array_split(np.arange(len(labels)), a.chunks)[c]
+                    with torch.no_grad():
+                        xs.append(module.backbone(default_transform(np.ascontiguousarray(raw[idx]))))
+                    ys.append(torch.from_numpy(labels[idx]))
+                train_round(module, optimizer, torch.cat(xs), torch.cat(ys), seed=a.seed, round_index=k, minibatch=64,
+                            local_epochs=a.local_epochs)
+        return {"bytes_per_epoch": (self.wire_bytes() - b0) / a.epochs, "seconds": round(time.time() - t0, 3),
+                "accuracy": accuracy(module, *self.test)}
+
+
+def _machine() -> dict:
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "")
+    except OSError:
+        pass
+    return {"host": platform.node(), "cpu": cpu, "cores": os.cpu_count(), "load": os.getloadavg()[0],
+            "kernel": platform.release()}
+
+
+def _print_summary(r: dict) -> None:
+    m = r["machine"]
+    print(f"\nneardata bench on {m['host']} ({m['cpu']}, {m['cores']} cores, load {m['load']:.1f}); "
+          f"{r['samples']} samples of {r['sample_bytes']} B")
+    print("stores  relabel bytes near / baseline (ratio)      refresh s near / baseline")
+    for row in r["relabel"]:
+        print(f"{row['stores']:>6}  {row['near_bytes']:>10} / {row['baseline_bytes']:>10} ({100 * row['bytes_ratio']:.2f}%)"
+              f"   {row['near_seconds']:>8} / {row['baseline_seconds']}")
+    ft = r.get("finetune")
+    if ft:
+        base = ft["baseline"]
+        print(f"fine-tuning ({ft['stores']} stores, {ft['epochs']} epochs x {ft['chunks']} rounds):")
+        for mode in ("non_pipelined", "pipelined"):
+            f = ft[mode]
+            print(f"  {mode:>13}: {f['bytes_per_epoch']:.0f} B/epoch ({100 * f['bytes_per_epoch'] / base['bytes_per_epoch']:.2f}% "
+                  f"of the baseline's), accuracy {100 * f['accuracy']:.1f}%, Tuner busy {100 * f['busy_fraction']:.1f}%, "
+                  f"{f['seconds']} s")
+        print(f"       baseline: {base['bytes_per_epoch']:.0f} B/epoch, accuracy {100 * base['accuracy']:.1f}%, "
+              f"{base['seconds']} s")

@@ -169,7 +169,7 @@ def _bench_arguments(ap) -> None:
     ap.add_argument("--samples", type=int, default=4096, help="samples in all (split among the stores) [%(default)s]")
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--chunks", type=int, default=4, help="fine-tuning rounds per epoch [%(default)s]")
-    ap.add_argument("--local-epochs", type=int, default=3, help="Tuner passes over each round's features")
+    ap.add_argument("--local-epochs", type=int, default=10, help="Tuner passes over each round's features [%(default)s]")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--workdir", default=None, help="scratch (default: a temporary directory)")
     ap.add_argument("--json", default=None, help="write the results here as JSON")

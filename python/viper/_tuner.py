@@ -2,11 +2,15 @@
 trains them on the features the PipeStores publish, and publishes each round's model as a new
 version (the stores receive it as a delta: only the head changed).
 
-A job of R rounds (epochs x chunks) is announced in the version's metadata (ft_job, ft_round,
-ft_rounds, ft_chunks, ft_depth). Round k uses chunk k % chunks of every store. A store extracts
-round k once it holds the Tuner's version of round k-1-depth (depth 1 pipelined, 0 not) and
-publishes it once it holds the version of round k-1, so the Tuner has taken every earlier
-features version of that store before the next replaces it: no round is skipped.
+A job of R rounds (epochs x chunks) is announced in the version's metadata (ft_job, ft_rounds,
+ft_chunks, ft_depth; ft_round: the last round trained into these weights; ft_taken: the last
+round whose features the Tuner holds). Round k uses chunk k % chunks of every store. A store
+extracts round k once it holds a version with ft_round >= k-1-depth (depth 1 pipelined, 0 not)
+and publishes it once it holds one with ft_taken >= k-1: the Tuner has taken every earlier
+features version of that store before the next replaces it, so no round is skipped.
+Non-pipelined, the Tuner publishes after training each round (ft_round = ft_taken = k) and
+waits while the stores extract the next. Pipelined, it publishes as soon as it has taken round
+k (ft_round = k-1, ft_taken = k) and trains round k while the stores extract and send round k+1.
 """
 from __future__ import annotations
 
@@ -120,7 +124,7 @@ class Tuner:
         meta = {"ft_job": job, "ft_rounds": str(rounds), "ft_chunks": str(chunks), "ft_depth": str(depth)}
         optimizer = make_optimizer(self.module, self.lr)
         started = time.monotonic()
-        self.publish(ft_round="-1", **meta)
+        self.publish(ft_round="-1", ft_taken="-1", **meta)
         busy = fill = 0.0
         feature_bytes = 0
         losses = []
@@ -130,12 +134,15 @@ class Tuner:
             t1 = time.monotonic()
             if k == 0:
                 fill = t1 - started
+            if pipelined:  # round k is taken: the stores may publish round k+1 while it trains
+                self.publish(ft_round=str(k - 1), ft_taken=str(k), **meta)
             x = torch.from_numpy(np.concatenate([p[0] for p in parts]))
             y = torch.from_numpy(np.concatenate([p[1] for p in parts]))
             feature_bytes += sum(p[2] for p in parts)
             loss = train_round(self.module, optimizer, x, y, seed=self.seed, round_index=k,
                                minibatch=self.minibatch, local_epochs=self.local_epochs)
-            self.publish(ft_round=str(k), **meta)
+            if not pipelined or k == rounds - 1:
+                self.publish(ft_round=str(k), ft_taken=str(k), **meta)
             busy += time.monotonic() - t1
             losses.append(loss)
             if on_round is not None:

@@ -81,8 +81,8 @@ def _ft_job(version) -> Optional[dict]:
     meta = version.metadata
     if "ft_job" not in meta:
         return None
-    return {"job": meta["ft_job"], "round": int(meta["ft_round"]), "rounds": int(meta["ft_rounds"]),
-            "chunks": int(meta["ft_chunks"]), "depth": int(meta["ft_depth"])}
+    return {"job": meta["ft_job"], "round": int(meta["ft_round"]), "taken": int(meta["ft_taken"]),
+            "rounds": int(meta["ft_rounds"]), "chunks": int(meta["ft_chunks"]), "depth": int(meta["ft_depth"])}
 
 
 class PipeStore:
@@ -299,23 +299,17 @@ class PipeStore:
 
     # -- FT-DMP: the frozen layers' forward pass, features to the Tuner -------------------------------
 
-    def _trained_round(self, job: dict) -> Optional[int]:
-        """The last round the Tuner has trained in `job` (from its newest version), None if the job
-        is no longer announced; loads that version's weights."""
-        v = self._sub.latest()
-        j = _ft_job(v) if v is not None else None
-        if j is None or j["job"] != job["job"]:
-            return None
-        return j["round"]
-
-    def _wait_round(self, job: dict, at_least: int) -> bool:
+    def _wait_round(self, job: dict, key: str, at_least: int) -> bool:
+        """Waits until the Tuner's newest version of `job` has `key` ("round": trained, "taken")
+        >= at_least; False if the job is no longer announced or the store stops."""
         while not self._stop.is_set():
-            r = self._trained_round(job)
-            if r is None:
+            v = self._sub.latest()
+            j = _ft_job(v) if v is not None else None
+            if j is None or j["job"] != job["job"]:
                 return False
-            if r >= at_least:
+            if j[key] >= at_least:
                 return True
-            self._latest(self._sub.latest().version, timeout=0.2)
+            self._latest(v.version, timeout=0.2)
         return False
 
     def _features(self, job: dict) -> None:
@@ -327,12 +321,12 @@ class PipeStore:
         self._emit("finetune", job=job["job"], rounds=job["rounds"], depth=job["depth"])
         for k in range(job["rounds"]):
             # Extract round k once the Tuner has trained round k-1-depth (depth 1: one ahead) ...
-            if not self._wait_round(job, k - 1 - job["depth"]):
+            if not self._wait_round(job, "round", k - 1 - job["depth"]):
                 break
             self._sub.load_into(self._module, self._sub.latest())
             x, y, ids = self._extract(chunks[k % job["chunks"]])
-            # ... and publish it once it has trained round k-1 (so it has taken every earlier round).
-            if not self._wait_round(job, k - 1):
+            # ... and publish it once the Tuner holds round k-1 (this version replaces that one).
+            if not self._wait_round(job, "taken", k - 1):
                 break
             result = self._features_pub.publish({"x": x, "y": y, "ids": ids}, step=k, ft_job=job["job"],
                                                 ft_round=str(k))

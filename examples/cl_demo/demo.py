@@ -27,6 +27,7 @@ STAGES = {
     "transports": ("cl_demo.run_demo", "file + poll vs Viper: update latency, stall, CIL", ["--require-viper"]),
     "policies": ("cl_demo.run_policies", "epoch vs fixed interval vs IPP online: predicted and measured CIL", []),
     "rehearsal": ("cl_demo.run_rehearsal", "a stream of new classes with and without a rehearsal buffer: forgetting", []),
+    "neardata": ("cl_demo.run_neardata", "storage hosts relabel and extract features near the data: bytes moved", []),
 }
 
 

@@ -3,6 +3,8 @@ the same run, on network-namespace hosts (scripts/hosts.sh; root).
 
 Host h1 is the compute node (the Tuner and its Publisher; the baseline's inference and training),
 h2.. are storage hosts, each holding one shard of the same synthetic data set (viper._ndsynth).
+With two or more CPUs the compute host runs on the first and the storage hosts on the others
+(taskset), so that, as on separate machines, neither side's work slows the other's.
 For each store count n: n PipeStores (`serve` processes) and n HTTP file servers (the baseline's
 storage side). Network bytes are every byte the hosts sent, read from the hub's bridge ports.
   relabel  near-data: a new version is published, every store relabels its shard; bytes and
@@ -61,11 +63,11 @@ def run(args) -> int:
 class _Store:
     """One `serve` process on a storage host, its events read by a thread."""
 
-    def __init__(self, prefix: str, host: int, name: str, argv: list, log):
+    def __init__(self, prefix: str, host: int, name: str, argv: list, log, pin: list):
         self.name = name
         self.events: "queue.Queue[dict]" = queue.Queue()
-        self.proc = subprocess.Popen(["ip", "netns", "exec", f"{prefix}-h{host}", PY, "-m", "viper.neardata", *argv],
-                                     stdout=subprocess.PIPE, stderr=log, text=True)
+        self.proc = subprocess.Popen(["ip", "netns", "exec", f"{prefix}-h{host}", *pin, PY, "-m", "viper.neardata",
+                                      *argv], stdout=subprocess.PIPE, stderr=log, text=True)
         self.refreshed = 0
         self.last_refresh = 0.0
         threading.Thread(target=self._read, daemon=True).start()
@@ -110,6 +112,15 @@ class _Bench:
         os.makedirs(self.workdir, exist_ok=True)
         self.log = open(os.path.join(self.workdir, "stores.log"), "a")
         self.counts = [int(c) for c in args.stores.split(",")]
+        # The hosts share this machine's cores: the compute host gets the first, the storage hosts
+        # the others, as separate machines would not steal each other's CPU.
+        cpus = sorted(os.sched_getaffinity(0))
+        self.pin = []
+        self.cpus = {"compute": cpus, "storage": cpus}
+        if len(cpus) >= 2 and shutil.which("taskset"):
+            os.sched_setaffinity(0, cpus[:1])  # before any thread starts: they all inherit it
+            self.pin = ["taskset", "-c", ",".join(str(c) for c in cpus[1:])]
+            self.cpus = {"compute": cpus[:1], "storage": cpus[1:]}
         if args.quick:
             args.samples, args.epochs, args.chunks = min(args.samples, 1024), 1, 2
 
@@ -128,7 +139,7 @@ class _Bench:
         x, y = synth.samples(a.samples, a.seed)
         tx, ty = synth.samples(1000, a.seed + 1)
         self.test = (torch.from_numpy(tx.reshape(len(ty), -1)), torch.from_numpy(ty))
-        results = {"machine": _machine(), "samples": a.samples, "sample_bytes": int(x[0].nbytes), "relabel": []}
+        results = {"machine": _machine(), "cpus": self.cpus, "samples": a.samples, "sample_bytes": int(x[0].nbytes), "relabel": []}
         for n in self.counts:
             shard_dir = os.path.join(self.workdir, f"n{n}")
             os.makedirs(shard_dir, exist_ok=True)
@@ -165,8 +176,8 @@ class _Bench:
                     "serve", "--model", model, "--factory", "viper._ndsynth:build", "--data",
                     os.path.join(shard_dir, f"{s}.rec"), "--labels", os.path.join(shard_dir, f"{s}.db"), "--connect",
                     tuner.address, "--name", s, "--features-listen", f"10.77.0.{host}:{7800 + n}", "--path", "remote",
-                    "--json"], self.log))
-                servers.append(subprocess.Popen(["ip", "netns", "exec", f"{self.prefix}-h{host}", PY, "-m",
+                    "--json"], self.log, self.pin))
+                servers.append(subprocess.Popen(["ip", "netns", "exec", f"{self.prefix}-h{host}", *self.pin, PY, "-m",
                                                  "viper.neardata", "fileserver", "--dir", shard_dir, "--listen",
                                                  f"10.77.0.{host}:{8000 + n}"], stdout=subprocess.DEVNULL,
                                                 stderr=self.log))
@@ -256,6 +267,7 @@ class _Bench:
             moved = self.wire_bytes() - b0
             out[mode] = {"bytes_per_epoch": moved / a.epochs, "seconds": round(report["seconds"], 3),
                          "busy_fraction": round(report["busy_fraction"], 3), "fill_seconds": round(report["fill_seconds"], 3),
+                         "busy_seconds": round(report["busy_seconds"], 3), "busy_cpu_seconds": round(report["busy_cpu_seconds"], 3),
                          "accuracy": accuracy(tuner.module, *self.test)}
             self._all_refreshed(stores, tuner.publisher.announced_version, deadline)
             print(json.dumps({"finetune": mode, **out[mode]}), flush=True)
@@ -309,7 +321,8 @@ def _machine() -> dict:
 def _print_summary(r: dict) -> None:
     m = r["machine"]
     print(f"\nneardata bench on {m['host']} ({m['cpu']}, {m['cores']} cores, load {m['load']:.1f}); "
-          f"{r['samples']} samples of {r['sample_bytes']} B")
+          f"{r['samples']} samples of {r['sample_bytes']} B; CPUs: compute {r['cpus']['compute']}, "
+          f"storage {r['cpus']['storage']}")
     print("stores  relabel bytes near / baseline (ratio)      refresh s near / baseline")
     for row in r["relabel"]:
         print(f"{row['stores']:>6}  {row['near_bytes']:>10} / {row['baseline_bytes']:>10} ({100 * row['bytes_ratio']:.2f}%)"
@@ -321,7 +334,7 @@ def _print_summary(r: dict) -> None:
         for mode in ("non_pipelined", "pipelined"):
             f = ft[mode]
             print(f"  {mode:>13}: {f['bytes_per_epoch']:.0f} B/epoch ({100 * f['bytes_per_epoch'] / base['bytes_per_epoch']:.2f}% "
-                  f"of the baseline's), accuracy {100 * f['accuracy']:.1f}%, Tuner busy {100 * f['busy_fraction']:.1f}%, "
-                  f"{f['seconds']} s")
+                  f"of the baseline's), accuracy {100 * f['accuracy']:.1f}%, Tuner busy {100 * f['busy_fraction']:.1f}% "
+                  f"({f['busy_seconds']} s, {f['busy_cpu_seconds']} s CPU), {f['seconds']} s")
         print(f"       baseline: {base['bytes_per_epoch']:.0f} B/epoch, accuracy {100 * base['accuracy']:.1f}%, "
               f"{base['seconds']} s")

@@ -116,7 +116,8 @@ class Tuner:
                  on_round: Optional[Callable[[dict], None]] = None) -> dict:
         """Runs one job of epochs x chunks rounds. Returns rounds, seconds, busy_seconds,
         busy_fraction (training and publishing over the time from round 0's features being in to
-        the end: the pipeline's fill is fill_seconds), feature_wire_bytes, losses."""
+        the end: the pipeline's fill is fill_seconds), busy_cpu_seconds (the CPU time of that work:
+        below busy_seconds when the stores share the Tuner's cores), feature_wire_bytes, losses."""
         for name in self.stores:
             self._subscriber(name)
         job = secrets.token_hex(4)
@@ -125,7 +126,7 @@ class Tuner:
         optimizer = make_optimizer(self.module, self.lr)
         started = time.monotonic()
         self.publish(ft_round="-1", ft_taken="-1", **meta)
-        busy = fill = 0.0
+        busy = fill = cpu = 0.0
         feature_bytes = 0
         losses = []
         for k in range(rounds):
@@ -136,6 +137,7 @@ class Tuner:
                 fill = t1 - started
             if pipelined:  # round k is taken: the stores may publish round k+1 while it trains
                 self.publish(ft_round=str(k - 1), ft_taken=str(k), **meta)
+            c1 = time.thread_time()
             x = torch.from_numpy(np.concatenate([p[0] for p in parts]))
             y = torch.from_numpy(np.concatenate([p[1] for p in parts]))
             feature_bytes += sum(p[2] for p in parts)
@@ -144,12 +146,13 @@ class Tuner:
             if not pipelined or k == rounds - 1:
                 self.publish(ft_round=str(k), ft_taken=str(k), **meta)
             busy += time.monotonic() - t1
+            cpu += time.thread_time() - c1
             losses.append(loss)
             if on_round is not None:
                 on_round({"round": k, "loss": loss, "samples": len(y), "wait_seconds": t1 - t0})
         seconds = time.monotonic() - started
         return {"job": job, "rounds": rounds, "pipelined": pipelined, "seconds": seconds, "fill_seconds": fill,
-                "busy_seconds": busy, "busy_fraction": busy / max(seconds - fill, 1e-9),
+                "busy_seconds": busy, "busy_cpu_seconds": cpu, "busy_fraction": busy / max(seconds - fill, 1e-9),
                 "feature_wire_bytes": feature_bytes, "losses": losses}
 
     def close(self) -> None:

@@ -68,7 +68,7 @@ def test_relabels_every_version_with_deltas_and_takes_a_version_mid_pass(tmp_pat
         assert all(0 < r["score"] <= 1 for r in rows.values())
 
         # v2 arrives while the pass for v2's predecessor runs: taken at a batch boundary.
-        os.environ["VIPER_NDSYNTH_SLEEP"] = "0.05"
+        os.environ["VIPER_NDSYNTH_SLEEP"] = "0.1"  # 10 batches left once 100 are done: v3 has >= 1 s to arrive
         synth.perturb(model, seed=2, scale=0.5)
         v2 = pub.publish(model.state_dict(), step=2).version
         deadline = time.time() + 30
@@ -236,3 +236,23 @@ def test_ft_dmp_tuner_trains_on_store_features_and_versions_flow_back_as_deltas(
         for s in stores:
             s.close()
         tuner.close()
+
+
+def test_a_store_finds_the_model_through_a_registry(tmp_path):
+    shard = tmp_path / "shard.rec"
+    synth.write_shard(shard, 300, seed=6)
+    model = synth.build()
+    with pytest.raises(viper.InvalidArgumentError, match="exactly one of connect=HOST:PORT and registry=URL"):
+        nd.PipeStore("nd5", synth.build, shard, tmp_path / "x.db", connect="127.0.0.1:1", registry="embedded")
+    with pytest.raises(viper.InvalidArgumentError, match="must be MODULE:FUNCTION"):
+        nd.PipeStore("nd5", "no_colon", shard, tmp_path / "x.db", registry="embedded")
+    pub = viper.Publisher("nd5", listen="127.0.0.1:0", mode="sync", registry="embedded")
+    store = nd.PipeStore("nd5", synth.build, shard, tmp_path / "labels.db", registry="embedded", path="remote")
+    try:
+        version = pub.publish(model.state_dict()).version
+        store.wait_refreshed(version, timeout=60)
+        rows = _rows(tmp_path / "labels.db")
+        np.testing.assert_array_equal([rows[i]["label"] for i in range(300)], _expected_labels(model, shard))
+    finally:
+        store.close()
+        pub.close()

@@ -11,7 +11,7 @@
 #               the same training with and without a rehearsal buffer: the forgetting it prevents.
 #   neardata    storage hosts (network namespaces; root) relabel their shards when a new version
 #               comes and extract features for fine-tuning: the bytes moved beside the baseline's
-#               (raw samples to the compute host); about 16 s.
+#               (raw samples to the compute host); about 20 s.
 # About 2.5-3 minutes on 2 cores after the build (all three stages: 2 min 23 s on a quiet machine
 # on 2026-11-25 06:30 UTC, 3 min 10 s at load average 6-7 earlier that day).
 #

@@ -12,7 +12,7 @@
 #   neardata    storage hosts (network namespaces; root) relabel their shards when a new version
 #               comes and extract features for fine-tuning: the bytes moved beside the baseline's
 #               (raw samples to the compute host); about 20 s.
-# About 2.5-3 minutes on 2 cores after the build (all three stages: 2 min 23 s on a quiet machine
+# About 2.5-3 minutes on 2 cores after the build (the first three stages: 2 min 23 s on a quiet machine
 # on 2026-11-25 06:30 UTC, 3 min 10 s at load average 6-7 earlier that day).
 #
 #   scripts/demo.sh [demo.py options]    e.g. --stages policies --workdir /tmp/d --json out.json

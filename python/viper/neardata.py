@@ -141,7 +141,8 @@ class PipeStore:
         """version (the one labelling now), done/total (samples labelled by it), samples_per_s (this
         pass), passes, batches, samples, bytes_read, switches (versions taken mid-pass), state
         (waiting, relabelling, features, failed), error, feature_rounds/feature_bytes (FT-DMP),
-        wire_bytes (model bytes received), subscriber (Subscriber.stats())."""
+        wire_bytes (bytes received for the versions it used: deltas or snapshots), subscriber
+        (Subscriber.stats())."""
         with self._lock:
             out = dict(self._stats)
         sub = self._sub.stats()
@@ -197,11 +198,16 @@ class PipeStore:
             self._stats.update(fields)
 
     def _latest(self, after: int = 0, timeout: float = 0.2):
+        """The live version once it is newer than `after` (waits up to `timeout`), else the live one."""
         try:
-            v = self._sub.wait_for(after + 1, timeout=timeout) if after else self._sub.wait_for(1, timeout=timeout)
+            v = self._sub.wait_for(after + 1, timeout=timeout)
         except ViperTimeout:
-            return self._sub.latest()
-        if v.version != self._last_wire_version:
+            v = self._sub.latest()
+        return self._seen(v)
+
+    def _seen(self, v):
+        """Counts the bytes that brought `v` (once per version this store looks at)."""
+        if v is not None and v.version > self._last_wire_version:
             self._last_wire_version = v.version
             self._wire_bytes += v.wire_bytes
         return v
@@ -257,7 +263,7 @@ class PipeStore:
                 batch = prefetcher.next_batch(self.batch_size)
                 if batch is None:
                     break
-                newest = self._sub.latest()
+                newest = self._seen(self._sub.latest())
                 if newest is not None and newest.version > loaded and self._active_job(newest) is not None:
                     break  # a fine-tuning job comes first; the labels follow with its final version
                 if newest is not None and newest.version > loaded:  # the batch boundary: take it now
@@ -303,7 +309,7 @@ class PipeStore:
         """Waits until the Tuner's newest version of `job` has `key` ("round": trained, "taken")
         >= at_least; False if the job is no longer announced or the store stops."""
         while not self._stop.is_set():
-            v = self._sub.latest()
+            v = self._seen(self._sub.latest())
             j = _ft_job(v) if v is not None else None
             if j is None or j["job"] != job["job"]:
                 return False

@@ -21,9 +21,13 @@ def _print_event(as_json: bool, event: dict) -> None:
         return
     kind, store = event["event"], event["store"]
     if kind == "version":
-        how = f"delta against {event['delta_base']}" if event.get("delta_base") else "in full"
+        if event["wire_bytes"]:
+            how = f"delta against {event['delta_base']}" if event.get("delta_base") else "in full"
+            how = f"{event['wire_bytes']} bytes over the network, {how}"
+        else:
+            how = f"{event['path']} path: no bytes over the network"
         when = " mid-pass (taken at a batch boundary)" if event.get("mid_pass") else ""
-        print(f"{store}: version {event['version']}{when} ({event['wire_bytes']} bytes over the network, {how}); "
+        print(f"{store}: version {event['version']}{when} ({how}); "
               f"{event['done']}/{event['total']} labels already at it", flush=True)
     elif kind == "progress":
         print(f"{store}: version {event['version']}: {event['done']}/{event['total']} labelled, "
@@ -159,6 +163,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     try:
         return args.run(args)
+    except BrokenPipeError:  # `labels DB | head`: the reader is gone, nothing left to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Error as e:
         print(f"viper.neardata {args.command}: {e}", file=sys.stderr)
         return 2

@@ -255,7 +255,7 @@ class PipeStore:
         publish_ns = version.timings["publish_ns"]
         self._set(version=loaded, done=done, state="relabelling", samples_per_s=0.0)
         self._emit("version", version=loaded, done=done, total=len(self._ids), delta_base=version.delta_base,
-                   wire_bytes=version.wire_bytes)
+                   wire_bytes=version.wire_bytes, path=version.path)
         pass_samples, last_report = 0, started
         prefetcher = _data.Prefetcher(self._source, ids=todo, epochs=1, shuffle=False, readers=self._readers)
         try:
@@ -273,7 +273,7 @@ class PipeStore:
                     with self._lock:
                         self._stats["switches"] += 1
                     self._emit("version", version=loaded, done=done, total=len(self._ids), mid_pass=True,
-                               delta_base=newest.delta_base, wire_bytes=newest.wire_bytes)
+                               delta_base=newest.delta_base, wire_bytes=newest.wire_bytes, path=newest.path)
                 raw, _, ids = batch
                 with torch.no_grad():
                     out = self._module(self._transform(raw))

@@ -34,13 +34,6 @@ void BindSubscriber(py::module_& m) {
                              "Why that path was chosen (and which paths failed first, if any).")
       .def_property_readonly("delta_base", [](const VersionHandle& h) { return h.version->delta_base; },
                              "The version the bytes came as a delta against; 0 if they came in full.")
-      .def_property_readonly("metadata", [](const VersionHandle& h) {
-        std::map<std::string, std::string> user;
-        for (const auto& [key, value] : h.version->snapshot.metadata()) {
-          if (key.rfind("viper.", 0) != 0) user.emplace(key, value);
-        }
-        return user;
-      }, "The producer's metadata keys (publish(**metadata)), without Viper's own \"viper.*\" keys.")
       .def_property_readonly("wire_bytes", [](const VersionHandle& h) { return h.version->wire_bytes; },
                              "Bytes received from the node (the delta or the snapshot); 0 for map, copy and file.")
       .def_property_readonly("timings", [](const VersionHandle& h) {

@@ -256,3 +256,20 @@ def test_a_store_finds_the_model_through_a_registry(tmp_path):
     finally:
         store.close()
         pub.close()
+
+
+def test_labels_command_prints_rows_and_the_stale_ones_as_json(tmp_path):
+    path = tmp_path / "l.db"
+    with LabelDB(path, model="m") as db:
+        db.note_version(1)
+        db.write_batch([0, 1, 2], [3, 4, 5], [0.5, 0.25, 0.125], version=1)
+        db.note_version(2)
+        db.write_batch([1], [7], [0.75], version=2)  # one batch, one transaction
+    out = subprocess.run([PY, "-m", "viper.neardata", "labels", str(path), "--stale", "--json"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [(r["id"], r["label"], r["score"], r["version"]) for r in rows] == [(0, 3, 0.5, 1), (2, 5, 0.125, 1)]
+    assert all(r["time"] > 0 for r in rows)
+    out = subprocess.run([PY, "-m", "viper.neardata", "labels", str(path)], capture_output=True, text=True, timeout=60)
+    assert out.stdout.splitlines() == ["0\t3\t0.5000\t1 (stale)", "1\t7\t0.7500\t2", "2\t5\t0.1250\t1 (stale)"]

@@ -118,6 +118,14 @@ def test_foreign_corrupt_and_other_model_databases_are_refused_untouched(tmp_pat
         assert _digest(path) == before
     with pytest.raises(viper.InvalidArgumentError, match="labels of model 'm1', not 'm2'"):
         LabelDB(good, model="m2")
+    shard = tmp_path / "shard.rec"
+    synth.write_shard(shard, 10, seed=1)
+    before = _digest(foreign)
+    out = subprocess.run([PY, "-m", "viper.neardata", "serve", "--model", "m1", "--factory", "viper._ndsynth:build",
+                          "--data", str(shard), "--labels", str(foreign), "--connect", "127.0.0.1:1"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "application_id 0x0" in out.stderr and "left untouched" in out.stderr, out.stderr
+    assert _digest(foreign) == before
 
 
 def _serve(tmp_path, shard, db, address, sleep):

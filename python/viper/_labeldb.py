@@ -2,7 +2,7 @@
 
 Schema (user_version 1, application_id 0x56504C42 "VPLB"):
     labels(id INTEGER PRIMARY KEY, label INTEGER, score REAL, version INTEGER, time REAL)
-    meta(key TEXT PRIMARY KEY, value TEXT)       model, seen_version (newest version the store saw)
+    meta(key TEXT PRIMARY KEY, value TEXT)       model, seen_version (the version the store labels with now)
 
 Every batch is one transaction (a reader sees all of a batch's rows or none of them), with
 synchronous=FULL: a label whose transaction committed survives the store being killed. A file
@@ -116,13 +116,16 @@ class LabelDB:
 
     @property
     def seen_version(self) -> int:
-        """The newest model version the store has seen (0: none)."""
+        """The version the store labels with now: the newest it has seen (0: none)."""
         value = self.meta("seen_version")
         return int(value) if value is not None else 0
 
     def note_version(self, version: int) -> None:
-        """Records that the store saw `version` (labels of older versions are stale from now on)."""
-        if version > self.seen_version:
+        """Records that the store now labels with `version`: labels of every other version are
+        stale from now on. A subscriber's versions never go backwards, so a lower number than
+        the last means the model's numbering started again (a node that kept no file tier):
+        then the labels of the higher, older numbers are the stale ones."""
+        if version != self.seen_version:
             with self._transaction():
                 self._set_meta("seen_version", int(version))
 
@@ -157,11 +160,12 @@ class LabelDB:
         return self._conn.execute("SELECT COUNT(*) FROM labels WHERE version=?", (int(version),)).fetchone()[0]
 
     def rows(self, stale: bool = False) -> Iterator[dict]:
-        """Every row (stale=True: those older than seen_version), by id; one read transaction."""
+        """Every row (stale=True: those of another version than seen_version), by id; one read
+        transaction."""
         query = "SELECT id, label, score, version, time FROM labels"
         args: tuple = ()
         if stale:
-            query += " WHERE version < ?"
+            query += " WHERE version != ?"
             args = (self.seen_version,)
         for i, label, score, version, t in self._conn.execute(query + " ORDER BY id", args):
             yield {"id": i, "label": label, "score": score, "version": version, "time": t}

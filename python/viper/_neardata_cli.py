@@ -97,7 +97,7 @@ def _labels(args) -> int:
                 print(json.dumps(row))
             else:
                 print(f"{row['id']}\t{row['label']}\t{row['score']:.4f}\t{row['version']}"
-                      f"{'' if row['version'] >= seen else ' (stale)'}")
+                      f"{'' if row['version'] == seen else ' (stale)'}")
     return 0
 
 
@@ -150,7 +150,7 @@ def main(argv=None) -> int:
     s.set_defaults(run=_serve)
     lab = commands.add_parser("labels", help="print a label database, one row per line")
     lab.add_argument("db")
-    lab.add_argument("--stale", action="store_true", help="only labels older than the newest version the store saw")
+    lab.add_argument("--stale", action="store_true", help="only labels of another version than the newest the store saw")
     lab.add_argument("--json", action="store_true", help="one JSON object per row")
     lab.set_defaults(run=_labels)
     f = commands.add_parser("fileserver", help="serve a directory's files over HTTP (the disaggregated baseline)")

@@ -281,3 +281,6 @@ def test_labels_command_prints_rows_and_the_stale_ones_as_json(tmp_path):
     assert all(r["time"] > 0 for r in rows)
     out = subprocess.run([PY, "-m", "viper.neardata", "labels", str(path)], capture_output=True, text=True, timeout=60)
     assert out.stdout.splitlines() == ["0\t3\t0.5000\t1 (stale)", "1\t7\t0.7500\t2", "2\t5\t0.1250\t1 (stale)"]
+    with LabelDB(path, model="m") as db:  # the model's numbering started again: 1 is newer than 2
+        db.note_version(1)
+        assert [r["id"] for r in db.rows(stale=True)] == [1] and db.ids_not_at(1, range(3)) == [1]

@@ -108,6 +108,7 @@ class _Bench:
         self.args = args
         self.prefix = os.environ["VIPER_HOST_PREFIX"]
         base = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        self.own_workdir = not args.workdir  # a temporary one is removed at the end
         self.workdir = args.workdir or tempfile.mkdtemp(prefix="ndbench.", dir=base)
         os.makedirs(self.workdir, exist_ok=True)
         self.log = open(os.path.join(self.workdir, "stores.log"), "a")
@@ -131,6 +132,14 @@ class _Bench:
         return sum(link["stats64"]["rx"]["bytes"] for link in json.loads(out) if link["ifname"].startswith("h"))
 
     def run(self) -> int:
+        try:
+            return self._run()
+        finally:
+            self.log.close()
+            if self.own_workdir:
+                shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _run(self) -> int:
         import numpy as np
         import torch
         from . import _ndsynth as synth

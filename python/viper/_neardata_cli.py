@@ -178,7 +178,7 @@ def _bench_arguments(ap) -> None:
     ap.add_argument("--chunks", type=int, default=4, help="fine-tuning rounds per epoch [%(default)s]")
     ap.add_argument("--local-epochs", type=int, default=10, help="Tuner passes over each round's features [%(default)s]")
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--workdir", default=None, help="scratch (default: a temporary directory)")
+    ap.add_argument("--workdir", default=None, help="scratch, kept (default: a temporary directory, removed)")
     ap.add_argument("--json", default=None, help="write the results here as JSON")
     ap.add_argument("--quick", action="store_true", help="small sizes (a smoke test)")
     ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)

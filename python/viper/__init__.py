@@ -320,7 +320,8 @@ class Subscriber(_Handle):
 
     def __init__(self, model: str, connect: str = "127.0.0.1:7300", **options: Any):
         model = _check.model_name("viper.Subscriber()", "model", model)
-        connect = _check.address("viper.Subscriber()", "connect", connect)
+        if not (connect == "" and options.get("registry")):  # with a registry, connect is unused
+            connect = _check.address("viper.Subscriber()", "connect", connect)
         self._impl = _viper._Subscriber(_viper._SubscriberOptions(model=model, connect=connect, **options))
 
     def latest(self) -> Optional[ModelVersion]:

@@ -41,6 +41,13 @@ struct HostTierOptions {
   mode_t mode = 0600;              // owner-only unless configured
   size_t keep_versions = 2;        // committed versions kept per model (>= 1)
   size_t max_free_segments = 4;    // retired segments kept for recycling; extra ones are unlinked
+  // Memory budget. max_bytes caps the capacity of every segment the tier holds (committed,
+  // leased, being written and free); 0 = half the size of /dev/shm when the tier opens. An
+  // Allocate that would go beyond it first unlinks free segments, then fails with
+  // ResourceExhausted. max_models caps the models with a committed version; a Commit of one more
+  // fails with ResourceExhausted (0 = no cap).
+  uint64_t max_bytes = 0;
+  size_t max_models = 128;
   bool remove_stale = true;        // Open() unlinks segments of dead processes with our prefix
 };
 
@@ -131,7 +138,10 @@ class HostTier {
   HostTierStats stats() const;
   const HostTierOptions& options() const { return options_; }
 
-  // Names of segments with `prefix` in /dev/shm whose creating process is dead.
+  // Names of segments with `prefix` in /dev/shm whose creating process is dead and that this
+  // process's effective uid owns (regular files, not links: checked with fstat on a descriptor
+  // opened O_NOFOLLOW). Entries with the pattern that another user created are logged and left
+  // alone: nothing another local user puts in /dev/shm is removed, mapped or adopted.
   static std::vector<std::string> FindStaleSegments(const std::string& prefix);
 
  private:

@@ -58,6 +58,12 @@ struct NodeOptions {
   size_t keep_host_versions = 2;       // versions per model kept in shared memory
   size_t keep_file_versions = 3;       // versions per model kept on the file tier
   mode_t segment_mode = 0600;          // owner-only unless configured
+  // Memory budget of the host tier (HostTierOptions::max_bytes / max_models): the shared memory
+  // the node's segments may take (0 = half of /dev/shm) and how many models it holds there. A
+  // publish or relay beyond it fails with ResourceExhausted (`viper serve --host-max-bytes
+  // --host-max-models`).
+  uint64_t host_max_bytes = 0;
+  size_t host_max_models = 128;
   mode_t file_mode = 0600;
   std::string token;                   // when set, every peer's HELLO must carry it
   // Listening beyond loopback without a token lets anyone who reaches the port publish, fetch and

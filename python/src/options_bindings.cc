@@ -25,6 +25,10 @@ OptionsTable<viper::NodeOptions> NodeOptionsTable() {
       .Path("store_dir", &O::store_dir, "file tier directory; empty = no file tier")
       .Plain("keep_host_versions", &O::keep_host_versions, "versions per model kept in shared memory")
       .Plain("keep_file_versions", &O::keep_file_versions, "versions per model kept on the file tier")
+      .Plain("host_max_bytes", &O::host_max_bytes,
+             "shared memory the node's segments may take; beyond it a publish fails (0 = half of /dev/shm)")
+      .Plain("host_max_models", &O::host_max_models,
+             "models the node holds in shared memory; one more fails to publish (0 = no cap)")
       .Plain("token", &O::token, "shared secret every peer must present; empty = none")
       .Plain("insecure", &O::insecure, "listen beyond loopback without a token (refused otherwise)")
       .Plain("recover", &O::recover, "on start, load each model's latest file into memory")

@@ -14,6 +14,7 @@
 #include <set>
 
 #include "node_impl.h"
+#include "seal.h"
 #include "viper/engine.h"
 #include "viper/log.h"
 #include "viper/snapshot.h"
@@ -101,6 +102,8 @@ Result<std::unique_ptr<Node>> Node::Start(const NodeOptions& options) {
   host_options.prefix = internal::SegmentPrefixFor(options);
   host_options.mode = options.segment_mode;
   host_options.keep_versions = options.keep_host_versions;
+  host_options.max_bytes = options.host_max_bytes;
+  host_options.max_models = options.host_max_models;
   if (!options.store_dir.empty()) {
     FileTierOptions file_options;
     file_options.dir = options.store_dir;
@@ -108,7 +111,7 @@ Result<std::unique_ptr<Node>> Node::Start(const NodeOptions& options) {
     file_options.file_mode = options.file_mode;
     VIPER_ASSIGN_OR_RETURN(impl->files, FileTier::Open(file_options));
     // Before the host tier removes a killed predecessor's segments: keep what it had sealed.
-    internal::AdoptStaleSegments(host_options.prefix, *impl->files);
+    internal::AdoptStaleSegments(host_options.prefix, host_options.mode, *impl->files);
   }
   VIPER_ASSIGN_OR_RETURN(impl->host, HostTier::Open(host_options));
   impl->worker = std::make_unique<internal::TaskQueue>("node-worker");
@@ -173,6 +176,7 @@ Status Node::Impl::Recover() {
       for (const auto& [k, v] : snap->metadata()) info.metadata[k] = v;
     }
     info.replicas.push_back({proto::ReplicaKind::kFile, host_key, entry.path.string()});
+    internal::SealVersion(options.token, &info);  // its own store: this node vouches for it
     models[entry.model].versions[entry.version] = std::move(info);
   }
   if (!options.recover) return Status::OK();

@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "node_impl.h"
+#include "seal.h"
 #include "viper/engine.h"
 #include "viper/log.h"
 
@@ -75,6 +76,7 @@ Result<proto::VersionInfo> Node::Impl::CommitVersion(WriteLease lease, proto::Ve
   std::string segment = lease.segment_name();
   VIPER_RETURN_IF_ERROR(host->Commit(std::move(lease), info.model, info.version));
   info.completed_ns = WallClockNs();
+  internal::SealVersion(options.token, &info);  // this node vouches for it (docs/PROTOCOL.md, "Version seals")
   std::vector<proto::Replica> replicas = {{proto::ReplicaKind::kHostSegment, host_key, segment},
                                           {proto::ReplicaKind::kNode, host_key, address}};
   for (auto& r : info.replicas)  // a relay's upstream replicas follow ours (not this node as a relay)

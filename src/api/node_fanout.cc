@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "node_impl.h"
+#include "seal.h"
 #include "viper/log.h"
 
 namespace viper {
@@ -69,6 +70,9 @@ Result<std::unique_ptr<IncomingVersion>> Node::Receive(proto::VersionInfo info) 
   std::erase_if(info.replicas, [&](const proto::Replica& r) { return r.locator == impl_->address; });
   info.replicas.insert(info.replicas.begin(), self);
   if (info.replicas.size() > proto::kMaxReplicas) info.replicas.resize(proto::kMaxReplicas);
+  // Forwarded as it lands: the relay checked the upstream's seal; this node seals with its own
+  // token (the same fleet key), so that INCOMING carries a seal its consumers can check.
+  internal::SealVersion(impl_->options.token, &info);
   state->info = info;
 
   std::shared_ptr<IncomingVersion::State> replaced;

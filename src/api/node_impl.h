@@ -187,7 +187,7 @@ std::string SegmentPrefixFor(const NodeOptions& options);
 // Writes every sealed version found in segments of dead processes with `prefix` to `files`
 // (unless it holds that version already); returns how many. The segments stay for HostTier::Open
 // to remove.
-size_t AdoptStaleSegments(const std::string& prefix, FileTier& files);
+size_t AdoptStaleSegments(const std::string& prefix, mode_t mode, FileTier& files);
 }  // namespace internal
 
 }  // namespace viper

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <thread>
 
+#include "seal.h"
 #include "subscriber_impl.h"
 #include "viper/file_tier.h"
 #include "viper/host_tier.h"
@@ -25,10 +26,15 @@ namespace {
 constexpr std::string_view kLog = "subscriber";
 }  // namespace
 
-void Subscriber::Impl::OnAnnounce(const proto::VersionInfo& info, bool incoming) {
+void Subscriber::Impl::OnAnnounce(const proto::VersionInfo& info, bool incoming, const std::string& holder) {
   std::lock_guard<std::mutex> lock(mu);
   stats.notifies++;
   if (info.model != options.model) return;
+  if (Status sealed = internal::CheckSeal(options.token, info, "node " + (holder.empty() ? node_address : holder));
+      !sealed.ok()) {
+    log(LogLevel::kWarn, kLog, "skipped: {}", sealed.message());
+    return;
+  }
   // A version whose pipelined load failed is loaded again once its node has it complete.
   bool retry = !incoming && announced_incoming && announced && announced->version == info.version &&
                failed_version == info.version;

@@ -86,7 +86,11 @@ struct Subscriber::Impl : std::enable_shared_from_this<Subscriber::Impl> {
   std::unique_ptr<RegistryWatch> registry_watch;
 
   // NOTIFY (complete at the node) or INCOMING (still arriving there: pipelined).
-  void OnAnnounce(const proto::VersionInfo& info, bool incoming);
+  // A version announced by `holder` (empty: the connected node). With a token, a version whose
+  // seal does not verify is skipped with a warning (seal.h).
+  void OnAnnounce(const proto::VersionInfo& info, bool incoming, const std::string& holder = "");
+  // Drops (with a warning each) the holders whose version's seal does not verify.
+  void DropUnsealed(RegistryLookup* found) const;
   // --- shared registry (subscriber_registry.cc) ---
   Status StartRegistry();
   void OnRegistryAnnounce(const HolderRecord& record);

@@ -2,6 +2,7 @@
 // nearest holder, announcements heard through the registry, and the choice of node to connect to.
 // The node's own NOTIFY stays the fast path; OnAnnounce drops what was heard already, so a version
 // heard of twice (node and registry) is loaded once.
+#include "seal.h"
 #include "subscriber_impl.h"
 #include "viper/log.h"
 #include "viper/node.h"
@@ -52,6 +53,11 @@ void Subscriber::Impl::OnRegistryError(const Status& why) {
 // The announcing node becomes the one to connect to when there is none, when ours is gone, or when
 // it is on this host and ours is not (its segments can be mapped).
 void Subscriber::Impl::OnRegistryAnnounce(const HolderRecord& record) {
+  // A holder outside the fleet (its version not sealed with the fleet's token) is never chosen.
+  if (Status sealed = internal::CheckSeal(options.token, record.info, "node " + record.node.address); !sealed.ok()) {
+    log(LogLevel::kWarn, kLog, "skipped: {}", sealed.message());
+    return;
+  }
   std::shared_ptr<Client> dropped;  // destroyed outside the lock
   {
     std::lock_guard<std::mutex> lock(mu);
@@ -68,7 +74,15 @@ void Subscriber::Impl::OnRegistryAnnounce(const HolderRecord& record) {
       registry_node_host_key = record.node.host_key;
     }
   }
-  OnAnnounce(record.info, false);
+  OnAnnounce(record.info, false, record.node.address);
+}
+
+void Subscriber::Impl::DropUnsealed(RegistryLookup* found) const {
+  std::erase_if(found->holders, [&](const HolderRecord& h) {
+    Status sealed = internal::CheckSeal(options.token, h.info, "node " + h.node.address);
+    if (!sealed.ok()) log(LogLevel::kWarn, kLog, "holder skipped: {}", sealed.message());
+    return !sealed.ok();
+  });
 }
 
 void Subscriber::Impl::Rediscover() {
@@ -78,6 +92,7 @@ void Subscriber::Impl::Rediscover() {
     return;
   }
   for (const auto& rejected : found->rejected) log(LogLevel::kWarn, kLog, "registry record ignored: {}", rejected);
+  DropUnsealed(&*found);
   auto nearest = NearestHoldersOfLatest(*found, host_key);
   if (nearest.empty()) return;
   {
@@ -85,7 +100,7 @@ void Subscriber::Impl::Rediscover() {
     if (registry_node.empty())
       registry_node = nearest.front().node.address, registry_node_host_key = nearest.front().node.host_key;
   }
-  OnAnnounce(nearest.front().info, false);
+  OnAnnounce(nearest.front().info, false, nearest.front().node.address);
 }
 
 Result<std::unique_ptr<Client>> Subscriber::Impl::ConnectViaRegistry(const ClientHandlers& handlers,
@@ -113,6 +128,7 @@ Result<std::unique_ptr<Client>> Subscriber::Impl::ConnectViaRegistry(const Clien
   // That node is gone (its records linger until their TTL): the nearest other holders, in turn.
   auto found = registry->Lookup(options.model);
   if (!found.ok()) return last.WithContext(found.status().message());
+  DropUnsealed(&*found);
   for (const auto& holder : NearestHoldersOfLatest(*found, host_key)) {
     if (holder.node.address == first) continue;
     if (auto other = attempt(holder.node.address, holder.node.host_key); other.ok()) return other;

@@ -40,11 +40,6 @@ Status PwriteAll(int fd, std::span<const std::byte> bytes, uint64_t offset) {
   return Status::OK();
 }
 
-std::filesystem::path TempPathFor(const std::filesystem::path& path) {
-  static std::atomic<uint64_t> seq{0};
-  return path.string() + fmt::format(".tmp.{}.{}", ::getpid(), seq++);
-}
-
 Status CommitTemp(Fd& fd, const std::filesystem::path& tmp, const std::filesystem::path& path, bool sync) {
   auto fail = [&](Status st) {
     if (fd.get() >= 0) fd.Close();

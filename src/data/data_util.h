@@ -15,8 +15,6 @@ namespace viper::data_internal {
 Status PreadAll(int fd, std::span<std::byte> dst, uint64_t offset);
 // Writes all of `bytes` at `offset`; IOError (with errno) on failure.
 Status PwriteAll(int fd, std::span<const std::byte> bytes, uint64_t offset);
-// "<path>.tmp.<pid>.<n>": unique per process and call.
-std::filesystem::path TempPathFor(const std::filesystem::path& path);
 // Makes a finished temporary file `tmp` (open as `fd`) the file `path`: fsync (if `sync`), close,
 // rename, fsync the directory (if `sync`). On failure the temporary file is removed.
 Status CommitTemp(Fd& fd, const std::filesystem::path& tmp, const std::filesystem::path& path, bool sync);

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "data_util.h"
+#include "temp_file.h"
 #include "viper/snapshot.h"  // checksum64
 
 namespace viper {
@@ -204,10 +205,12 @@ Result<std::unique_ptr<RecordWriter>> RecordWriter::Create(const std::filesystem
                                                            const RecordWriterOptions& options) {
   std::unique_ptr<RecordWriter> w(new RecordWriter());
   w->path_ = path;
-  w->tmp_ = data_internal::TempPathFor(path);
   w->options_ = options;
-  w->fd_ = Fd(::open(w->tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, options.file_mode));
-  if (w->fd_.get() < 0) return Status::FromErrno(fmt::format("record file {}: cannot create {}", path.string(), w->tmp_.string()));
+  // Exclusive, O_NOFOLLOW, unpredictable name (temp_file.h): nothing planted next to `path` is written.
+  auto temp = internal::CreateTempNextTo(path, options.file_mode);
+  if (!temp.ok()) return temp.status().WithContext(fmt::format("record file {}", path.string()));
+  w->tmp_ = std::move(temp->path);
+  w->fd_ = std::move(temp->fd);
   return w;
 }
 

@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -36,23 +37,68 @@ constexpr uint64_t kWriteChunk = 64ull << 20;
 
 std::atomic<uint64_t> g_temp_seq{0};
 
-Status FsyncDir(const fs::path& dir) {
-  Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (fd.get() < 0) return Status::FromErrno(fmt::format("open directory {} to fsync it", dir.string()));
-  if (::fsync(fd.get()) != 0) return Status::FromErrno(fmt::format("fsync of directory {}", dir.string()));
-  return Status::OK();
+// Every path below the store is opened relative to a descriptor of the store directory, one
+// component at a time and O_NOFOLLOW: a model directory or a version file that is a symbolic link
+// is refused, never written, read or deleted through.
+
+// The model directory `model` under `store_fd` (shown as `dir`), opened O_NOFOLLOW; created 0700
+// first with `create` (the store directory is then fsynced when `sync`, so that it survives a crash).
+Result<Fd> OpenModelDir(int store_fd, const fs::path& store, const std::string& model, bool create, bool sync) {
+  const fs::path dir = store / model;
+  if (create) {
+    if (::mkdirat(store_fd, model.c_str(), 0700) == 0) {
+      if (sync && ::fsync(store_fd) != 0) return Status::FromErrno(fmt::format("fsync of directory {}", store.string()));
+    } else if (errno != EEXIST) {
+      return Status::FromErrno(fmt::format("cannot create directory {}", dir.string()));
+    }
+  }
+  Fd fd(::openat(store_fd, model.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (fd.get() >= 0) return fd;
+  struct stat st {};
+  // O_DIRECTORY | O_NOFOLLOW on a link fails with ENOTDIR (or ELOOP): which one it is, lstat says.
+  if ((errno == ELOOP || errno == ENOTDIR) && ::fstatat(store_fd, model.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+      S_ISLNK(st.st_mode)) {
+    errno = ELOOP;
+  }
+  if (errno == ELOOP) {
+    return Status::InvalidArgument(fmt::format(
+        "file tier: model directory {} is a symbolic link; the file tier writes, reads and deletes only in real "
+        "directories of its store (replace the link with a directory)",
+        dir.string()));
+  }
+  if (errno == ENOTDIR) return Status::InvalidArgument(fmt::format("{} exists but is not a directory", dir.string()));
+  return Status::FromErrno(fmt::format("cannot open directory {}", dir.string()));
 }
 
-// mkdir with 0700 if missing; fsyncs the parent so that the new directory survives a crash.
-Status EnsureDir(const fs::path& dir, bool sync) {
-  if (::mkdir(dir.c_str(), 0700) == 0) return sync ? FsyncDir(dir.parent_path()) : Status::OK();
-  if (errno != EEXIST) return Status::FromErrno(fmt::format("cannot create directory {}", dir.string()));
-  struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    return Status::InvalidArgument(fmt::format("{} exists but is not a directory", dir.string()));
-  }
-  return Status::OK();
+// The regular file `name` in `dir_fd`, opened read-only with O_NOFOLLOW; InvalidArgument for a
+// link or anything but a regular file.
+Result<Fd> OpenRegular(int dir_fd, const std::string& name, const fs::path& path, struct stat* st) {
+  Fd fd(::openat(dir_fd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  if (fd.get() < 0 && errno == ELOOP) return Status::InvalidArgument(fmt::format("{} is a symbolic link", path.string()));
+  if (fd.get() < 0) return Status::FromErrno(fmt::format("cannot open {}", path.string()));
+  if (::fstat(fd.get(), st) != 0) return Status::FromErrno(fmt::format("cannot stat {}", path.string()));
+  if (!S_ISREG(st->st_mode)) return Status::InvalidArgument(fmt::format("{} is not a regular file", path.string()));
+  return fd;
 }
+
+// Snapshot::OpenFile, through the directory descriptor (O_NOFOLLOW): the file mapped read-only.
+Result<Snapshot> OpenVersionFile(int dir_fd, const std::string& name, const fs::path& path, const ParseOptions& options) {
+  struct stat st {};
+  VIPER_ASSIGN_OR_RETURN(Fd fd, OpenRegular(dir_fd, name, path, &st));
+  const size_t size = static_cast<size_t>(st.st_size);
+  std::shared_ptr<const void> owner;
+  if (size > 0) {
+    void* addr = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd.get(), 0);
+    if (addr == MAP_FAILED) return Status::FromErrno(fmt::format("{}: mmap of {} failed", path.string(), FormatBytes(size)));
+    owner = std::shared_ptr<const void>(addr, [size](const void* p) { ::munmap(const_cast<void*>(p), size); });
+  }
+  std::span<const std::byte> view(static_cast<const std::byte*>(owner.get()), size);
+  auto snapshot = Snapshot::Parse(view, std::move(owner), options);
+  if (!snapshot.ok()) return snapshot.status().WithContext(path.string());
+  return snapshot;
+}
+
+std::string VersionFileName(uint64_t version) { return std::to_string(version) + std::string(kSuffix); }
 
 // Writes all of `bytes` at the current offset, in large chunks straight from the caller's buffer.
 // With `start_writeback`, each chunk's writeback to the device starts as soon as the chunk is in
@@ -98,11 +144,12 @@ std::optional<TempName> ParseTempName(std::string_view name) {
 }
 
 // Checks a file found on disk (or being indexed) and returns its entry; never serves bad bytes.
-Result<FileEntry> ValidateFile(const fs::path& path, const std::string& model, uint64_t version, bool verify) {
+Result<FileEntry> ValidateFile(int dir_fd, const fs::path& path, const std::string& model, uint64_t version,
+                               bool verify) {
   ParseOptions opts;
   opts.verify_checksum = verify;
   opts.require_checksum = true;
-  VIPER_ASSIGN_OR_RETURN(Snapshot snap, Snapshot::OpenFile(path, opts));
+  VIPER_ASSIGN_OR_RETURN(Snapshot snap, OpenVersionFile(dir_fd, VersionFileName(version), path, opts));
   auto declared = snap.declared_checksum();
   if (!declared) return Status::Corruption(fmt::format("{}: has no {}", path.string(), kMetaChecksum));
   if (auto m = snap.model(); m && *m != model) {
@@ -138,6 +185,7 @@ struct FileTier::Impl {
   explicit Impl(const FileTierOptions& o) : options(o) {}
 
   const FileTierOptions options;
+  Fd store;  // the store directory (options.dir), opened at Open
   const std::string host = store_internal::HostName();
   mutable std::mutex mu;
   Index index;                                         // guarded by mu
@@ -147,7 +195,7 @@ struct FileTier::Impl {
     return options.dir / model / (std::to_string(version) + std::string(kSuffix));
   }
   void ScanModel(const std::string& model, Index* index) const;
-  void HandleTemp(const fs::path& path) const;
+  void HandleTemp(int dir_fd, const std::string& name, const fs::path& path) const;
   // The declared checksum of `bytes` if they may be written as (model, version).
   Result<uint64_t> CheckWritable(const std::string& model, uint64_t version, std::span<const std::byte> bytes) const;
   Result<FileEntry> WriteFile(const std::string& model, uint64_t version, std::span<const std::byte> bytes,
@@ -155,6 +203,9 @@ struct FileTier::Impl {
   // The indexed entry, or (not indexed) the file on disk checked at header level; `indexed`
   // says which. A file found on disk joins the index only once a read has verified it.
   Result<FileEntry> Lookup(const std::string& model, uint64_t version, bool* indexed) const;
+  Result<Fd> OpenDir(const std::string& model, bool create) const {
+    return OpenModelDir(store.get(), options.dir, model, create, options.fsync);
+  }
   void AddVerified(const FileEntry& e);
 };
 
@@ -180,6 +231,10 @@ Result<std::unique_ptr<FileTier>> FileTier::Open(const FileTierOptions& options)
     return Status::InvalidArgument(fmt::format("file tier: {} is not a directory", options.dir.string()));
   }
   std::unique_ptr<FileTier> tier(new FileTier(options));
+  tier->impl_->store = Fd(::open(options.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (tier->impl_->store.get() < 0) {
+    return Status::FromErrno(fmt::format("file tier: cannot open directory {}", options.dir.string()));
+  }
   VIPER_RETURN_IF_ERROR(tier->Rescan());
   return tier;
 }
@@ -190,13 +245,26 @@ fs::path FileTier::PathFor(const std::string& model, uint64_t version) const {
 
 Status FileTier::Rescan() {
   Index index;
-  DIR* dir = ::opendir(options_.dir.c_str());
-  if (dir == nullptr) return Status::FromErrno(fmt::format("file tier: cannot list {}", options_.dir.string()));
+  int listing = ::dup(impl_->store.get());
+  DIR* dir = listing < 0 ? nullptr : ::fdopendir(listing);
+  if (dir == nullptr) {
+    Status st = Status::FromErrno(fmt::format("file tier: cannot list {}", options_.dir.string()));
+    if (listing >= 0) ::close(listing);
+    return st;
+  }
+  ::rewinddir(dir);
   std::vector<std::string> models;
   while (const dirent* entry = ::readdir(dir)) {
     std::string name(entry->d_name);
     if (name == "." || name == "..") continue;
-    if (!ValidateModelName(name).ok() || !fs::is_directory(options_.dir / name)) {
+    struct stat st {};
+    bool is_dir = ::fstatat(::dirfd(dir), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode);
+    if (ValidateModelName(name).ok() && S_ISLNK(st.st_mode)) {
+      log(LogLevel::kWarn, kLog, "not serving {}: a model directory that is a symbolic link is never followed",
+          (options_.dir / name).string());
+      continue;
+    }
+    if (!ValidateModelName(name).ok() || !is_dir) {
       log(LogLevel::kDebug, kLog, "ignoring {}: not a model directory", (options_.dir / name).string());
       continue;
     }
@@ -211,21 +279,36 @@ Status FileTier::Rescan() {
 
 void FileTier::Impl::ScanModel(const std::string& model, Index* index) const {
   const fs::path dir = options.dir / model;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    std::string name = entry.path().filename().string();
+  auto dir_fd = OpenModelDir(store.get(), options.dir, model, /*create=*/false, /*sync=*/false);
+  if (!dir_fd.ok()) {
+    log(LogLevel::kWarn, kLog, "not serving {}: {}", dir.string(), dir_fd.status().message());
+    return;
+  }
+  int listing = ::dup(dir_fd->get());
+  DIR* entries = listing < 0 ? nullptr : ::fdopendir(listing);
+  if (entries == nullptr) {
+    log(LogLevel::kWarn, kLog, "cannot list {}: {}", dir.string(), std::strerror(errno));
+    if (listing >= 0) ::close(listing);
+    return;
+  }
+  std::vector<std::string> names;
+  while (const dirent* entry = ::readdir(entries)) names.emplace_back(entry->d_name);
+  ::closedir(entries);
+  for (const std::string& name : names) {
+    const fs::path path = dir / name;
+    if (name == "." || name == "..") continue;
     if (name.find(kTempMarker) != std::string::npos) {
-      HandleTemp(entry.path());
+      HandleTemp(dir_fd->get(), name, path);
       continue;
     }
     if (!name.ends_with(kSuffix)) continue;
     auto version = store_internal::ParseDecimal(std::string_view(name).substr(0, name.size() - kSuffix.size()));
     if (!version || *version == 0) {
       log(LogLevel::kWarn, kLog, "skipping {}: not <version>.safetensors with a canonical version >= 1",
-          entry.path().string());
+          path.string());
       continue;
     }
-    auto file = ValidateFile(entry.path(), model, *version, options.verify_on_open);
+    auto file = ValidateFile(dir_fd->get(), path, model, *version, options.verify_on_open);
     if (!file.ok()) {
       // The status message starts with the path.
       log(LogLevel::kWarn, kLog, "not serving {}", file.status().message());
@@ -233,16 +316,18 @@ void FileTier::Impl::ScanModel(const std::string& model, Index* index) const {
     }
     (*index)[model][*version] = *std::move(file);
   }
-  if (ec) log(LogLevel::kWarn, kLog, "cannot list {}: {}", dir.string(), ec.message());
 }
 
 // A temporary file is a write in progress or a crashed writer's leftover. Remove it only when
 // its writer is surely gone: same host and pid dead, or not modified for stale_temp_age.
-void FileTier::Impl::HandleTemp(const fs::path& path) const {
-  std::string name = path.filename().string();
+void FileTier::Impl::HandleTemp(int dir_fd, const std::string& name, const fs::path& path) const {
   auto temp = ParseTempName(name);
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return;  // renamed or removed meanwhile
+  if (::fstatat(dir_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) return;  // renamed or removed meanwhile
+  if (!S_ISREG(st.st_mode)) {
+    log(LogLevel::kWarn, kLog, "leaving {} alone: named like a temporary file but not a regular file", path.string());
+    return;
+  }
   auto age = std::chrono::system_clock::now() - std::chrono::system_clock::from_time_t(st.st_mtime);
   bool ours = temp && temp->host == host && temp->pid != 0;
   bool dead = ours && static_cast<int64_t>(temp->pid) != ::getpid() &&
@@ -250,7 +335,7 @@ void FileTier::Impl::HandleTemp(const fs::path& path) const {
   if (dead || age > options.stale_temp_age) {
     log(LogLevel::kWarn, kLog, "removing {}: leftover of an interrupted write ({}); never served", path.string(),
         dead ? fmt::format("writer pid {} is dead", temp->pid) : "not modified for a long time");
-    if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+    if (::unlinkat(dir_fd, name.c_str(), 0) != 0 && errno != ENOENT) {
       log(LogLevel::kWarn, kLog, "cannot remove {}: {}", path.string(), std::strerror(errno));
     }
     return;
@@ -274,7 +359,7 @@ Status FileTier::Write(const std::string& model, uint64_t version, std::span<con
     }
   }
   auto written = impl_->WriteFile(model, version, bytes, checksum);
-  std::vector<fs::path> victims;
+  std::vector<uint64_t> victims;
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     impl_->writing.erase({model, version});
@@ -282,13 +367,29 @@ Status FileTier::Write(const std::string& model, uint64_t version, std::span<con
     auto& versions = impl_->index[model];
     versions[version] = *std::move(written);
     while (versions.size() > options_.keep_versions) {
-      victims.push_back(versions.begin()->second.path);
+      victims.push_back(versions.begin()->first);
       versions.erase(versions.begin());
     }
   }
-  for (const fs::path& path : victims) {
+  if (victims.empty()) return Status::OK();
+  // Retention deletes only what the tier writes: regular files named <version>.safetensors in the
+  // model's real directory (never a link, never through one).
+  auto dir_fd = impl_->OpenDir(model, /*create=*/false);
+  if (!dir_fd.ok()) {
+    log(LogLevel::kWarn, kLog, "retention: {}", dir_fd.status().message());
+    return Status::OK();
+  }
+  for (uint64_t victim : victims) {
+    const std::string name = VersionFileName(victim);
+    const fs::path path = options_.dir / model / name;
+    struct stat st {};
+    if (::fstatat(dir_fd->get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;  // gone already
+    if (!S_ISREG(st.st_mode)) {
+      log(LogLevel::kWarn, kLog, "retention: leaving {} alone: not a regular file", path.string());
+      continue;
+    }
     log(LogLevel::kDebug, kLog, "retention: removing {}", path.string());
-    if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+    if (::unlinkat(dir_fd->get(), name.c_str(), 0) != 0 && errno != ENOENT) {
       log(LogLevel::kWarn, kLog, "retention: cannot remove {}: {}", path.string(), std::strerror(errno));
     }
   }
@@ -318,13 +419,15 @@ Result<uint64_t> FileTier::Impl::CheckWritable(const std::string& model, uint64_
 Result<FileEntry> FileTier::Impl::WriteFile(const std::string& model, uint64_t version,
                                             std::span<const std::byte> bytes, uint64_t checksum) const {
   const fs::path dir = options.dir / model;
-  VIPER_RETURN_IF_ERROR(EnsureDir(dir, options.fsync));
+  VIPER_ASSIGN_OR_RETURN(Fd dir_fd, OpenDir(model, /*create=*/true));
   const fs::path final_path = PathFor(model, version);
-  const fs::path tmp = dir / fmt::format("{}{}{}.{}.{}", version, kTempMarker, ::getpid(), ++g_temp_seq, host);
-  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, options.file_mode));
+  const std::string tmp_name = fmt::format("{}{}{}.{}.{}", version, kTempMarker, ::getpid(), ++g_temp_seq, host);
+  const fs::path tmp = dir / tmp_name;
+  Fd fd(::openat(dir_fd.get(), tmp_name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                 options.file_mode));
   if (fd.get() < 0) return Status::FromErrno(fmt::format("file tier: cannot create {}", tmp.string()));
   auto fail = [&](Status st) {
-    ::unlink(tmp.c_str());
+    ::unlinkat(dir_fd.get(), tmp_name.c_str(), 0);
     return st;
   };
   if (::fchmod(fd.get(), options.file_mode) != 0) {
@@ -336,10 +439,12 @@ Result<FileEntry> FileTier::Impl::WriteFile(const std::string& model, uint64_t v
     return fail(Status::FromErrno(fmt::format("file tier: fsync of {} ({})", tmp.string(), FormatBytes(bytes.size()))));
   }
   if (fd.Close() != 0) return fail(Status::FromErrno(fmt::format("file tier: close of {}", tmp.string())));
-  if (::rename(tmp.c_str(), final_path.c_str()) != 0) {
+  if (::renameat(dir_fd.get(), tmp_name.c_str(), dir_fd.get(), VersionFileName(version).c_str()) != 0) {
     return fail(Status::FromErrno(fmt::format("file tier: rename {} -> {}", tmp.string(), final_path.string())));
   }
-  if (options.fsync) VIPER_RETURN_IF_ERROR(FsyncDir(dir));
+  if (options.fsync && ::fsync(dir_fd.get()) != 0) {
+    return Status::FromErrno(fmt::format("fsync of directory {}", dir.string()));
+  }
   FileEntry e;
   e.model = model;
   e.version = version;
@@ -367,13 +472,18 @@ Result<FileEntry> FileTier::Impl::Lookup(const std::string& model, uint64_t vers
   }
   // Not indexed: another process sharing the directory may have written it since Open().
   const fs::path path = PathFor(model, version);
+  auto dir_fd = OpenDir(model, /*create=*/false);
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) {
+  if (dir_fd.ok() && ::fstatat(dir_fd->get(), VersionFileName(version).c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+    dir_fd = Status::NotFound("");
+  }
+  if (!dir_fd.ok() && dir_fd.status().code() != StatusCode::kInvalidArgument) {
     return Status::NotFound(fmt::format("file tier {}: model {} version {} is not stored (versions: {})",
                                         options.dir.string(), model, version, have));
   }
+  if (!dir_fd.ok()) return dir_fd.status();  // a link or not a directory: say so
   *indexed = false;
-  return ValidateFile(path, model, version, /*verify=*/false);
+  return ValidateFile(dir_fd->get(), path, model, version, /*verify=*/false);
 }
 
 void FileTier::Impl::AddVerified(const FileEntry& e) {
@@ -387,7 +497,8 @@ Result<Snapshot> FileTier::Read(const std::string& model, uint64_t version) cons
   ParseOptions opts;
   opts.verify_checksum = true;
   opts.require_checksum = true;
-  auto snap = Snapshot::OpenFile(e.path, opts);
+  VIPER_ASSIGN_OR_RETURN(Fd dir_fd, impl_->OpenDir(model, /*create=*/false));
+  auto snap = OpenVersionFile(dir_fd.get(), VersionFileName(version), e.path, opts);
   if (snap.ok() && !indexed) impl_->AddVerified(e);
   return snap;
 }
@@ -395,10 +506,11 @@ Result<Snapshot> FileTier::Read(const std::string& model, uint64_t version) cons
 Result<uint64_t> FileTier::ReadInto(const std::string& model, uint64_t version, std::span<std::byte> dst) const {
   bool indexed = false;
   VIPER_ASSIGN_OR_RETURN(FileEntry e, impl_->Lookup(model, version, &indexed));
-  Fd fd(::open(e.path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) return Status::FromErrno(fmt::format("file tier: cannot open {}", e.path.string()));
+  VIPER_ASSIGN_OR_RETURN(Fd dir_fd, impl_->OpenDir(model, /*create=*/false));
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) return Status::FromErrno(fmt::format("file tier: fstat of {}", e.path.string()));
+  auto opened = OpenRegular(dir_fd.get(), VersionFileName(version), e.path, &st);
+  if (!opened.ok()) return opened.status().WithContext("file tier");
+  Fd fd = *std::move(opened);
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   if (dst.size() < size) {
     return Status::InvalidArgument(fmt::format("file tier: {} is {} but the destination holds only {}",

@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "store_util.h"
+#include "viper/fd.h"
 #include "viper/host_tier.h"
 #include "viper/log.h"
 
@@ -57,6 +58,17 @@ std::vector<std::string> HostTier::FindStaleSegments(const std::string& prefix) 
     auto seq = store_internal::ParseDecimal(rest.substr(dot + 1));
     if (!pid || !seq) continue;
     if (static_cast<int64_t>(*pid) == ::getpid() || store_internal::ProcessAlive(static_cast<int64_t>(*pid))) continue;
+    // Only our own: another local user may create any name in /dev/shm, a dead pid's included.
+    // O_PATH | O_NOFOLLOW: a link is looked at, not followed; fstat then tells who owns what.
+    Fd fd(::openat(::dirfd(dir), entry->d_name, O_PATH | O_NOFOLLOW | O_CLOEXEC));
+    struct stat st {};
+    if (fd.get() < 0 || ::fstat(fd.get(), &st) != 0) continue;  // gone meanwhile
+    if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) {
+      log(LogLevel::kWarn, kLog, "ignoring {}/{}: named like a segment of a dead process but {} (this node runs as uid {})",
+          kShmDir, name, S_ISREG(st.st_mode) ? fmt::format("owned by uid {}", st.st_uid) : std::string("not a regular file"),
+          ::geteuid());
+      continue;
+    }
     stale.emplace_back(name);
   }
   ::closedir(dir);

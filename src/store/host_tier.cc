@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <map>
+#include <random>
 #include <utility>
 
 #include <fmt/format.h>
@@ -85,11 +87,19 @@ void UnlinkSegment(const std::string& name) {
 }
 
 // Creates /dev/shm/<name> with exactly `mode` (fchmod: the umask must not widen or narrow it),
-// sized `capacity`, mapped read-write.
+// sized `capacity`, mapped read-write. O_EXCL: an existing entry of that name (another user's
+// squat, a link) is never opened; the caller picks another name on AlreadyExists.
 Result<std::shared_ptr<Mapping>> CreateSegment(const std::string& name, uint64_t capacity, mode_t mode) {
   auto map = std::make_shared<Mapping>();
   map->name = name;
-  map->fd = ::shm_open(("/" + name).c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+  map->fd = ::shm_open(("/" + name).c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+  if (map->fd < 0 && errno == EEXIST) {
+    struct stat st {};
+    std::string owner = ::lstat((std::string(kShmDir) + "/" + name).c_str(), &st) == 0
+                            ? fmt::format("uid {}", st.st_uid)
+                            : "someone";
+    return Status::AlreadyExists(fmt::format("segment {}: the name is taken (by {})", name, owner));
+  }
   if (map->fd < 0) return Status::FromErrno(fmt::format("segment {}: shm_open failed", name));
   auto fail = [&](std::string what) {
     Status st = Status::FromErrno(fmt::format("segment {}: {}", name, what));
@@ -127,11 +137,29 @@ struct FreshSegment {
   uint64_t id = 0;
   std::shared_ptr<Mapping> map;
 };
+// A name that is taken (another local user may create any name in /dev/shm) is skipped: the next
+// try jumps the sequence by a random amount, so that squatting the names ahead cannot keep up.
 Result<FreshSegment> CreateReservedSegment(const HostTierOptions& options, uint64_t size) {
+  constexpr int kTries = 16;
   FreshSegment fresh;
-  fresh.id = g_next_seq.fetch_add(1);
-  std::string name = fmt::format("{}.{}.{}", options.prefix, ::getpid(), fresh.id);
-  VIPER_ASSIGN_OR_RETURN(fresh.map, CreateSegment(name, FreshCapacity(size), options.mode));
+  std::string name;
+  for (int attempt = 0;; ++attempt) {
+    uint64_t step = 1;
+    if (attempt > 0) {
+      thread_local std::mt19937_64 rng{std::random_device{}()};
+      step += rng() & 0xffffffffu;
+    }
+    fresh.id = g_next_seq.fetch_add(step);
+    name = fmt::format("{}.{}.{}", options.prefix, ::getpid(), fresh.id);
+    Result<std::shared_ptr<Mapping>> made = CreateSegment(name, FreshCapacity(size), options.mode);
+    if (made.ok()) {
+      fresh.map = *std::move(made);
+      break;
+    }
+    if (made.status().code() != StatusCode::kAlreadyExists || attempt + 1 == kTries) return made.status();
+    log(LogLevel::kWarn, kLog, "{}{}: not ours, left alone; picking another name", "/dev/shm/",
+        made.status().message());
+  }
   Status st = Reserve(*fresh.map, size);
   if (!st.ok()) {
     UnlinkSegment(name);
@@ -163,10 +191,12 @@ std::string JoinVersions(const std::map<uint64_t, uint64_t>* versions) {
 // The tier's state. Every member is guarded by `mu`.
 class HostPool {
  public:
-  explicit HostPool(const HostTierOptions& options) : options_(options) {}
+  HostPool(const HostTierOptions& options, uint64_t max_bytes) : options_(options), max_bytes(max_bytes) {}
 
   std::mutex mu;
   HostTierOptions options_;
+  const uint64_t max_bytes;    // the byte budget in effect (options_.max_bytes or its default)
+  uint64_t pending_bytes = 0;  // capacity of fresh segments being created (not yet in `segments`)
   std::map<uint64_t, Segment> segments;                                 // by id (= name's seq)
   std::map<std::string, std::map<uint64_t, uint64_t>> committed;       // model -> version -> id
   uint64_t tick = 0;
@@ -186,6 +216,37 @@ class HostPool {
       if (seg.map->capacity < best_capacity) best = id, best_capacity = seg.map->capacity;
     }
     return best;
+  }
+
+  // Capacity of every segment held or being created.
+  uint64_t UsedBytes() const {
+    uint64_t used = pending_bytes;
+    for (const auto& [id, seg] : segments) used += seg.map->capacity;
+    return used;
+  }
+
+  // Makes room in the budget for a fresh segment of `capacity`: unlinks free segments (least
+  // recently freed first) while it would not fit; ResourceExhausted if it still does not.
+  Status MakeRoom(uint64_t capacity, std::vector<std::shared_ptr<Mapping>>* out) {
+    for (;;) {
+      const uint64_t used = UsedBytes();
+      if (used + capacity <= max_bytes) return Status::OK();
+      uint64_t oldest = 0;
+      uint64_t oldest_tick = UINT64_MAX;
+      for (const auto& [id, seg] : segments) {
+        if (seg.state == SegState::kFree && seg.free_tick < oldest_tick) oldest = id, oldest_tick = seg.free_tick;
+      }
+      if (oldest == 0) {
+        size_t models = 0;
+        for (const auto& [model, versions] : committed) models += versions.empty() ? 0 : 1;
+        return Status::ResourceExhausted(fmt::format(
+            "host tier: a new {} segment would bring the shared memory this node holds to {}, beyond its budget of "
+            "{} ({} segments for {} models; raise the node's host_max_bytes, `viper serve --host-max-bytes`)",
+            FormatBytes(capacity), FormatBytes(used + capacity), FormatBytes(max_bytes), segments.size(), models));
+      }
+      out->push_back(std::move(segments.at(oldest).map));
+      segments.erase(oldest);
+    }
   }
 
   // Moves a segment to the free pool and trims the pool; unlinked victims are appended to `out`
@@ -302,8 +363,21 @@ const std::string& WriteLease::segment_name() const {
 
 // ---- HostTier ----
 
+namespace {
+
+// The byte budget in effect: the configured one, or half of /dev/shm's size.
+uint64_t EffectiveMaxBytes(const HostTierOptions& options) {
+  if (options.max_bytes != 0) return options.max_bytes;
+  struct statvfs vfs {};
+  if (::statvfs(kShmDir, &vfs) != 0 || vfs.f_blocks == 0) return UINT64_MAX;
+  return static_cast<uint64_t>(vfs.f_blocks) * vfs.f_frsize / 2;
+}
+
+}  // namespace
+
 HostTier::HostTier(const HostTierOptions& options)
-    : options_(options), impl_(std::make_unique<Impl>(Impl{std::make_shared<HostPool>(options)})) {}
+    : options_(options),
+      impl_(std::make_unique<Impl>(Impl{std::make_shared<HostPool>(options, EffectiveMaxBytes(options))})) {}
 
 Result<std::unique_ptr<HostTier>> HostTier::Open(const HostTierOptions& options) {
   VIPER_RETURN_IF_ERROR(ValidatePrefix(options.prefix));
@@ -360,10 +434,25 @@ Result<WriteLease> HostTier::Allocate(uint64_t size) {
       recycled = true;
     }
   }
+  const uint64_t capacity = FreshCapacity(size);
   if (!recycled) {
-    VIPER_ASSIGN_OR_RETURN(FreshSegment fresh, CreateReservedSegment(options_, size));
-    id = fresh.id;
-    map = std::move(fresh.map);
+    std::vector<std::shared_ptr<Mapping>> victims;
+    Status room;
+    {
+      std::lock_guard<std::mutex> lock(pool.mu);
+      room = pool.MakeRoom(capacity, &victims);
+      if (room.ok()) pool.pending_bytes += capacity;
+    }
+    HostPool::Drop(std::move(victims));
+    VIPER_RETURN_IF_ERROR(room);
+    Result<FreshSegment> fresh = CreateReservedSegment(options_, size);
+    if (!fresh.ok()) {
+      std::lock_guard<std::mutex> lock(pool.mu);
+      pool.pending_bytes -= capacity;
+      return fresh.status();
+    }
+    id = fresh->id;
+    map = std::move(fresh->map);
   } else if (size > reserved) {
     Status st = Reserve(*map, size);
     if (!st.ok()) {
@@ -382,6 +471,7 @@ Result<WriteLease> HostTier::Allocate(uint64_t size) {
     seg.size = size;
     seg.reserved = size;
     pool.segments.emplace(id, std::move(seg));
+    pool.pending_bytes -= capacity;
     ++pool.fresh_allocations;
   }
   WriteLease lease;
@@ -401,13 +491,16 @@ Status HostTier::KeepSpare(uint64_t size) {
     size_t fitting = 0;
     for (const auto& [id, seg] : pool.segments) fitting += FitsForRecycling(seg.map->capacity, size) ? 1 : 0;
     if (fitting >= options_.keep_versions + 1) return Status::OK();  // one model's steady state
+    if (pool.UsedBytes() + FreshCapacity(size) > pool.max_bytes) return Status::OK();  // a spare is not worth the budget
     pool.spare_size = size;
+    pool.pending_bytes += FreshCapacity(size);
   }
   Result<FreshSegment> fresh = CreateReservedSegment(options_, size);
   std::vector<std::shared_ptr<Mapping>> victims;
   {
     std::lock_guard<std::mutex> lock(pool.mu);
     pool.spare_size = 0;
+    pool.pending_bytes -= FreshCapacity(size);
     if (fresh.ok() && pool.shut_down) {
       UnlinkSegment(fresh->map->name);  // the tier closed meanwhile; the mapping goes with `fresh`
     } else if (fresh.ok()) {
@@ -434,6 +527,17 @@ Status HostTier::Commit(WriteLease lease, const std::string& model, uint64_t ver
   std::vector<std::shared_ptr<Mapping>> victims;
   {
     std::lock_guard<std::mutex> lock(pool.mu);
+    auto held = pool.committed.find(model);
+    if (options_.max_models != 0 && (held == pool.committed.end() || held->second.empty())) {
+      size_t models = 0;
+      for (const auto& [name, versions] : pool.committed) models += versions.empty() ? 0 : 1;
+      if (models >= options_.max_models) {
+        return Status::ResourceExhausted(fmt::format(
+            "host tier: model {} would be model {} in this node's shared memory, beyond its budget of {} models "
+            "(raise the node's host_max_models, `viper serve --host-max-models`)",
+            model, models + 1, options_.max_models));
+      }
+    }
     auto& versions = pool.committed[model];
     if (!versions.empty() && version <= versions.rbegin()->first) {
       return Status::FailedPrecondition(fmt::format(

@@ -127,6 +127,7 @@ test_auth() {
     { failed "publish with the token"; return; }
   check "ls from h3 without a token is refused" bash -c "! '$VIPER_HOSTS_SCRIPT' exec h3 -- '$VIPER' ls --connect $A:7330 2>'$TMP/notoken.err'"
   echo wrong >"$TMP/wrong"
+  chmod 600 "$TMP/wrong"
   check "ls from h3 with a wrong token is refused" bash -c "! '$VIPER_HOSTS_SCRIPT' exec h3 -- '$VIPER' ls --connect $A:7330 --token-file '$TMP/wrong' 2>/dev/null"
   check "the node logged why (no token)" grep -q "carries no token" "$TMP/a4.log"
   check "the node logged why (wrong token)" grep -q "carries a wrong token" "$TMP/a4.log"

@@ -16,6 +16,8 @@
 #include "command.h"
 #include "node_common.h"
 #include "registry_cli.h"
+#include "seal.h"
+#include "temp_file.h"
 #include "viper/client.h"
 #include "viper/host_tier.h"
 #include "viper/node.h"
@@ -227,16 +229,18 @@ void DrawProgress(uint64_t done, uint64_t total) {
   if (done == total) std::fprintf(stderr, "\n");
 }
 
+// The temporary file next to `path` is created exclusively under an unpredictable name
+// (temp_file.h): a link or file another user planted in a shared directory is never written.
 Status WriteFileAtomically(const std::string& path, std::span<const std::byte> bytes) {
-  std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Status::FromErrno("create " + tmp);
+  VIPER_ASSIGN_OR_RETURN(internal::TempFile temp, internal::CreateTempNextTo(path, 0644));
+  const std::string tmp = temp.path.string();
+  int fd = temp.fd.get();
   size_t done = 0;
   while (done < bytes.size()) {
     ssize_t n = ::write(fd, bytes.data() + done, std::min<size_t>(bytes.size() - done, 8u << 20));
     if (n < 0) {
       Status st = Status::FromErrno("write " + tmp);
-      ::close(fd);
+      temp.fd.Close();
       ::unlink(tmp.c_str());
       return st;
     }
@@ -244,11 +248,11 @@ Status WriteFileAtomically(const std::string& path, std::span<const std::byte> b
   }
   if (::fsync(fd) != 0) {
     Status st = Status::FromErrno("fsync " + tmp);
-    ::close(fd);
+    temp.fd.Close();
     ::unlink(tmp.c_str());
     return st;
   }
-  if (::close(fd) != 0) {
+  if (temp.fd.Close() != 0) {
     Status st = Status::FromErrno("close " + tmp);
     ::unlink(tmp.c_str());
     return st;
@@ -263,8 +267,10 @@ Status WriteFileAtomically(const std::string& path, std::span<const std::byte> b
 
 int RunPull(const PullFlags& f) {
   std::string connect = f.connect;
+  auto token = f.auth.Resolve();
+  if (!token.ok()) return Fail("pull", token.status());
   if (!f.registry.empty()) {
-    auto found = NearestNodeHolding(f.registry, f.model, f.version);
+    auto found = NearestNodeHolding(f.registry, f.model, f.version, *token);
     if (!found.ok()) return Fail("pull", found.status());
     connect = *found;
   }
@@ -296,6 +302,8 @@ int RunPull(const PullFlags& f) {
     bytes = buffer;
     info = ok->info;
   }
+  // With the fleet's token, only a version a node of the fleet sealed is written out.
+  if (Status sealed = internal::CheckSeal(*token, info, "node " + connect); !sealed.ok()) return Fail("pull", sealed);
   auto snap = Snapshot::Parse(bytes, hold);
   if (!snap.ok()) return Fail("pull", snap.status());
   if (snap->compute_checksum() != info.checksum)

@@ -1,4 +1,6 @@
 // viper serve: a standalone node (host tier, optional file tier, UCX listener, registry).
+#include <unistd.h>
+
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -6,6 +8,7 @@
 #include "command.h"
 #include "node_common.h"
 #include "registry_cli.h"
+#include "temp_file.h"
 #include "viper/log.h"
 #include "viper/node.h"
 
@@ -18,25 +21,26 @@ struct ServeFlags {
   std::string address_file;
   std::string delta = "auto";
   double registry_ttl_s = 10;
+  std::string host_max_bytes = "0";
   RelayOptions relay;  // with --upstream: this node replicates the upstream's models
 };
 
 // Writes "HOST:PORT\n" to `path` through a temporary beside it (removed if anything fails), so a
 // reader never sees a partial address.
+// The bound address, written to a temporary created exclusively under an unpredictable name next
+// to `path` (temp_file.h), then renamed: nothing planted at a guessable name is written through.
 Status WriteAddressFile(const std::string& path, const std::string& address) {
-  std::string tmp = path + ".tmp";
-  std::ofstream out(tmp, std::ios::trunc);
-  if (!out) return Status::FromErrno("--address-file: cannot create " + tmp);
-  out << address << "\n";
-  out.close();
-  if (!out) {
-    Status st = Status::FromErrno("--address-file: cannot write " + tmp);
-    std::remove(tmp.c_str());
+  VIPER_ASSIGN_OR_RETURN(internal::TempFile temp, internal::CreateTempNextTo(path, 0644));
+  const std::string line = address + "\n";
+  bool written = ::write(temp.fd.get(), line.data(), line.size()) == static_cast<ssize_t>(line.size());
+  if (temp.fd.Close() != 0 || !written) {
+    Status st = Status::FromErrno("--address-file: cannot write " + temp.path.string());
+    ::unlink(temp.path.c_str());
     return st;
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    Status st = Status::FromErrno("--address-file: cannot rename " + tmp + " to " + path);
-    std::remove(tmp.c_str());
+  if (std::rename(temp.path.c_str(), path.c_str()) != 0) {
+    Status st = Status::FromErrno("--address-file: cannot rename " + temp.path.string() + " to " + path);
+    ::unlink(temp.path.c_str());
     return st;
   }
   return Status::OK();
@@ -50,6 +54,9 @@ int RunServe(const ServeFlags& flags) {
   if (!delta.ok()) return Fail("serve", delta.status().WithContext("--delta"));
   options.delta = *delta;
   options.token = *token;
+  auto max_bytes = ParseBytes(flags.host_max_bytes, "--host-max-bytes");
+  if (!max_bytes.ok()) return Fail("serve", max_bytes.status());
+  options.host_max_bytes = *max_bytes;
   if (!options.registry.empty()) {
     auto heartbeat = HeartbeatForTtl(flags.registry_ttl_s);
     if (!heartbeat.ok()) return Fail("serve", heartbeat.status());
@@ -108,6 +115,14 @@ ViperCommand serve_command(
       app.add_option("--keep-files", flags->node.keep_file_versions, "Versions per model kept on the file tier")
           ->default_val(3)
           ->check(IntegerIn(1, kMaxKeptVersions));
+      app.add_option("--host-max-bytes", flags->host_max_bytes,
+                     "Shared memory the node's segments may take, e.g. 8GiB (0 = half of /dev/shm); a publish beyond "
+                     "it fails with ResourceExhausted")
+          ->default_val("0");
+      app.add_option("--host-max-models", flags->node.host_max_models,
+                     "Models the node holds in shared memory (0 = no cap); one more fails to publish")
+          ->default_val(128)
+          ->check(CLI::NonNegativeNumber);
       app.add_option("--name", flags->node.name, "Node name shown to peers")->check(Text(kMaxNodeNameBytes));
       app.add_flag("--insecure", flags->node.insecure,
                    "Listen beyond loopback without a token (anyone who reaches the port can publish and fetch)");

@@ -7,6 +7,7 @@
 
 #include "command.h"
 #include "node_common.h"
+#include "seal.h"
 #include "viper/node.h"
 #include "viper/snapshot.h"
 
@@ -21,11 +22,17 @@ Result<RegistryHeartbeat> HeartbeatForTtl(double ttl_seconds) {
   return hb;
 }
 
-Result<std::string> NearestNodeHolding(const std::string& url, const std::string& model, uint64_t version) {
+Result<std::string> NearestNodeHolding(const std::string& url, const std::string& model, uint64_t version,
+                                       const std::string& token) {
   VIPER_ASSIGN_OR_RETURN(auto registry, OpenRegistry(url));
   VIPER_ASSIGN_OR_RETURN(RegistryLookup found, registry->Lookup(model));
   for (const auto& r : found.rejected) std::fprintf(stderr, "viper: registry record ignored: %s\n", r.c_str());
   if (version != 0) std::erase_if(found.holders, [&](const HolderRecord& h) { return h.info.version != version; });
+  std::erase_if(found.holders, [&](const HolderRecord& h) {
+    Status sealed = internal::CheckSeal(token, h.info, "node " + h.node.address);
+    if (!sealed.ok()) std::fprintf(stderr, "viper: holder skipped: %s\n", sealed.message().c_str());
+    return !sealed.ok();
+  });
   auto nearest = NearestHoldersOfLatest(found, LocalHostKey());
   if (nearest.empty())
     return Status::NotFound("registry " + url + " lists no node holding " + model +

@@ -18,7 +18,10 @@ inline void AddRegistry(CLI::App& app, std::string& url) {
 Result<RegistryHeartbeat> HeartbeatForTtl(double ttl_seconds);
 // The address of the nearest node (this host first) that holds `version` of `model` (0 = the
 // newest) according to the registry.
-Result<std::string> NearestNodeHolding(const std::string& url, const std::string& model, uint64_t version);
+// With a fleet token, holders whose version's seal does not verify (seal.h) are skipped with a
+// warning naming each, and the nearest holder of the newest sealed version is chosen.
+Result<std::string> NearestNodeHolding(const std::string& url, const std::string& model, uint64_t version,
+                                       const std::string& token = "");
 // `viper ls --registry`: every model, version and holder the registry lists.
 int RunLsRegistry(const std::string& url, bool json);
 

@@ -212,6 +212,15 @@ def test_errors_map_to_builtin_exceptions(tmp_path):
         viper.Snapshot.open(str(tmp_path / "missing.safetensors"))
 
 
+def test_host_tier_budget_kwargs_refuse_a_publish_beyond_it():
+    with viper.Publisher("m", listen="127.0.0.1:0", mode="sync", segment_prefix=f"vpy{os.getpid()}",
+                         host_max_bytes=1 << 20, host_max_models=4) as pub:
+        pub.publish({"w": np.zeros(1024, dtype=np.float32)})  # 4 kB: within the budget
+        with pytest.raises(OSError, match="beyond its budget of 1 MiB"):
+            pub.publish({"w": np.zeros(1 << 20, dtype=np.float32)})  # 4 MB
+        pub.publish({"w": np.ones(1024, dtype=np.float32)})  # still publishing within it
+
+
 def test_snapshot_files_round_trip_and_a_flipped_byte_is_caught(tmp_path):
     tensors = {"a": np.arange(12, dtype=np.int16).reshape(3, 4), "s": np.float64(2.5)}
     snap = viper.build_snapshot(tensors, model="m", version=3, step=9, note="hi")

@@ -69,6 +69,7 @@ class OptionChecks : public ::testing::Test {
     std::ofstream(log_) << "iteration,loss\n0,1.0\n10,0.5\n20,0.3\n30,0.2\n40,0.15\n50,0.12\n";
     token_ = (dir_->path() / "token").string();
     std::ofstream(token_) << "secret\n";
+    std::filesystem::permissions(token_, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
   }
   static void TearDownTestSuite() { delete dir_; }
 
@@ -198,6 +199,8 @@ const std::vector<Option>& Table() {
       {"serve", "--store-dir", Kind::kPath},
       {"serve", "--keep-host", Kind::kInteger, 1, 100000},
       {"serve", "--keep-files", Kind::kInteger, 1, 100000},
+      {"serve", "--host-max-bytes", Kind::kText, 0, 32},
+      {"serve", "--host-max-models", Kind::kInteger, 0, 1000000},
       {"serve", "--name", Kind::kText, 0, 255},
       {"serve", "--segment-prefix", Kind::kSegmentPrefix},
       {"serve", "--delta", Kind::kChoice},
@@ -478,7 +481,8 @@ TEST_F(OptionChecks, FoundInstances) {
                                 dir_->path(), 30s, &timed_out);
   EXPECT_FALSE(timed_out) << "serve kept running although it could not write its address file";
   EXPECT_EQ(unwritable.exit_code, 1) << unwritable.err;
-  EXPECT_NE(unwritable.err.find("viper serve: --address-file: cannot create /proc/viper-address.tmp"), std::string::npos)
+  EXPECT_NE(unwritable.err.find("viper serve: --address-file: cannot create the temporary file /proc/viper-address.tmp."),
+            std::string::npos)
       << unwritable.err;
   EXPECT_FALSE(std::filesystem::exists("/proc/viper-address.tmp"));
 

@@ -30,7 +30,9 @@ struct ServeFlags {
 // The bound address, written to a temporary created exclusively under an unpredictable name next
 // to `path` (temp_file.h), then renamed: nothing planted at a guessable name is written through.
 Status WriteAddressFile(const std::string& path, const std::string& address) {
-  VIPER_ASSIGN_OR_RETURN(internal::TempFile temp, internal::CreateTempNextTo(path, 0644));
+  auto created = internal::CreateTempNextTo(path, 0644);
+  if (!created.ok()) return created.status().WithContext("--address-file");
+  internal::TempFile temp = *std::move(created);
   const std::string line = address + "\n";
   bool written = ::write(temp.fd.get(), line.data(), line.size()) == static_cast<ssize_t>(line.size());
   if (temp.fd.Close() != 0 || !written) {
@@ -118,11 +120,12 @@ ViperCommand serve_command(
       app.add_option("--host-max-bytes", flags->host_max_bytes,
                      "Shared memory the node's segments may take, e.g. 8GiB (0 = half of /dev/shm); a publish beyond "
                      "it fails with ResourceExhausted")
-          ->default_val("0");
+          ->default_val("0")
+          ->check(Text(32));  // then ParseBytes: "--host-max-bytes '12x': unknown suffix ..."
       app.add_option("--host-max-models", flags->node.host_max_models,
                      "Models the node holds in shared memory (0 = no cap); one more fails to publish")
           ->default_val(128)
-          ->check(CLI::NonNegativeNumber);
+          ->check(IntegerIn(0, 1000000));
       app.add_option("--name", flags->node.name, "Node name shown to peers")->check(Text(kMaxNodeNameBytes));
       app.add_flag("--insecure", flags->node.insecure,
                    "Listen beyond loopback without a token (anyone who reaches the port can publish and fetch)");

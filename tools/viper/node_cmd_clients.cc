@@ -93,7 +93,7 @@ ViperCommand publish_command(
 // ------------------------------------------------------------------ watch
 
 struct WatchFlags {
-  std::string model, connect, path = "auto", file_dir, registry;
+  std::string model, connect, path = "auto", file_dir, registry, registry_password_file;
   std::vector<std::string> alternates;
   bool json = false, verify_local = false;
   uint64_t count = 0;
@@ -145,6 +145,9 @@ int RunWatch(const WatchFlags& f) {
   options.model = f.model;
   options.connect = f.connect;
   options.registry = f.registry;
+  auto password = RegistryPassword(f.registry_password_file);
+  if (!password.ok()) return Fail("watch", password.status());
+  options.registry_password = *password;
   options.token = *token;
   options.path = *path;
   options.verify_local = f.verify_local;
@@ -198,7 +201,7 @@ ViperCommand watch_command(
       app.add_option("--file-dir", f->file_dir, "The node's store dir as seen from here (file fallback)");
       app.add_flag("--verify-local", f->verify_local, "Also verify versions mapped or copied from this host's node");
       app.add_option("--alternate", f->alternates, "Subscribe through this HOST:PORT while --connect is unreachable (repeatable)");
-      AddRegistry(app, f->registry);
+      AddRegistry(app, f->registry, f->registry_password_file);
       app.add_option("--count", f->count, "Exit after N updates");
       app.add_option("--timeout", f->timeout_s, "Exit after this many seconds (error if --count not reached)");
       f->auth.Add(app);
@@ -209,7 +212,7 @@ ViperCommand watch_command(
 // ------------------------------------------------------------------ pull
 
 struct PullFlags {
-  std::string model, connect, output, registry;
+  std::string model, connect, output, registry, registry_password_file;
   uint64_t version = 0;
   AuthFlags auth;
 };
@@ -243,13 +246,22 @@ Status WriteFileAtomically(const std::string& path, std::span<const std::byte> b
 }
 
 int RunPull(const PullFlags& f) {
-  std::string connect = f.connect;
+  std::vector<std::string> holders{f.connect};
   if (!f.registry.empty()) {
-    auto found = NearestNodeHolding(f.registry, f.model, f.version);
+    auto password = RegistryPassword(f.registry_password_file);
+    if (!password.ok()) return Fail("pull", password.status());
+    auto found = NodesHolding(f.registry, *password, f.model, f.version);
     if (!found.ok()) return Fail("pull", found.status());
-    connect = *found;
+    holders = *found;
   }
-  auto client = ConnectClient(connect, f.auth);
+  // A holder that does not answer (dead, or not of this fleet: it cannot prove the token) is
+  // skipped for the next one the registry lists.
+  auto client = ConnectClient(holders.front(), f.auth);
+  for (size_t i = 1; i < holders.size() && !client.ok(); ++i) {
+    std::fprintf(stderr, "viper pull: holder %s: %s; trying %s\n", holders[i - 1].c_str(),
+                 client.status().message().c_str(), holders[i].c_str());
+    client = ConnectClient(holders[i], f.auth);
+  }
   if (!client.ok()) return Fail("pull", client.status());
   Client& c = **client;
   bool progress = ::isatty(STDERR_FILENO) == 1;
@@ -297,7 +309,7 @@ ViperCommand pull_command(
       app.add_option("--version", f->version, "Version to pull (default: the latest)");
       app.add_option("-o,--output", f->output, "Output file")->required();
       AddConnect(app, f->connect);
-      AddRegistry(app, f->registry);
+      AddRegistry(app, f->registry, f->registry_password_file);
       f->auth.Add(app);
       return [f] { return RunPull(*f); };
     },
@@ -306,13 +318,17 @@ ViperCommand pull_command(
 // ------------------------------------------------------------------ ls
 
 struct LsFlags {
-  std::string connect, registry;
+  std::string connect, registry, registry_password_file;
   bool json = false;
   AuthFlags auth;
 };
 
 int RunLs(const LsFlags& f) {
-  if (!f.registry.empty()) return RunLsRegistry(f.registry, f.json);
+  if (!f.registry.empty()) {
+    auto password = RegistryPassword(f.registry_password_file);
+    if (!password.ok()) return Fail("ls", password.status());
+    return RunLsRegistry(f.registry, *password, f.json);
+  }
   auto client = ConnectClient(f.connect, f.auth);
   if (!client.ok()) return Fail("ls", client.status());
   auto versions = (*client)->List();
@@ -344,7 +360,7 @@ ViperCommand ls_command(
     [](CLI::App& app) -> RunFn {
       auto f = std::make_shared<LsFlags>();
       AddConnect(app, f->connect);
-      AddRegistry(app, f->registry);
+      AddRegistry(app, f->registry, f->registry_password_file);
       app.add_flag("--json", f->json, "JSON output");
       f->auth.Add(app);
       return [f] { return RunLs(*f); };

@@ -18,6 +18,7 @@ struct ServeFlags {
   std::string address_file;
   std::string delta = "auto";
   double registry_ttl_s = 10;
+  std::string registry_password_file;
   RelayOptions relay;  // with --upstream: this node replicates the upstream's models
 };
 
@@ -30,6 +31,9 @@ int RunServe(const ServeFlags& flags) {
   options.delta = *delta;
   options.token = *token;
   if (!options.registry.empty()) {
+    auto password = RegistryPassword(flags.registry_password_file);
+    if (!password.ok()) return Fail("serve", password.status());
+    options.registry_password = *password;
     auto heartbeat = HeartbeatForTtl(flags.registry_ttl_s);
     if (!heartbeat.ok()) return Fail("serve", heartbeat.status());
     options.registry_heartbeat = *heartbeat;
@@ -94,7 +98,7 @@ ViperCommand serve_command(
                      "Older versions per model kept as delta bases (each pins one snapshot in memory)")
           ->default_val(1);
       app.add_option("--address-file", flags->address_file, "Write the bound HOST:PORT to this file once listening");
-      AddRegistry(app, flags->node.registry);
+      AddRegistry(app, flags->node.registry, flags->registry_password_file);
       app.add_option("--registry-ttl", flags->registry_ttl_s,
                      "Seconds the registry keeps this node's records without a heartbeat (one every third)")
           ->default_val(10);

@@ -1,10 +1,13 @@
-// libFuzzer target for what a node's listener receives (src/net/bootstrap.h): the bootstrap frame
-// any TCP client sends, then the UCX worker address it carries, the way the engine takes it.
-// Any byte string must give a size or an error from its header, a frame or an error from its
-// whole, never crash; a parsed frame must re-encode to the same bytes. The frame's worker address
-// then goes through CheckUcxWorkerAddress (src/net/ucx_address.h), and every address it accepts is
-// handed to a real UCX worker's ucp_ep_create, as the engine does: UCX must not abort or read out
-// of bounds on it. The worker has only UCX's "self" transport, so no endpoint ever connects to
+// libFuzzer target for what either side of the bootstrap handshake receives (src/net/bootstrap.h):
+// any frame a TCP client sends a node's listener (HELLO, PROOF, RESULT) or a node sends a client
+// (CHALLENGE, RESULT), then the UCX worker address a PROOF or CHALLENGE carries, the way the
+// engine takes it. Any byte string must give a size or an error from its header, a frame or an
+// error from its whole, never crash; a parsed frame must re-encode to the same bytes, and so must
+// whatever its typed decoder accepts. Proofs are computed and checked over what was decoded (the
+// node's path for a PROOF, the client's for a CHALLENGE). A decoded worker address then goes
+// through CheckUcxWorkerAddress (src/net/ucx_address.h), and every address it accepts is handed to
+// a real UCX worker's ucp_ep_create, as the engine does: UCX must not abort or read out of bounds
+// on it. The worker has only UCX's "self" transport, so no endpoint ever connects to
 // anything (addresses in mutated inputs point anywhere): UCX unpacks the address and finds no
 // common transport, which is the part that aborted the node (docs/ARCHITECTURE.md).
 #include <ucp/api/ucp.h>
@@ -85,13 +88,43 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(data), size);
   if (size >= kBootstrapHeader) {
     auto whole = BootstrapFrameSize(bytes.first(kBootstrapHeader));
-    if (whole.ok() && (*whole < kBootstrapHeader || *whole > kBootstrapHeader + kMaxToken + kMaxWorkerAddress)) std::abort();
+    if (whole.ok() && (*whole < kBootstrapHeader || *whole > kBootstrapHeader + kMaxBootstrapBody)) std::abort();
   }
   auto frame = ParseBootstrapFrame(bytes);
   if (!frame.ok()) return 0;
-  auto encoded = EncodeBootstrapFrame(frame->token, frame->worker_address);
-  if (encoded.size() != size || !std::equal(encoded.begin(), encoded.end(), bytes.begin())) std::abort();
-  ++g_frames, ++g_checked;
-  if (CheckUcxWorkerAddress(frame->worker_address, self.address).ok()) ++g_to_ucx, self.Connect(frame->worker_address);
+  auto same = [&](const std::vector<std::byte>& encoded) {
+    if (encoded.size() != size || !std::equal(encoded.begin(), encoded.end(), bytes.begin())) std::abort();
+  };
+  same(EncodeBootstrapFrame(frame->type, frame->flags, frame->body));
+  ++g_frames;
+  const Nonce nonce{};
+  std::vector<std::byte> address;
+  switch (frame->type) {
+    case FrameType::kHello:
+      if (auto m = DecodeHello(*frame); m.ok()) same(EncodeHello(*m));
+      return 0;
+    case FrameType::kResult:
+      if (auto m = DecodeResult(*frame); m.ok()) (void)ResultCodeText(m->code);
+      return 0;
+    case FrameType::kChallenge: {
+      auto m = DecodeChallenge(*frame);
+      if (!m.ok()) return 0;
+      same(EncodeChallenge(*m));
+      if (m->proof) (void)viper::crypto::EqualConstantTime(NodeProof("token", nonce, m->nonce, m->node_address), *m->proof);
+      address = m->node_address;
+      break;
+    }
+    case FrameType::kProof: {
+      auto m = DecodeProof(*frame);
+      if (!m.ok()) return 0;
+      same(EncodeProof(*m));
+      if (m->proof)
+        (void)viper::crypto::EqualConstantTime(ClientProof("token", nonce, nonce, self.address, m->client_address), *m->proof);
+      address = m->client_address;
+      break;
+    }
+  }
+  ++g_checked;
+  if (CheckUcxWorkerAddress(address, self.address).ok()) ++g_to_ucx, self.Connect(address);
   return 0;
 }

@@ -8,12 +8,12 @@
 // gone) is reported once through on_peer_closed and forgotten: nothing waits on it forever; a
 // peer that disconnects gracefully says so (on_peer_closed with Unavailable on the other side).
 //
-// Connecting: the listener is the engine's own TCP socket, not UCX's. Connect() sends a
-// bootstrap frame (token + this worker's UCX address) over TCP and gets the node's address back;
-// both sides then make UCX endpoints from the worker addresses (src/net/bootstrap.h). A listener
-// drops, with a logged reason, any connection that does not send a well-formed frame within
-// handshake_timeout or lacks its token, before UCX sees anything from it. An engine cannot
-// connect to its own listener.
+// Connecting: the listener is the engine's own TCP socket, not UCX's. Connect() and the listener
+// exchange worker addresses over TCP in a four-frame handshake in which each side proves that it
+// holds the token without sending it (src/net/bootstrap.h); both sides then make UCX endpoints
+// from the worker addresses. A listener closes, with a logged reason, any connection that does
+// not complete the handshake in time or cannot prove the token, before UCX sees anything from it.
+// An engine cannot connect to its own listener.
 //
 // Messages: control messages are UCX active messages; the engine copies them, so the caller's
 // buffer is reusable when Send() returns. They arrive in the order they were sent on one peer
@@ -65,12 +65,21 @@ struct EngineOptions {
   std::chrono::milliseconds close_timeout{1000};
   // Largest control message accepted from a peer (untrusted input); larger ones close the peer.
   size_t max_message_bytes = size_t{64} << 20;
-  // Shared secret. Connect sends it in its bootstrap frame; a listener with a token drops any
-  // connection whose frame lacks it (logged) before UCX sees anything from that peer. Empty =
-  // none sent, none required.
+  // Shared secret, never sent: Connect and the listener each prove they hold it by
+  // challenge-response (HMAC-SHA256 over fresh nonces from both sides, bootstrap.h). A listener
+  // with a token refuses any connection that cannot prove it (logged, and the client is told)
+  // before UCX sees anything from that peer; Connect with a token refuses a listener that cannot
+  // prove it (PermissionDenied). Empty = none proven, none required.
   std::string token;
-  // A connection to the listener must deliver its bootstrap frame within this, or it is closed.
+  // A connection to the listener must send its first bootstrap frame within
+  // handshake_first_frame_timeout and finish the handshake within handshake_timeout, or it is
+  // closed. At most max_pending_handshakes are in progress at once (max_pending_per_address from
+  // one IP): a new connection evicts the oldest beyond that, so idle or slow connections cannot
+  // keep a client out (bootstrap.h).
+  std::chrono::milliseconds handshake_first_frame_timeout{2000};
   std::chrono::milliseconds handshake_timeout{5000};
+  size_t max_pending_handshakes = 1024;
+  size_t max_pending_per_address = 128;
 };
 
 // Constant-time (in the length of `expected`) comparison of a presented token.
@@ -140,6 +149,13 @@ class Engine {
     uint64_t messages_in = 0;
     uint64_t messages_out = 0;
     uint64_t peers = 0;           // currently connected
+    // Connections to the listener closed before the handshake admitted them (bootstrap.h), all
+    // causes, then by cause.
+    uint64_t handshakes_refused = 0;
+    uint64_t handshakes_refused_token = 0;      // no token or a wrong one
+    uint64_t handshakes_timed_out = 0;          // no HELLO in time, or the handshake not finished
+    uint64_t handshakes_evicted = 0;            // made room for newer ones (pending caps, fds)
+    uint64_t handshakes_malformed = 0;          // not the protocol, closed early, endpoint failed
   };
   Stats stats() const;
 

@@ -92,6 +92,9 @@ struct NodeOptions {
   // process), or "redis://HOST:PORT[/DB]". An unreachable registry is a warning, not an error:
   // the node serves what it holds and registers when the registry comes back.
   std::string registry;
+  // Redis AUTH password of `registry` (ReadRegistryPasswordFile reads one with a secret file's
+  // hygiene); empty = none.
+  std::string registry_password;
   RegistryHeartbeat registry_heartbeat;  // TTL of the node's records and how often they are put again
   // Called for every subscriber's ACK (the version is live at that subscriber), on the engine
   // thread with the node's lock held: must be quick and must not call the node. The embedded
@@ -133,7 +136,14 @@ struct NodeStats {
   uint64_t leases_granted = 0;
   uint64_t leases_active = 0;
   uint64_t peers = 0;
-  uint64_t peers_refused = 0;     // wrong token, wrong protocol version, too many bad messages
+  // Connections refused: at the listener's handshake (no or wrong token, timed out, evicted by
+  // newer ones, malformed; broken down below) and peers dropped later (wrong protocol version,
+  // too many bad messages).
+  uint64_t peers_refused = 0;
+  uint64_t handshakes_refused_token = 0;
+  uint64_t handshakes_timed_out = 0;
+  uint64_t handshakes_evicted = 0;
+  uint64_t handshakes_malformed = 0;
   uint64_t malformed_messages = 0;
   uint64_t files_flushed = 0;
   uint64_t flush_errors = 0;

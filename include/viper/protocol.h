@@ -65,7 +65,9 @@ struct VersionInfo {
 };
 
 struct Hello {
-  std::string token;        // empty if the client has none
+  // Unused, always sent empty and ignored: a node's engine admits only peers that proved the
+  // token in the bootstrap handshake (src/net/bootstrap.h), which never sends it.
+  std::string token;
   std::string client_name;
   std::string host_key;     // identifies the client's host (same key = shared memory reachable)
   uint32_t pid = 0;

@@ -87,6 +87,11 @@ struct RegistryLookup {
   std::vector<std::string> rejected;
 };
 
+// Every holder in `lookup` in the order a consumer tries them: newest version first, within a
+// version those on host `host_key` first; one entry per node address (its newest holding). A
+// consumer whose first choice does not answer tries the next.
+std::vector<HolderRecord> HoldersInOrder(const RegistryLookup& lookup, const std::string& host_key);
+
 // The holders of the newest version in `lookup`, nearest first: those on host `host_key` (shared
 // memory reachable), then the others in lookup order.
 std::vector<HolderRecord> NearestHoldersOfLatest(const RegistryLookup& lookup, const std::string& host_key);
@@ -139,7 +144,16 @@ struct RegistryOptions {
   std::chrono::milliseconds connect_timeout{1000};  // redis: TCP connect
   std::chrono::milliseconds io_timeout{2000};       // redis: one command round trip
   std::chrono::milliseconds retry_interval{500};    // redis watch: between reconnect attempts
+  // redis: sent with AUTH on every connection before anything else (a server started with
+  // --requirepass). Empty = no AUTH. Read it with ReadRegistryPasswordFile, never from a URL.
+  std::string password;
 };
+
+// The password in `path` for RegistryOptions::password, with a token file's hygiene: a regular
+// file (not a directory, not a symbolic link), not readable or writable by group or others, at
+// most 4096 bytes, leading and trailing whitespace stripped, not empty. InvalidArgument naming
+// the file and the rule otherwise.
+Result<std::string> ReadRegistryPasswordFile(const std::string& path);
 
 // "embedded", or "redis://HOST:PORT[/DB]" (DB 0-15 here, default 0). InvalidArgument naming the
 // fault for anything else; NotSupported for redis:// in a build without hiredis. Opening a Redis

@@ -68,6 +68,7 @@ struct SubscriberOptions {
   // are one warning while the node's own notifications go on. `connect` and `alternates` are not
   // used then.
   std::string registry;
+  std::string registry_password;  // Redis AUTH password of `registry`; empty = none
   std::string token;
   std::string name;
   FetchPath path = FetchPath::kAuto;

@@ -17,6 +17,11 @@ namespace viper_py {
 using viper::Status;
 using viper::StatusCode;
 
+// A secret read back from an options object: whether one is set, never its value.
+namespace {
+std::string SecretShown(const std::string& secret) { return secret.empty() ? "" : "(set)"; }
+}  // namespace
+
 OptionsTable<viper::NodeOptions> NodeOptionsTable() {
   using O = viper::NodeOptions;
   OptionsTable<O> t;
@@ -39,7 +44,9 @@ OptionsTable<viper::NodeOptions> NodeOptionsTable() {
              "deltas to consumers that fetch over the network: off, auto (when smaller and faster) or always")
       .Plain("delta_bases", &O::delta_bases, "older versions per model kept as delta bases")
       .Plain("delta_threads", &O::delta_threads, "encoder threads of the node's deltas")
-      .Plain("registry", &O::registry, "shared registry to register in: 'embedded' or redis://HOST:PORT[/DB]; empty = none");
+      .Plain("registry", &O::registry, "shared registry to register in: 'embedded' or redis://HOST:PORT[/DB]; empty = none")
+      .Named("registry_password_file", &O::registry_password, viper::ReadRegistryPasswordFile, SecretShown,
+             "file holding the registry's Redis AUTH password (owner-only, whitespace stripped)");
   return t;
 }
 
@@ -61,6 +68,8 @@ OptionsTable<viper::SubscriberOptions> SubscriberOptionsTable() {
   t.Plain("model", &O::model, "the model's name")
       .Plain("connect", &O::connect, "HOST:PORT of the node (unused with a registry)")
       .Plain("registry", &O::registry, "find the node in this registry instead: 'embedded' or redis://HOST:PORT[/DB]")
+      .Named("registry_password_file", &O::registry_password, viper::ReadRegistryPasswordFile, SecretShown,
+             "file holding the registry's Redis AUTH password (owner-only, whitespace stripped)")
       .Plain("token", &O::token, "the node's shared secret")
       .Plain("name", &O::name, "shown to the node")
       .Named("path", &O::path, viper::ParseFetchPath, viper::fetch_path_name, "auto, map, copy, remote or file")

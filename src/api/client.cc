@@ -176,8 +176,9 @@ Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options, Cl
     impl->hello_reply = std::make_shared<std::promise<proto::Message>>();
     hello = impl->hello_reply->get_future();
   }
+  // The token was proven in the engine's bootstrap handshake and never crosses the wire.
   VIPER_RETURN_IF_ERROR(impl->SendMessage(
-      proto::Hello{options.token, impl->options.name, impl->host_key, static_cast<uint32_t>(::getpid())}));
+      proto::Hello{"", impl->options.name, impl->host_key, static_cast<uint32_t>(::getpid())}));
   if (hello.wait_for(options.timeout) != std::future_status::ready)
     return Status::Timeout("node " + options.connect + " did not answer HELLO");
   proto::Message reply = hello.get();

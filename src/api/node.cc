@@ -120,7 +120,7 @@ Result<std::unique_ptr<Node>> Node::Start(const NodeOptions& options) {
 
   net::EngineOptions engine_options;
   engine_options.listen = options.listen.empty() ? "127.0.0.1:0" : options.listen;
-  engine_options.token = options.token;  // checked in the bootstrap frame already, then in HELLO
+  engine_options.token = options.token;  // proven by challenge-response in the bootstrap handshake
   net::EngineHandlers handlers;
   Impl* raw = impl.get();  // the engine is destroyed before the Impl
   handlers.on_message = [raw](net::PeerId peer, std::span<const std::byte> bytes) { raw->OnMessage(peer, bytes); };
@@ -213,6 +213,13 @@ NodeStats Node::stats() const {
 NodeStats Node::Impl::StatsLocked() const {
   NodeStats s = stats;
   s.peers = peers.size();
+  // Connections the listener refused before they became peers count as refused peers too.
+  const net::Engine::Stats es = engine ? engine->stats() : net::Engine::Stats{};
+  s.peers_refused += es.handshakes_refused;
+  s.handshakes_refused_token = es.handshakes_refused_token;
+  s.handshakes_timed_out = es.handshakes_timed_out;
+  s.handshakes_evicted = es.handshakes_evicted;
+  s.handshakes_malformed = es.handshakes_malformed;
   if (deltas) s.delta = deltas->stats();
   s.flushes_queued = flushing.size();
   s.host = host->stats();

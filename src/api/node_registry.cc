@@ -19,7 +19,7 @@ Status Node::Impl::StartRegistry() {
     return Status::InvalidArgument("registry heartbeat interval must be positive and shorter than the TTL (" +
                                    std::to_string(hb.interval.count()) + " ms, TTL " + std::to_string(hb.ttl.count()) +
                                    " ms)");
-  VIPER_ASSIGN_OR_RETURN(auto registry, OpenRegistry(options.registry));
+  VIPER_ASSIGN_OR_RETURN(auto registry, OpenRegistry(options.registry, RegistryOptions{.password = options.registry_password}));
   NodeRecord self = NodeRecordFor(options.name, address, host_key, static_cast<uint32_t>(::getpid()));
   registry_agent = internal::RegistryAgent::Start(std::move(registry), std::move(self), hb,
                                                   [this] { return CatalogSnapshot(); });

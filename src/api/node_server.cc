@@ -113,11 +113,8 @@ void Node::Impl::Dispatch(net::PeerId peer, PeerState& p, proto::Message& messag
 }
 
 void Node::Impl::HandleHello(net::PeerId peer, PeerState& p, const proto::Hello& m) {
-  if (!options.token.empty() && !net::TokensEqual(m.token, options.token)) {
-    std::string why = m.token.empty() ? "HELLO carries no token" : "HELLO carries a wrong token";
-    SendError(peer, 0, proto::ErrorCode::kUnauthorized, why);
-    return Refuse(peer, why);
-  }
+  // No token here: the engine admitted this peer only after it proved the token in the
+  // bootstrap handshake (src/net/bootstrap.h); HELLO's token field is unused.
   p.hello = true;
   p.name = m.client_name;
   p.host_key = m.host_key;

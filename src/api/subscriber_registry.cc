@@ -16,7 +16,7 @@ constexpr std::string_view kLog = "subscriber";
 Status Subscriber::Impl::StartRegistry() {
   if (options.registry.empty()) return Status::OK();
   host_key = LocalHostKey();
-  VIPER_ASSIGN_OR_RETURN(registry, OpenRegistry(options.registry));
+  VIPER_ASSIGN_OR_RETURN(registry, OpenRegistry(options.registry, RegistryOptions{.password = options.registry_password}));
   if (!registry->capabilities().watch) return Status::NotSupported("registry " + options.registry + " cannot watch");
   WatchHandlers handlers;
   handlers.on_announce = [this](const HolderRecord& r) { OnRegistryAnnounce(r); };
@@ -125,14 +125,18 @@ Result<std::unique_ptr<Client>> Subscriber::Impl::ConnectViaRegistry(const Clien
   auto c = attempt(first, first_key);
   if (c.ok()) return c;
   Status last = c.status();
-  // That node is gone (its records linger until their TTL): the nearest other holders, in turn.
+  // That node does not answer (gone, its records linger until their TTL; or a record that names a
+  // dead or foreign address): every other holder in turn, newest version and nearest first; one
+  // that holds an older version still serves that, and NOTIFY brings the rest.
   auto found = registry->Lookup(options.model);
   if (!found.ok()) return last.WithContext(found.status().message());
   DropUnsealed(&*found);
-  for (const auto& holder : NearestHoldersOfLatest(*found, host_key)) {
+  for (const auto& holder : HoldersInOrder(*found, host_key)) {
     if (holder.node.address == first) continue;
+    log(LogLevel::kWarn, kLog, "{}: holder {} did not answer ({}); trying holder {}", options.model, first,
+        last.message(), holder.node.address);
     if (auto other = attempt(holder.node.address, holder.node.host_key); other.ok()) return other;
-    else last = other.status();
+    else last = other.status(), first = holder.node.address;
   }
   return last;
 }

@@ -4,70 +4,160 @@
 // Why not ucp_listener: UCX 1.13's TCP connection manager parses the first bytes a client sends
 // itself, and a crafted message aborts the whole process (an assertion in tcp_sockcm), while
 // other garbage is left open forever (docs/ARCHITECTURE.md, "The listener"). Here the node's
-// listening socket is ours: a connection must send one well-formed frame within a deadline or
+// listening socket is ours: a connection must complete the handshake below within deadlines or
 // it is closed, and only then does UCX see anything from that peer.
 //
-// Frame (both directions, one each): "VIPB" | u16 version (1) | u16 token length | u32 address
-// length | token | UCX worker address; integers little-endian; token <= kMaxToken bytes,
-// 1 <= address <= kMaxWorkerAddress bytes. The client sends its frame first (with its token);
-// a node with a token compares it (constant time) and drops the connection on a mismatch;
-// otherwise it makes the endpoint to the client's address and answers with its own frame (no
-// token), then closes the connection. The token check comes first because UCX itself aborts
-// the process on a malformed worker address (an assertion in ucp_address_unpack).
+// Handshake (version 2, docs/PROTOCOL.md "Bootstrap"): four frames, the token never crosses the
+// wire. Every frame is "VIPB" | u16 version | u8 type | u8 flags | u32 body length | body,
+// integers little-endian.
+//   1. client -> node  HELLO      body: nonce_c (32 bytes); flag kHasToken: the client holds one.
+//   2. node -> client  CHALLENGE  body: nonce_n (32) | [node proof (32) if kHasToken] | node's
+//                                 worker address. Or a RESULT refusal (a node with a token
+//                                 refuses a client that says it holds none).
+//   3. client -> node  PROOF      body: [client proof (32) if kHasToken] | client's worker address.
+//                                 A client with a token sends this only after the node's proof
+//                                 verified: it knows it reached a node of its fleet first.
+//   4. node -> client  RESULT     body: u8 code (0 = accepted) | short text. Sent after the node
+//                                 made its endpoint to the client (accepted) or refused it.
+// node proof   = HMAC-SHA256(token, "viper-bootstrap-v2 node"   | nonce_c | nonce_n | len | node address)
+// client proof = HMAC-SHA256(token, "viper-bootstrap-v2 client" | nonce_c | nonce_n | len | node address
+//                                                                 | len | client address)
+// (len: u32 little-endian), compared in constant time. The role labels keep one side's proof from
+// being replayed as the other's; fresh nonces from both sides keep old proofs from being replayed;
+// the worker addresses are bound into the proofs so that nobody between the two can substitute
+// its own. Without a token on either side no proof is sent or checked (as before version 2).
+// The node verifies the client's proof before its worker address reaches UCX, because UCX
+// aborts the process on a malformed worker address (an assertion in ucp_address_unpack); the
+// address is also checked by CheckUcxWorkerAddress (ucx_address.h) either way.
 #pragma once
 
+#include <array>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "address.h"
+#include "../core/crypto.h"
 #include "viper/status.h"
 
 namespace viper::net::detail {
 
 inline constexpr size_t kBootstrapHeader = 12;
+inline constexpr uint16_t kBootstrapVersion = 2;
+inline constexpr size_t kNonceSize = 32;
 inline constexpr uint32_t kMaxWorkerAddress = 64 << 10;  // UCX's are a few hundred bytes
-inline constexpr uint16_t kMaxToken = 4096;
+inline constexpr uint32_t kMaxResultText = 256;
+inline constexpr uint32_t kMaxBootstrapBody = kNonceSize + crypto::kMacSize + kMaxWorkerAddress;
+
+enum class FrameType : uint8_t { kHello = 1, kChallenge = 2, kProof = 3, kResult = 4 };
+inline constexpr uint8_t kHasToken = 1;  // the only flag
+
+// RESULT codes. What a refused client is told, no more: nothing here helps a guesser.
+enum class ResultCode : uint8_t {
+  kAccepted = 0,
+  kTokenRequired = 1,  // the node requires a token and the client holds none
+  kWrongToken = 2,     // the client's proof does not match the node's token
+  kBusy = 3,           // the node dropped the connection to make room for others
+  kRejected = 4,       // anything else (text says what: protocol version, own listener, ...)
+};
+std::string_view ResultCodeText(ResultCode code);
+
+using Nonce = std::array<std::byte, kNonceSize>;
 
 struct BootstrapFrame {
-  std::string token;
-  std::vector<std::byte> worker_address;
+  FrameType type{};
+  uint8_t flags = 0;
+  std::vector<std::byte> body;
 };
 
-std::vector<std::byte> EncodeBootstrapFrame(std::string_view token, std::span<const std::byte> worker_address);
+std::vector<std::byte> EncodeBootstrapFrame(FrameType type, uint8_t flags, std::span<const std::byte> body);
 
 // From the first kBootstrapHeader bytes: the whole frame's size, or a clear error (bad magic,
-// version, reserved field, length). REQUIRES: head.size() >= kBootstrapHeader.
+// version, type, flags, length for its type). REQUIRES: head.size() >= kBootstrapHeader.
 Result<size_t> BootstrapFrameSize(std::span<const std::byte> head);
 
-// A whole frame (exactly its bytes) -> what it carries.
+// A whole frame (exactly its bytes) -> its parts. The body's layout is checked by the typed
+// decoders below.
 Result<BootstrapFrame> ParseBootstrapFrame(std::span<const std::byte> frame);
 
-// Client side: connects to `to`, sends `token` and `ours`, returns the node's worker address.
-// Blocks until `deadline` at most; every failure names `what`.
+struct Hello {
+  Nonce nonce{};
+  bool has_token = false;
+};
+struct Challenge {
+  Nonce nonce{};
+  std::optional<crypto::Mac> proof;
+  std::vector<std::byte> node_address;
+};
+struct Proof {
+  std::optional<crypto::Mac> proof;
+  std::vector<std::byte> client_address;
+};
+struct BootstrapResult {
+  ResultCode code = ResultCode::kAccepted;
+  std::string text;
+};
+
+std::vector<std::byte> EncodeHello(const Hello& m);
+std::vector<std::byte> EncodeChallenge(const Challenge& m);
+std::vector<std::byte> EncodeProof(const Proof& m);
+std::vector<std::byte> EncodeResult(const BootstrapResult& m);
+// Each fails (InvalidArgument naming the rule) on a frame of another type or a bad body.
+Result<Hello> DecodeHello(const BootstrapFrame& f);
+Result<Challenge> DecodeChallenge(const BootstrapFrame& f);
+Result<Proof> DecodeProof(const BootstrapFrame& f);
+Result<BootstrapResult> DecodeResult(const BootstrapFrame& f);
+
+crypto::Mac NodeProof(std::string_view token, const Nonce& client_nonce, const Nonce& node_nonce,
+                      std::span<const std::byte> node_address);
+crypto::Mac ClientProof(std::string_view token, const Nonce& client_nonce, const Nonce& node_nonce,
+                        std::span<const std::byte> node_address, std::span<const std::byte> client_address);
+
+// Client side: connects to `to`, runs the handshake with `token` (empty = none) and `ours`,
+// returns the node's worker address once the node accepted us. Blocks until `deadline` at most;
+// every failure names `what`; a refusal is PermissionDenied (token) or Unavailable (busy, other)
+// with "refused by HOST:PORT: <reason>"; a node that cannot prove the token is PermissionDenied.
 Result<std::vector<std::byte>> ExchangeWorkerAddresses(const SockAddr& to, std::string_view token,
                                                        std::span<const std::byte> ours,
                                                        std::chrono::steady_clock::time_point deadline,
                                                        const std::string& what);
 
-// Node side: a listening socket and the thread that serves it. Each accepted connection must
-// deliver its frame within `handshake_timeout`; then `admit(client_worker_address, peer_text)`
-// runs on the acceptor thread (it makes the endpoint and returns when that is done) and, if it
-// succeeded, the node's own frame is sent back. Anything else closes the connection with a
-// logged reason. At most `max_pending` connections wait for their frame at once.
+// Node side: a listening socket and the thread that serves it (epoll over the listener and every
+// pending connection, all non-blocking: a pending connection never delays another or the
+// accept). A connection must deliver its HELLO within `first_frame_timeout` and finish the
+// handshake within `handshake_timeout`; then `admit(client_worker_address, peer_text)` runs on
+// the acceptor thread (it makes the endpoint and returns when that is done) and the RESULT is
+// sent. At most `max_pending` connections are in the handshake at once, at most
+// `max_pending_per_address` from one IP address: a new connection over either cap evicts the
+// oldest pending one (of that address, or of all), so accepting never stops. Every connection
+// closed before it was admitted is counted (refused()) and logged with its peer's address,
+// rate-limited.
 class Acceptor {
  public:
   using Admit = std::function<Status(std::vector<std::byte> client_address, const std::string& peer)>;
   struct Options {
+    std::chrono::milliseconds first_frame_timeout{2000};
     std::chrono::milliseconds handshake_timeout{5000};
-    size_t max_pending = 64;
-    std::string token;  // required in every frame; empty = none
+    size_t max_pending = 1024;             // lowered to a quarter of RLIMIT_NOFILE's soft limit
+    size_t max_pending_per_address = 128;  // per source IP address
+    std::string token;                     // proven in every handshake; empty = none
+  };
+  // Shared with the owner, which may read them after the Acceptor is gone.
+  struct Counters {
+    std::atomic<uint64_t> accepted{0};   // connections admitted (an endpoint made)
+    std::atomic<uint64_t> auth{0};       // refused for the token (none, wrong)
+    std::atomic<uint64_t> timed_out{0};  // ...for a deadline
+    std::atomic<uint64_t> evicted{0};    // ...to make room under a cap
+    std::atomic<uint64_t> malformed{0};  // ...for a malformed frame, a closed or failed socket, admit failing
+    uint64_t refused() const { return auth.load() + timed_out.load() + evicted.load() + malformed.load(); }
   };
   static Result<std::unique_ptr<Acceptor>> Start(const SockAddr& bind_to, std::vector<std::byte> our_address,
                                                  Admit admit, Options options);
@@ -77,6 +167,7 @@ class Acceptor {
 
   std::string address() const;  // the bound "host:port"
   bool stopping() const;        // for admit(): give up waiting, the engine is going away
+  std::shared_ptr<const Counters> counters() const;  // any thread
 
   struct Impl;
 

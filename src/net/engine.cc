@@ -480,6 +480,13 @@ Engine::Stats Engine::stats() const {
   s.messages_in = impl_->messages_in.load(std::memory_order_relaxed);
   s.messages_out = impl_->messages_out.load(std::memory_order_relaxed);
   s.peers = impl_->peer_count.load(std::memory_order_relaxed);
+  if (const auto& c = impl_->acceptor_counters) {
+    s.handshakes_refused_token = c->auth.load(std::memory_order_relaxed);
+    s.handshakes_timed_out = c->timed_out.load(std::memory_order_relaxed);
+    s.handshakes_evicted = c->evicted.load(std::memory_order_relaxed);
+    s.handshakes_malformed = c->malformed.load(std::memory_order_relaxed);
+    s.handshakes_refused = s.handshakes_refused_token + s.handshakes_timed_out + s.handshakes_evicted + s.handshakes_malformed;
+  }
   return s;
 }
 

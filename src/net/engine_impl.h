@@ -135,6 +135,7 @@ struct Engine::Impl {
   ucp_context_h context = nullptr;
   ucp_worker_h worker = nullptr;
   std::unique_ptr<detail::Acceptor> acceptor;  // the listener (its own thread; bootstrap.h)
+  std::shared_ptr<const detail::Acceptor::Counters> acceptor_counters;  // set before Start returns; outlives it
   int epoll_fd = -1;
   int worker_fd = -1;
   PeerId next_peer_id = 1;

@@ -59,10 +59,14 @@ Status Engine::Impl::CreateListener(const std::string& host_port) {
   };
   detail::Acceptor::Options acceptor_options;
   acceptor_options.handshake_timeout = options.handshake_timeout;
+  acceptor_options.first_frame_timeout = options.handshake_first_frame_timeout;
+  acceptor_options.max_pending = options.max_pending_handshakes;
+  acceptor_options.max_pending_per_address = options.max_pending_per_address;
   acceptor_options.token = options.token;
   auto started = detail::Acceptor::Start(*addr, worker_address, std::move(admit), acceptor_options);
   if (!started.ok()) return started.status().WithContext(fmt::format("listen on {}", host_port));
   acceptor = std::move(started).value();
+  acceptor_counters = acceptor->counters();
   listen_address = acceptor->address();
   log(LogLevel::kInfo, kLog, "listening on {}", listen_address);
   return Status::OK();

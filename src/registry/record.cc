@@ -6,6 +6,7 @@
 //    "replicas":[{"kind":"segment|node|file|relay","host_key","locator"}]}
 // Every field is required, no other field is allowed, and each is checked against what a node
 // would write: a record is input from whoever can write to the registry.
+#include <set>
 #include <unordered_set>
 
 #include <fmt/format.h>
@@ -314,6 +315,22 @@ std::vector<HolderRecord> NearestHoldersOfLatest(const RegistryLookup& lookup, c
   }
   near.insert(near.end(), far.begin(), far.end());
   return near;
+}
+
+std::vector<HolderRecord> HoldersInOrder(const RegistryLookup& lookup, const std::string& host_key) {
+  std::vector<HolderRecord> out;
+  std::set<std::string> seen;
+  for (size_t i = 0; i < lookup.holders.size();) {
+    size_t end = i;
+    while (end < lookup.holders.size() && lookup.holders[end].info.version == lookup.holders[i].info.version) ++end;
+    for (int near = 1; near >= 0; --near)
+      for (size_t j = i; j < end; ++j) {
+        const HolderRecord& h = lookup.holders[j];
+        if ((h.node.host_key == host_key) == (near == 1) && seen.insert(h.node.address).second) out.push_back(h);
+      }
+    i = end;
+  }
+  return out;
 }
 
 }  // namespace viper

@@ -73,6 +73,14 @@ Result<std::unique_ptr<RedisConnection>> RedisConnection::Connect(const RedisEnd
   if (c->err != 0) return Status::Unavailable(where + ": cannot connect: " + c->errstr);
   if (redisSetTimeout(c, ToTimeval(options.io_timeout)) != REDIS_OK) return conn->IoError("setting the I/O timeout");
   redisEnableKeepAlive(c);
+  if (!options.password.empty()) {
+    // Not through Run: its errors quote the command's first argument, here the password.
+    VIPER_ASSIGN_OR_RETURN(auto replies, conn->Pipeline({{"AUTH", options.password}}));
+    const redisReply* r = replies.front().get();
+    if (r->type == REDIS_REPLY_ERROR)
+      return Status::PermissionDenied(fmt::format("{}: AUTH refused: {}", where,
+                                                  internal::Quote(std::string_view(r->str, r->len), 200)));
+  }
   if (endpoint.db != 0) {
     VIPER_ASSIGN_OR_RETURN(Reply r, conn->Run({"SELECT", std::to_string(endpoint.db)}));
   }
@@ -110,9 +118,15 @@ Result<std::vector<Reply>> RedisConnection::Pipeline(const std::vector<Command>&
 Result<Reply> RedisConnection::Run(const Command& command) {
   VIPER_ASSIGN_OR_RETURN(auto replies, Pipeline({command}));
   Reply r = std::move(replies.front());
-  if (r->type == REDIS_REPLY_ERROR)
+  if (r->type == REDIS_REPLY_ERROR) {
+    std::string_view text(r->str, r->len);
+    if (text.starts_with("NOAUTH"))
+      return Status::PermissionDenied(fmt::format("{}: {} refused: {} (the server requires a password: "
+                                                  "--registry-password-file FILE)", where_, CommandName(command),
+                                                  internal::Quote(text, 200)));
     return Status::FailedPrecondition(fmt::format("{}: {} refused: {}", where_, CommandName(command),
-                                           internal::Quote(std::string_view(r->str, r->len), 200)));
+                                           internal::Quote(text, 200)));
+  }
   return r;
 }
 

@@ -9,6 +9,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -145,8 +146,9 @@ TEST(Tokens, EqualOnlyWhenTheWholeTokenMatches) {
   EXPECT_FALSE(TokensEqual(std::string("\xff" "3cret", 6), "s3cret"));
 }
 
-// A client that sends `bytes` and reports what the listener did: "closed", "reset", "answered".
-std::string RawClient(uint16_t port, const std::string& bytes) {
+// A client that runs the bootstrap handshake (no token) by hand and offers `address` as its
+// worker address; reports what the listener did: "accepted", "refused: <text>", "closed", "reset".
+std::string RawHandshake(uint16_t port, const std::vector<std::byte>& address) {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -155,18 +157,38 @@ std::string RawClient(uint16_t port, const std::string& bytes) {
   if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) return ::close(fd), "no connection";
   timeval tv{5, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  (void)::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
-  char buf[256];
-  ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+  auto read_frame = [&]() -> std::optional<detail::BootstrapFrame> {
+    std::vector<std::byte> head(detail::kBootstrapHeader);
+    if (::recv(fd, head.data(), head.size(), MSG_WAITALL) != static_cast<ssize_t>(head.size())) return std::nullopt;
+    auto size = detail::BootstrapFrameSize(head);
+    if (!size.ok()) return std::nullopt;
+    head.resize(*size);
+    size_t body = *size - detail::kBootstrapHeader;
+    if (body > 0 && ::recv(fd, head.data() + detail::kBootstrapHeader, body, MSG_WAITALL) != static_cast<ssize_t>(body))
+      return std::nullopt;
+    auto f = detail::ParseBootstrapFrame(head);
+    return f.ok() ? std::optional(*f) : std::nullopt;
+  };
+  auto hello = detail::EncodeHello({});
+  (void)::send(fd, hello.data(), hello.size(), MSG_NOSIGNAL);
+  auto challenge = read_frame();
+  if (!challenge || challenge->type != detail::FrameType::kChallenge) return ::close(fd), "no challenge";
+  detail::Proof proof;
+  proof.client_address = address;
+  auto frame = detail::EncodeProof(proof);
+  (void)::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL);
+  auto result = read_frame();
   int err = errno;
   ::close(fd);
-  if (n == 0) return "closed";
-  if (n > 0) return "answered";
-  return err == ECONNRESET ? "reset" : "idle";
+  if (!result) return err == ECONNRESET ? "reset" : "closed";
+  auto r = detail::DecodeResult(*result);
+  if (!r.ok()) return "bad result";
+  return r->code == detail::ResultCode::kAccepted ? "accepted" : "refused: " + r->text;
 }
 
 // The abort docs/ARCHITECTURE.md describes: a well-framed bootstrap frame whose worker address
-// UCX cannot unpack. The listener (no token) drops each such client and keeps serving.
+// UCX cannot unpack. The listener (no token) refuses each such client (telling it why) and keeps
+// serving.
 TEST_F(EngineTest, MalformedWorkerAddressesAreDroppedBeforeUcxUnpacksThem) {
   EngineOptions options;
   options.listen = "127.0.0.1:0";
@@ -183,9 +205,8 @@ TEST_F(EngineTest, MalformedWorkerAddressesAreDroppedBeforeUcxUnpacksThem) {
   auto garbage = std::vector<std::byte>(64, std::byte{0x41});
   bad.push_back({"64 bytes of 'A'", garbage});
   for (const auto& [what, bytes] : bad) {
-    auto frame = detail::EncodeBootstrapFrame("", bytes);
-    std::string answer = RawClient(port, std::string(reinterpret_cast<const char*>(frame.data()), frame.size()));
-    EXPECT_TRUE(answer == "closed" || answer == "reset") << what << ": " << answer;
+    std::string answer = RawHandshake(port, bytes);
+    EXPECT_TRUE(answer.starts_with("refused: ")) << what << ": " << answer;
   }
   EXPECT_EQ(server->stats().peers, 0u);
   auto client = StartEngine();

@@ -95,7 +95,7 @@ ViperCommand publish_command(
 // ------------------------------------------------------------------ watch
 
 struct WatchFlags {
-  std::string model, connect, path = "auto", file_dir, registry;
+  std::string model, connect, path = "auto", file_dir, registry, registry_password_file;
   std::vector<std::string> alternates;
   bool json = false, verify_local = false;
   uint64_t count = 0;
@@ -147,6 +147,9 @@ int RunWatch(const WatchFlags& f) {
   options.model = f.model;
   options.connect = f.connect;
   options.registry = f.registry;
+  auto password = RegistryPassword(f.registry_password_file);
+  if (!password.ok()) return Fail("watch", password.status());
+  options.registry_password = *password;
   options.token = *token;
   options.path = *path;
   options.verify_local = f.verify_local;
@@ -204,7 +207,7 @@ ViperCommand watch_command(
       app.add_flag("--verify-local", f->verify_local, "Also verify versions mapped or copied from this host's node");
       app.add_option("--alternate", f->alternates, "Subscribe through this HOST:PORT while --connect is unreachable (repeatable)")
           ->check(HostPort());
-      AddRegistry(app, f->registry);
+      AddRegistry(app, f->registry, f->registry_password_file);
       app.add_option("--count", f->count, "Exit after N updates (0: no limit)")->check(NonNegativeInteger());
       app.add_option("--timeout", f->timeout_s, "Exit after this many seconds (0: none; error if --count not reached)")
           ->check(SecondsIn(0, kMaxWaitSeconds));
@@ -216,7 +219,7 @@ ViperCommand watch_command(
 // ------------------------------------------------------------------ pull
 
 struct PullFlags {
-  std::string model, connect, output, registry;
+  std::string model, connect, output, registry, registry_password_file;
   uint64_t version = 0;
   AuthFlags auth;
 };
@@ -266,15 +269,26 @@ Status WriteFileAtomically(const std::string& path, std::span<const std::byte> b
 }
 
 int RunPull(const PullFlags& f) {
-  std::string connect = f.connect;
   auto token = f.auth.Resolve();
   if (!token.ok()) return Fail("pull", token.status());
+  std::vector<std::string> holders{f.connect};
   if (!f.registry.empty()) {
-    auto found = NearestNodeHolding(f.registry, f.model, f.version, *token);
+    auto password = RegistryPassword(f.registry_password_file);
+    if (!password.ok()) return Fail("pull", password.status());
+    auto found = NodesHolding(f.registry, *password, f.model, f.version, *token);
     if (!found.ok()) return Fail("pull", found.status());
-    connect = *found;
+    holders = *found;
   }
+  // A holder that does not answer (dead, or not of this fleet: it cannot prove the token) is
+  // skipped for the next one the registry lists.
+  std::string connect = holders.front();
   auto client = ConnectClient(connect, f.auth);
+  for (size_t i = 1; i < holders.size() && !client.ok(); ++i) {
+    std::fprintf(stderr, "viper pull: holder %s: %s; trying %s\n", connect.c_str(), client.status().message().c_str(),
+                 holders[i].c_str());
+    connect = holders[i];
+    client = ConnectClient(connect, f.auth);
+  }
   if (!client.ok()) return Fail("pull", client.status());
   Client& c = **client;
   bool progress = ::isatty(STDERR_FILENO) == 1;
@@ -324,7 +338,7 @@ ViperCommand pull_command(
       app.add_option("--version", f->version, "Version to pull (default: the latest)")->check(NonNegativeInteger());
       app.add_option("-o,--output", f->output, "Output file")->required()->check(NewFile());
       AddConnect(app, f->connect);
-      AddRegistry(app, f->registry);
+      AddRegistry(app, f->registry, f->registry_password_file);
       f->auth.Add(app);
       return [f] { return RunPull(*f); };
     },
@@ -333,13 +347,17 @@ ViperCommand pull_command(
 // ------------------------------------------------------------------ ls
 
 struct LsFlags {
-  std::string connect, registry;
+  std::string connect, registry, registry_password_file;
   bool json = false;
   AuthFlags auth;
 };
 
 int RunLs(const LsFlags& f) {
-  if (!f.registry.empty()) return RunLsRegistry(f.registry, f.json);
+  if (!f.registry.empty()) {
+    auto password = RegistryPassword(f.registry_password_file);
+    if (!password.ok()) return Fail("ls", password.status());
+    return RunLsRegistry(f.registry, *password, f.json);
+  }
   auto client = ConnectClient(f.connect, f.auth);
   if (!client.ok()) return Fail("ls", client.status());
   auto versions = (*client)->List();
@@ -371,7 +389,7 @@ ViperCommand ls_command(
     [](CLI::App& app) -> RunFn {
       auto f = std::make_shared<LsFlags>();
       AddConnect(app, f->connect);
-      AddRegistry(app, f->registry);
+      AddRegistry(app, f->registry, f->registry_password_file);
       app.add_flag("--json", f->json, "JSON output");
       f->auth.Add(app);
       return [f] { return RunLs(*f); };

@@ -22,6 +22,7 @@ struct ServeFlags {
   std::string delta = "auto";
   double registry_ttl_s = 10;
   std::string host_max_bytes = "0";
+  std::string registry_password_file;
   RelayOptions relay;  // with --upstream: this node replicates the upstream's models
 };
 
@@ -60,6 +61,9 @@ int RunServe(const ServeFlags& flags) {
   if (!max_bytes.ok()) return Fail("serve", max_bytes.status());
   options.host_max_bytes = *max_bytes;
   if (!options.registry.empty()) {
+    auto password = RegistryPassword(flags.registry_password_file);
+    if (!password.ok()) return Fail("serve", password.status());
+    options.registry_password = *password;
     auto heartbeat = HeartbeatForTtl(flags.registry_ttl_s);
     if (!heartbeat.ok()) return Fail("serve", heartbeat.status());
     options.registry_heartbeat = *heartbeat;
@@ -143,7 +147,7 @@ ViperCommand serve_command(
           ->check(IntegerIn(0, kMaxKeptVersions));
       app.add_option("--address-file", flags->address_file, "Write the bound HOST:PORT to this file once listening")
           ->check(NewFile());
-      AddRegistry(app, flags->node.registry);
+      AddRegistry(app, flags->node.registry, flags->registry_password_file);
       app.add_option("--registry-ttl", flags->registry_ttl_s,
                      "Seconds the registry keeps this node's records without a heartbeat (one every third)")
           ->default_val(10)

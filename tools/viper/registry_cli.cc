@@ -22,9 +22,14 @@ Result<RegistryHeartbeat> HeartbeatForTtl(double ttl_seconds) {
   return hb;
 }
 
-Result<std::string> NearestNodeHolding(const std::string& url, const std::string& model, uint64_t version,
-                                       const std::string& token) {
-  VIPER_ASSIGN_OR_RETURN(auto registry, OpenRegistry(url));
+Result<std::string> RegistryPassword(const std::string& password_file) {
+  if (password_file.empty()) return std::string();
+  return ReadRegistryPasswordFile(password_file);
+}
+
+Result<std::vector<std::string>> NodesHolding(const std::string& url, const std::string& password,
+                                              const std::string& model, uint64_t version, const std::string& token) {
+  VIPER_ASSIGN_OR_RETURN(auto registry, OpenRegistry(url, RegistryOptions{.password = password}));
   VIPER_ASSIGN_OR_RETURN(RegistryLookup found, registry->Lookup(model));
   for (const auto& r : found.rejected) std::fprintf(stderr, "viper: registry record ignored: %s\n", r.c_str());
   if (version != 0) std::erase_if(found.holders, [&](const HolderRecord& h) { return h.info.version != version; });
@@ -33,15 +38,16 @@ Result<std::string> NearestNodeHolding(const std::string& url, const std::string
     if (!sealed.ok()) std::fprintf(stderr, "viper: holder skipped: %s\n", sealed.message().c_str());
     return !sealed.ok();
   });
-  auto nearest = NearestHoldersOfLatest(found, LocalHostKey());
-  if (nearest.empty())
+  std::vector<std::string> out;
+  for (const auto& h : HoldersInOrder(found, LocalHostKey())) out.push_back(h.node.address);
+  if (out.empty())
     return Status::NotFound("registry " + url + " lists no node holding " + model +
                             (version ? " version " + std::to_string(version) : ""));
-  return nearest.front().node.address;
+  return out;
 }
 
-int RunLsRegistry(const std::string& url, bool json) {
-  auto registry = OpenRegistry(url);
+int RunLsRegistry(const std::string& url, const std::string& password, bool json) {
+  auto registry = OpenRegistry(url, RegistryOptions{.password = password});
   if (!registry.ok()) return Fail("ls", registry.status());
   auto models = (*registry)->Models();
   if (!models.ok()) return Fail("ls", models.status());

@@ -1,0 +1,373 @@
+"""The network half of the threat model (docs/RELIABILITY.md), with real processes: a `viper serve`
+node, the `viper` CLI as its client, raw TCP connections as the stranger who can reach the port,
+and a real redis-server as the registry a stranger may write to.
+
+- Thousands of idle or slow unauthenticated connections do not lock a token-holding client out.
+- The token never crosses the wire (challenge-response): a fake listener learns nothing from it.
+- A refused client is told why; a consumer whose registry holder does not answer tries the next.
+- Redis AUTH from a password file, with a secret file's hygiene.
+"""
+import json
+import os
+import resource
+import socket
+import struct
+import subprocess
+import tempfile
+import threading
+import time
+
+import pytest
+
+REDIS = "/usr/bin/redis-server"
+BIN = os.path.join(os.environ.get("VIPER_BINARY_DIR", os.path.join(os.path.dirname(__file__), "../../build")),
+                   "bin", "viper")
+TOKEN = "fleet-token-0123456789abcdef0123456789abcdef"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def secret_file(directory, name, text, mode=0o600):
+    path = os.path.join(directory, name)
+    with open(path, "w") as f:
+        f.write(text)
+    os.chmod(path, mode)
+    return path
+
+
+def tiny_safetensors(path, value):
+    data = struct.pack("<4f", value, value, value, value)
+    header = json.dumps({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header + data)
+
+
+def viper(*args, timeout=60):
+    return subprocess.run([BIN, *args], capture_output=True, text=True, timeout=timeout)
+
+
+class Serve:
+    """`viper serve` on a free loopback port; its address from --address-file."""
+
+    def __init__(self, work, token_file=None, extra=()):
+        self.address_file = os.path.join(work, f"addr-{time.monotonic_ns()}")
+        argv = [BIN, "serve", "--listen", "127.0.0.1:0", "--address-file", self.address_file, *extra]
+        if token_file:
+            argv += ["--token-file", token_file]
+        self.log = open(os.path.join(work, f"serve-{time.monotonic_ns()}.log"), "w")
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while not os.path.exists(self.address_file):
+            assert self.proc.poll() is None, "viper serve exited"
+            assert time.monotonic() < deadline, "viper serve did not start"
+            time.sleep(0.05)
+        with open(self.address_file) as f:
+            self.address = f.read().strip()
+        self.port = int(self.address.rsplit(":", 1)[1])
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture
+def work():
+    with tempfile.TemporaryDirectory() as d:
+        yield d
+
+
+def timed_ls(address, token_file):
+    t0 = time.monotonic()
+    r = viper("ls", "--connect", address, "--token-file", token_file)
+    return time.monotonic() - t0, r
+
+
+def stats_of(address, token_file):
+    r = viper("stats", "--connect", address, "--token-file", token_file, "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_idle_and_slow_connections_do_not_lock_clients_out(work):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    idle_count = min(2000, hard - 200)
+    slow_count = 50
+    token_file = secret_file(work, "token", TOKEN)
+    node = Serve(work, token_file)
+    idle, slow = [], []
+    stop = threading.Event()
+    try:
+        baseline = sorted(timed_ls(node.address, token_file)[0] for _ in range(5))
+        for i in range(idle_count):
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", node.port))
+            idle.append(s)
+        for i in range(slow_count):
+            s = socket.create_connection(("127.0.0.1", node.port))
+            slow.append(s)
+
+        def loris():  # one byte a second of a well-formed HELLO, on every slow connection
+            hello = b"VIPB" + struct.pack("<HBBI", 2, 1, 1, 32) + bytes(32)
+            i = 0
+            while not stop.wait(1.0):
+                for s in slow:
+                    try:
+                        s.send(hello[i % len(hello):i % len(hello) + 1])
+                    except OSError:
+                        pass
+                i += 1
+
+        t = threading.Thread(target=loris, daemon=True)
+        t.start()
+        time.sleep(1.0)  # the flood is in place
+        flooded, failures = [], []
+        for _ in range(10):  # over ~4 s: past the node's 2 s first-frame deadline
+            seconds, r = timed_ls(node.address, token_file)
+            flooded.append(seconds)
+            if r.returncode != 0:
+                failures.append(r.stderr)
+            time.sleep(0.3)
+        stop.set()
+        t.join()
+        time.sleep(2.5)  # the last pending ones reach their deadline
+        stats = stats_of(node.address, token_file)
+        flooded.sort()
+        print(f"\nFLOOD: {idle_count} idle + {slow_count} slow-loris connections; viper ls median "
+              f"{baseline[2] * 1000:.0f} ms without, {flooded[5] * 1000:.0f} ms with (max {flooded[-1] * 1000:.0f} ms); "
+              f"peers_refused {stats['peers_refused']}, evicted {stats['handshakes_evicted']}, "
+              f"timed out {stats['handshakes_timed_out']}")
+        assert not failures, failures
+        # The client's own connect timeout is 5 s; before the fix 100 idle connections cost 4 s.
+        assert flooded[-1] < 2.5, flooded
+        # Every flood connection was refused: evicted by newer ones beyond the per-address cap
+        # (128), the rest closed at the first-frame deadline; all counted.
+        assert stats["handshakes_evicted"] + stats["handshakes_timed_out"] >= idle_count + slow_count, stats
+        assert stats["handshakes_timed_out"] >= 1, stats
+        assert stats["peers_refused"] >= idle_count + slow_count, stats
+    finally:
+        stop.set()
+        for s in idle + slow:
+            s.close()
+        node.stop()
+    with open(node.log.name) as f:
+        log = f.read()
+    assert "refused connection from 127.0.0.1:" in log, log[-2000:]
+    assert "not logged in the last" in log or log.count("refused connection from") <= 40, log[-2000:]
+    assert log.count("refused connection from") <= 200, "the log is rate-limited"
+
+
+class FakeListener:
+    """A plain TCP server that records every byte a client sends; `answer(first_bytes)` returns
+    what it sends back after the client's first 44 bytes (a HELLO), or None to stay silent."""
+
+    def __init__(self, answer):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.port = self.sock.getsockname()[1]
+        self.received = b""
+        self.answer = answer
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        conn, _ = self.sock.accept()
+        conn.settimeout(5)
+        try:
+            while len(self.received) < 44:
+                chunk = conn.recv(4096)
+                if not chunk:
+                    return
+                self.received += chunk
+            reply = self.answer(self.received)
+            if reply is not None:
+                conn.sendall(reply)
+            while True:
+                chunk = conn.recv(4096)
+                if not chunk:
+                    return
+                self.received += chunk
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    def close(self):
+        self.thread.join(10)
+        self.sock.close()
+
+
+def challenge(with_proof):
+    body = os.urandom(32) + (os.urandom(32) if with_proof else b"") + bytes([0x11]) * 40
+    return b"VIPB" + struct.pack("<HBBI", 2, 2, 1 if with_proof else 0, len(body)) + body
+
+
+@pytest.mark.parametrize("answer", ["silent", "challenge with a forged proof", "challenge without proof"])
+def test_a_fake_listener_never_sees_the_token(work, answer):
+    token_file = secret_file(work, "token", TOKEN)
+    replies = {"silent": lambda _: None,
+               "challenge with a forged proof": lambda _: challenge(True),
+               "challenge without proof": lambda _: challenge(False)}
+    fake = FakeListener(replies[answer])
+    r = viper("ls", "--connect", f"127.0.0.1:{fake.port}", "--token-file", token_file, timeout=30)
+    fake.close()
+    assert r.returncode != 0
+    sent = fake.received
+    # A HELLO: header and a fresh 32-byte nonce, nothing derived from the token; then, refusing a
+    # node that could not prove the token, a 13-byte RESULT. Nothing else.
+    assert sent[:4] == b"VIPB" and sent[4:8] == struct.pack("<HBB", 2, 1, 1), sent[:12]
+    assert len(sent) == (44 if answer == "silent" else 44 + 13), (len(sent), sent)
+    assert TOKEN.encode() not in sent
+    if answer != "silent":
+        assert sent[44:] in (b"VIPB" + struct.pack("<HBBI", 2, 4, 0, 1) + b"\x01",
+                             b"VIPB" + struct.pack("<HBBI", 2, 4, 0, 1) + b"\x02"), sent[44:]
+        assert "PermissionDenied" in r.stderr or "token" in r.stderr, r.stderr
+
+
+def test_wrong_or_missing_token_is_refused_and_told(work):
+    token_file = secret_file(work, "token", TOKEN)
+    wrong_file = secret_file(work, "wrong", "another-token-of-another-fleet")
+    node = Serve(work, token_file)
+    try:
+        r = viper("ls", "--connect", node.address, "--token-file", wrong_file)
+        assert r.returncode != 0
+        assert "wrong token" in r.stderr and node.address in r.stderr, r.stderr
+        env = {k: v for k, v in os.environ.items() if k != "VIPER_TOKEN"}
+        r = subprocess.run([BIN, "ls", "--connect", node.address], capture_output=True, text=True, env=env, timeout=60)
+        assert r.returncode != 0
+        assert f"refused by {node.address}: a token is required" in r.stderr, r.stderr
+        assert "closed without an answer" not in r.stderr
+        stats = stats_of(node.address, token_file)
+        assert stats["handshakes_refused_token"] >= 2, stats
+        assert stats["peers_refused"] >= 2, stats
+    finally:
+        node.stop()
+
+
+@pytest.fixture
+def redis_server(work):
+    """A redis-server on a free port with --requirepass; yields (url, password)."""
+    password = "redis-pass-" + os.urandom(8).hex()
+    for _ in range(8):
+        port = free_port()
+        proc = subprocess.Popen([REDIS, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                                 "--dir", work, "--requirepass", password],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 20
+        up = False
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.2) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(64):
+                        up = True
+                        break
+            except OSError:
+                time.sleep(0.02)
+        if up:
+            break
+        proc.kill()
+        proc.wait()
+    else:
+        pytest.fail("redis-server did not start")
+    try:
+        yield f"redis://127.0.0.1:{port}", password, port
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def redis_cli(port, password, *args):
+    r = subprocess.run(["redis-cli", "-p", str(port), "--no-auth-warning", "-a", password, *args],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_redis_auth_from_a_password_file_and_the_next_holder(work, redis_server):
+    url, password, redis_port = redis_server
+    token_file = secret_file(work, "token", TOKEN)
+    pass_file = secret_file(work, "redis-pass", f"  {password}\n")  # whitespace is stripped
+    loose = secret_file(work, "loose-pass", password, mode=0o640)
+    r = viper("ls", "--registry", url, "--registry-password-file", loose)
+    assert r.returncode != 0 and "group or others" in r.stderr, r.stderr
+    r = viper("ls", "--registry", url, "--registry-password-file", work)
+    assert r.returncode != 0 and "is a directory" in r.stderr, r.stderr
+    r = viper("ls", "--registry", url)
+    assert r.returncode != 0 and "NOAUTH" in r.stderr and "--registry-password-file" in r.stderr, r.stderr
+    wrong = secret_file(work, "wrong-pass", "not-the-password")
+    r = viper("ls", "--registry", url, "--registry-password-file", wrong)
+    assert r.returncode != 0 and "AUTH refused" in r.stderr and "not-the-password" not in r.stderr, r.stderr
+
+    node = Serve(work, token_file, extra=["--registry", url, "--registry-password-file", pass_file,
+                                          "--registry-ttl", "30"])
+    try:
+        model_file = os.path.join(work, "m.safetensors")
+        tiny_safetensors(model_file, 1.5)
+        r = viper("publish", "trust", model_file, "--connect", node.address, "--token-file", token_file)
+        assert r.returncode == 0, r.stderr
+        deadline = time.monotonic() + 20
+        while "trust" not in viper("ls", "--registry", url, "--registry-password-file", pass_file).stdout:
+            assert time.monotonic() < deadline, "the node did not register"
+            time.sleep(0.2)
+
+        # A record of the same version held by a node at a dead port (a node that died: its
+        # records linger until their TTL; or a forged record), listed before the real holder (the
+        # index lists a version's holders by node id, descending).
+        keys = redis_cli(redis_port, password, "KEYS", "viper:rec:trust:*").split()
+        assert keys, "no record"
+        record = json.loads(redis_cli(redis_port, password, "GET", keys[0]))
+        dead = f"127.0.0.1:{free_port()}"
+        text = json.dumps(record).replace(node.address, dead)
+        forged = json.loads(text)
+        node_id = forged["node"]["id"] = "f" * len(record["node"]["id"])
+        version = forged["version"]
+        redis_cli(redis_port, password, "SET", f"viper:rec:trust:{version}:{node_id}", json.dumps(forged), "PX", "60000")
+        redis_cli(redis_port, password, "ZADD", "viper:idx:trust", str(version), f"{version}:{node_id}")
+        listed = viper("ls", "--registry", url, "--registry-password-file", pass_file).stdout
+        assert dead in listed, listed
+
+        out = os.path.join(work, "pulled.safetensors")
+        r = viper("pull", "trust", "-o", out, "--registry", url, "--registry-password-file", pass_file,
+                  "--token-file", token_file)
+        assert r.returncode == 0, r.stderr
+        assert f"holder {dead}" in r.stderr and "trying " + node.address in r.stderr, r.stderr
+        with open(out, "rb") as a, open(model_file, "rb") as b:
+            assert a.read()[-16:] == b.read()[-16:]
+
+        r = viper("watch", "trust", "--registry", url, "--registry-password-file", pass_file, "--token-file",
+                  token_file, "--count", "1", "--timeout", "30", timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "trust v" in r.stdout, r.stdout
+        assert f"holder {dead} did not answer" in r.stderr, r.stderr
+    finally:
+        node.stop()
+
+
+def test_python_options_take_the_password_file(work, redis_server):
+    import viper
+    url, password, _ = redis_server
+    pass_file = secret_file(work, "redis-pass", password + "\n")
+    loose = secret_file(work, "loose-pass", password, mode=0o644)
+    with pytest.raises(ValueError, match="group or others"):
+        viper.Subscriber("pyauth", registry=url, registry_password_file=loose)
+    with pytest.raises(Exception, match="NOAUTH"):
+        viper.Subscriber("pyauth", registry=url)
+    with viper.Subscriber("pyauth", registry=url, registry_password_file=pass_file) as sub:
+        with viper.Publisher("pyauth", mode="sync", registry=url, registry_password_file=pass_file) as pub:
+            import numpy as np
+            pub.publish({"w": np.arange(8, dtype=np.float32)})
+            version = sub.wait_for(1, timeout=30)
+            assert version.version == 1
+            assert np.array_equal(version["w"], np.arange(8, dtype=np.float32))

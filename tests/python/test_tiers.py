@@ -232,3 +232,39 @@ def test_memory_budget_delists_an_unflushed_version_with_a_warning(capfd):
                       f"versions 2 and 3 de-listed with a warning naming each")
         finally:
             disk.close()
+
+
+def test_failed_flushes_are_written_once_the_disk_has_room_again():
+    """A filler fills the disk: versions 1 and 2 fail to flush and stay in memory; the filler goes,
+    version 3's flush succeeds, and the retries write 1 and 2: all three on file, nothing pinned."""
+    needs_root()
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        store = tmp / "store"
+        disk = SmallTmpfs(store, 50)
+        try:
+            with viper.Node(store_dir=str(store), keep_host_versions=1,
+                            segment_prefix=f"vretry{os.getpid()}") as node:
+                filler = store / "filler"
+                filler.write_bytes(b"\0" * (45 << 20))
+                inputs = {v: make_input(tmp, v, 8_000_000) for v in range(1, 4)}
+                for v in (1, 2):
+                    must("publish", MODEL, str(inputs[v]), "--connect", node.address)
+                node.wait_flushed(60)
+                s = stats(node.address)
+                assert s["unflushed_versions"] == 2 and s["flush_errors"] == 2, s
+                assert [v["version"] for v in check_listed_pull(tmp, node.address, inputs, store)] == [1, 2]
+                filler.unlink()
+                must("publish", MODEL, str(inputs[3]), "--connect", node.address)
+                node.wait_flushed(60)
+                s = stats(node.address)
+                assert s["unflushed_versions"] == 0 and s["files_flushed"] == 3, s
+                assert sorted(int(p.stem) for p in (store / MODEL).glob("*.safetensors")) == [1, 2, 3]
+                versions = check_listed_pull(tmp, node.address, inputs, store)
+                assert [v["version"] for v in versions] == [1, 2, 3], versions
+                segments = [v["version"] for v in versions if any(r.startswith("shm:") for r in v["replicas"])]
+                assert segments == [3], f"versions 1 and 2 left memory once written: {versions}"
+                print(f"\nretry: 2 flushes failed on the full disk, kept in memory; written by the retries after "
+                      f"version 3's flush succeeded; {s['files_flushed']} files, 0 unflushed")
+        finally:
+            disk.close()

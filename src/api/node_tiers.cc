@@ -15,6 +15,9 @@ constexpr std::string_view kLog = "node";
 using Key = std::pair<std::string, uint64_t>;
 }  // namespace
 
+// Runs at every commit under the node's lock: one sorted list per tier, then binary searches (with
+// ~4,000 versions on file, looking each one up in the file tier made an ASan producer spend most
+// of each commit here while the UCX thread waited for the lock).
 void Node::Impl::PruneLocked(const std::string& model) {
   auto& versions = models[model].versions;
   const std::vector<uint64_t> in_memory = host->versions(model);

@@ -129,6 +129,12 @@ class HostTier {
   // FailedPrecondition (version not greater than the latest committed version of `model`).
   // On error the lease's segment returns to the free pool.
   Status Commit(WriteLease lease, const std::string& model, uint64_t version);
+  // Makes the lease's bytes a read-only copy of (model, version) that is not one of the tier's
+  // versions: not listed, outside retention, any version number (e.g. an older version loaded back
+  // from the file tier for a consumer on this host). The returned hold is its only reference: the
+  // segment returns to the free pool when the last copy of it goes. Errors as Commit's, except
+  // that the version need not be newer than the latest.
+  Result<ReadLease> CommitDetached(WriteLease lease, const std::string& model, uint64_t version);
   // A read hold on (model, version). NotFound if it is not (or no longer) in the tier.
   Result<ReadLease> Acquire(const std::string& model, uint64_t version);
   // Latest committed version of `model`, if any.

@@ -70,6 +70,10 @@ struct NodeOptions {
   // announce; Start refuses it unless this is set (viper serve --insecure).
   bool insecure = false;
   bool recover = true;                 // on start, load each model's latest file into memory
+  // Shared memory that versions not yet on the file tier keep beyond keep_host_versions: queued
+  // flushes, and failed ones (a full disk) until a retry writes them. Past it the oldest failed
+  // one is dropped and, held by no tier then, de-listed with a warning naming it.
+  uint64_t unflushed_budget_bytes = 2ull << 30;
   uint32_t chunk_bytes = 4u << 20;     // bulk transfer chunk size (a client may ask for another)
   uint32_t chunks_in_flight = 8;       // bulk sends outstanding per transfer
   // Shared-memory segments are /dev/shm/<prefix>.<pid>.<n>. With a store_dir the prefix becomes
@@ -156,6 +160,12 @@ struct NodeStats {
   // Versions waiting for the file tier; each pins its segment until written (bounded by bytes,
   // not by count: a slow disk makes it grow).
   uint64_t flushes_queued = 0;
+  // Versions whose flush failed (a full disk) kept in memory until a retry writes them, and their
+  // bytes (within NodeOptions::unflushed_budget_bytes).
+  uint64_t unflushed_versions = 0;
+  uint64_t unflushed_bytes = 0;
+  uint64_t versions_delisted = 0;  // listed versions lost (no tier held them any more), each logged
+  uint64_t leases_from_file = 0;   // same-host leases of versions loaded back from the file tier
   HostTierStats host;  // the host tier's segments by state
   DeltaStats delta;
 };

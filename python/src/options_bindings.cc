@@ -37,6 +37,8 @@ OptionsTable<viper::NodeOptions> NodeOptionsTable() {
       .Plain("token", &O::token, "shared secret every peer must present; empty = none")
       .Plain("insecure", &O::insecure, "listen beyond loopback without a token (refused otherwise)")
       .Plain("recover", &O::recover, "on start, load each model's latest file into memory")
+      .Plain("unflushed_budget_bytes", &O::unflushed_budget_bytes,
+             "shared memory kept by versions not yet on the file tier (queued or failed flushes)")
       .Plain("chunk_bytes", &O::chunk_bytes, "bulk transfer chunk size")
       .Plain("chunks_in_flight", &O::chunks_in_flight, "bulk sends outstanding per transfer")
       .Plain("segment_prefix", &O::segment_prefix, "name prefix of the shared-memory segments")

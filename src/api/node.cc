@@ -116,6 +116,7 @@ Result<std::unique_ptr<Node>> Node::Start(const NodeOptions& options) {
   VIPER_ASSIGN_OR_RETURN(impl->host, HostTier::Open(host_options));
   impl->worker = std::make_unique<internal::TaskQueue>("node-worker");
   impl->flusher = std::make_unique<internal::TaskQueue>("node-flusher");
+  impl->loader = std::make_unique<internal::TaskQueue>("node-loader");
   impl->spare = std::make_unique<internal::TaskQueue>("node-spare");
 
   net::EngineOptions engine_options;
@@ -147,6 +148,7 @@ Node::~Node() {
   // and resetting the pointer first would let those replies (and the last handlers) see null.
   impl_->engine->Stop();   // no more handlers, no more bulk completions
   impl_->worker->Close();   // finishes queued verifications (their replies fail: no peer is live)
+  impl_->loader->Close();   // finishes loads from the file tier (their replies fail: no peer is live)
   impl_->flusher->Close();  // finishes queued flushes: a clean stop persists what was published
   impl_->stopping = true;   // a queued spare segment is not made any more
   impl_->spare->Close();
@@ -154,6 +156,7 @@ Node::~Node() {
     std::lock_guard<std::mutex> lock(impl_->mu);
     impl_->peers.clear();  // drops leases before the host tier goes
     impl_->flushing.clear();
+    impl_->unflushed.clear();
   }
   impl_->DropIncoming();
   impl_->deltas.reset();  // stops encoding, drops the bases' leases
@@ -222,6 +225,8 @@ NodeStats Node::Impl::StatsLocked() const {
   s.handshakes_malformed = es.handshakes_malformed;
   if (deltas) s.delta = deltas->stats();
   s.flushes_queued = flushing.size();
+  s.unflushed_versions = unflushed.size();
+  s.unflushed_bytes = unflushed_bytes;
   s.host = host->stats();
   s.leases_active = 0;
   for (const auto& [id, p] : peers) s.leases_active += p.leases.size();

@@ -1,5 +1,5 @@
-// Node: the catalog of versions (reserve, commit, flush to the file tier, list, prune) and the
-// relays listed in it.
+// Node: the catalog of versions (reserve, commit, list) and the relays listed in it; flushes to
+// the file tier and pruning are in node_tiers.cc.
 #include "viper/node.h"
 
 #include <algorithm>
@@ -15,8 +15,6 @@ namespace viper {
 namespace {
 
 constexpr std::string_view kLog = "node";
-// Queued flushes keep their version in memory up to this many bytes (and always the first two).
-constexpr uint64_t kMaxPinnedFlushBytes = 2ull << 30;
 }  // namespace
 
 // ---------------------------------------------------------------- catalog
@@ -28,23 +26,6 @@ std::optional<proto::VersionInfo> Node::Impl::FindLocked(const std::string& mode
   auto v = it->second.versions.find(version);
   if (v == it->second.versions.end()) return std::nullopt;
   return v->second;
-}
-
-// Drops catalog entries that no tier holds any more. Runs at every commit under the node's lock:
-// one sorted list per tier, then binary searches (it looked each version up in the file tier, and
-// its newest file twice, copying an entry each time: with ~4,000 versions on file an ASan
-// producer spent most of each commit here while the UCX thread waited for the lock).
-void Node::Impl::PruneLocked(const std::string& model) {
-  auto& versions = models[model].versions;
-  const std::vector<uint64_t> in_memory = host->versions(model);
-  const std::vector<uint64_t> on_file = files ? files->versions(model) : std::vector<uint64_t>{};
-  const uint64_t newest_file = on_file.empty() ? 0 : on_file.back();  // newer ones may be flushing
-  for (auto it = versions.begin(); it != versions.end();) {
-    bool held = std::binary_search(in_memory.begin(), in_memory.end(), it->first) ||
-                std::binary_search(on_file.begin(), on_file.end(), it->first);
-    bool flushing = files && it->first > newest_file;
-    it = (held || flushing) ? std::next(it) : versions.erase(it);
-  }
 }
 
 uint64_t Node::Impl::ReserveLocked(const std::string& model) {
@@ -105,62 +86,6 @@ Result<proto::VersionInfo> Node::Impl::CommitVersion(WriteLease lease, proto::Ve
   if (registry_agent) registry_agent->Announce(info);
   QueueFlush(info);
   return info;
-}
-
-// Writes the version to the file tier in the background, from a read lease on its segment, and
-// then lists the file as a replica.
-// The lease is taken now, not when the flusher gets to it: a producer publishing faster than the
-// file tier writes would otherwise see versions retired from memory before they reach the file
-// tier, and an announced version would be in neither after a restart. Until its file is written,
-// a FETCH of the version is served from this lease (AcquireLocked). Queued flushes pin their
-// segments up to kMaxPinnedFlushBytes of shared memory; beyond that the file tier is far behind,
-// and a version retired from memory before its turn is reported as not persisted.
-void Node::Impl::QueueFlush(const proto::VersionInfo& info) {
-  if (!files) return;
-  const auto key = std::make_pair(info.model, info.version);
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    if (flushing.size() < 2 || flushing_bytes + info.size <= kMaxPinnedFlushBytes) {
-      if (auto lease = host->Acquire(info.model, info.version); lease.ok()) {
-        flushing.emplace(key, std::move(lease).value());
-        flushing_bytes += info.size;
-      }
-    }
-  }
-  flusher->Post([this, key, size = info.size] {
-    const auto& [model, version] = key;
-    std::optional<ReadLease> lease;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (auto it = flushing.find(key); it != flushing.end()) lease = it->second;
-    }
-    if (!lease) {
-      auto now = host->Acquire(model, version);
-      if (!now.ok()) {  // retired by newer versions while the file tier was behind
-        log(LogLevel::kError, kLog, "{} version {} not persisted: the file tier fell behind by more than {} ({})",
-            model, version, "2 GiB of versions", now.status().message());
-        std::lock_guard<std::mutex> lock(mu);
-        stats.flush_errors++;
-        return;
-      }
-      lease = std::move(now).value();
-    }
-    Status st = files->Write(model, version, lease->data());
-    std::lock_guard<std::mutex> lock(mu);
-    if (flushing.erase(key) != 0) flushing_bytes -= size;
-    if (!st.ok()) {
-      stats.flush_errors++;
-      log(LogLevel::kError, kLog, "flush of {} version {} to the file tier failed: {}", model, version, st.message());
-      return;
-    }
-    stats.files_flushed++;
-    auto& versions = models[model].versions;
-    if (auto it = versions.find(version); it != versions.end()) {
-      it->second.replicas.push_back({proto::ReplicaKind::kFile, host_key, files->PathFor(model, version).string()});
-    }
-    PruneLocked(model);
-    if (registry_agent) registry_agent->CatalogChanged();
-  });
 }
 
 Status Node::WaitFlushed(std::chrono::milliseconds timeout) {

@@ -29,6 +29,8 @@ std::map<std::string, uint64_t> StatsCounters(const NodeStats& s) {
           {"delta_cancelled", s.delta.cancelled},       {"delta_skipped", s.delta.skipped},       {"delta_sent", s.delta.sent},
           {"delta_sent_bytes", s.delta.sent_bytes},     {"delta_declined", s.delta.declined},
           {"flushes_queued", s.flushes_queued},
+          {"unflushed_versions", s.unflushed_versions}, {"unflushed_bytes", s.unflushed_bytes},
+          {"versions_delisted", s.versions_delisted},   {"leases_from_file", s.leases_from_file},
           {"host_writing_segments", s.host.writing_segments},
           {"host_committed_segments", s.host.committed_segments},
           {"host_retired_leased_segments", s.host.retired_leased_segments},

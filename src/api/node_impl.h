@@ -82,6 +82,7 @@ struct Node::Impl {
   std::unique_ptr<internal::TaskQueue> worker;   // verifies client publishes
   std::unique_ptr<internal::TaskQueue> flusher;  // writes versions to the file tier
   std::unique_ptr<internal::TaskQueue> spare;    // makes the host tier's next segment (KeepSpare)
+  std::unique_ptr<internal::TaskQueue> loader;   // loads file-only versions into segments (LeaseFromFile)
   std::atomic<bool> stopping{false};             // a queued spare is not made any more
   std::unique_ptr<net::Engine> engine;           // declared last: destroyed first
   // With NodeOptions::registry (node_registry.cc). Stopped first in ~Node.
@@ -121,6 +122,12 @@ struct Node::Impl {
   // is written (QueueFlush), and their bytes.
   std::map<std::pair<std::string, uint64_t>, ReadLease> flushing;
   uint64_t flushing_bytes = 0;
+  // Versions whose flush failed (e.g. a full disk), each with the lease that keeps its only copy
+  // in memory until a retry writes it, and their bytes (node_tiers.cc). Together with `flushing`
+  // within NodeOptions::unflushed_budget_bytes; versions queued for a retry.
+  std::map<std::pair<std::string, uint64_t>, ReadLease> unflushed;
+  uint64_t unflushed_bytes = 0;
+  std::set<std::pair<std::string, uint64_t>> retrying;
 
   // --- message handling (progress thread) ---
   void OnMessage(net::PeerId peer, std::span<const std::byte> bytes);
@@ -164,11 +171,24 @@ struct Node::Impl {
   void FinishClientPublish(net::PeerId peer, uint64_t request_id, std::string model, WriteLease lease,
                            uint64_t step, int64_t publish_ns);
 
+  // --- tiers (node_tiers.cc) ---
+  // FETCH (LEASE) of a listed version that is no longer in memory: loads its file into a segment
+  // on the loader thread and answers with a lease on it. REQUIRES: mu held.
+  void LeaseFromFile(net::PeerId peer, const proto::Fetch& m, const proto::VersionInfo& info);
+  // Writes one version to the file tier (flusher thread); `retry`: of a failed flush.
+  void FlushNow(const std::pair<std::string, uint64_t>& key, uint64_t size, bool retry);
+  // Drops failed flushes' pins, oldest first, until `more` bytes fit the budget; each version
+  // that no tier holds then is de-listed with a warning. REQUIRES: mu held.
+  void MakeRoomLocked(uint64_t more);
+  void DropUnflushedLocked(std::map<std::pair<std::string, uint64_t>, ReadLease>::iterator it, const char* why);
+
   // --- catalog (REQUIRES: mu held) ---
   NodeStats StatsLocked() const;
   std::optional<proto::VersionInfo> FindLocked(const std::string& model, uint64_t version) const;
   // A read hold on the version: from the host tier, or from the lease its queued flush holds.
   Result<ReadLease> AcquireLocked(const std::string& model, uint64_t version);
+  // Drops catalog entries that no tier holds (memory, a pinned flush, the file tier), warning for
+  // each one that retention did not retire, and segment replicas of versions no longer in memory.
   void PruneLocked(const std::string& model);
   uint64_t ReserveLocked(const std::string& model);
   Result<proto::VersionInfo> CommitVersion(WriteLease lease, proto::VersionInfo info);

@@ -136,6 +136,7 @@ Result<ReadLease> Node::Impl::AcquireLocked(const std::string& model, uint64_t v
   auto lease = host->Acquire(model, version);
   if (lease.ok()) return lease;
   if (auto it = flushing.find({model, version}); it != flushing.end()) return it->second;
+  if (auto it = unflushed.find({model, version}); it != unflushed.end()) return it->second;
   return lease;
 }
 
@@ -151,6 +152,7 @@ void Node::Impl::HandleFetch(net::PeerId peer, PeerState& p, const proto::Fetch&
   if (m.mode == proto::FetchMode::kLease) {
     if (p.host_key != host_key)
       return SendError(peer, m.request_id, proto::ErrorCode::kBadRequest, "a lease needs the same host; use SEND");
+    if (!lease.ok() && files) return LeaseFromFile(peer, m, *info);  // listed, so on file: load it
     if (!lease.ok()) return SendError(peer, m.request_id, proto::ErrorCode::kNotFound, lease.status().message());
     proto::FetchOk ok{m.request_id, proto::FetchMode::kLease, *info, lease->segment_name(), 0, 0, proto::Encoding::kFull, 0, ""};
     p.leases.emplace(std::make_pair(m.model, info->version), std::move(lease).value());

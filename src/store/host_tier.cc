@@ -556,6 +556,33 @@ Status HostTier::Commit(WriteLease lease, const std::string& model, uint64_t ver
   return Status::OK();
 }
 
+Result<ReadLease> HostTier::CommitDetached(WriteLease lease, const std::string& model, uint64_t version) {
+  if (!lease) return Status::InvalidArgument("host tier CommitDetached: the write lease is empty (moved from or committed)");
+  if (lease.tier_ != this) return Status::InvalidArgument("host tier CommitDetached: the write lease belongs to another tier");
+  VIPER_RETURN_IF_ERROR(ValidateModelName(model));
+  VIPER_RETURN_IF_ERROR(ValidateVersion(version).WithContext("model " + model));
+  HostPool& pool = *impl_->pool;
+  std::lock_guard<std::mutex> lock(pool.mu);
+  Segment& seg = pool.segments.at(lease.segment_id_);
+  // Retired from the start: no Acquire finds it, and the last lease's release frees it.
+  seg.state = SegState::kRetiredLeased;
+  seg.model = model;
+  seg.version = version;
+  ++seg.leases;
+  auto token = std::make_shared<LeaseToken>();
+  token->pool = impl_->pool;
+  token->map = seg.map;
+  token->id = lease.segment_id_;
+  ReadLease out;
+  out.data_ = std::span<const std::byte>(seg.map->base, seg.size);
+  out.hold_ = std::move(token);
+  out.name_ = seg.map->name;
+  out.model_ = model;
+  out.version_ = version;
+  lease.tier_ = nullptr;  // committed: its destructor must not abort
+  return out;
+}
+
 void HostTier::Abort(uint64_t segment_id) {
   HostPool& pool = *impl_->pool;
   std::vector<std::shared_ptr<Mapping>> victims;

@@ -2,9 +2,12 @@
 // over real UCX and shared memory.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <fstream>
 #include <random>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -12,7 +15,10 @@
 #include "process.h"
 #include "viper/engine.h"
 #include "viper/protocol.h"
+#include "viper/client.h"
+#include "viper/host_tier.h"
 #include "viper/publisher.h"
+#include "viper/snapshot.h"
 #include "viper/subscriber.h"
 
 namespace viper {
@@ -317,6 +323,65 @@ TEST(SameNode, MalformedControlMessagesDoNotHurtOthers) {
   auto r = ReadResult(dir / "c.json");
   EXPECT_EQ(r["last_version"], 8) << r.dump();
   EXPECT_EQ(r["errors"], 0) << r.dump();
+}
+
+
+// Leases of versions only the file tier holds, while the producer keeps publishing: each lease is
+// the version's bytes (loaded into a segment of their own, never recycled while leased), from
+// several threads at once (TSan stage: the node's loader thread against commits and flushes).
+TEST(SameNode, LeasesOfFileOnlyVersionsWhilePublishing) {
+  TempDir dir;
+  PublisherOptions options;
+  options.model = "m";
+  options.node.store_dir = (dir / "store").string();
+  options.node.keep_host_versions = 1;
+  options.node.keep_file_versions = 1000;
+  auto started = Publisher::Start(options);
+  ASSERT_TRUE(started.ok()) << started.status().ToString();
+  auto pub = std::move(started).value();
+  for (uint64_t v = 1; v <= 4; ++v) ASSERT_TRUE(PublishPattern(*pub, v).ok());
+  ASSERT_TRUE(pub->node().WaitFlushed(60s).ok());
+  std::atomic<bool> done{false};
+  std::thread producer([&] {
+    for (uint64_t v = 5; v <= 24; ++v) EXPECT_TRUE(PublishPattern(*pub, v).ok());
+    done = true;
+  });
+  std::atomic<int> leased{0};
+  std::vector<std::thread> readers;
+  for (int t = 0; t < 3; ++t) {
+    readers.emplace_back([&, t] {
+      ClientOptions co;
+      co.connect = pub->address();
+      co.name = "reader" + std::to_string(t);
+      auto client = Client::Connect(co);
+      ASSERT_TRUE(client.ok()) << client.status().ToString();
+      for (int round = 0; round < 4; ++round) {
+        for (uint64_t v = 1; v <= 3; ++v) {
+          auto ok = (*client)->FetchLease("m", v);
+          ASSERT_TRUE(ok.ok()) << "version " << v << ": " << ok.status().ToString();
+          auto mapped = MapSegmentReadOnly(ok->segment, ok->info.size);
+          ASSERT_TRUE(mapped.ok()) << mapped.status().ToString();
+          auto snap = Snapshot::Parse(mapped->data, mapped->owner);
+          ASSERT_TRUE(snap.ok()) << snap.status().ToString();
+          EXPECT_EQ(snap->version(), v);
+          EXPECT_EQ(snap->compute_checksum(), ok->info.checksum);
+          const auto specs = Specs();
+          for (size_t i = 0; i < specs.size(); ++i) {
+            auto bytes = snap->tensor_data(*snap->find(specs[i].name));
+            EXPECT_TRUE(std::all_of(bytes.begin(), bytes.end(),
+                                    [&](std::byte b) { return static_cast<uint8_t>(b) == testing::Pattern(v, i); }))
+                << "version " << v << " tensor " << specs[i].name;
+          }
+          (*client)->Release("m", v);
+          leased++;
+        }
+      }
+    });
+  }
+  for (auto& r : readers) r.join();
+  producer.join();
+  EXPECT_EQ(leased.load(), 36);
+  EXPECT_GE(pub->node().stats().leases_from_file, 36u);
 }
 
 }  // namespace

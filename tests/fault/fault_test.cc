@@ -15,10 +15,15 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <set>
+#include <thread>
 
 #include <fmt/format.h>
 
 #include "fault/cluster.h"
+#include "fault/content.h"
+#include "viper/host_tier.h"
+#include "viper/snapshot.h"
 #ifdef VIPER_FAULT_REDIS
 #include "fleet.h"  // tests/registry: RedisServer, HeldBy, RegisteredFor
 #endif
@@ -281,8 +286,58 @@ TEST(Fault, DiskFullOnTheFileTierKeepsTheMemoryPathWorking) {
   }
   EXPECT_GT(files, 0u);
   EXPECT_LT(files, 20u) << "the tmpfs should have filled up";
+  // Every version the node lists is fetched whole and bit-exact, by SEND and by a lease on this
+  // host: a version whose flush failed stays in memory (and listed) instead of being lost, and no
+  // two listed versions name one segment (a recycled segment is never listed).
+  ClientOptions co;
+  co.connect = addr;
+  co.name = "disk-full-checker";
+  auto client = Client::Connect(co);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  for (auto deadline = std::chrono::steady_clock::now() + 60s;;) {
+    auto counters = (*client)->Stats();
+    ASSERT_TRUE(counters.ok()) << counters.status().ToString();
+    if (counters->at("flushes_queued") == 0) break;
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "flushes still queued after 60 s";
+    std::this_thread::sleep_for(50ms);
+  }
+  auto listed = (*client)->List();
+  ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+  std::set<uint64_t> numbers;
+  std::set<std::string> segments;
+  size_t fetched = 0;
+  for (const auto& info : *listed) {
+    if (info.model != "fm") continue;
+    numbers.insert(info.version);
+    for (const auto& r : info.replicas) {
+      if (r.kind == proto::ReplicaKind::kHostSegment) {
+        EXPECT_TRUE(segments.insert(r.locator).second) << "two listed versions name segment " << r.locator;
+      }
+    }
+    std::vector<std::byte> buffer;
+    auto sent = (*client)->FetchSend("fm", info.version, [&](const proto::VersionInfo& i) -> Result<std::span<std::byte>> {
+      buffer.resize(i.size);
+      return std::span<std::byte>(buffer);
+    });
+    ASSERT_TRUE(sent.ok()) << "listed version " << info.version << " by SEND: " << sent.status().ToString() << "\n"
+                           << producer.log();
+    auto snap = Snapshot::Parse(buffer, nullptr);
+    ASSERT_TRUE(snap.ok()) << snap.status().ToString();
+    EXPECT_EQ(CheckContent(*snap, "fm", info.version), "") << "listed version " << info.version << " by SEND";
+    auto lease = (*client)->FetchLease("fm", info.version);
+    ASSERT_TRUE(lease.ok()) << "listed version " << info.version << " by lease: " << lease.status().ToString();
+    auto mapped = MapSegmentReadOnly(lease->segment, lease->info.size);
+    ASSERT_TRUE(mapped.ok()) << mapped.status().ToString();
+    EXPECT_TRUE(std::equal(buffer.begin(), buffer.end(), mapped->data.begin(), mapped->data.end()))
+        << "listed version " << info.version << ": the lease's bytes differ from the SEND's";
+    (*client)->Release("fm", info.version);
+    fetched++;
+  }
+  EXPECT_EQ(numbers.size(), 20u) << "a version announced on the full disk was lost (listed " << numbers.size()
+                                 << "):\n" << producer.log();
   std::printf("disk full: %zu of %s versions fit on the 64 MiB file tier; every version reached the consumer through "
-              "memory; no temporary file left\n", files, versions.c_str());
+              "memory; no temporary file left; %zu versions listed after the disk filled, each fetched bit-exact "
+              "by SEND and by lease\n", files, versions.c_str(), fetched);
   ::kill(producer.pid(), SIGTERM);
   EXPECT_EQ(producer.Wait(60s), 0) << producer.log();
 }

@@ -240,6 +240,39 @@ TEST(HostTier, NeverRecyclesALeasedSegment) {
   EXPECT_TRUE(seen) << "the released segment was not returned to the pool";
 }
 
+// An older version loaded back (from the file tier, for a consumer on this host): not listed, not
+// subject to retention or the "newer than the latest" rule, never recycled while held, free after.
+TEST(HostTier, CommitDetachedHoldsAnOlderVersionUntilItsLastLeaseGoes) {
+  auto tier = OpenTier(Options(/*keep=*/1));
+  ASSERT_TRUE(tier);
+  Publish(*tier, "m", 5, 5);
+  auto lease = tier->Allocate(kSize);
+  ASSERT_TRUE(lease.ok());
+  testing::FillPattern(lease->data(), 2);
+  const std::string name = lease->segment_name();
+  auto held = tier->CommitDetached(std::move(*lease), "m", 2);
+  ASSERT_TRUE(held.ok()) << held.status().ToString();
+  EXPECT_EQ(held->segment_name(), name);
+  EXPECT_EQ(held->version(), 2u);
+  EXPECT_EQ(tier->versions("m"), (std::vector<uint64_t>{5})) << "a detached copy is not one of the tier's versions";
+  EXPECT_EQ(tier->Acquire("m", 2).status().code(), StatusCode::kNotFound);
+  for (uint64_t v = 6; v <= 9; ++v) {
+    std::string used = Publish(*tier, "m", v, v);
+    EXPECT_NE(used, name) << "the held detached segment was recycled for version " << v;
+  }
+  EXPECT_TRUE(SameBytes(held->data(), Pattern(2)));
+  auto mapped = MapSegmentReadOnly(name, kSize);
+  ASSERT_TRUE(mapped.ok()) << mapped.status().ToString();
+  EXPECT_TRUE(SameBytes(mapped->data, Pattern(2)));
+  const size_t free_before = tier->stats().free_segments;
+  *held = ReadLease();
+  EXPECT_EQ(tier->stats().free_segments, free_before + 1) << "the last lease's release frees the segment";
+  EXPECT_EQ(tier->CommitDetached(WriteLease(), "m", 3).status().code(), StatusCode::kInvalidArgument);
+  auto bad = tier->Allocate(kSize);
+  ASSERT_TRUE(bad.ok());
+  EXPECT_EQ(tier->CommitDetached(std::move(*bad), "m", 0).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(HostTier, RetentionKeepsTheLatestK) {
   HostTierOptions o = Options(/*keep=*/3);
   auto tier = OpenTier(o);

@@ -25,6 +25,16 @@ from setuptools.command.build_ext import build_ext
 
 ROOT = pathlib.Path(__file__).parent.resolve()
 
+# setuptools before 70.1 builds wheels only with the `wheel` package; without it, under
+# --no-build-isolation, pip would end with "invalid command 'bdist_wheel'" (dist_info runs it too).
+if {"bdist_wheel", "dist_info"} & set(sys.argv):  # pip: metadata (dist_info), then the wheel
+    try:
+        import wheel  # noqa: F401
+    except ImportError:
+        sys.exit(f"setup.py: building a wheel needs the 'wheel' package in {sys.executable}'s environment: "
+                 "install it (Debian: python3-wheel, seen by a venv made with --system-site-packages; "
+                 "elsewhere: pip install wheel), or drop --no-build-isolation so that pip fetches it")
+
 
 def project_version() -> str:
     text = (ROOT / "CMakeLists.txt").read_text(encoding="utf-8")

@@ -56,6 +56,7 @@ if(CMAKE_DL_LIBS)
   set(CMAKE_DL_LIBS_FLAG "-l${CMAKE_DL_LIBS}")  # viper_gpu opens libcuda with dlopen
 endif()
 file(RELATIVE_PATH VIPER_PC_UP /prefix/${CMAKE_INSTALL_LIBDIR}/pkgconfig /prefix)
+string(REGEX REPLACE "/$" "" VIPER_PC_UP "${VIPER_PC_UP}")
 configure_file(${PROJECT_SOURCE_DIR}/cmake/viper.pc.in ${PROJECT_BINARY_DIR}/package/viper.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/package/viper.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
 

@@ -72,7 +72,27 @@ def clean_param(param: str, first: bool, method: bool) -> str:
     return f"{name}: {annotation}"
 
 
+def python_signature(func) -> str:
+    """A Python function's signature (viper/__init__.py wraps some bound methods with checks)."""
+    params = []
+    for p in inspect.signature(func).parameters.values():
+        annotation = p.annotation if isinstance(p.annotation, str) else getattr(p.annotation, "__name__", "Any")
+        text = p.name if p.name == "self" else f"{p.name}: {'Any' if p.annotation is p.empty else annotation}"
+        if p.kind is p.VAR_POSITIONAL:
+            text = "*" + text
+        elif p.kind is p.VAR_KEYWORD:
+            text = "**" + text
+        if p.default is not p.empty:
+            text += " = " + (repr(p.default) if isinstance(p.default, (int, float, bool, str, type(None))) else "...")
+        params.append(text)
+    ret = inspect.signature(func).return_annotation
+    ret = "Any" if ret is inspect.Signature.empty else (ret if isinstance(ret, str) else getattr(ret, "__name__", "Any"))
+    return f"({', '.join(params)}) -> {ret}"
+
+
 def signatures(obj, method: bool) -> list[str]:
+    if inspect.isfunction(obj):
+        return [python_signature(obj)]
     doc = getattr(obj, "__doc__", None) or ""
     sigs = []
     for line in doc.splitlines():

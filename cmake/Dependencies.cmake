@@ -32,7 +32,9 @@ viper_optional_pkg(REDIS HIREDIS hiredis libhiredis-dev "the Redis registry back
 
 set(VIPER_HAVE_PYTHON OFF)
 if(NOT VIPER_WITH_PYTHON STREQUAL "OFF" AND VIPER_HAVE_UCX)
-  set(Python_EXECUTABLE /usr/bin/python3)
+  # The interpreter the module is built for: Debian's by default (scripts/build.sh, the tests);
+  # setup.py passes the one that runs pip (-DPython_EXECUTABLE=...), a venv's or another install's.
+  set(Python_EXECUTABLE /usr/bin/python3 CACHE FILEPATH "Python interpreter the viper module is built for")
   find_package(Python 3.11 COMPONENTS Interpreter Development.Module)
   find_package(pybind11 CONFIG)
   if(Python_FOUND AND pybind11_FOUND)

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Builds Viper (RelWithDebInfo, UCX and the Python package) in build/ and makes `import viper`
-# work under /usr/bin/python3: a viper-build.pth in Debian's site directory for local packages
-# (/usr/local/lib/python3.11/dist-packages) points at build/python. Idempotent; quiet when there
+# Builds Viper (RelWithDebInfo, UCX and the Python package) in build/. Idempotent; quiet when there
 # is nothing to do. Used by scripts/demo.sh and scripts/test.sh (run scripts/install-deps.sh first).
+# Writes nothing outside build/: `import viper` from this build is
+#   PYTHONPATH=$PWD/build/python /usr/bin/python3 ...      (what demo.sh, test.sh and ctest do)
+# or, opt-in, VIPER_PTH=1 puts a viper-build.pth pointing at build/python into the user's site
+# directory (python3 -m site --user-site; no sudo). To install instead: docs/INSTALL.md.
 #
 #   scripts/build.sh            VIPER_JOBS sets the build parallelism (default: number of cores)
 set -euo pipefail
@@ -19,12 +21,18 @@ cmake --build "$root/build" -j"$jobs" | grep -vE '^\[ *[0-9]+(%|/[0-9]+)\]|^(Con
 # grep filters progress lines only; a failed build must still fail this script:
 cmake --build "$root/build" -j"$jobs" >/dev/null
 
-site=$(/usr/bin/python3 -c 'import site, sys; print(next(p for p in site.getsitepackages() if p.startswith("/usr/local")))')
-pth="$site/viper-build.pth"
-if [[ ! -f "$pth" || "$(cat "$pth")" != "$root/build/python" ]]; then
-  SUDO=""
-  [[ $(id -u) -eq 0 ]] || SUDO="sudo"
-  $SUDO mkdir -p "$site"
-  echo "$root/build/python" | $SUDO tee "$pth" >/dev/null
-  echo "build.sh: import viper now resolves to $root/build/python ($pth)"
+if [[ ${VIPER_PTH:-0} == 1 ]]; then
+  site=$(/usr/bin/python3 -m site --user-site)
+  mkdir -p "$site"
+  if [[ ! -f "$site/viper-build.pth" || "$(cat "$site/viper-build.pth")" != "$root/build/python" ]]; then
+    echo "$root/build/python" >"$site/viper-build.pth"
+    echo "build.sh: import viper now resolves to $root/build/python ($site/viper-build.pth)"
+  fi
 fi
+# Earlier versions of this script wrote /usr/local/lib/python3.*/dist-packages/viper-build.pth
+# with sudo; say so while it points here (this script no longer writes or removes it).
+for old in /usr/local/lib/python3*/dist-packages/viper-build.pth; do
+  if [[ -f "$old" && "$(cat "$old")" == "$root/build/python" ]]; then
+    echo "build.sh: $old (left by an older build.sh) still points at this build; remove it with: sudo rm $old" >&2
+  fi
+done

@@ -1,11 +1,13 @@
 // Logging: one line per event to stderr, "viper <level> <component>: <message>".
 // Level from VIPER_LOG (error|warn|info|debug; default warn) or set_log_level().
 // Thread-safe. Log once, where the error is first understood.
+//
+// This header has no dependency beyond the standard library. Viper's own sources also get
+// log(level, component, "{}", args...) (viper/internal/log_format.h, fmt-formatted), which is
+// not part of the installed interface: fmt is a private dependency.
 #pragma once
 
 #include <string_view>
-
-#include <fmt/format.h>
 
 namespace viper {
 
@@ -16,9 +18,9 @@ LogLevel log_level();
 bool log_enabled(LogLevel level);
 void log_line(LogLevel level, std::string_view component, std::string_view message);
 
-template <typename... Args>
-void log(LogLevel level, std::string_view component, fmt::format_string<Args...> format, Args&&... args) {
-  if (log_enabled(level)) log_line(level, component, fmt::format(format, std::forward<Args>(args)...));
-}
-
 }  // namespace viper
+
+// In-tree builds only (viper_core's BUILD_INTERFACE defines it): the fmt-formatted log().
+#ifdef VIPER_LOG_WITH_FMT
+#include "viper/internal/log_format.h"
+#endif

@@ -33,7 +33,7 @@ class SampleSource {
   virtual std::string Describe(uint64_t id) const = 0;
   // Cheap checks made before any memory is allocated for sample `id` (e.g. a file larger than the
   // options allow). Same messages as ReadInto.
-  virtual Status Check(uint64_t id) const { return Status::OK(); }
+  virtual Status Check(uint64_t /*id*/) const { return Status::OK(); }
   // Reads sample `id` into dst. REQUIRES: dst.size() == bytes(id). A failure's message begins with
   // "sample <id>" and says what is wrong (Corruption for bad or truncated data, IOError/NotFound
   // for a failed read).

@@ -476,6 +476,10 @@ TEST(Gpu, ASameNodeSubscriberOpensTheVersionThroughTheNode) {
     EXPECT_EQ(r.rfind("OK " + std::to_string(v) + " 1 ", 0), 0u) << r;
     r = in_place.Command("C " + std::to_string(v1));
     EXPECT_EQ(r.rfind("OK " + std::to_string(v1) + " 1 ", 0), 0u) << "the leased buffer was reused: " << r;
+    // Only v1 (and the subscriber's live version) stay leased: with 3 buffers the producer needs
+    // the others back.
+    EXPECT_EQ(in_place.Command("D " + std::to_string(v)), "DROPPED " + std::to_string(v));
+    EXPECT_EQ(copy.Command("D " + std::to_string(v)), "DROPPED " + std::to_string(v));
   }
   EXPECT_LE((*gp)->store().buffers(), 3u);
   EXPECT_EQ(in_place.Command("D " + std::to_string(v1)), "DROPPED " + std::to_string(v1));
@@ -521,6 +525,9 @@ TEST(Gpu, ThroughTheNodeAtOneGiB) {
     EXPECT_EQ(ri.rfind("OK " + std::to_string(*version) + " 1 ", 0), 0u) << ri;
     std::printf("GPU-NODE 1GiB rep %d: one device copy %.3f ms; publish->live copied: %s us; in place: %s us\n", rep,
                 copy_ms.ok() ? *copy_ms : -1.0f, Field(rc, 4).c_str(), Field(ri, 4).c_str());
+    std::fflush(stdout);
+    EXPECT_EQ(copy.Command("D " + std::to_string(*version)), "DROPPED " + std::to_string(*version));
+    EXPECT_EQ(in_place.Command("D " + std::to_string(*version)), "DROPPED " + std::to_string(*version));
   }
 }
 

@@ -60,6 +60,18 @@ MESSAGES = {
 }
 
 
+# GPU-resident versions: FETCH mode 3 (kDevice), its FETCH_OK (a 128-byte GPU version message as
+# the segment) and a NOTIFY listing a kind-5 (device) replica.
+GPU_VERSION = b"VGPU" + u32(1) + u64(7) + u64(4096) + u64(256) + u64(1024) + u64(0x1234ABCD) + struct.pack("<i", 0) \
+    + u32(1) + u32(42) + u32(0) + bytes(range(64))
+EXTRA = {
+    "06_fetch_device": (6, u64(5) + s("nt3") + u64(7) + u8(3) + u64(0) + u32(0) + u64(0) + u64(0)),
+    "07_fetch_ok_device": (7, u64(5) + u8(3) + version_info() + u32(len(GPU_VERSION)) + GPU_VERSION + u32(0) + u32(0)
+                           + u8(1) + u64(0) + s("")),
+    "05_notify_device": (5, version_info(replicas=REPLICAS + [(5, "boot:ns:mnt", "cuda:0")])),
+}
+
+
 def frame(mtype, payload, version=2):
     return u32(MAGIC) + u16(version) + u16(mtype) + u32(len(payload)) + payload
 
@@ -69,9 +81,12 @@ def main():
     for mtype, (name, payload) in MESSAGES.items():
         with open(os.path.join(OUT, f"{mtype:02d}_{name}"), "wb") as f:
             f.write(frame(mtype, payload))
+    for name, (mtype, payload) in EXTRA.items():
+        with open(os.path.join(OUT, name), "wb") as f:
+            f.write(frame(mtype, payload))
     with open(os.path.join(OUT, "99_other_version"), "wb") as f:
         f.write(frame(3, s("nt3"), version=1))
-    print(f"wrote {len(MESSAGES) + 1} seeds to {OUT}")
+    print(f"wrote {len(MESSAGES) + len(EXTRA) + 1} seeds to {OUT}")
 
 
 if __name__ == "__main__":

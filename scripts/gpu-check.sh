@@ -11,7 +11,8 @@
 # torch), gpu_test (VIPER_FAIL_ON_SKIP=1: no GPU is a failure here), `viper bench --gpu` (JSON to
 # $OUT/gpu-bench.json), the torch.save + polling + torch.load baseline ($OUT/torch-baseline.json).
 # Sizes: GPU_CHECK_SIZES (default 1.7G,8G); reps: GPU_CHECK_REPS (default 5), torch reps
-# GPU_CHECK_TORCH_REPS (default 2; 0 skips the torch baseline).
+# GPU_CHECK_TORCH_REPS (default 2; 0 skips the torch baseline); GPU_CHECK_BENCH=0 skips the bench;
+# GPU_CHECK_TEST_LIMIT: gpu_test's time limit in seconds (default 120).
 set -uo pipefail
 pack=${1:?usage: gpu-check.sh PACK [TORCH_SCRIPT]}
 pack=$(cd "$pack" && pwd)
@@ -43,7 +44,10 @@ echo "gpu-check: $(date -u +%FT%TZ) on $(hostname)" | tee -a "$log"
 step "machine: nvidia-smi" 30 nvidia-smi
 step "machine: kernel" 5 uname -a
 step "machine: torch" 60 python3 -c 'import torch; print(torch.__version__, torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")'
-step "gpu_test" 90 env VIPER_FAIL_ON_SKIP=1 VIPER_GPU_PEER="$pack/bin/viper_gpu_peer" "$pack/run" gpu_test
+step "gpu_test" ${GPU_CHECK_TEST_LIMIT:-120} env VIPER_FAIL_ON_SKIP=1 VIPER_GPU_PEER="$pack/bin/viper_gpu_peer" \
+  VIPER_GPU_SUBSCRIBER="$pack/bin/viper_gpu_subscriber" "$pack/run" gpu_test
+[ -x "$pack/bin/gpu_node_test" ] && step "gpu_node_test (no-driver path)" 60 env VIPER_CUDA_LIBRARY=/nonexistent/libcuda.so.1 "$pack/run" gpu_node_test
+[ "${GPU_CHECK_BENCH:-1}" = 1 ] && \
 step "viper bench --gpu" 160 "$pack/run" viper bench --gpu --sizes "$sizes" --reps "$reps" --json "$OUT/gpu-bench.json"
 [ "$treps" -gt 0 ] && step "torch.save + poll + torch.load baseline" 150 env PYTHONUNBUFFERED=1 python3 "$torch_script" --sizes "$sizes" --reps "$treps" --json "$OUT/torch-baseline.json"
 

@@ -71,6 +71,9 @@ class Client {
   Status Subscribe(const std::string& model, uint8_t flags = 0);
   // Asks for a lease on (model, version; 0 = latest): reply carries the segment name.
   Result<proto::FetchOk> FetchLease(const std::string& model, uint64_t version);
+  // Asks for a lease on the GPU-resident copy of (model, version; 0 = latest) (a kDevice replica;
+  // same host only): the reply's `segment` is the 128-byte GPU version message. Release ends it.
+  Result<proto::FetchOk> FetchDevice(const std::string& model, uint64_t version);
   // Ends a lease (asynchronous; safe from any thread, a no-op once disconnected).
   void Release(const std::string& model, uint64_t version);
   // A callable that releases the lease later, even after this Client is gone (then it does nothing).

@@ -9,6 +9,10 @@
 // commits it on the node: subscribers without a GPU, on this host or another, receive the same
 // version through the host path, under the same number and checksum.
 //
+// The node lists the live device version in its NOTIFY (a kDevice replica) and leases it to
+// consumers on this host (FETCH kDevice: the CUDA IPC handle under the node's lease rules), so a
+// Subscriber with SubscriberOptions::gpu_device copies it device-to-device or reads it in place.
+//
 // Versions are numbered by the node in PublishDevice call order; use one publishing path per
 // model (PublishDevice, or the Publisher's Publish/Commit). Thread-safety: PublishDevice from one
 // thread at a time; store() as DeviceVersionStore.
@@ -39,8 +43,10 @@ class GpuPublisher {
 
  private:
   struct Shared;
+  class Replicas;
   GpuPublisher() = default;
   std::shared_ptr<Shared> shared_;
+  std::shared_ptr<Replicas> replicas_;  // the node's device replica of the model
   std::unique_ptr<gpu::DeviceVersionStore> store_;
 };
 

@@ -91,6 +91,8 @@ class DeviceVersionStore {
   // Leases the live version (NotFound before the first): its buffer is not reused until Release.
   Result<GpuVersion> Acquire();
   void Release(const GpuVersion& v);
+  // The live version's number (0 before the first).
+  uint64_t live_version() const;
   size_t buffers() const;
 
  private:

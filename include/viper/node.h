@@ -174,6 +174,23 @@ std::map<std::string, uint64_t> StatsCounters(const NodeStats& stats);
 
 class IncomingVersion;
 
+// A copy of a model's versions in GPU memory on this node's host (GpuPublisher provides one; see
+// docs/ARCHITECTURE.md "GPU-resident versions"). The node lists its live version in NOTIFY as a
+// kDevice replica and leases it to same-host peers (FETCH in kDevice mode) exactly as it leases a
+// segment: the buffer is not reused while leased; RELEASE, or the peer's disconnection, ends the
+// lease. Called with the node's lock held: must be quick and must not call the node.
+class DeviceReplicaSource {
+ public:
+  virtual ~DeviceReplicaSource() = default;
+  virtual int device() const = 0;
+  // The version live on the device now (0: none yet).
+  virtual uint64_t live_version() const = 0;
+  // Leases the live version if it is `version` (0: whichever is live): the 128-byte GPU version
+  // message (include/viper/gpu_store.h). NotFound naming both versions when another is live.
+  virtual Result<std::string> Lease(uint64_t version) = 0;
+  virtual void Release(const std::string& message) = 0;  // a message Lease returned
+};
+
 class Node {
  public:
   static Result<std::unique_ptr<Node>> Start(const NodeOptions& options);
@@ -203,6 +220,10 @@ class Node {
   // earlier one. Errors: InvalidArgument (bad model, version 0, size < 8), FailedPrecondition
   // (this node already holds the version or a newer one), ResourceExhausted (no segment).
   Result<std::unique_ptr<IncomingVersion>> Receive(proto::VersionInfo info);
+
+  // Registers `source` as the device copy of `model` (nullptr removes it; the peers' leases on the
+  // old source are released as they end). One source per model.
+  void SetDeviceReplicas(const std::string& model, std::shared_ptr<DeviceReplicaSource> source);
 
   // --- Catalog ---
   std::optional<proto::VersionInfo> Latest(const std::string& model) const;

@@ -38,12 +38,16 @@ enum class MessageType : uint16_t {
 };
 std::string_view message_type_name(MessageType type);
 
-enum class ReplicaKind : uint8_t { kHostSegment = 1, kNode = 2, kFile = 3, kRelay = 4 };
+enum class ReplicaKind : uint8_t { kHostSegment = 1, kNode = 2, kFile = 3, kRelay = 4, kDevice = 5 };
 
 // One copy of a version: a shared-memory segment on host `host_key`, a node reachable at
 // `locator` = "host:port" that sends it over UCX, or a file at `locator` (a path). kRelay: a
 // node at `locator` that relays the model and will hold this version once it has fetched it (a
 // NOTIFY goes out before any relay holds the version; its REPLICA then lists it as kNode).
+// kDevice: the producer keeps the version in GPU memory on host `host_key`, device `locator` =
+// "cuda:N"; a consumer on that host opens it through CUDA IPC (FETCH in kDevice mode). Listed only
+// in NOTIFY (never in LIST, the registry or a relay's catalog), and only while it is the device's
+// live version.
 struct Replica {
   ReplicaKind kind = ReplicaKind::kNode;
   std::string host_key;
@@ -98,7 +102,12 @@ struct Incoming { VersionInfo info; bool operator==(const Incoming&) const = def
 enum class FetchMode : uint8_t {
   kLease = 1,  // grant a lease on the node's segment; the client maps it (same host only)
   kSend = 2,   // send the bytes over UCX in tagged chunks starting at `tag`
+  // lease the version's GPU-resident copy (a kDevice replica; same host only): FETCH_OK's
+  // `segment` is the 128-byte GPU version message (CUDA IPC handle + layout extent); RELEASE ends
+  // the lease (a peer's device leases are released before its host leases of the same version)
+  kDevice = 3,
 };
+inline constexpr size_t kGpuVersionMessageBytes = 128;  // FETCH_OK kDevice: segment's exact size
 struct Fetch {
   uint64_t request_id = 0;
   std::string model;

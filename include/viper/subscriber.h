@@ -97,6 +97,16 @@ struct SubscriberOptions {
   // checksum (always, whatever verify_checksum says) and falls back to the full snapshot if it
   // fails; the node decides whether a delta pays.
   bool delta = true;
+  // GPU (docs/ARCHITECTURE.md "GPU-resident versions"). >= 0: each version is also placed in this
+  // CUDA device's memory before it goes live (ModelVersion::device): device-to-device from the
+  // producer's GPU copy through CUDA IPC when the node on this host lists one (a kDevice replica,
+  // leased with FETCH kDevice), else host-to-device from the loaded snapshot (a CPU producer, a
+  // node on another host). Double buffered: a device buffer is reused only once no ModelVersion
+  // holds it. Start fails with Unavailable without a GPU. -1: host memory only.
+  int gpu_device = -1;
+  // With gpu_device: read the producer's device buffer in place (no copy; its lease is held as long
+  // as the ModelVersion) instead of copying it into this subscriber's own device buffer.
+  bool gpu_in_place = false;
 };
 
 // Per-update timings, CLOCK_REALTIME ns (comparable with the producer's on one host).
@@ -109,6 +119,17 @@ struct UpdateTimings {
   int64_t live_ns = 0;       // swapped in
 };
 
+// A version's data region in GPU memory (SubscriberOptions::gpu_device). Tensor t (of the
+// ModelVersion's snapshot) lies at `data + t.begin`, t.nbytes() bytes. Valid while held.
+struct DeviceVersion {
+  int device = -1;
+  unsigned long long data = 0;  // CUdeviceptr in this process
+  uint64_t bytes = 0;           // of the data region
+  bool in_place = false;        // the producer's own buffer (CUDA IPC), read under a lease
+  std::string how;              // "device-to-device from the producer's GPU (CUDA IPC)", "host-to-device (...)"
+  std::shared_ptr<const void> hold;  // the buffer, or the IPC mapping and its lease
+};
+
 // One whole version as the consumer holds it. Immutable.
 struct ModelVersion {
   proto::VersionInfo info;
@@ -118,6 +139,7 @@ struct ModelVersion {
   std::string reason;                 // why that path (e.g. "same host: map"), and whether a delta was used
   uint64_t delta_base = 0;            // nonzero: the bytes came as a delta against this version
   uint64_t wire_bytes = 0;            // bytes received from the node (the delta or the snapshot); 0: map/copy/file
+  std::shared_ptr<const DeviceVersion> device;  // with SubscriberOptions::gpu_device >= 0
   uint64_t version() const { return info.version; }
 };
 

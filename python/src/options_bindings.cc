@@ -85,7 +85,11 @@ OptionsTable<viper::SubscriberOptions> SubscriberOptionsTable() {
              "ACK each version to the node when it goes live here (False: call ack(version) once it is served)")
       .Plain("pipelined", &O::pipelined,
              "with the node on another host, also fetch versions it is still receiving, as they land")
-      .Plain("delta", &O::delta, "offer the live version to the node as a delta base (remote path)");
+      .Plain("delta", &O::delta, "offer the live version to the node as a delta base (remote path)")
+      .Plain("gpu_device", &O::gpu_device,
+             "CUDA device each version is also placed on (device-to-device from a GPU producer on this host, else "
+             "host-to-device); -1: none. viper.Subscriber(device=N) sets it")
+      .Plain("gpu_in_place", &O::gpu_in_place, "with gpu_device: read the producer's GPU buffer in place under a lease");
   return t;
 }
 

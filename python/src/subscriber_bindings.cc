@@ -47,6 +47,23 @@ void BindSubscriber(py::module_& m) {
         d["live_ns"] = t.live_ns;
         return d;
       }, "CLOCK_REALTIME ns: publish_ns, completed_ns (at the producer's node), notified_ns, fetched_ns, verified_ns, live_ns.")
+      .def_property_readonly("device", [](const VersionHandle& h) -> py::object {
+        const auto& d = h.version->device;
+        if (!d) return py::none();
+        py::dict out;
+        out["device"] = d->device;
+        out["ptr"] = d->data;
+        out["bytes"] = d->bytes;
+        out["in_place"] = d->in_place;
+        out["how"] = d->how;
+        return out;
+      }, "With Subscriber(device=N): the version's data region on that GPU as a dict (device, ptr: the CUDA "
+         "address of the data region, bytes, in_place, how); None otherwise. Valid while this ModelVersion is held.")
+      .def("_offsets", [](const VersionHandle& h) {
+        py::dict out;
+        for (const auto& t : h.version->snapshot.tensors()) out[py::str(t.name)] = py::make_tuple(t.begin, t.nbytes());
+        return out;
+      }, "name -> (offset in the data region, bytes)")
       .def("__repr__", [](const VersionHandle& h) {
         return "ModelVersion(model='" + h.version->info.model + "', version=" + std::to_string(h.version->version()) +
                ", step=" + std::to_string(h.version->info.step) + ", tensors=" +

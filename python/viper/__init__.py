@@ -318,10 +318,14 @@ class Subscriber(_Handle):
     are checksum-verified (verify_checksum); bytes of the node's segment on this host are trusted
     unless verify_local=True."""
 
-    def __init__(self, model: str, connect: str = "127.0.0.1:7300", **options: Any):
+    def __init__(self, model: str, connect: str = "127.0.0.1:7300", device: Any = None, **options: Any):
         model = _check.model_name("viper.Subscriber()", "model", model)
         if not (connect == "" and options.get("registry")):  # with a registry, connect is unused
             connect = _check.address("viper.Subscriber()", "connect", connect)
+        if device is not None:
+            if "gpu_device" in options:
+                raise ValueError("viper.Subscriber(): give device= or gpu_device=, not both")
+            options["gpu_device"] = _tensors.cuda_ordinal("viper.Subscriber()", "device", device)
         self._impl = _viper._Subscriber(_viper._SubscriberOptions(model=model, connect=connect, **options))
 
     def latest(self) -> Optional[ModelVersion]:
@@ -344,6 +348,8 @@ class Subscriber(_Handle):
     def load_into(self, module: Any, version: Optional[ModelVersion] = None, strict: bool = True) -> ModelVersion:
         """Copies `version` (default: the live one) into a torch module's existing parameters and
         buffers (or a dict of tensors) without reallocating them; returns the version loaded.
+        With Subscriber(device=N), tensors on that CUDA device are copied device-to-device from the
+        version's GPU copy (torch's current stream, then synchronized); others from host memory.
         Raises NotFoundError if no version is live yet, ValueError if names or shapes differ."""
         owner = "Subscriber.load_into()"
         if not (hasattr(module, "state_dict") or isinstance(module, Mapping)):

@@ -5,7 +5,9 @@ tuples of C-contiguous host memory that the extension copies once into the segme
 are copied to host first; non-contiguous ones are made contiguous (one extra copy, only for them).
 
 Loading: `copy_into_module` copies a version into a torch module's existing parameters and buffers
-(`Tensor.copy_`, so they keep their identity, storage, device and dtype).
+(`Tensor.copy_`, so they keep their identity, storage, device and dtype); with a GPU copy of the
+version (Subscriber(device=N)), CUDA parameters on that device are copied device-to-device from it
+(a torch view of the device memory through __cuda_array_interface__).
 
 torch is imported lazily: numpy-only users never pay for it.
 """
@@ -97,6 +99,46 @@ def as_torch(view: np.ndarray, dtype_name: str):
     return t.view(torch.bfloat16) if dtype_name == "BF16" else t
 
 
+def cuda_ordinal(owner: str, name: str, value: Any) -> int:
+    """A CUDA device ordinal from an int >= 0, "cuda:N" or a torch.device of type cuda."""
+    torch = _torch()
+    if torch is not None and isinstance(value, torch.device):
+        if value.type != "cuda":
+            raise ValueError(f"{owner}: {name}={value!r}: must be a CUDA device, not {value.type}")
+        return value.index or 0
+    if isinstance(value, str) and value.startswith("cuda:") and value[5:].isdigit():
+        return int(value[5:])
+    if isinstance(value, str) and value == "cuda":
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{owner}: {name}={value!r}: must be a CUDA device ordinal >= 0, 'cuda:N' or a torch.device")
+    return value
+
+
+class _CudaBytes:
+    """`nbytes` bytes of device memory at `ptr`, offered to torch through __cuda_array_interface__
+    (no copy); the owner (a ModelVersion) must outlive every tensor made from it."""
+
+    def __init__(self, ptr: int, nbytes: int, owner: Any):
+        self._owner = owner
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, True), "version": 3,
+                                         "strides": None, "stream": None}
+
+
+_TORCH_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
+                 "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
+
+
+def device_source(version, name: str, dtype_name: str, shape, device_info: dict, offsets: dict):
+    """A torch tensor viewing tensor `name` of the version's GPU copy (no copy)."""
+    import torch  # noqa: PLC0415 (lazy)
+    begin, nbytes = offsets[name]
+    raw = torch.as_tensor(_CudaBytes(device_info["ptr"] + begin, nbytes, version), device=f"cuda:{device_info['device']}")
+    if dtype_name not in _TORCH_DTYPES:
+        raise TypeError(f"torch has no {dtype_name.lower()} tensors: tensor {name!r} cannot be loaded on the GPU")
+    return raw.view(getattr(torch, _TORCH_DTYPES[dtype_name])).reshape(tuple(shape))
+
+
 def copy_into_module(version, module, strict: bool = True) -> None:
     """Copies every tensor of `version` into `module`'s state (parameters and buffers) in place.
 
@@ -123,8 +165,19 @@ def copy_into_module(version, module, strict: bool = True) -> None:
         if tuple(target.shape) != tuple(shape):
             raise ValueError(f"load_into: tensor {name!r} has shape {tuple(shape)} in the version, "
                              f"{tuple(target.shape)} in the module")
-        pairs.append((target, as_torch(version[name], dtype_name)))
+        pairs.append((name, target, dtype_name, shape))
+    device_info = version.device  # with Subscriber(device=N): the version's GPU copy
+    offsets = version._offsets() if device_info is not None else None
+    on_device = False
     with torch.no_grad():
-        for target, source in pairs:
+        for name, target, dtype_name, shape in pairs:
+            if (device_info is not None and target.is_cuda and target.device.index == device_info["device"]
+                    and dtype_name in _TORCH_DTYPES):
+                source = device_source(version, name, dtype_name, shape, device_info, offsets)  # device to device
+                on_device = True
+            else:
+                source = as_torch(version[name], dtype_name)
             target.copy_(source)  # keeps the parameter's storage, device and dtype
+        if on_device:
+            torch.cuda.current_stream(device_info["device"]).synchronize()  # the version may go once we return
 

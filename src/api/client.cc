@@ -208,6 +208,19 @@ Result<proto::FetchOk> Client::FetchLease(const std::string& model, uint64_t ver
   return std::get<proto::FetchOk>(std::move(m));
 }
 
+Result<proto::FetchOk> Client::FetchDevice(const std::string& model, uint64_t version) {
+  auto [id, reply] = impl_->NewRequest();
+  VIPER_RETURN_IF_ERROR(impl_->SendMessage(proto::Fetch{id, model, version, proto::FetchMode::kDevice, 0, 0}));
+  VIPER_ASSIGN_OR_RETURN(proto::Message m, impl_->Await(id, reply));
+  if (!std::holds_alternative<proto::FetchOk>(m)) return Status::Internal("unexpected reply to FETCH");
+  auto ok = std::get<proto::FetchOk>(std::move(m));
+  if (ok.mode != proto::FetchMode::kDevice) {
+    Release(model, ok.info.version);
+    return Status::Internal("FETCH kDevice answered in another mode");
+  }
+  return ok;
+}
+
 void Client::Release(const std::string& model, uint64_t version) {
   (void)impl_->SendMessage(proto::Release{model, version});
 }

@@ -10,6 +10,44 @@
 
 namespace viper {
 
+// The store as the node's device replica of the model: the node leases its live version to
+// same-host consumers (FETCH kDevice). Detached before the store goes; a lease released after
+// that is a no-op.
+class GpuPublisher::Replicas : public DeviceReplicaSource {
+ public:
+  Replicas(gpu::DeviceVersionStore* store, int device) : store_(store), device_(device) {}
+  int device() const override { return device_; }
+  uint64_t live_version() const override {
+    std::lock_guard lock(mu_);
+    return store_ ? store_->live_version() : 0;
+  }
+  Result<std::string> Lease(uint64_t version) override {
+    std::lock_guard lock(mu_);
+    if (!store_) return Status::NotFound("GPU: the producer's device copy is closed");
+    VIPER_ASSIGN_OR_RETURN(gpu::GpuVersion v, store_->Acquire());
+    if (version != 0 && v.version != version) {
+      store_->Release(v);
+      return Status::NotFound("GPU: version " + std::to_string(version) + " is no longer on the device (version " +
+                              std::to_string(v.version) + " is live there)");
+    }
+    return gpu::EncodeGpuVersion(v);
+  }
+  void Release(const std::string& message) override {
+    auto v = gpu::ParseGpuVersion(std::as_bytes(std::span(message.data(), message.size())));
+    std::lock_guard lock(mu_);
+    if (store_ && v.ok()) store_->Release(*v);
+  }
+  void Detach() {
+    std::lock_guard lock(mu_);
+    store_ = nullptr;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  gpu::DeviceVersionStore* store_;
+  int device_;
+};
+
 struct GpuPublisher::Shared {
   Publisher* publisher = nullptr;
   std::mutex mu;
@@ -70,10 +108,18 @@ Result<std::unique_ptr<GpuPublisher>> GpuPublisher::Start(Publisher* publisher, 
         }
         s->cv.notify_all();
       }));
+  gp->replicas_ = std::make_shared<Replicas>(gp->store_.get(), options.device);
+  publisher->node().SetDeviceReplicas(publisher->options().model, gp->replicas_);
   return gp;
 }
 
-GpuPublisher::~GpuPublisher() { store_.reset(); }  // the store's thread finishes its queue first
+GpuPublisher::~GpuPublisher() {
+  if (replicas_) {  // consumers' leases end with the store; their mappings of it go stale
+    shared_->publisher->node().SetDeviceReplicas(shared_->publisher->options().model, nullptr);
+    replicas_->Detach();
+  }
+  store_.reset();  // the store's thread finishes its queue first
+}
 
 Result<uint64_t> GpuPublisher::PublishDevice(const std::vector<gpu::DeviceTensor>& tensors,
                                              const gpu::Stream& producer_stream, const PublishInfo& info) {

@@ -67,6 +67,7 @@ Result<proto::VersionInfo> Node::Impl::CommitVersion(WriteLease lease, proto::Ve
   info.replicas = std::move(replicas);
   std::vector<net::PeerId> subscribers;
   bool remote_subscribers = false;
+  proto::VersionInfo notified;  // info, plus a kDevice replica while the GPU copy is live
   {
     std::lock_guard<std::mutex> lock(mu);
     ListRelaysLocked(info);
@@ -77,11 +78,12 @@ Result<proto::VersionInfo> Node::Impl::CommitVersion(WriteLease lease, proto::Ve
     remote_subscribers = HasRemoteSubscribersLocked(info.model);
     stats.versions_committed++;
     stats.notifies_sent += subscribers.size();
+    notified = WithDeviceReplicaLocked(info);
   }
   // Before the NOTIFY: a consumer's FETCH must find the version among the delta targets. The
   // delta from the previous version is encoded now, once, for every remote consumer.
   if (deltas) deltas->OnCommit(info, remote_subscribers);
-  auto notify = proto::Encode(proto::Notify{info});
+  auto notify = proto::Encode(proto::Notify{notified});
   for (net::PeerId peer : subscribers) (void)engine->Send(peer, notify);
   if (registry_agent) registry_agent->Announce(info);
   QueueFlush(info);

@@ -101,6 +101,8 @@ struct Node::Impl {
     int strikes = 0;
     bool fetches_bytes = false;  // asked for SEND transfers: a consumer that takes deltas
     std::multimap<std::pair<std::string, uint64_t>, ReadLease> leases;
+    // Leases on GPU-resident copies (node_device.cc): each releases itself when dropped.
+    std::multimap<std::pair<std::string, uint64_t>, std::shared_ptr<void>> device_leases;
     std::set<std::string> subscriptions;
     std::set<std::string> incoming_models;  // subscriptions that also get INCOMING
     std::vector<std::pair<std::string, uint64_t>> announced;  // versions this relay said it holds
@@ -110,6 +112,8 @@ struct Node::Impl {
 
   mutable std::mutex mu;
   std::map<std::string, ModelState> models;
+  // GPU-resident copies by model (node_device.cc); guarded by mu.
+  std::map<std::string, std::shared_ptr<DeviceReplicaSource>> device_sources;
   std::map<net::PeerId, PeerState> peers;
   NodeStats stats;
   std::atomic<uint64_t> next_tag{1};
@@ -138,6 +142,11 @@ struct Node::Impl {
   void HandleSubscribe(net::PeerId peer, PeerState& p, const proto::Subscribe& m);
   void HandleFetch(net::PeerId peer, PeerState& p, const proto::Fetch& m);
   void HandleRelease(PeerState& p, const proto::Release& m);
+  // --- GPU-resident copies (node_device.cc; REQUIRES: mu held) ---
+  void HandleDeviceFetch(net::PeerId peer, PeerState& p, const proto::Fetch& m);
+  // `info` as a NOTIFY carries it: with a kDevice replica when the model's device copy is live at
+  // info.version.
+  proto::VersionInfo WithDeviceReplicaLocked(const proto::VersionInfo& info) const;
   void HandlePublish(net::PeerId peer, const proto::Publish& m);
   void HandleList(net::PeerId peer, const proto::List& m);
   void HandleReplica(net::PeerId peer, PeerState& p, const proto::ReplicaAnnounce& m);

@@ -128,7 +128,7 @@ void Node::Impl::HandleSubscribe(net::PeerId peer, PeerState& p, const proto::Su
   models[m.model].subscribers.insert(peer);
   p.subscriptions.insert(m.model);
   if ((m.flags & proto::kSubscribeIncoming) != 0) p.incoming_models.insert(m.model);
-  if (auto latest = FindLocked(m.model, 0)) Send(peer, proto::Notify{*latest});  // a late joiner gets the model now
+  if (auto latest = FindLocked(m.model, 0)) Send(peer, proto::Notify{WithDeviceReplicaLocked(*latest)});  // a late joiner gets the model now
   if ((m.flags & proto::kSubscribeIncoming) != 0) SendIncomingLocked(peer, m.model);  // ...and what is arriving
 }
 
@@ -141,6 +141,7 @@ Result<ReadLease> Node::Impl::AcquireLocked(const std::string& model, uint64_t v
 }
 
 void Node::Impl::HandleFetch(net::PeerId peer, PeerState& p, const proto::Fetch& m) {
+  if (m.mode == proto::FetchMode::kDevice) return HandleDeviceFetch(peer, p, m);
   auto info = FindLocked(m.model, m.version);
   if (!info && m.version != 0 && incoming.count({m.model, m.version}) != 0) return FetchIncoming(peer, m);
   if (!info) {
@@ -183,6 +184,10 @@ void Node::Impl::HandleFetch(net::PeerId peer, PeerState& p, const proto::Fetch&
 }
 
 void Node::Impl::HandleRelease(PeerState& p, const proto::Release& m) {
+  if (auto d = p.device_leases.find({m.model, m.version}); d != p.device_leases.end()) {
+    p.device_leases.erase(d);  // releases the device buffer
+    return;
+  }
   auto it = p.leases.find({m.model, m.version});
   if (it != p.leases.end()) p.leases.erase(it);
 }

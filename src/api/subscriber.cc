@@ -54,6 +54,7 @@ Result<std::unique_ptr<Subscriber>> Subscriber::Start(const SubscriberOptions& o
   auto impl = std::make_shared<Impl>();
   impl->options = options;
   impl->pool = std::make_shared<internal::BufferPool>(std::max<size_t>(options.buffers, 1));
+  VIPER_RETURN_IF_ERROR(impl->StartGpu());
   VIPER_RETURN_IF_ERROR(impl->StartRegistry());
   auto client = impl->EnsureClient();
   if (!client.ok() && options.file_dir.empty() && !impl->registry) return client.status();

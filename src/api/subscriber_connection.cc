@@ -127,6 +127,9 @@ void Subscriber::Impl::Run() {
     lock.unlock();
 
     auto loaded = Load(info);
+    if (loaded.ok() && gpu) {
+      if (Status st = PlaceOnDevice(**loaded, info); !st.ok()) loaded = st.WithContext("placing it on GPU " + std::to_string(options.gpu_device));
+    }
     lock.lock();
     if (!loaded.ok()) {
       stats.fetch_failures++;

@@ -85,6 +85,14 @@ struct Subscriber::Impl : std::enable_shared_from_this<Subscriber::Impl> {
   std::unique_ptr<Registry> registry;
   std::unique_ptr<RegistryWatch> registry_watch;
 
+  // --- GPU (subscriber_gpu.cc), with options.gpu_device >= 0; loader thread only ---
+  struct GpuState;
+  std::shared_ptr<GpuState> gpu;
+  Status StartGpu();  // in Start: Unavailable without a GPU
+  // Sets mv.device: from the producer's device copy if `announced` lists one here, else from the host bytes.
+  Status PlaceOnDevice(ModelVersion& mv, const proto::VersionInfo& announced);
+  Status PlaceFromProducer(ModelVersion& mv, Client& client, const std::shared_ptr<Client>& connection);
+
   // NOTIFY (complete at the node) or INCOMING (still arriving there: pipelined).
   // A version announced by `holder` (empty: the connected node). With a token, a version whose
   // seal does not verify is skipped with a warning (seal.h).

@@ -364,6 +364,11 @@ void DeviceVersionStore::Release(const GpuVersion& v) {
   m.cv.notify_all();
 }
 
+uint64_t DeviceVersionStore::live_version() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->live_desc ? impl_->live_desc->version : 0;
+}
+
 size_t DeviceVersionStore::buffers() const {
   std::lock_guard lock(impl_->mu);
   return impl_->buffers.size();

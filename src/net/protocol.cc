@@ -107,7 +107,7 @@ void put(Writer& w, const VersionInfo& v) {
 Replica get_replica(Reader& r) {
   Replica out;
   uint8_t kind = r.u8("replica.kind");
-  if (r.ok() && (kind < 1 || kind > 4)) r.fail("replica.kind", "unknown replica kind " + std::to_string(kind));
+  if (r.ok() && (kind < 1 || kind > 5)) r.fail("replica.kind", "unknown replica kind " + std::to_string(kind));
   out.kind = static_cast<ReplicaKind>(kind);
   out.host_key = r.str("replica.host_key");
   out.locator = r.str("replica.locator");
@@ -140,7 +140,7 @@ Encoding get_encoding(Reader& r) {
 }
 FetchMode get_fetch_mode(Reader& r) {
   uint8_t m = r.u8("mode");
-  if (r.ok() && m != 1 && m != 2) r.fail("mode", "unknown fetch mode " + std::to_string(m));
+  if (r.ok() && (m < 1 || m > 3)) r.fail("mode", "unknown fetch mode " + std::to_string(m));
   return static_cast<FetchMode>(m);
 }
 
@@ -211,7 +211,11 @@ Message get_payload(Reader& r, MessageType type) {
     case MessageType::kFetchOk: {
       FetchOk m; m.request_id = r.u64("request_id"); m.mode = get_fetch_mode(r); m.info = get_version_info(r);
       m.segment = r.str("segment"); m.chunk_bytes = r.u32("chunk_bytes"); m.chunks = r.u32("chunks");
-      m.encoding = get_encoding(r); m.base_version = r.u64("base_version"); m.detail = r.str("detail"); return m;
+      m.encoding = get_encoding(r); m.base_version = r.u64("base_version"); m.detail = r.str("detail");
+      if (r.ok() && m.mode == FetchMode::kDevice && m.segment.size() != kGpuVersionMessageBytes)
+        r.fail("segment", "a kDevice FETCH_OK carries the " + std::to_string(kGpuVersionMessageBytes) +
+                              "-byte GPU version message, not " + std::to_string(m.segment.size()) + " bytes");
+      return m;
     }
     case MessageType::kRelease: { Release m; m.model = r.str("model"); m.version = r.u64("version"); return m; }
     case MessageType::kAck: { Ack m; m.model = r.str("model"); m.version = r.u64("version"); return m; }

@@ -171,6 +171,9 @@ void CheckLocator(const std::string& where, proto::ReplicaKind kind, const std::
       if (locator.front() != '/' || locator.find("/../") != std::string::npos || locator.ends_with("/.."))
         Fail(where + " " + Quote(locator) + " is not an absolute path without '..'");
       return;
+    case proto::ReplicaKind::kDevice:  // same-node only: never in a registry record
+      Fail(where + " " + Quote(locator) + " is a device replica, which a registry record cannot hold");
+      return;
   }
 }
 

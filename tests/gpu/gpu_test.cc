@@ -378,6 +378,176 @@ TEST(Gpu, AConsumerWithoutAGpuGetsTheVersionsThroughTheHostPath) {
   }
 }
 
+// viper_gpu_subscriber (a Subscriber with gpu_device 0) in its own process, over pipes.
+class SubscriberProcess {
+ public:
+  SubscriberProcess(const std::string& connect, const std::string& model, bool in_place) {
+    int in[2], out[2];
+    EXPECT_EQ(::pipe2(in, O_CLOEXEC), 0);
+    EXPECT_EQ(::pipe2(out, O_CLOEXEC), 0);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+    std::string bin = std::string(VIPER_BINARY_DIR) + "/bin/viper_gpu_subscriber";
+    if (const char* e = std::getenv("VIPER_GPU_SUBSCRIBER")) bin = e;
+    std::vector<std::string> args = {bin, "--connect", connect, "--model", model};
+    if (in_place) args.push_back("--in-place");
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    EXPECT_EQ(posix_spawn(&pid_, bin.c_str(), &fa, nullptr, argv.data(), environ), 0) << bin;
+    posix_spawn_file_actions_destroy(&fa);
+    ::close(in[0]);
+    ::close(out[1]);
+    to_ = in[1];
+    from_ = ::fdopen(out[0], "r");
+  }
+  ~SubscriberProcess() {
+    if (to_ >= 0) ::close(to_);  // EOF ends it
+    if (from_) std::fclose(from_);
+    int status = 0;
+    if (pid_ > 0) ::waitpid(pid_, &status, 0);
+  }
+  std::string Line() {
+    char buf[4096];
+    if (!std::fgets(buf, sizeof buf, from_)) return "EOF";
+    std::string s(buf);
+    if (!s.empty() && s.back() == '\n') s.pop_back();
+    return s;
+  }
+  std::string Command(const std::string& c) {
+    std::string m = c + "\n";
+    EXPECT_EQ(::write(to_, m.data(), m.size()), ssize_t(m.size()));
+    return Line();
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int to_ = -1;
+  FILE* from_ = nullptr;
+};
+
+TEST(Gpu, ASameNodeSubscriberOpensTheVersionThroughTheNode) {
+  // Producer: a Publisher with a GpuPublisher in this process. Consumers: two Subscriber processes
+  // with gpu_device 0 that learn of each version from the node's NOTIFY (a kDevice replica), lease
+  // it with FETCH kDevice and copy it device-to-device (one) or read it in place (the other).
+  PublisherOptions po;
+  po.model = "gpu-node";
+  po.node.segment_prefix = "viper-gpu-node";
+  auto pub = Publisher::Start(po);
+  ASSERT_TRUE(pub.ok()) << pub.status().ToString();
+  DeviceVersionStore::Options so;
+  so.max_buffers = 3;
+  auto gp = GpuPublisher::Start(pub->get(), so);
+  ASSERT_TRUE(gp.ok()) << gp.status().ToString();
+  SubscriberProcess copy((*pub)->address(), "gpu-node", false), in_place((*pub)->address(), "gpu-node", true);
+  ASSERT_EQ(copy.Line(), "READY");
+  ASSERT_EQ(in_place.Line(), "READY");
+  auto s = Stream::Create(0);
+  ASSERT_TRUE(s.ok());
+  std::vector<DevTensor> keep;
+  auto publish = [&](uint64_t seed) -> uint64_t {
+    keep.clear();
+    keep.push_back(Upload(RandomBytes(5 << 20, seed), *s));
+    keep.push_back(Upload(RandomBytes(999, seed + 1), *s));
+    auto version = (*gp)->PublishDevice(Specs({&keep[0], &keep[1]}), *s, PublishInfo{.step = seed});
+    EXPECT_TRUE(version.ok()) << version.status().ToString();
+    if (!version.ok()) return 0;
+    EXPECT_TRUE((*gp)->WaitHost(*version, 20s).ok());
+    return *version;
+  };
+  uint64_t v1 = publish(600);
+  ASSERT_NE(v1, 0u);
+  std::string r = copy.Command("W " + std::to_string(v1));
+  EXPECT_EQ(r.rfind("OK " + std::to_string(v1) + " 0 ", 0), 0u) << r;
+  EXPECT_NE(r.find("device-to-device from the producer's GPU buffer"), std::string::npos) << r;
+  r = in_place.Command("W " + std::to_string(v1));
+  EXPECT_EQ(r.rfind("OK " + std::to_string(v1) + " 1 ", 0), 0u) << r;
+  EXPECT_NE(r.find("in place in the producer's GPU buffer"), std::string::npos) << r;
+  // The in-place consumer keeps holding v1 while five more versions go by: the producer (3
+  // buffers) never writes into the buffer it leased, and every new version reaches both.
+  for (uint64_t k = 1; k <= 5; ++k) {
+    uint64_t v = publish(600 + 10 * k);
+    ASSERT_NE(v, 0u);
+    r = copy.Command("W " + std::to_string(v));
+    EXPECT_EQ(r.rfind("OK " + std::to_string(v) + " 0 ", 0), 0u) << r;
+    r = in_place.Command("W " + std::to_string(v));
+    EXPECT_EQ(r.rfind("OK " + std::to_string(v) + " 1 ", 0), 0u) << r;
+    r = in_place.Command("C " + std::to_string(v1));
+    EXPECT_EQ(r.rfind("OK " + std::to_string(v1) + " 1 ", 0), 0u) << "the leased buffer was reused: " << r;
+    // Only v1 (and the subscriber's live version) stay leased: with 3 buffers the producer needs
+    // the others back.
+    EXPECT_EQ(in_place.Command("D " + std::to_string(v)), "DROPPED " + std::to_string(v));
+    EXPECT_EQ(copy.Command("D " + std::to_string(v)), "DROPPED " + std::to_string(v));
+  }
+  EXPECT_LE((*gp)->store().buffers(), 3u);
+  EXPECT_EQ(in_place.Command("D " + std::to_string(v1)), "DROPPED " + std::to_string(v1));
+}
+
+// Publish -> live in another process through the node at 1 GiB (figures for docs/BENCHMARKS.md):
+// the consumer hears of the version when its host copy is committed (NOTIFY), so the time includes
+// the pinned copy, checksum and segment copy of the host path, then FETCH kDevice and one
+// device-to-device copy.
+TEST(Gpu, ThroughTheNodeAtOneGiB) {
+  PublisherOptions po;
+  po.model = "gpu-gib";
+  po.node.segment_prefix = "viper-gpu-gib";
+  auto pub = Publisher::Start(po);
+  ASSERT_TRUE(pub.ok()) << pub.status().ToString();
+  auto gp = GpuPublisher::Start(pub->get());
+  ASSERT_TRUE(gp.ok()) << gp.status().ToString();
+  SubscriberProcess copy((*pub)->address(), "gpu-gib", false), in_place((*pub)->address(), "gpu-gib", true);
+  ASSERT_EQ(copy.Line(), "READY");
+  ASSERT_EQ(in_place.Line(), "READY");
+  auto s = Stream::Create(0);
+  ASSERT_TRUE(s.ok());
+  const uint64_t bytes = 1ull << 30;
+  auto src = DeviceBuffer::Allocate(0, bytes);
+  ASSERT_TRUE(src.ok());
+  auto dst = DeviceBuffer::Allocate(0, bytes);
+  ASSERT_TRUE(dst.ok());
+  auto e0 = Event::Create(0, true), e1 = Event::Create(0, true);
+  ASSERT_TRUE(e0.ok() && e1.ok());
+  for (int rep = 0; rep < 4; ++rep) {
+    ASSERT_TRUE(Memset(0, src->ptr(), uint8_t(rep + 1), bytes).ok());
+    ASSERT_TRUE(e0->Record(*s).ok());
+    ASSERT_TRUE(CopyDeviceToDevice(dst->ptr(), src->ptr(), bytes, *s).ok());
+    ASSERT_TRUE(e1->Record(*s).ok());
+    ASSERT_TRUE(e1->Synchronize().ok());
+    auto copy_ms = Event::ElapsedMs(*e0, *e1);
+    DeviceTensor t{TensorSpec{"w", DType::kU8, {int64_t(bytes)}}, src->ptr()};
+    auto version = (*gp)->PublishDevice({t}, *s, PublishInfo{});
+    ASSERT_TRUE(version.ok()) << version.status().ToString();
+    std::string rc = copy.Command("W " + std::to_string(*version));
+    std::string ri = in_place.Command("W " + std::to_string(*version));
+    EXPECT_EQ(rc.rfind("OK " + std::to_string(*version) + " 0 ", 0), 0u) << rc;
+    EXPECT_EQ(ri.rfind("OK " + std::to_string(*version) + " 1 ", 0), 0u) << ri;
+    std::printf("GPU-NODE 1GiB rep %d: one device copy %.3f ms; publish->live copied: %s us; in place: %s us\n", rep,
+                copy_ms.ok() ? *copy_ms : -1.0f, Field(rc, 4).c_str(), Field(ri, 4).c_str());
+    std::fflush(stdout);
+    EXPECT_EQ(copy.Command("D " + std::to_string(*version)), "DROPPED " + std::to_string(*version));
+    EXPECT_EQ(in_place.Command("D " + std::to_string(*version)), "DROPPED " + std::to_string(*version));
+  }
+}
+
+TEST(Gpu, AGpuSubscriberOfACpuProducerCopiesHostToDevice) {
+  PublisherOptions po;
+  po.model = "cpu-model";
+  po.node.segment_prefix = "viper-gpu-cpu";
+  auto pub = Publisher::Start(po);
+  ASSERT_TRUE(pub.ok()) << pub.status().ToString();
+  SubscriberProcess sub((*pub)->address(), "cpu-model", false);
+  ASSERT_EQ(sub.Line(), "READY");
+  auto bytes = RandomBytes(3 << 20, 700);
+  auto r = (*pub)->Publish({{{"w", DType::kU8, {static_cast<int64_t>(bytes.size())}}, bytes}});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_TRUE((*pub)->Wait().ok());
+  std::string line = sub.Command("W " + std::to_string(r->version));
+  EXPECT_EQ(line.rfind("OK " + std::to_string(r->version) + " 0 ", 0), 0u) << line;
+  EXPECT_NE(line.find("host-to-device (the node lists no GPU copy"), std::string::npos) << line;
+}
+
 #endif  // VIPER_GPU_TEST_API
 
 }  // namespace

@@ -106,13 +106,14 @@ inline void AddConnect(CLI::App& app, std::string& connect) {
   app.add_option("--connect", connect, "Node address HOST:PORT")->default_val("127.0.0.1:7300")->check(HostPort());
 }
 
-// "shm:NAME", "node:HOST:PORT", "file:PATH", "relay:HOST:PORT"
+// "shm:NAME", "node:HOST:PORT", "file:PATH", "relay:HOST:PORT", "device:cuda:N"
 inline std::string ReplicaText(const proto::Replica& r) {
   switch (r.kind) {
     case proto::ReplicaKind::kHostSegment: return "shm:" + r.locator;
     case proto::ReplicaKind::kNode: return "node:" + r.locator;
     case proto::ReplicaKind::kFile: return "file:" + r.locator;
     case proto::ReplicaKind::kRelay: return "relay:" + r.locator;
+    case proto::ReplicaKind::kDevice: return "device:" + r.locator;
   }
   return "?";
 }

@@ -1,0 +1,147 @@
+// Subscriber: versions placed on a GPU (SubscriberOptions::gpu_device): device-to-device from the
+// producer's GPU copy through CUDA IPC under a node lease (FETCH kDevice), or host-to-device.
+#include <algorithm>
+#include <functional>
+
+#include "subscriber_impl.h"
+#include "viper/gpu.h"
+#include "viper/gpu_store.h"
+#include "viper/log.h"
+
+namespace viper {
+
+namespace {
+constexpr std::string_view kLog = "subscriber";
+}  // namespace
+
+struct Subscriber::Impl::GpuState {
+  int device = 0;
+  gpu::Stream stream;
+  // The producer's buffers opened through CUDA IPC (cached: the producer reuses them). Shared with
+  // in-place versions, which read through its mappings.
+  std::shared_ptr<gpu::DeviceVersionReader> reader;
+  // This subscriber's own device buffers: one is reused once no ModelVersion holds it (use_count 1),
+  // so the live version's buffer is never written while a new one is copied in.
+  std::vector<std::shared_ptr<gpu::DeviceBuffer>> buffers;
+
+  Result<std::shared_ptr<gpu::DeviceBuffer>> Take(uint64_t bytes) {
+    for (auto& b : buffers)
+      if (b.use_count() == 1 && b->size() == bytes) return b;
+    std::erase_if(buffers, [](const auto& b) { return b.use_count() == 1; });  // free, of another size
+    VIPER_ASSIGN_OR_RETURN(gpu::DeviceBuffer nb, gpu::DeviceBuffer::Allocate(device, std::max<uint64_t>(bytes, 1)));
+    buffers.push_back(std::make_shared<gpu::DeviceBuffer>(std::move(nb)));
+    return buffers.back();
+  }
+};
+
+Status Subscriber::Impl::StartGpu() {
+  if (options.gpu_device < -1)
+    return Status::InvalidArgument("SubscriberOptions::gpu_device " + std::to_string(options.gpu_device) +
+                                   ": must be -1 (no GPU) or a CUDA device ordinal >= 0");
+  if (options.gpu_device == -1) {
+    if (options.gpu_in_place)
+      return Status::InvalidArgument("SubscriberOptions::gpu_in_place needs gpu_device >= 0 (it is -1)");
+    return Status::OK();
+  }
+  if (Status st = gpu::Available(); !st.ok())
+    return st.WithContext("SubscriberOptions::gpu_device " + std::to_string(options.gpu_device));
+  if (int n = gpu::DeviceCount(); options.gpu_device >= n)
+    return Status::InvalidArgument("SubscriberOptions::gpu_device " + std::to_string(options.gpu_device) +
+                                   ": this machine has " + std::to_string(n) + " GPU(s)");
+  auto g = std::make_shared<GpuState>();
+  g->device = options.gpu_device;
+  VIPER_ASSIGN_OR_RETURN(g->stream, gpu::Stream::Create(g->device));
+  g->reader = std::make_shared<gpu::DeviceVersionReader>(g->device);
+  gpu = std::move(g);
+  return Status::OK();
+}
+
+Status Subscriber::Impl::PlaceOnDevice(ModelVersion& mv, const proto::VersionInfo& announced) {
+  std::string why_host = "the node lists no GPU copy of it (a CPU producer, or a newer version is live on its GPU)";
+  bool listed = std::any_of(announced.replicas.begin(), announced.replicas.end(),
+                            [](const proto::Replica& r) { return r.kind == proto::ReplicaKind::kDevice; });
+  if (listed) {
+    auto c = EnsureClient();
+    if (!c.ok()) {
+      why_host = "node unreachable: " + c.status().message();
+    } else if (!(*c)->same_host()) {
+      why_host = "the producer's GPU is on another host";
+    } else {
+      Status st = PlaceFromProducer(mv, **c, *c);
+      if (st.ok()) return st;
+      why_host = "GPU copy not opened: " + st.message();
+      log(LogLevel::kWarn, kLog, "{} version {}: {}; copying from host memory", options.model, mv.version(), why_host);
+    }
+  }
+  GpuState& g = *gpu;
+  auto data = mv.snapshot.data_region();
+  VIPER_ASSIGN_OR_RETURN(std::shared_ptr<gpu::DeviceBuffer> buf, g.Take(data.size()));
+  VIPER_RETURN_IF_ERROR(gpu::CopyHostToDevice(buf->ptr(), data.data(), data.size(), g.stream));
+  VIPER_RETURN_IF_ERROR(g.stream.Synchronize());
+  auto dv = std::make_shared<DeviceVersion>();
+  dv->device = g.device;
+  dv->data = buf->ptr();
+  dv->bytes = data.size();
+  dv->how = "host-to-device (" + why_host + ")";
+  dv->hold = std::move(buf);
+  mv.device = std::move(dv);
+  return Status::OK();
+}
+
+Status Subscriber::Impl::PlaceFromProducer(ModelVersion& mv, Client& client, const std::shared_ptr<Client>& connection) {
+  GpuState& g = *gpu;
+  VIPER_ASSIGN_OR_RETURN(proto::FetchOk ok, client.FetchDevice(mv.info.model, mv.info.version));
+  std::function<void()> release = client.Releaser(ok.info.model, ok.info.version);
+  auto fail = [&](Status st) {
+    release();
+    return st;
+  };
+  auto v = gpu::ParseGpuVersion(std::as_bytes(std::span(ok.segment.data(), ok.segment.size())));
+  if (!v.ok()) return fail(v.status());
+  const uint64_t data_bytes = mv.snapshot.data_region().size();
+  if (v->version != mv.info.version || v->data_bytes != data_bytes)
+    return fail(Status::FailedPrecondition(
+        "the node leased GPU version " + std::to_string(v->version) + " of " + std::to_string(v->data_bytes) +
+        " data bytes for version " + std::to_string(mv.info.version) + " of " + std::to_string(data_bytes)));
+  if (v->checksum != 0 && v->checksum != mv.info.checksum)
+    return fail(Status::Corruption("GPU version " + std::to_string(v->version) + ": checksum " + checksum_hex(v->checksum) +
+                                   " != announced " + checksum_hex(mv.info.checksum)));
+  auto dv = std::make_shared<DeviceVersion>();
+  dv->device = g.device;
+  dv->bytes = data_bytes;
+  if (options.gpu_in_place) {
+    auto mapped = g.reader->Map(*v);
+    if (!mapped.ok()) return fail(mapped.status());
+    struct InPlace {
+      std::shared_ptr<gpu::DeviceVersionReader> reader;  // its mapping of the producer's buffer
+      std::shared_ptr<Client> connection;                // the lease lives on it
+      std::function<void()> release;
+      InPlace() = default;
+      InPlace(const InPlace&) = delete;
+      InPlace& operator=(const InPlace&) = delete;
+      ~InPlace() {
+        if (release) release();
+      }
+    };
+    auto hold = std::make_shared<InPlace>();
+    hold->reader = g.reader;
+    hold->connection = connection;
+    hold->release = std::move(release);
+    dv->data = *mapped + v->data_offset;
+    dv->in_place = true;
+    dv->how = "in place in the producer's GPU buffer " + std::to_string(v->buffer) + " (CUDA IPC, leased)";
+    dv->hold = std::move(hold);
+  } else {
+    auto buf = g.Take(data_bytes);
+    if (!buf.ok()) return fail(buf.status());
+    if (Status st = g.reader->CopyInto(*v, (*buf)->ptr(), g.stream); !st.ok()) return fail(st);
+    release();  // the copy is complete: the producer may reuse its buffer
+    dv->data = (*buf)->ptr();
+    dv->how = "device-to-device from the producer's GPU buffer " + std::to_string(v->buffer) + " (CUDA IPC)";
+    dv->hold = std::move(buf).value();
+  }
+  mv.device = std::move(dv);
+  return Status::OK();
+}
+
+}  // namespace viper

@@ -1,0 +1,67 @@
+"""viper.Subscriber(device=N) and load_into on machines without a GPU (the GPU path itself is
+tested by tests/gpu/gpu_test.cc on a machine with one): the device argument's checks, the clear
+error when no CUDA driver is there, and a CPU consumer that keeps the host path (version.device is
+None, load_into copies from host memory)."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import viper
+
+
+@pytest.fixture
+def pub():
+    p = viper.Publisher("m", listen="127.0.0.1:0", mode="sync")
+    yield p
+    p.close()
+
+
+@pytest.mark.parametrize("bad", [-1, True, "cpu", "cuda:x", 1.5, torch.device("cpu")])
+def test_device_argument_is_checked(pub, bad):
+    with pytest.raises(ValueError, match=r"viper.Subscriber\(\): device="):
+        viper.Subscriber("m", connect=pub.address, device=bad)
+
+
+def test_device_and_gpu_device_together_are_refused(pub):
+    with pytest.raises(ValueError, match="give device= or gpu_device=, not both"):
+        viper.Subscriber("m", connect=pub.address, device=0, gpu_device=0)
+
+
+def test_gpu_in_place_needs_a_device(pub):
+    with pytest.raises(ValueError, match="gpu_in_place needs gpu_device >= 0"):
+        viper.Subscriber("m", connect=pub.address, gpu_in_place=True)
+
+
+def test_a_device_without_a_cuda_driver_is_a_clear_unavailable_error():
+    # In a child process: the driver is probed once per process, and here it must be absent
+    # whatever this machine has.
+    code = (
+        "import viper\n"
+        "p = viper.Publisher('m', listen='127.0.0.1:0')\n"
+        "try:\n"
+        "    viper.Subscriber('m', connect=p.address, device='cuda:0')\n"
+        "except viper.IOError as e:\n"
+        "    print('REFUSED', e)\n"
+        "p.close()\n")
+    env = dict(os.environ, VIPER_CUDA_LIBRARY="/nonexistent/libcuda.so.1")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "REFUSED Unavailable: SubscriberOptions::gpu_device 0: GPU: " in out.stdout, out.stdout
+    assert "/nonexistent/libcuda.so.1" in out.stdout, out.stdout
+
+
+def test_a_cpu_consumer_keeps_the_host_path(pub):
+    producer = torch.nn.Linear(16, 4)
+    consumer = torch.nn.Linear(16, 4)
+    with viper.Subscriber("m", connect=pub.address) as sub:
+        pub.publish(producer.state_dict(), step=3)
+        version = sub.wait_for(1, timeout=30)
+        assert version.device is None
+        offsets = version._offsets()
+        assert set(offsets) == {"weight", "bias"}
+        assert offsets["weight"][1] == 16 * 4 * 4 and offsets["bias"][1] == 4 * 4
+        sub.load_into(consumer)
+        assert torch.equal(consumer.weight, producer.weight) and torch.equal(consumer.bias, producer.bias)

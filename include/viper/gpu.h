@@ -110,7 +110,9 @@ class Stream {
   Stream& operator=(Stream&& other) noexcept;
 
   // Work queued on this stream after the call waits for `event` (on the device, not the host).
-  Status WaitEvent(const Event& event);
+  // Work queued on this stream after the call runs after `event` (the device orders it; the host
+  // does not wait). Const: it queues work, the Stream object is unchanged.
+  Status WaitEvent(const Event& event) const;
   Status Synchronize() const;
   void* raw() const { return stream_; }
   int device() const { return device_; }

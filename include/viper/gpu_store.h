@@ -82,8 +82,10 @@ class DeviceVersionStore {
   DeviceVersionStore(const DeviceVersionStore&) = delete;
   DeviceVersionStore& operator=(const DeviceVersionStore&) = delete;
 
-  // Call from one thread at a time. Queues version stamp.version of `tensors` (written by work on producer_stream). Returns once
-  // the copies are queued. Errors: InvalidArgument (bad specs, tensor on another device,
+  // Call from one thread at a time. Queues version stamp.version of `tensors` (written by work on
+  // producer_stream). Returns once the copies are queued; work queued on producer_stream after
+  // the call runs after the copies have read the tensors (a device-side wait, no host sync), so
+  // the producer may overwrite them at once. Errors: InvalidArgument (bad specs, tensor on another device,
   // version not above the last), the GPU's errors.
   Status Publish(const std::vector<DeviceTensor>& tensors, const Stream& producer_stream, VersionStamp stamp);
   // Blocks until `version` is live (or sealed, if sealed=true). Timeout / the copy's error.

@@ -169,7 +169,7 @@ Stream& Stream::operator=(Stream&& o) noexcept {
   }
   return *this;
 }
-Status Stream::WaitEvent(const Event& event) {
+Status Stream::WaitEvent(const Event& event) const {
   VIPER_ASSIGN_OR_RETURN(const cu::Driver* d, On(device_));
   VIPER_CU(*d, cuStreamWaitEvent(static_cast<cu::CUstream>(stream_), static_cast<cu::CUevent>(event.raw()), 0),
            "cuStreamWaitEvent");

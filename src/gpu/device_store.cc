@@ -317,6 +317,11 @@ Status DeviceVersionStore::Publish(const std::vector<DeviceTensor>& tensors, con
   }
   if (Status st = flush(); !st.ok()) return fail(st);
   if (Status st = b.copied.Record(m.copy_stream); !st.ok()) return fail(st);
+  // The producer's next work (an optimizer step writing the parameters) waits on the device for
+  // the copy to have read them: without this, training could overwrite a tensor before its copy
+  // ran and the version would mix two steps. The host never waits; the training stream's delay is
+  // the copy's own time (what `viper bench --gpu` reports as the stall).
+  if (Status st = producer_stream.WaitEvent(b.copied); !st.ok()) return fail(st);
   if (m.options.host_copy) {
     if (Status st = m.host_stream.WaitEvent(b.copied); !st.ok()) return fail(st);
     if (Status st = CopyDeviceToHost(b.pinned.data() + layout->data_offset(), b.device.ptr() + layout->data_offset(),

@@ -171,6 +171,39 @@ TEST(Gpu, PublishIsOrderedAfterTheProducersStreamWithoutWaitingForIt) {
   EXPECT_EQ((*store)->buffers(), 2u) << "buffers are reused across versions";
 }
 
+TEST(Gpu, TrainingWorkQueuedAfterPublishWaitsForTheCopy) {
+  // The producer publishes, then at once queues on its stream a write of the next bytes into the
+  // same tensor (as an optimizer step would). The version must hold the bytes of the publish, not
+  // a mix: the store makes the producer's stream wait for the copy (a device-side wait).
+  auto s = Stream::Create(0);
+  ASSERT_TRUE(s.ok());
+  const size_t n = 256u << 20;
+  std::vector<PinnedBuffer> pinned;
+  std::vector<uint64_t> want;
+  for (uint64_t seed : {7, 8}) {
+    auto p = PinnedBuffer::Allocate(0, n);
+    ASSERT_TRUE(p.ok());
+    std::vector<std::byte> bytes = RandomBytes(n, seed);
+    std::memcpy(p->data(), bytes.data(), n);
+    want.push_back(checksum64(bytes));
+    pinned.push_back(std::move(*p));
+  }
+  DevTensor t = Upload(RandomBytes(n, 9), *s);
+  auto store = DeviceVersionStore::Create({});
+  ASSERT_TRUE(store.ok());
+  ASSERT_TRUE(CopyHostToDevice(t.buf.ptr(), pinned[0].data(), n, *s).ok());
+  for (int round = 0; round < 6; ++round) {
+    ASSERT_TRUE((*store)->Publish(Specs({&t}), *s, VersionStamp{.version = uint64_t(round + 1)}).ok());
+    // The "optimizer step": overwrite the published tensor right away, on the producer's stream.
+    ASSERT_TRUE(CopyHostToDevice(t.buf.ptr(), pinned[(round + 1) % 2].data(), n, *s).ok());
+    ASSERT_TRUE((*store)->Wait(round + 1, 20s, true).ok());
+    auto v = (*store)->Acquire();
+    ASSERT_TRUE(v.ok());
+    EXPECT_EQ(v->checksum, want[round % 2]) << "round " << round << ": the step overwrote the tensor before the copy read it";
+    (*store)->Release(*v);
+  }
+}
+
 // viper_gpu_peer in its own process, spoken to over pipes.
 class Peer {
  public:

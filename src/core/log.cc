@@ -55,9 +55,9 @@ void log_line(LogLevel level, std::string_view component, std::string_view messa
   ::clock_gettime(CLOCK_REALTIME, &now);
   tm utc{};
   ::gmtime_r(&now.tv_sec, &utc);
-  char stamp[48];
-  std::snprintf(stamp, sizeof(stamp), "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", utc.tm_year + 1900, utc.tm_mon + 1,
-                utc.tm_mday, utc.tm_hour, utc.tm_min, utc.tm_sec, now.tv_nsec / 1000000);
+  char stamp[96];  // room for any int fields (the compiler's bound), 24 bytes in practice
+  std::snprintf(stamp, sizeof(stamp), "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", utc.tm_year + 1900, utc.tm_mon + 1,
+                utc.tm_mday, utc.tm_hour, utc.tm_min, utc.tm_sec, static_cast<int>(now.tv_nsec / 1000000));
   static thread_local const long tid = ::syscall(SYS_gettid);
   static std::mutex mu;
   std::lock_guard<std::mutex> lock(mu);

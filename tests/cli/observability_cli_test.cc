@@ -16,6 +16,8 @@
 #include "api/process.h"
 #include "cli/run_viper.h"
 #include "viper/client.h"
+#include "viper/metrics.h"
+#include "viper/node.h"
 #include "viper/snapshot.h"
 
 namespace viper {
@@ -172,6 +174,21 @@ TEST(ObservabilityCli, PrometheusScrapeAfterPublishesAndFetches) {
   EXPECT_EQ(both.exit_code, 2) << both.err;
   client->reset();
   serve->Kill(SIGTERM);
+}
+
+// Every counter a node reports has a type and a help text in the exposition (not "untyped"): a
+// counter added to NodeStats without an entry in metrics.cc fails here.
+TEST(ObservabilityCli, EveryNodeCounterIsTyped) {
+  const auto counters = StatsCounters(NodeStats{});
+  const std::string text = PrometheusText(counters);
+  for (const auto& [name, value] : counters) {
+    if (IsHistogramCounter(name)) continue;
+    SCOPED_TRACE(name);
+    const bool counter = text.find("# TYPE viper_" + name + "_total counter\n") != std::string::npos;
+    const bool gauge = text.find("# TYPE viper_" + name + " gauge\n") != std::string::npos;
+    EXPECT_TRUE(counter != gauge) << text;
+    EXPECT_EQ(text.find("A node counter this viper does not know"), std::string::npos);
+  }
 }
 
 // Every command `viper --help` lists.

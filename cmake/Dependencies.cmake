@@ -47,6 +47,3 @@ endif()
 if(VIPER_BUILD_TESTS)
   find_package(GTest REQUIRED)           # libgtest-dev libgmock-dev
 endif()
-if(VIPER_BUILD_BENCH)
-  find_package(benchmark QUIET)
-endif()

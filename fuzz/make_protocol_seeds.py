@@ -86,7 +86,14 @@ def main():
             f.write(frame(mtype, payload))
     with open(os.path.join(OUT, "99_other_version"), "wb") as f:
         f.write(frame(3, s("nt3"), version=1))
-    print(f"wrote {len(MESSAGES) + len(EXTRA) + 1} seeds to {OUT}")
+    # A STATS_REPLY with a latency histogram among its counters (docs/PROTOCOL.md, STATS_REPLY):
+    # what `viper stats --prometheus` parses from the names.
+    hist = [("hist_publish_live_us_le_100", 1), ("hist_publish_live_us_le_2500", 3),
+            ("hist_publish_live_us_le_inf", 1), ("hist_publish_live_us_sum", 9000), ("peers", 2)]
+    body = u64(5) + u32(len(hist)) + b"".join(s(n) + u64(v) for n, v in sorted(hist))
+    with open(os.path.join(OUT, "20_stats_reply_histogram"), "wb") as f:
+        f.write(frame(20, body))
+    print(f"wrote {len(MESSAGES) + len(EXTRA) + 2} seeds to {OUT}")
 
 
 if __name__ == "__main__":

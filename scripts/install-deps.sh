@@ -5,11 +5,11 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential g++ cmake pkg-config git ninja-build lld
-  googletest libgtest-dev libgmock-dev libbenchmark-dev
+  googletest libgtest-dev libgmock-dev
   libucx-dev ucx-utils
   nlohmann-json3-dev libxxhash-dev libzstd-dev libssl-dev
   libhiredis-dev redis-server
-  libcli11-dev libfmt-dev libspdlog-dev
+  libcli11-dev libfmt-dev
   pybind11-dev python3-dev python3-numpy python3-torch python3-pytest python3-venv python3-pip
   python3-setuptools python3-wheel  # `pip install --no-build-isolation .` (setup.py), offline
   clang libclang-rt-14-dev

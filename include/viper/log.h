@@ -1,5 +1,5 @@
-// Logging: one line per event to stderr, "viper <level> <component>: <message>".
-// Level from VIPER_LOG (error|warn|info|debug; default warn) or set_log_level().
+// Logging: one line per event to stderr, "2026-11-27T04:40:01.123Z viper[PID/TID] <level> <component>: <message>"
+// (UTC to the ms). Level from VIPER_LOG (error|warn|info|debug; default warn) or set_log_level(), which wins.
 // Thread-safe. Log once, where the error is first understood.
 //
 // This header has no dependency beyond the standard library. Viper's own sources also get

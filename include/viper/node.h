@@ -27,6 +27,7 @@
 
 #include "viper/file_tier.h"
 #include "viper/host_tier.h"
+#include "viper/metrics.h"
 #include "viper/protocol.h"
 #include "viper/registry.h"
 #include "viper/status.h"
@@ -168,8 +169,14 @@ struct NodeStats {
   uint64_t leases_from_file = 0;   // same-host leases of versions loaded back from the file tier
   HostTierStats host;  // the host tier's segments by state
   DeltaStats delta;
+  // Latency histograms: publish() (PublishInfo's publish_ns, the producer's clock) to the NOTIFY
+  // sent here; a FETCH answered by SEND to its last chunk sent (for a version still arriving
+  // here, the wait for its bytes included).
+  LatencyHistogram publish_live;
+  LatencyHistogram fetch_send;
 };
-// The counters by name ("bytes_sent", ...), as STATS_REPLY carries them.
+// The counters by name ("bytes_sent", ...), as STATS_REPLY carries them; the histograms as
+// "hist_NAME_us_le_BOUND" and "hist_NAME_us_sum" (AddHistogramCounters).
 std::map<std::string, uint64_t> StatsCounters(const NodeStats& stats);
 
 class IncomingVersion;

@@ -135,6 +135,9 @@ struct SubscriberHandle {
 
 // A version's catalog entry as a dict (node_bindings.cc).
 py::dict VersionInfoDict(const viper::proto::VersionInfo& info);
+// A node's counters by name (StatsCounters) and its latency histograms under "histograms":
+// {name: {"buckets": [(upper bound in seconds, cumulative count), ..., (inf, count)], "count", "sum_seconds"}}.
+py::dict NodeStatsDict(const viper::NodeStats& stats);
 
 void BindNode(py::module_& m);        // node_bindings.cc
 void BindPublisher(py::module_& m);   // publisher_bindings.cc

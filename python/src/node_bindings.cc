@@ -9,7 +9,11 @@
 #include <string>
 #include <vector>
 
+#include <limits>
+
 #include "api_bindings.h"
+#include "viper/log.h"
+#include "viper/metrics.h"
 
 namespace viper_py {
 
@@ -37,7 +41,33 @@ py::dict VersionInfoDict(const viper::proto::VersionInfo& info) {
   return d;
 }
 
+py::dict NodeStatsDict(const viper::NodeStats& stats) {
+  const auto counters = viper::StatsCounters(stats);
+  py::dict d;
+  for (const auto& [name, value] : counters)
+    if (!viper::IsHistogramCounter(name)) d[py::str(name)] = value;
+  py::dict histograms;
+  for (const viper::NamedHistogram& h : viper::HistogramsFromCounters(counters)) {
+    py::list buckets;
+    uint64_t cumulative = 0;
+    for (const auto& [bound, count] : h.buckets) {
+      cumulative += count;
+      double le = bound == UINT64_MAX ? std::numeric_limits<double>::infinity() : static_cast<double>(bound) / 1e6;
+      buckets.append(py::make_tuple(le, cumulative));
+    }
+    py::dict one;
+    one["buckets"] = buckets;
+    one["count"] = cumulative;
+    one["sum_seconds"] = static_cast<double>(h.sum_us) / 1e6;
+    histograms[py::str(h.name)] = one;
+  }
+  d["histograms"] = histograms;
+  return d;
+}
+
 void BindNode(py::module_& m) {
+  m.def("_set_log_level", [](int level) { viper::set_log_level(static_cast<viper::LogLevel>(level)); });
+  m.def("_log_level", [] { return static_cast<int>(viper::log_level()); });
   py::class_<NodeHandle>(m, "_Node")
       .def(py::init([](const viper::NodeOptions& o) {
              auto handle = std::make_unique<NodeHandle>();
@@ -56,6 +86,7 @@ void BindNode(py::module_& m) {
              if (!info) return std::nullopt;
              return VersionInfoDict(*info);
            })
+      .def("stats", [](NodeHandle& h) { return NodeStatsDict(Open(h.node, "Node").stats()); })
       .def("wait_flushed", [](NodeHandle& h, double timeout) {
              viper::Node& node = Open(h.node, "Node");
              auto ms = SecondsToMs(timeout, "timeout");

@@ -96,6 +96,13 @@ void BindPublisher(py::module_& m) {
       .def_property_readonly("announced_version",
                              [](PublisherHandle& h) { return Open(h.publisher, "Publisher").announced_version(); })
       .def_readonly("last_stall_seconds", &PublisherHandle::last_stall_seconds)
+      .def("stats", [](PublisherHandle& h) {
+             viper::Publisher& pub = Open(h.publisher, "Publisher");
+             py::dict d = NodeStatsDict(pub.node().stats());
+             d["announced_version"] = pub.announced_version();
+             d["last_stall_seconds"] = h.last_stall_seconds;
+             return d;
+           })
       .def("versions", [](PublisherHandle& h) {
              py::list out;
              for (const auto& info : Open(h.publisher, "Publisher").node().List()) out.append(VersionInfoDict(info));

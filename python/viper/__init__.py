@@ -183,7 +183,8 @@ _checked_wait_delta.__doc__ = _wait_delta.__doc__
 PublishResult.wait_delta = _checked_wait_delta
 
 __all__ = ["Error", "InvalidArgumentError", "IOError", "ModelVersion", "Node", "NotFoundError", "PublishResult",
-           "Publisher", "Scheduler", "Snapshot", "Subscriber", "TimeoutError", "build_snapshot", "plan_schedules",
+           "Publisher", "Scheduler", "Snapshot", "Subscriber", "TimeoutError", "build_snapshot", "log_level",
+           "plan_schedules", "set_log_level",
            "__version__"]
 
 
@@ -215,6 +216,25 @@ class _Handle:
         return self._impl
 
 
+_LOG_LEVELS = ("error", "warn", "info", "debug")
+
+
+def set_log_level(level: str) -> None:
+    """Sets the level of Viper's log lines (stderr) in this process: "error", "warn", "info" or
+    "debug". Overrides VIPER_LOG (read at the first log line otherwise; default "warn")."""
+    if not isinstance(level, str):
+        raise TypeError(f"viper.set_log_level(): level={_check.shown(level)}: expected a str, got {type(level).__name__}")
+    if level not in _LOG_LEVELS:
+        raise InvalidArgumentError(f"viper.set_log_level(): level={_check.shown(level)}: must be one of "
+                                   f"{', '.join(_LOG_LEVELS)}")
+    _viper._set_log_level(_LOG_LEVELS.index(level))
+
+
+def log_level() -> str:
+    """The current log level ("error", "warn", "info" or "debug")."""
+    return _LOG_LEVELS[_viper._log_level()]
+
+
 class Node(_Handle):
     """A Viper node on its own (what `viper serve` runs): holds versions in shared memory, serves
     subscribers, keeps the file tier. Publishers embed one; use this for a standalone node."""
@@ -239,6 +259,15 @@ class Node(_Handle):
     def wait_flushed(self, timeout: float = 600.0) -> None:
         """Blocks until every version queued for the file tier is written."""
         self._live().wait_flushed(_check.seconds("Node.wait_flushed()", "timeout", timeout))
+
+    def stats(self) -> dict:
+        """The node's counters by name, as `viper stats` prints them (versions_committed,
+        notifies_sent, peers, bytes_sent, host_free_segments, delta_*, ...), and its latency
+        histograms under "histograms": {"publish_live": ..., "fetch_send": ...}, each
+        {"buckets": [(upper bound in seconds, cumulative count), ..., (inf, count)], "count",
+        "sum_seconds"}. publish_live: publish() to the version announced here; fetch_send: a
+        FETCH served by SEND to its last chunk sent. Buckets: docs/ARCHITECTURE.md "Observability"."""
+        return self._live().stats()
 
 
 class Publisher(_Handle):
@@ -307,6 +336,11 @@ class Publisher(_Handle):
     def versions(self) -> list:
         """The embedded node's versions, as dicts."""
         return self._live().versions()
+
+    def stats(self) -> dict:
+        """The embedded node's stats() (see Node.stats()) plus announced_version and
+        last_stall_seconds."""
+        return self._live().stats()
 
 
 class Subscriber(_Handle):

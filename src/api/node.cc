@@ -232,6 +232,8 @@ NodeStats Node::Impl::StatsLocked() const {
   for (const auto& [id, p] : peers) s.leases_active += p.leases.size();
   s.bytes_sent = bytes_sent.load();
   s.bytes_sent_incoming = bytes_sent_incoming.load();
+  s.publish_live = publish_live.Snapshot();
+  s.fetch_send = fetch_send.Snapshot();
   return s;
 }
 

@@ -52,6 +52,7 @@ void Node::Impl::PumpBulkSend(const std::shared_ptr<BulkSend>& send) {
       }
       bytes_sent += n;
       if (early) bytes_sent_incoming += n;
+      if (send->done == send->chunks && !send->failed) fetch_send.Record(WallClockNs() - send->started_ns);
       // A whole transfer of bytes that were here times this peer's path for the delta decision.
       if (!early && send->done == send->chunks && !send->failed && deltas)
         deltas->RecordFullSend(send->peer, send->bytes.size(), WallClockNs() - send->started_ns);

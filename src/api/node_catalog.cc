@@ -85,6 +85,7 @@ Result<proto::VersionInfo> Node::Impl::CommitVersion(WriteLease lease, proto::Ve
   if (deltas) deltas->OnCommit(info, remote_subscribers);
   auto notify = proto::Encode(proto::Notify{notified});
   for (net::PeerId peer : subscribers) (void)engine->Send(peer, notify);
+  if (info.publish_ns > 0) publish_live.Record(WallClockNs() - info.publish_ns);
   if (registry_agent) registry_agent->Announce(info);
   QueueFlush(info);
   return info;

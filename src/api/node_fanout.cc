@@ -16,7 +16,7 @@ constexpr std::string_view kLog = "node";
 }  // namespace
 
 std::map<std::string, uint64_t> StatsCounters(const NodeStats& s) {
-  return {{"versions_committed", s.versions_committed}, {"notifies_sent", s.notifies_sent},
+  std::map<std::string, uint64_t> counters = {{"versions_committed", s.versions_committed}, {"notifies_sent", s.notifies_sent},
           {"leases_granted", s.leases_granted},         {"leases_active", s.leases_active},
           {"peers", s.peers},                           {"peers_refused", s.peers_refused},
           {"handshakes_refused_token", s.handshakes_refused_token}, {"handshakes_timed_out", s.handshakes_timed_out},
@@ -35,6 +35,9 @@ std::map<std::string, uint64_t> StatsCounters(const NodeStats& s) {
           {"host_committed_segments", s.host.committed_segments},
           {"host_retired_leased_segments", s.host.retired_leased_segments},
           {"host_free_segments", s.host.free_segments}};
+  AddHistogramCounters(counters, "publish_live", s.publish_live);
+  AddHistogramCounters(counters, "fetch_send", s.fetch_send);
+  return counters;
 }
 
 void Node::Impl::HandleStats(net::PeerId peer, const proto::Stats& m) {

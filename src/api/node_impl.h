@@ -24,6 +24,7 @@
 #include "viper/engine.h"
 #include "viper/file_tier.h"
 #include "viper/host_tier.h"
+#include "viper/metrics.h"
 #include "viper/node.h"
 #include "viper/protocol.h"
 
@@ -122,6 +123,9 @@ struct Node::Impl {
   // Counted on the progress thread as sends complete (no lock there).
   std::atomic<uint64_t> bytes_sent{0};
   std::atomic<uint64_t> bytes_sent_incoming{0};
+  // Latency histograms (lock-free; docs/ARCHITECTURE.md "Observability").
+  LatencyRecorder publish_live;  // info.publish_ns -> NOTIFY sent (CommitVersion)
+  LatencyRecorder fetch_send;    // FETCH answered with SEND -> its last chunk sent
   // Versions queued for the file tier, each with a lease that keeps it in memory until its file
   // is written (QueueFlush), and their bytes.
   std::map<std::pair<std::string, uint64_t>, ReadLease> flushing;

@@ -193,6 +193,8 @@ std::vector<Bad> BadValues(const Option& o, const std::string& dir) {
 
 constexpr double kMax = 9.3e18;  // no upper bound (INT64_MAX)
 
+const std::map<std::string, std::set<std::string>>& Flags();
+
 const std::vector<Option>& Table() {
   static const std::vector<Option> table = {
       {"serve", "--listen", Kind::kHostPort},
@@ -285,7 +287,15 @@ const std::vector<Option>& Table() {
       {"bench-peer fanout-host", "--path", Kind::kChoice},
       {"bench-peer fanout-host", "--consumers", Kind::kInteger, 1, 4096},
   };
-  return table;
+  static const std::vector<Option> with_log_level = [] {
+    std::vector<Option> all = table;
+    std::set<std::string> commands;
+    for (const Option& o : table) commands.insert(o.command);
+    for (const auto& [c, flags] : Flags()) commands.insert(c);
+    for (const std::string& c : commands) all.push_back({c, "--log-level", Kind::kChoice});  // main.cc adds it to every command
+    return all;
+  }();
+  return with_log_level;
 }
 
 // Flags take no value: given one (--json=x), they are refused as well.
@@ -294,7 +304,7 @@ const std::map<std::string, std::set<std::string>>& Flags() {
       {"serve", {"--insecure"}},
       {"watch", {"--json", "--verify-local"}},
       {"ls", {"--json"}},
-      {"stats", {"--json"}},
+      {"stats", {"--json", "--prometheus"}},
       {"inspect", {"--json", "--verify"}},
       {"schedule", {"--json", "--robust"}},
       {"bench", {"--quick", "--no-diagnostic-rows", "--fanout", "--gpu"}},

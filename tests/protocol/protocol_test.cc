@@ -1,5 +1,6 @@
 // Round trips for every control message and one clear error for each kind of malformed frame.
 #include "viper/protocol.h"
+#include "viper/metrics.h"
 
 #include <gtest/gtest.h>
 
@@ -166,6 +167,24 @@ TEST(Protocol, DuplicateCounterName) {
   ASSERT_NE(it, frame.rend());
   *it = std::byte{'a'};
   EXPECT_NE(DecodeStatus(frame).message().find("counters: duplicate name"), std::string::npos);
+}
+
+// Histograms travel as ordinary counters (hist_NAME_us_le_BOUND, hist_NAME_us_sum): the frame
+// layout of STATS_REPLY is the one older peers decode, and they come back out by name.
+TEST(Protocol, StatsReplyCarriesHistogramsAsCounters) {
+  LatencyRecorder r;
+  r.Record(int64_t{4} * 1'000'000);
+  std::map<std::string, uint64_t> counters = {{"bytes_sent", 7}};
+  AddHistogramCounters(counters, "fetch_send", r.Snapshot());
+  auto frame = Encode(StatsReply{3, counters});
+  auto decoded = Decode(frame);
+  ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+  const auto& reply = std::get<StatsReply>(*decoded);
+  EXPECT_EQ(reply.counters, counters);
+  auto hs = HistogramsFromCounters(reply.counters);
+  ASSERT_EQ(hs.size(), 1u);
+  EXPECT_EQ(hs[0].count(), 1u);
+  EXPECT_EQ(hs[0].sum_us, 4000u);
 }
 
 TEST(Protocol, DuplicateMetadataKey) {

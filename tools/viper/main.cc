@@ -7,6 +7,7 @@
 
 #include "cli_checks.h"
 #include "command.h"
+#include "viper/log.h"
 #include "viper/version.h"
 
 namespace viper::cli {
@@ -36,9 +37,18 @@ int main(int argc, char** argv) {
   std::sort(commands.begin(), commands.end(),
             [](const CommandInfo& a, const CommandInfo& b) { return a.order != b.order ? a.order < b.order : a.name < b.name; });
   std::vector<std::pair<CLI::App*, RunFn>> subcommands;
+  // --log-level on every command (and every command's own subcommands), here rather than in each
+  // command: it wins over VIPER_LOG.
+  std::string log_level;
+  auto add_log_level = [&log_level](auto& self, CLI::App* sub) -> void {
+    sub->add_option("--log-level", log_level, "Log level: error, warn, info or debug (default: VIPER_LOG, else warn)")
+        ->check(OneOf({"error", "warn", "info", "debug"}));
+    for (CLI::App* nested : sub->get_subcommands({})) self(self, nested);
+  };
   for (const auto& command : commands) {
     CLI::App* sub = app.add_subcommand(command.name, command.description);
     subcommands.emplace_back(sub, command.setup(*sub));
+    add_log_level(add_log_level, sub);
   }
 
   // A first word that is not an option must name a command (CLI11 would say only "A subcommand is
@@ -77,6 +87,12 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {  // a conversion that threw past CLI11: still one line, exit 2
     std::fprintf(stderr, "viper: cannot read the arguments: %s (see viper --help)\n", e.what());
     return 2;
+  }
+  if (!log_level.empty()) {
+    viper::set_log_level(log_level == "error"  ? viper::LogLevel::kError
+                         : log_level == "info" ? viper::LogLevel::kInfo
+                         : log_level == "debug" ? viper::LogLevel::kDebug
+                                                : viper::LogLevel::kWarn);
   }
   for (auto& [sub, run] : subcommands) {
     if (sub->parsed()) return run();

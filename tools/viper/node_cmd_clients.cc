@@ -20,6 +20,7 @@
 #include "temp_file.h"
 #include "viper/client.h"
 #include "viper/host_tier.h"
+#include "viper/metrics.h"
 #include "viper/node.h"
 #include "viper/snapshot.h"
 #include "viper/subscriber.h"
@@ -401,10 +402,12 @@ ViperCommand ls_command(
 struct StatsFlags {
   std::string connect;
   bool json = false;
+  bool prometheus = false;
   AuthFlags auth;
 };
 
 int RunStats(const StatsFlags& f) {
+  if (f.json && f.prometheus) return Fail("stats", Status::InvalidArgument("--json and --prometheus: give one of them"));
   auto client = ConnectClient(f.connect, f.auth);
   if (!client.ok()) return Fail("stats", client.status());
   auto counters = (*client)->Stats();
@@ -413,7 +416,17 @@ int RunStats(const StatsFlags& f) {
     std::printf("%s\n", nlohmann::json(*counters).dump(2).c_str());
     return 0;
   }
-  for (const auto& [name, value] : *counters) std::printf("%-22s %" PRIu64 "\n", name.c_str(), value);
+  if (f.prometheus) {
+    std::fputs(PrometheusText(*counters).c_str(), stdout);
+    return 0;
+  }
+  for (const auto& [name, value] : *counters)
+    if (!IsHistogramCounter(name)) std::printf("%-28s %" PRIu64 "\n", name.c_str(), value);
+  for (const NamedHistogram& h : HistogramsFromCounters(*counters)) {
+    const uint64_t n = h.count();
+    std::printf("%-28s %" PRIu64 " observed, mean %.3f ms\n", (h.name + " latency").c_str(), n,
+                n == 0 ? 0.0 : static_cast<double>(h.sum_us) / 1e3 / static_cast<double>(n));
+  }
   return 0;
 }
 
@@ -422,7 +435,9 @@ ViperCommand stats_command(
     [](CLI::App& app) -> RunFn {
       auto f = std::make_shared<StatsFlags>();
       AddConnect(app, f->connect);
-      app.add_flag("--json", f->json, "JSON output");
+      app.add_flag("--json", f->json, "JSON output (the counters by name, histograms as hist_* counters)");
+      app.add_flag("--prometheus", f->prometheus,
+                   "Prometheus text exposition format (counters, gauges, latency histograms)");
       f->auth.Add(app);
       return [f] { return RunStats(*f); };
     },

@@ -270,10 +270,10 @@ Result<Schedule> Scheduler::PlanFromObservedLocked(const ScheduleInputs& base) {
   return plan;
 }
 
-void Scheduler::PlanLocked(int64_t iteration) {
+void Scheduler::PlanLocked(int64_t iteration, bool move_end) {
   last_plan_iteration_ = iteration;
   timings_moved_ = false;
-  MoveEndLocked(iteration);
+  if (move_end) MoveEndLocked(iteration);
   ScheduleInputs base;
   base.problem = ProblemLocked();
   base.epoch = options_.epoch;
@@ -300,6 +300,7 @@ void Scheduler::PlanLocked(int64_t iteration) {
     return;
   }
   plan_problem_ = base.problem;
+  plan_iteration_ = iteration;
   state_.planned.assign(plan->iterations.begin() + static_cast<std::ptrdiff_t>(base.taken.size()), plan->iterations.end());
   state_.predicted_cil = plan->cil;
   state_.last_plan_status = Status::OK();
@@ -354,6 +355,120 @@ void Scheduler::report_update_latency(double seconds) {
 SchedulerState Scheduler::state() const {
   std::lock_guard<std::mutex> lock(mu_);
   return state_;
+}
+
+SchedulerCheckpoint Scheduler::Checkpoint() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  SchedulerCheckpoint c;
+  c.losses = samples_;
+  for (const Interval& i : intervals_) c.intervals.push_back({i.since_checkpoint, i.ns_per_iteration});
+  c.since_checkpoint = since_checkpoint_;
+  c.checkpoint_in_interval = checkpoint_in_interval_;
+  c.stall_ns.assign(stall_ns_window_.begin(), stall_ns_window_.end());
+  c.latency_ns.assign(latency_ns_window_.begin(), latency_ns_window_.end());
+  c.taken = state_.taken;
+  c.last_asked = last_asked_;
+  if (run_start_) {
+    c.elapsed_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - *run_start_).count();
+  }
+  c.end = end_;
+  c.plans = state_.plans;
+  c.last_plan_iteration = last_plan_iteration_;
+  c.timings_moved = timings_moved_;
+  if (state_.plans > 0) {
+    c.plan_iteration = plan_iteration_;
+    c.plan_end = plan_problem_.end;
+    c.plan_t_train_ns = plan_problem_.t_train_ns;
+    c.plan_t_p_ns = plan_problem_.t_p_ns;
+    c.plan_t_c_ns = plan_problem_.t_c_ns;
+  }
+  return c;
+}
+
+Status Scheduler::Resume(const SchedulerCheckpoint& c) {
+  auto bad = [](std::string what) { return Status::InvalidArgument("scheduler resume: " + what); };
+  if (!c.losses.empty()) {
+    Status losses = ValidateLossSamples(c.losses);
+    if (!losses.ok()) return losses.WithContext("scheduler resume: losses");
+  }
+  for (size_t i = 0; i < c.intervals.size(); ++i) {
+    if (c.intervals[i].since_checkpoint < -1 || c.intervals[i].ns_per_iteration <= 0) {
+      return bad(fmt::format("intervals[{}] = ({}, {}): since_checkpoint must be >= -1, ns_per_iteration > 0", i,
+                             c.intervals[i].since_checkpoint, c.intervals[i].ns_per_iteration));
+    }
+  }
+  if (c.since_checkpoint < -1) return bad(fmt::format("since_checkpoint = {} must be >= -1", c.since_checkpoint));
+  for (const auto* window : {&c.stall_ns, &c.latency_ns})
+    for (int64_t v : *window)
+      if (v < 0) return bad(fmt::format("a reported time of {} ns is negative", v));
+  for (size_t i = 1; i < c.taken.size(); ++i)
+    if (c.taken[i] <= c.taken[i - 1]) return bad(fmt::format("taken[{}] = {} does not increase", i, c.taken[i]));
+  const int64_t last = c.losses.empty() ? -1 : c.losses.back().iteration;
+  if (c.end <= options_.warmup_end) return bad(fmt::format("end = {} must be > warmup_end = {}", c.end, options_.warmup_end));
+  if (c.plans < 0) return bad(fmt::format("plans = {} must be >= 0", c.plans));
+  if (c.plans > 0) {
+    if (c.plan_iteration < options_.warmup_end || c.plan_iteration > last) {
+      return bad(fmt::format("plan_iteration = {} must be in [warmup_end = {}, the last loss's iteration {}]",
+                             c.plan_iteration, options_.warmup_end, last));
+    }
+    if (c.plan_end <= options_.warmup_end || c.plan_t_train_ns <= 0 || c.plan_t_p_ns < 0 || c.plan_t_c_ns < 0) {
+      return bad(fmt::format("the plan's problem (end {}, t_train {} ns, t_p {} ns, t_c {} ns) is not valid", c.plan_end,
+                             c.plan_t_train_ns, c.plan_t_p_ns, c.plan_t_c_ns));
+    }
+  }
+
+  std::lock_guard<std::mutex> lock(mu_);
+  intervals_.clear();
+  for (const auto& i : c.intervals) intervals_.push_back({i.since_checkpoint, i.ns_per_iteration});
+  while (intervals_.size() > kIntervalWindow) intervals_.pop_front();
+  since_checkpoint_ = c.since_checkpoint;
+  checkpoint_in_interval_ = c.checkpoint_in_interval;
+  stall_ns_window_.assign(c.stall_ns.begin(), c.stall_ns.end());
+  while (stall_ns_window_.size() > kReportWindow) stall_ns_window_.pop_front();
+  latency_ns_window_.assign(c.latency_ns.begin(), c.latency_ns.end());
+  while (latency_ns_window_.size() > kReportWindow) latency_ns_window_.pop_front();
+  last_asked_ = c.last_asked;
+  last_time_.reset();  // the interval across the restart is not a training interval
+  run_start_.reset();
+  if (c.elapsed_ns >= 0) run_start_ = std::chrono::steady_clock::now() - std::chrono::nanoseconds(c.elapsed_ns);
+  state_ = SchedulerState{};
+  state_.fit.reset();
+  plan_iteration_ = -1;
+  plan_problem_ = ScheduleProblem{};
+
+  // Re-make the last successful plan where it was made: the losses up to it, the estimates and
+  // the end it used, the checkpoints taken by then; then drop what was answered since.
+  if (c.plans > 0) {
+    samples_.clear();
+    for (const LossSample& l : c.losses)
+      if (l.iteration <= c.plan_iteration) samples_.push_back(l);
+    end_ = c.plan_end;
+    state_.t_train_ns = c.plan_t_train_ns;
+    state_.t_p_ns = c.plan_t_p_ns;
+    state_.t_c_ns = c.plan_t_c_ns;
+    for (int64_t t : c.taken)
+      if (t <= c.plan_iteration) state_.taken.push_back(t);
+    state_.plans = c.plans - 1;  // the fallback of a first plan is tried as it was then
+    PlanLocked(c.plan_iteration, /*move_end=*/false);
+    if (state_.plans != c.plans) {
+      Status why = state_.last_plan_status;
+      state_ = SchedulerState{};
+      return why.ok() ? bad("the saved plan could not be made again") : why.WithContext("scheduler resume");
+    }
+    std::erase_if(state_.planned, [&](int64_t it) { return it <= c.last_asked; });
+  }
+  samples_ = c.losses;
+  end_ = c.end;
+  state_.end = end_;
+  state_.taken = c.taken;
+  state_.iteration = last;
+  state_.t_c_ns = latency_ns_window_.empty() ? options_.t_c_ns : Median(latency_ns_window_);
+  state_.t_p_stall_ns = stall_ns_window_.empty() ? 0 : Mean(stall_ns_window_);
+  state_.t_train_ns = TrainEstimateLocked();
+  RefreshCheckpointCostLocked();
+  last_plan_iteration_ = c.last_plan_iteration;
+  timings_moved_ = c.timings_moved;
+  return Status::OK();
 }
 
 Result<double> Scheduler::evaluate(std::span<const int64_t> schedule) const {

@@ -235,7 +235,7 @@ def to_state_dict(version: Any, *, copy: bool = False) -> "collections.OrderedDi
     """The tensors of `version` (a ModelVersion or a Snapshot) as an OrderedDict name -> torch
     tensor, in data order: what `model.load_state_dict(...)` takes.
 
-    Without copy (the default) every tensor is a view of the version's memory (no copy, about 10
+    Without copy (the default) every tensor is a view of the version's memory (no copy, a few
     microseconds a tensor): for a subscriber on the node's host that is the node's shared-memory
     segment. Each tensor holds a reference to the version, so the memory stays valid after the
     subscriber moves on to newer versions, for as long as any tensor (or its storage) lives.

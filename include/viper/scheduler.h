@@ -174,7 +174,8 @@ class Scheduler {
   // can), before or instead of its own observations. The time between Checkpoint and Resume is
   // not counted in duration_ns, and the first interval after Resume is not measured (it spans the
   // restart). InvalidArgument naming what does not fit (losses not increasing or not finite,
-  // negative times, a plan iteration beyond the losses...); the scheduler is unchanged then.
+  // negative times, a plan iteration beyond the losses...), or the error of a plan that cannot be
+  // made again; the scheduler is unchanged then.
   SchedulerCheckpoint Checkpoint() const;
   Status Resume(const SchedulerCheckpoint& checkpoint);
 

@@ -417,57 +417,70 @@ Status Scheduler::Resume(const SchedulerCheckpoint& c) {
     }
   }
 
-  std::lock_guard<std::mutex> lock(mu_);
-  intervals_.clear();
-  for (const auto& i : c.intervals) intervals_.push_back({i.since_checkpoint, i.ns_per_iteration});
-  while (intervals_.size() > kIntervalWindow) intervals_.pop_front();
-  since_checkpoint_ = c.since_checkpoint;
-  checkpoint_in_interval_ = c.checkpoint_in_interval;
-  stall_ns_window_.assign(c.stall_ns.begin(), c.stall_ns.end());
-  while (stall_ns_window_.size() > kReportWindow) stall_ns_window_.pop_front();
-  latency_ns_window_.assign(c.latency_ns.begin(), c.latency_ns.end());
-  while (latency_ns_window_.size() > kReportWindow) latency_ns_window_.pop_front();
-  last_asked_ = c.last_asked;
-  last_time_.reset();  // the interval across the restart is not a training interval
-  run_start_.reset();
-  if (c.elapsed_ns >= 0) run_start_ = std::chrono::steady_clock::now() - std::chrono::nanoseconds(c.elapsed_ns);
-  state_ = SchedulerState{};
-  state_.fit.reset();
-  plan_iteration_ = -1;
-  plan_problem_ = ScheduleProblem{};
+  // Built aside and moved in only when complete: a checkpoint that fails changes nothing.
+  Scheduler n(options_);
+  for (const auto& i : c.intervals) n.intervals_.push_back({i.since_checkpoint, i.ns_per_iteration});
+  while (n.intervals_.size() > kIntervalWindow) n.intervals_.pop_front();
+  n.since_checkpoint_ = c.since_checkpoint;
+  n.checkpoint_in_interval_ = c.checkpoint_in_interval;
+  n.stall_ns_window_.assign(c.stall_ns.begin(), c.stall_ns.end());
+  while (n.stall_ns_window_.size() > kReportWindow) n.stall_ns_window_.pop_front();
+  n.latency_ns_window_.assign(c.latency_ns.begin(), c.latency_ns.end());
+  while (n.latency_ns_window_.size() > kReportWindow) n.latency_ns_window_.pop_front();
+  n.last_asked_ = c.last_asked;
+  // last_time_ stays unset: the interval across the restart is not a training interval.
+  if (c.elapsed_ns >= 0) n.run_start_ = std::chrono::steady_clock::now() - std::chrono::nanoseconds(c.elapsed_ns);
+  n.state_ = SchedulerState{};
 
   // Re-make the last successful plan where it was made: the losses up to it, the estimates and
   // the end it used, the checkpoints taken by then; then drop what was answered since.
   if (c.plans > 0) {
-    samples_.clear();
+    n.samples_.clear();
     for (const LossSample& l : c.losses)
-      if (l.iteration <= c.plan_iteration) samples_.push_back(l);
-    end_ = c.plan_end;
-    state_.t_train_ns = c.plan_t_train_ns;
-    state_.t_p_ns = c.plan_t_p_ns;
-    state_.t_c_ns = c.plan_t_c_ns;
+      if (l.iteration <= c.plan_iteration) n.samples_.push_back(l);
+    n.end_ = c.plan_end;
+    n.state_.t_train_ns = c.plan_t_train_ns;
+    n.state_.t_p_ns = c.plan_t_p_ns;
+    n.state_.t_c_ns = c.plan_t_c_ns;
     for (int64_t t : c.taken)
-      if (t <= c.plan_iteration) state_.taken.push_back(t);
-    state_.plans = c.plans - 1;  // the fallback of a first plan is tried as it was then
-    PlanLocked(c.plan_iteration, /*move_end=*/false);
-    if (state_.plans != c.plans) {
-      Status why = state_.last_plan_status;
-      state_ = SchedulerState{};
+      if (t <= c.plan_iteration) n.state_.taken.push_back(t);
+    n.state_.plans = c.plans - 1;  // the fallback of a first plan is tried as it was then
+    n.PlanLocked(c.plan_iteration, /*move_end=*/false);  // `n` is not shared: no lock needed
+    if (n.state_.plans != c.plans) {
+      const Status& why = n.state_.last_plan_status;
       return why.ok() ? bad("the saved plan could not be made again") : why.WithContext("scheduler resume");
     }
-    std::erase_if(state_.planned, [&](int64_t it) { return it <= c.last_asked; });
+    std::erase_if(n.state_.planned, [&](int64_t it) { return it <= c.last_asked; });
   }
-  samples_ = c.losses;
-  end_ = c.end;
-  state_.end = end_;
-  state_.taken = c.taken;
-  state_.iteration = last;
-  state_.t_c_ns = latency_ns_window_.empty() ? options_.t_c_ns : Median(latency_ns_window_);
-  state_.t_p_stall_ns = stall_ns_window_.empty() ? 0 : Mean(stall_ns_window_);
-  state_.t_train_ns = TrainEstimateLocked();
-  RefreshCheckpointCostLocked();
-  last_plan_iteration_ = c.last_plan_iteration;
-  timings_moved_ = c.timings_moved;
+  n.samples_ = c.losses;
+  n.end_ = c.end;
+  n.state_.end = n.end_;
+  n.state_.taken = c.taken;
+  n.state_.iteration = last;
+  n.state_.t_c_ns = n.latency_ns_window_.empty() ? options_.t_c_ns : Median(n.latency_ns_window_);
+  n.state_.t_p_stall_ns = n.stall_ns_window_.empty() ? 0 : Mean(n.stall_ns_window_);
+  n.state_.t_train_ns = n.TrainEstimateLocked();
+  n.RefreshCheckpointCostLocked();
+  n.last_plan_iteration_ = c.last_plan_iteration;
+  n.timings_moved_ = c.timings_moved;
+
+  std::lock_guard<std::mutex> lock(mu_);
+  samples_ = std::move(n.samples_);
+  last_time_.reset();
+  run_start_ = n.run_start_;
+  end_ = n.end_;
+  intervals_ = std::move(n.intervals_);
+  since_checkpoint_ = n.since_checkpoint_;
+  stall_ns_window_ = std::move(n.stall_ns_window_);
+  latency_ns_window_ = std::move(n.latency_ns_window_);
+  checkpoint_in_interval_ = n.checkpoint_in_interval_;
+  plan_curve_ = std::move(n.plan_curve_);
+  last_asked_ = n.last_asked_;
+  last_plan_iteration_ = n.last_plan_iteration_;
+  plan_iteration_ = n.plan_iteration_;
+  timings_moved_ = n.timings_moved_;
+  plan_problem_ = n.plan_problem_;
+  state_ = std::move(n.state_);
   return Status::OK();
 }
 

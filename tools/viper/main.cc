@@ -49,6 +49,7 @@ int main(int argc, char** argv) {
     CLI::App* sub = app.add_subcommand(command.name, command.description);
     sub->footer(exit_codes);
     subcommands.emplace_back(sub, command.setup(*sub));
+    for (CLI::App* nested : sub->get_subcommands([](CLI::App*) { return true; })) nested->footer(exit_codes);
   }
 
   // A first word that is not an option must name a command (CLI11 would say only "A subcommand is

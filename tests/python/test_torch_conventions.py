@@ -77,10 +77,18 @@ def test_load_state_dict_of_a_real_module_from_a_subscribers_version_is_bit_exac
     assert bits(version.state_dict()["fc.bias"]) == bits(src.fc.bias)
 
 
-def test_state_dict_tensors_keep_the_version_alive_after_the_subscriber_moves_on(pair):
-    pub, sub = pair
+@pytest.mark.parametrize("path", ["map", "copy"])  # the node's segment; a recycled receive buffer
+def test_state_dict_tensors_keep_the_version_alive_after_the_subscriber_moves_on(path):
+    with viper.Publisher("m", mode="sync") as pub, viper.Subscriber("m", connect=pub.address, path=path) as sub:
+        keeps_alive(pub, sub, path)
+
+
+def keeps_alive(pub, sub, path):
     pub.publish({"w": torch.full((4096,), 1.0), "b": torch.full((8,), 1.0).bfloat16()})
-    state = sub.wait_for(1, timeout=30).state_dict()  # the ModelVersion itself is dropped here
+    first = sub.wait_for(1, timeout=30)
+    assert first.path == path, first.reason
+    state = first.state_dict()
+    del first  # the tensors alone hold the version now
     ptr = state["w"].data_ptr()
     for v in range(2, 7):  # retention keeps 2 versions: version 1's segment would be recycled
         pub.publish({"w": torch.full((4096,), float(v)), "b": torch.full((8,), float(v)).bfloat16()})

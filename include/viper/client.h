@@ -105,8 +105,10 @@ class Client {
   // reply: the node lists it until this connection closes).
   Status AnnounceReplica(const std::string& model, uint64_t version, const proto::Replica& replica);
   // Hands a complete snapshot buffer to the node, which verifies it and assigns the version.
+  // `progress` (optional) is called with the bytes sent so far as each chunk completes, from the
+  // engine's thread (calls may overlap; `done` is not always increasing between threads).
   Result<uint64_t> Publish(const std::string& model, std::span<const std::byte> snapshot, uint64_t step,
-                           int64_t publish_ns);
+                           int64_t publish_ns, const ProgressFn& progress = {});
 
  private:
   struct Impl;

@@ -60,6 +60,18 @@ struct RehearsalSample {
   int64_t label = -1;
 };
 
+// Everything a buffer's future depends on, to resume it exactly (State / LoadState): the same
+// later Add and Draw calls then give the same results as in the buffer it came from.
+struct RehearsalBufferState {
+  std::vector<RehearsalSample> samples;  // in slot order (shared with the buffer, immutable)
+  // Slot indices, class by class in increasing label order, each class in the sampler's order
+  // (the class-balanced policy picks its victims by position in these lists).
+  std::vector<uint64_t> members;
+  uint64_t seen = 0;
+  std::map<int64_t, uint64_t> class_seen;
+  std::string rng;  // the generator's state, std::mt19937_64's text form
+};
+
 class RehearsalBuffer {
  public:
   // Validates the options; restores from the spill (see above). InvalidArgument for bad options or
@@ -82,6 +94,14 @@ class RehearsalBuffer {
   uint64_t seen() const;                              // samples offered since the first Open
   std::map<int64_t, size_t> class_counts() const;     // label -> samples in the buffer
   std::map<int64_t, uint64_t> class_seen() const;     // label -> samples offered
+  // A copy of the whole state (the samples themselves are shared, not copied).
+  RehearsalBufferState State() const;
+  // Replaces the whole state with `state` (from State() of a buffer with the same policy and
+  // sample_bytes). InvalidArgument naming what does not fit: more samples than the capacity, a
+  // sample of the wrong size, a label never seen or unlabelled under kClassBalanced, seen counts
+  // that do not add up, members that are not the slots grouped by label, an unreadable rng. The
+  // buffer is unchanged then.
+  Status LoadState(const RehearsalBufferState& state);
   // Atomically writes the buffer to <spill_dir>/rehearsal.vrec (write, fsync, rename).
   Status Spill();
   std::filesystem::path spill_path() const;

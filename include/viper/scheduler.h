@@ -110,6 +110,33 @@ struct SchedulerState {
   Status last_plan_status;           // why the last plan failed (the old plan is kept), or OK
 };
 
+// What a restarted run needs to go on where a scheduler stopped (Checkpoint / Resume): everything
+// it observed and measured, and where its current plan came from. The fitted curve and the plan
+// are not stored: Resume re-makes them from the same losses and estimates, which gives the same
+// fit, the same planned checkpoints and the same predicted CIL.
+struct SchedulerCheckpoint {
+  std::vector<LossSample> losses;  // every loss observed (history included), increasing iterations
+  struct Interval {
+    int64_t since_checkpoint = -1;  // 0: held a checkpoint, 1: the next, ...; -1: none yet
+    int64_t ns_per_iteration = 0;
+  };
+  std::vector<Interval> intervals;  // the measured intervals kept, oldest first
+  int64_t since_checkpoint = -1;
+  bool checkpoint_in_interval = false;
+  std::vector<int64_t> stall_ns;    // the report windows, oldest first
+  std::vector<int64_t> latency_ns;
+  std::vector<int64_t> taken;       // checkpoints answered true after s
+  int64_t last_asked = -1;          // the last iteration should_checkpoint answered
+  int64_t elapsed_ns = -1;          // run time since the first observe(); -1: none yet
+  int64_t end = 0;                  // e now
+  int64_t plans = 0;
+  int64_t last_plan_iteration = -1;
+  bool timings_moved = false;
+  // The last successful plan: the iteration it was made at and the problem it solved.
+  int64_t plan_iteration = -1;
+  int64_t plan_end = 0, plan_t_train_ns = 0, plan_t_p_ns = 0, plan_t_c_ns = 0;
+};
+
 class Scheduler {
  public:
   // Validates the options (InvalidArgument naming the field).
@@ -142,6 +169,16 @@ class Scheduler {
 
   SchedulerState state() const;
 
+  // Everything needed to resume (see SchedulerCheckpoint), and the resume itself: into a
+  // scheduler made with the same options (the caller's business: Resume checks only what it
+  // can), before or instead of its own observations. The time between Checkpoint and Resume is
+  // not counted in duration_ns, and the first interval after Resume is not measured (it spans the
+  // restart). InvalidArgument naming what does not fit (losses not increasing or not finite,
+  // negative times, a plan iteration beyond the losses...), or the error of a plan that cannot be
+  // made again; the scheduler is unchanged then.
+  SchedulerCheckpoint Checkpoint() const;
+  Status Resume(const SchedulerCheckpoint& checkpoint);
+
   // Predicted CIL of a whole-run `schedule` (strictly increasing iterations in (s, e]) under the
   // curve and the estimates of the current plan: what the IPP predicts for any other schedule, e.g.
   // an epoch baseline. FailedPrecondition before the first plan.
@@ -152,7 +189,7 @@ class Scheduler {
   explicit Scheduler(SchedulerOptions options);
   void MeasureLocked(int64_t iteration);
   bool PlanDueLocked(int64_t iteration) const;
-  void PlanLocked(int64_t iteration);
+  void PlanLocked(int64_t iteration, bool move_end = true);
   Result<Schedule> PlanFromFitLocked(const ScheduleInputs& base);
   Result<Schedule> PlanFromObservedLocked(const ScheduleInputs& base);
   ScheduleProblem ProblemLocked() const;
@@ -179,6 +216,7 @@ class Scheduler {
   LossCurve plan_curve_;                 // the curve the current plan used
   int64_t last_asked_ = -1;
   int64_t last_plan_iteration_ = -1;
+  int64_t plan_iteration_ = -1;  // where the last successful plan was made
   bool timings_moved_ = false;
   ScheduleProblem plan_problem_;  // the problem (estimates) the current plan used
   SchedulerState state_;

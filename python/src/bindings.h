@@ -5,10 +5,12 @@
 // either `viper.Error` or the builtin:
 //   InvalidArgument, Corruption        -> viper.InvalidArgumentError (ValueError)
 //   NotFound                           -> viper.NotFoundError (LookupError, KeyError-free)
-//   Timeout                            -> viper.TimeoutError (TimeoutError)
-//   IOError, Unavailable, PermissionDenied, ResourceExhausted -> viper.IOError (OSError)
+//   Timeout                            -> viper.ViperTimeoutError (TimeoutError)
+//   IOError, Unavailable, PermissionDenied, ResourceExhausted -> viper.ViperIOError (OSError)
 //   anything else                      -> viper.Error (RuntimeError)
-// Every class also subclasses viper.Error. The message is Status::ToString().
+// Every class also subclasses viper.Error. The message is Status::ToString(). The two classes are
+// named Viper* so that `from viper import *` does not shadow the builtins TimeoutError and IOError;
+// viper.TimeoutError and viper.IOError stay as aliases (not in __all__) for older callers.
 #pragma once
 
 #include <pybind11/pybind11.h>

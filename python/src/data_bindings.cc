@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -357,6 +358,49 @@ void BindRehearsal(py::module_& m) {
         }
         ThrowIfError(st);
       })
+      .def("state", [](const RehearsalHandle& h) {
+        viper::RehearsalBufferState st = h.live().State();
+        const size_t n = st.samples.size();
+        const size_t sb = n ? st.samples[0].bytes->size() : 0;  // sample_bytes is fixed by the Python side
+        py::array_t<uint8_t> data({n, sb});
+        py::array_t<int64_t> labels(static_cast<py::ssize_t>(n));
+        for (size_t i = 0; i < n; ++i) {
+          if (st.samples[i].bytes->size() != sb) Raise(Status::Internal("state: samples of different sizes"));
+          std::memcpy(data.mutable_data(i, 0), st.samples[i].bytes->data(), sb);
+          labels.mutable_at(i) = st.samples[i].label;
+        }
+        py::dict d;
+        d["samples"] = data;
+        d["labels"] = labels;
+        d["members"] = py::array_t<uint64_t>(static_cast<py::ssize_t>(n), st.members.data());
+        d["seen"] = st.seen;
+        d["class_seen"] = st.class_seen;
+        d["rng"] = st.rng;
+        return d;
+      }, "The whole state: samples [n, sample_bytes] uint8, labels, members, seen, class_seen, rng.")
+      .def("load_state", [](RehearsalHandle& h, py::buffer samples, std::vector<int64_t> labels,
+                            std::vector<uint64_t> members, uint64_t seen, std::map<int64_t, uint64_t> class_seen,
+                            std::string rng) {
+        viper::RehearsalBuffer& b = h.live();
+        py::buffer_info info = samples.request();
+        auto all = Bytes(info);
+        viper::RehearsalBufferState st;
+        const size_t n = labels.size();
+        if (n == 0 ? !all.empty() : all.size() % n != 0) {
+          Raise(Status::InvalidArgument("rehearsal state: the samples' bytes do not split into the labels' count"));
+        }
+        const size_t row = n ? all.size() / n : 0;
+        st.samples.reserve(n);
+        for (size_t i = 0; i < n; ++i) {
+          auto bytes = std::make_shared<std::vector<std::byte>>(all.begin() + i * row, all.begin() + (i + 1) * row);
+          st.samples.push_back({std::move(bytes), labels[i]});
+        }
+        st.members = std::move(members);
+        st.seen = seen;
+        st.class_seen = std::move(class_seen);
+        st.rng = std::move(rng);
+        ThrowIfError(b.LoadState(st));
+      }, "Replaces the whole state (see state()); InvalidArgumentError naming what does not fit.")
       .def("close", [](RehearsalHandle& h) { h.b.reset(); }, "Frees the samples (spill() first to keep them).")
       .def("__len__", [](const RehearsalHandle& h) { return h.live().size(); })
       .def_property_readonly("seen", [](const RehearsalHandle& h) { return h.live().seen(); })

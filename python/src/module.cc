@@ -77,10 +77,16 @@ void BindErrors(py::module_& m) {
                         "Bad input: an option, a tensor, or bytes that fail validation (checksum, format).");
   e.not_found = MakeError(m, "NotFoundError", py::make_tuple(e.base, builtins.attr("LookupError")),
                           "A model, version, file or peer does not exist.");
-  e.timeout = MakeError(m, "TimeoutError", py::make_tuple(e.base, builtins.attr("TimeoutError")),
-                        "A wait expired.");
-  e.io = MakeError(m, "IOError", py::make_tuple(e.base, builtins.attr("OSError")),
-                   "The operating system or the network failed: connection refused, peer gone, bad token, disk.");
+  e.timeout = MakeError(m, "ViperTimeoutError", py::make_tuple(e.base, builtins.attr("TimeoutError")),
+                        "A wait expired (subclasses the builtin TimeoutError; the old name viper.TimeoutError is "
+                        "kept as an alias outside __all__).");
+  e.io = MakeError(m, "ViperIOError", py::make_tuple(e.base, builtins.attr("OSError")),
+                   "The operating system or the network failed: connection refused, peer gone, bad token, disk "
+                   "(subclasses OSError; the old name viper.IOError is kept as an alias outside __all__).");
+  // The former names, kept for older callers; python/viper leaves them out of __all__ so that
+  // `from viper import *` does not shadow the builtins.
+  m.attr("TimeoutError") = e.timeout;
+  m.attr("IOError") = e.io;
 }
 
 void BindApi(py::module_& m) {

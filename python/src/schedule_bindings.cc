@@ -136,6 +136,64 @@ void BindSchedule(py::module_& m) {
            "checkpoint as measured, 0 until then) (seconds), fit (family, formula, parameters, mse) or None, "
            "plan_source ('fit', 'observed interval N' when no family fitted, '' before any plan), taken, planned, "
            "predicted_cil, plans, last_plan_status (None when the last plan succeeded).")
+      .def("_checkpoint", [](const viper::Scheduler& s) {
+             viper::SchedulerCheckpoint c = s.Checkpoint();
+             py::dict d;
+             py::list losses, intervals;
+             for (const auto& l : c.losses) losses.append(py::make_tuple(l.iteration, l.loss));
+             for (const auto& i : c.intervals) intervals.append(py::make_tuple(i.since_checkpoint, i.ns_per_iteration));
+             d["losses"] = losses;
+             d["intervals"] = intervals;
+             d["since_checkpoint"] = c.since_checkpoint;
+             d["checkpoint_in_interval"] = c.checkpoint_in_interval;
+             d["stall_ns"] = c.stall_ns;
+             d["latency_ns"] = c.latency_ns;
+             d["taken"] = c.taken;
+             d["last_asked"] = c.last_asked;
+             d["elapsed_ns"] = c.elapsed_ns;
+             d["end"] = c.end;
+             d["plans"] = c.plans;
+             d["last_plan_iteration"] = c.last_plan_iteration;
+             d["timings_moved"] = c.timings_moved;
+             d["plan_iteration"] = c.plan_iteration;
+             d["plan_end"] = c.plan_end;
+             d["plan_t_train_ns"] = c.plan_t_train_ns;
+             d["plan_t_p_ns"] = c.plan_t_p_ns;
+             d["plan_t_c_ns"] = c.plan_t_c_ns;
+             return d;
+           }, "What Scheduler.state_dict() holds (integers in ns; see include/viper/scheduler.h).")
+      .def("_resume", [](viper::Scheduler& s, const std::vector<std::pair<int64_t, double>>& losses,
+                         const std::vector<std::pair<int64_t, int64_t>>& intervals, int64_t since_checkpoint,
+                         bool checkpoint_in_interval, std::vector<int64_t> stall_ns, std::vector<int64_t> latency_ns,
+                         std::vector<int64_t> taken, int64_t last_asked, int64_t elapsed_ns, int64_t end, int64_t plans,
+                         int64_t last_plan_iteration, bool timings_moved, int64_t plan_iteration, int64_t plan_end,
+                         int64_t plan_t_train_ns, int64_t plan_t_p_ns, int64_t plan_t_c_ns) {
+             viper::SchedulerCheckpoint c;
+             c.losses = Samples(losses);
+             for (const auto& [since, ns] : intervals) c.intervals.push_back({since, ns});
+             c.since_checkpoint = since_checkpoint;
+             c.checkpoint_in_interval = checkpoint_in_interval;
+             c.stall_ns = std::move(stall_ns);
+             c.latency_ns = std::move(latency_ns);
+             c.taken = std::move(taken);
+             c.last_asked = last_asked;
+             c.elapsed_ns = elapsed_ns;
+             c.end = end;
+             c.plans = plans;
+             c.last_plan_iteration = last_plan_iteration;
+             c.timings_moved = timings_moved;
+             c.plan_iteration = plan_iteration;
+             c.plan_end = plan_end;
+             c.plan_t_train_ns = plan_t_train_ns;
+             c.plan_t_p_ns = plan_t_p_ns;
+             c.plan_t_c_ns = plan_t_c_ns;
+             ThrowIfError(s.Resume(c));
+           }, py::kw_only(), py::arg("losses"), py::arg("intervals"), py::arg("since_checkpoint"),
+           py::arg("checkpoint_in_interval"), py::arg("stall_ns"), py::arg("latency_ns"), py::arg("taken"),
+           py::arg("last_asked"), py::arg("elapsed_ns"), py::arg("end"), py::arg("plans"),
+           py::arg("last_plan_iteration"), py::arg("timings_moved"), py::arg("plan_iteration"), py::arg("plan_end"),
+           py::arg("plan_t_train_ns"), py::arg("plan_t_p_ns"), py::arg("plan_t_c_ns"),
+           "Resumes from _checkpoint()'s dict (Scheduler.load_state_dict()).")
       .def("evaluate", [](const viper::Scheduler& s, const std::vector<int64_t>& schedule) {
              return Unwrap(s.evaluate(schedule));
            }, py::arg("schedule"),

@@ -14,15 +14,19 @@
         version = sub.wait_for(1, timeout=30)    # blocks (GIL released) until version >= 1 is live
         sub.load_into(serving_model)             # copies into the existing parameters
         version["fc.weight"]                     # read-only numpy view of the version, no copy
+        serving_model.load_state_dict(version.state_dict())  # torch views of the version, no copy
 
 Options are keyword arguments with the names and defaults of the C++ options
 (include/viper/{node,publisher,subscriber}.h); times are in seconds. Errors raise subclasses of
 `viper.Error` that also subclass the fitting builtin: InvalidArgumentError (ValueError),
-NotFoundError (LookupError), TimeoutError (TimeoutError), IOError (OSError).
+NotFoundError (LookupError), ViperTimeoutError (TimeoutError), ViperIOError (OSError). The last two
+were called viper.TimeoutError and viper.IOError: those names still work (the same classes) but are
+not in __all__, so `from viper import *` leaves the builtins TimeoutError and IOError alone.
 Every handle has close() and works as a context manager.
 """
 from __future__ import annotations
 
+import collections  # noqa: F401 (annotations)
 import textwrap
 from typing import Any, Mapping, Optional
 
@@ -31,14 +35,18 @@ from . import _tensors
 from ._viper import (  # noqa: F401 (re-exported)
     Error,
     InvalidArgumentError,
-    IOError,
     ModelVersion,
     NotFoundError,
     PublishResult,
-    TimeoutError,
+    ViperIOError,
+    ViperTimeoutError,
     __version__,
 )
 from . import _viper
+
+# The former names of ViperIOError and ViperTimeoutError (same classes), outside __all__.
+IOError = ViperIOError  # noqa: A001 (compatibility alias; `from viper import *` does not export it)
+TimeoutError = ViperTimeoutError  # noqa: A001
 
 
 _POLICIES = ("none", "epoch", "fixed", "greedy", "sqrt", "optimal")
@@ -81,6 +89,59 @@ class Scheduler(_viper.Scheduler):
                          duration=_check.seconds(o, "duration", duration),
                          checkpoint_cost_intervals=_check.integer(o, "checkpoint_cost_intervals",
                                                                   checkpoint_cost_intervals))
+        # What load_state_dict() checks a state against (the options that shape the plan).
+        self._identity = {"policy": policy, "warmup_end": int(warmup_end), "end": int(end), "epoch": int(epoch),
+                          "requests": int(requests)}
+
+    _STATE_FORMAT = "viper.Scheduler/1"
+    _STATE_KEYS = ("losses", "intervals", "since_checkpoint", "checkpoint_in_interval", "stall_ns", "latency_ns",
+                   "taken", "last_asked", "elapsed_ns", "end", "plans", "last_plan_iteration", "timings_moved",
+                   "plan_iteration", "plan_end", "plan_t_train_ns", "plan_t_p_ns", "plan_t_c_ns")
+
+    def state_dict(self) -> dict:
+        """Everything needed to resume this scheduler in a restarted job (torch's state_dict
+        convention: plain values, for torch.save next to the model's): every loss observed, the
+        measured intervals and reported checkpoint costs (the estimates of t_train, t_p and t_c
+        follow from them), the checkpoints taken, and where the current plan was made. Times are
+        integer ns. The fitted curve and the plan are re-made by load_state_dict() from the same
+        inputs, so they come out the same."""
+        out = {"format": self._STATE_FORMAT, "options": dict(self._identity)}
+        out.update(self._checkpoint())
+        return out
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resumes from a state_dict() of a scheduler made with the same options (policy,
+        warmup_end, end, epoch and requests are checked; InvalidArgumentError naming the first that
+        differs). The time between the two is not counted in `duration`, and the first interval
+        after it is not measured (it spans the restart). InvalidArgumentError for a state that does
+        not fit (the scheduler is unchanged then)."""
+        o = "Scheduler.load_state_dict()"
+        _check.mapping(o, "state", state, expected="a Scheduler.state_dict()")
+        missing = [k for k in ("format", "options") + self._STATE_KEYS if k not in state]
+        if missing:
+            raise InvalidArgumentError(f"{o}: state lacks {', '.join(missing)}")
+        if state["format"] != self._STATE_FORMAT:
+            raise InvalidArgumentError(f"{o}: state format={_check.shown(state['format'])}: must be "
+                                       f"{self._STATE_FORMAT!r}")
+        theirs = state["options"]
+        for key, mine in self._identity.items():
+            if not isinstance(theirs, Mapping) or theirs.get(key) != mine:
+                got = theirs.get(key) if isinstance(theirs, Mapping) else theirs
+                raise InvalidArgumentError(f"{o}: state options {key}={_check.shown(got)}: this scheduler has {mine!r}")
+        args = {k: state[k] for k in self._STATE_KEYS}
+        args["losses"] = _losses(o, "state losses", args["losses"])
+        args["intervals"] = [(_check.integer(o, f"state intervals[{i}]", p[0], lo=-1),
+                              _check.integer(o, f"state intervals[{i}]", p[1], lo=1))
+                             for i, p in enumerate(args["intervals"])]
+        for key in ("stall_ns", "latency_ns", "taken"):
+            args[key] = [_check.integer(o, f"state {key}[{i}]", v) for i, v in enumerate(args[key])]
+        for key in ("since_checkpoint", "last_asked", "elapsed_ns", "last_plan_iteration", "plan_iteration"):
+            args[key] = _check.integer(o, f"state {key}", args[key], lo=-1)
+        for key in ("end", "plans", "plan_end", "plan_t_train_ns", "plan_t_p_ns", "plan_t_c_ns"):
+            args[key] = _check.integer(o, f"state {key}", args[key])
+        for key in ("checkpoint_in_interval", "timings_moved"):
+            args[key] = _check.boolean(o, f"state {key}", args[key])
+        self._resume(**args)
 
     def observe(self, iteration: int, loss: float) -> None:
         o = "Scheduler.observe()"
@@ -170,6 +231,41 @@ def _check_tensor_names(cls: type, owner: str) -> None:
     cls.__getitem__, cls.__contains__ = __getitem__, __contains__
 
 
+def to_state_dict(version: Any, *, copy: bool = False) -> "collections.OrderedDict":
+    """The tensors of `version` (a ModelVersion or a Snapshot) as an OrderedDict name -> torch
+    tensor, in data order: what `model.load_state_dict(...)` takes.
+
+    Without copy (the default) every tensor is a view of the version's memory (no copy, a few
+    microseconds a tensor): for a subscriber on the node's host that is the node's shared-memory
+    segment. Each tensor holds a reference to the version, so the memory stays valid after the
+    subscriber moves on to newer versions, for as long as any tensor (or its storage) lives.
+
+    The views are read-only by contract (torch has no read-only tensors): do not write into them
+    (in-place ops, an optimizer step on parameters that share them). What a write does depends on
+    `version.path`: "map" and "file" versions are mapped read-only and the process dies with
+    SIGSEGV; "copy" and "remote" versions sit in a private buffer and the write changes the version
+    for every holder in this process (its checksum no longer matches). load_state_dict copies out
+    of them (Tensor.copy_), so it is safe. copy=True returns tensors of their own (one memcpy of
+    the model, writable) instead.
+
+    Dtypes: BF16 comes back as torch.bfloat16 (same bits). F8_E4M3 / F8_E5M2 come back as
+    torch.float8_e4m3fn / float8_e5m2 where torch has them (2.1 and later), else as uint8 tensors
+    of the raw bits (torch 1.13). U16/U32/U64 need torch's uint16/32/64 (2.3 and later); with an
+    older torch they raise TypeError naming the tensor (read them as numpy views: version[name])."""
+    if not isinstance(version, (ModelVersion, Snapshot)):
+        raise TypeError(f"viper.to_state_dict(): version={_check.shown(version)}: expected a viper.ModelVersion or "
+                        f"viper.Snapshot, got {type(version).__name__}")
+    return _tensors.to_state_dict(version, copy=_check.boolean("viper.to_state_dict()", "copy", copy))
+
+
+def _state_dict(self: Any, *, copy: bool = False) -> "collections.OrderedDict":
+    return to_state_dict(self, copy=copy)
+
+
+_state_dict.__doc__ = to_state_dict.__doc__
+ModelVersion.state_dict = _state_dict
+Snapshot.state_dict = _state_dict
+
 _check_tensor_names(Snapshot, "Snapshot")
 _check_tensor_names(ModelVersion, "ModelVersion")
 _wait_delta = PublishResult.wait_delta
@@ -182,10 +278,9 @@ def _checked_wait_delta(self: PublishResult, timeout: float = 60.0) -> dict:
 _checked_wait_delta.__doc__ = _wait_delta.__doc__
 PublishResult.wait_delta = _checked_wait_delta
 
-__all__ = ["Error", "InvalidArgumentError", "IOError", "ModelVersion", "Node", "NotFoundError", "PublishResult",
-           "Publisher", "Scheduler", "Snapshot", "Subscriber", "TimeoutError", "build_snapshot", "log_level",
-           "plan_schedules", "set_log_level",
-           "__version__"]
+__all__ = ["Error", "InvalidArgumentError", "ModelVersion", "Node", "NotFoundError", "PublishResult", "Publisher",
+           "Scheduler", "Snapshot", "Subscriber", "ViperIOError", "ViperTimeoutError", "build_snapshot", "log_level",
+           "plan_schedules", "set_log_level", "to_state_dict", "__version__"]
 
 
 class _Handle:
@@ -368,7 +463,7 @@ class Subscriber(_Handle):
 
     def wait_for(self, version: int = 1, timeout: float = 60.0) -> ModelVersion:
         """Blocks (GIL released) until a version >= `version` is live and returns it; raises
-        viper.TimeoutError after `timeout` seconds."""
+        viper.ViperTimeoutError after `timeout` seconds."""
         version = _check.integer("Subscriber.wait_for()", "version", version)
         timeout = _check.seconds("Subscriber.wait_for()", "timeout", timeout)
         return self._live().wait_for(version, timeout)

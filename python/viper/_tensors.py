@@ -82,21 +82,53 @@ def to_entries(tensors: Mapping[str, Any]) -> List[Tuple[str, str, List[int], An
     return entries
 
 
-def as_torch(view: np.ndarray, dtype_name: str):
-    """A torch tensor sharing the read-only view's memory (no copy), with the snapshot's dtype.
+# Safetensors dtypes whose torch dtype is newer than torch 1.13 (Debian's): (attribute, fallback).
+# Without the attribute the tensor comes back as its raw bits in the fallback dtype (F8: uint8), or
+# TypeError (U16/U32/U64: reading them as signed ints would change their values).
+_NEWER_TORCH_DTYPES = {
+    "F8_E4M3": ("float8_e4m3fn", "uint8"), "F8_E5M2": ("float8_e5m2", "uint8"),
+    "U16": ("uint16", None), "U32": ("uint32", None), "U64": ("uint64", None),
+}
+
+
+def as_torch(view: np.ndarray, dtype_name: str, name: str = ""):
+    """A torch tensor sharing the read-only view's memory (no copy), with the snapshot's dtype
+    (BF16 as torch.bfloat16; F8 as torch.float8_* where torch has them, else uint8 bits; U16/U32/U64
+    as torch.uint* where torch has them, else TypeError naming the tensor).
     The tensor must not be written: the memory may be the node's shared segment."""
     torch = _torch()
     if torch is None:
         import torch  # noqa: PLC0415 (lazy)
+    target = None
     if dtype_name == "BF16":
         view = view.view(np.int16)  # torch 1.13 has no uint16: reinterpret the bits as int16 first
-    elif dtype_name in ("U16", "U32", "U64"):
-        raise TypeError(f"torch has no {dtype_name.lower()} tensors: read this tensor as a numpy view instead")
+        target = torch.bfloat16
+    elif dtype_name in _NEWER_TORCH_DTYPES:
+        attr, fallback = _NEWER_TORCH_DTYPES[dtype_name]
+        target = getattr(torch, attr, None)
+        if target is None and fallback is None:
+            raise TypeError(f"tensor {name!r}: torch {torch.__version__} has no {attr} tensors: read it as a numpy "
+                            f"view (version[{name!r}]) instead")
+        if target is not None and dtype_name.startswith("U"):
+            view = view.view(np.dtype(f"int{view.dtype.itemsize * 8}"))  # same bits; torch.from_numpy takes signed
     with warnings.catch_warnings():
         # torch warns that the array is not writable; the caller only reads it (copy_ source).
         warnings.simplefilter("ignore", UserWarning)
         t = torch.from_numpy(view)
-    return t.view(torch.bfloat16) if dtype_name == "BF16" else t
+    return t.view(target) if target is not None else t
+
+
+def to_state_dict(version, copy: bool = False):
+    """An OrderedDict name -> torch tensor of every tensor of `version` (a ModelVersion or a
+    Snapshot), in data order; see viper.to_state_dict."""
+    from collections import OrderedDict  # noqa: PLC0415
+
+    dtypes = version.dtypes
+    out = OrderedDict()
+    for name, view in version.items():
+        t = as_torch(view, dtypes[name][0], name)
+        out[name] = t.clone() if copy else t
+    return out
 
 
 def cuda_ordinal(owner: str, name: str, value: Any) -> int:
@@ -176,7 +208,7 @@ def copy_into_module(version, module, strict: bool = True) -> None:
                 source = device_source(version, name, dtype_name, shape, device_info, offsets)  # device to device
                 on_device = True
             else:
-                source = as_torch(version[name], dtype_name)
+                source = as_torch(version[name], dtype_name, name)
             target.copy_(source)  # keeps the parameter's storage, device and dtype
         if on_device:
             torch.cuda.current_stream(device_info["device"]).synchronize()  # the version may go once we return

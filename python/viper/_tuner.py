@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, Optional
 import numpy as np
 import torch
 
-from . import Publisher, Subscriber, TimeoutError as ViperTimeout
+from . import Publisher, Subscriber, ViperTimeoutError as ViperTimeout
 
 
 def train_round(module, optimizer, x: torch.Tensor, y: torch.Tensor, *, seed: int, round_index: int,

@@ -189,7 +189,7 @@ class Prefetcher(_Handle):
 
     def next(self, timeout: Optional[float] = None):
         """The next (array, label, sample_id) of the epoch, or None at its end (the next call
-        begins the next epoch) and after the last epoch. Raises viper.TimeoutError after
+        begins the next epoch) and after the last epoch. Raises viper.ViperTimeoutError after
         `timeout` seconds without a sample."""
         return self._live().next(_check.optional_seconds("Prefetcher.next()", "timeout", timeout))
 
@@ -327,7 +327,15 @@ class DataLoader:
     labels [B]) stacked in C++; batch_transform(x) may reinterpret it (x.view(torch.float32)...).
     With transform(array, label) per sample, batches are collate_fn (default: torch's
     default_collate) of the transformed samples. drop_last drops a short last batch. `shuffle`
-    and `seed` set the epoch order; every other keyword is a Prefetcher option."""
+    and `seed` set the epoch order; every other keyword is a Prefetcher option.
+
+    shuffle defaults to True, unlike torch's DataLoader (False), on purpose: this loader is for
+    training, and a source's natural order is usually sorted by class (a directory tree's labels
+    are its top-level subdirectories), so an unshuffled epoch would train one class at a time.
+    Also, shuffle=False alone is not torch's sequential order here: the readers deliver samples in
+    the order their reads complete unless ordered=True. torch's shuffle=False behaviour is
+    shuffle=False, ordered=True (deterministic, in the source's order; one slow read holds back the
+    samples behind it)."""
 
     def __init__(self, source, batch_size: int = 1, *, shuffle: bool = True, drop_last: bool = False,
                  transform: Optional[Callable] = None, collate_fn: Optional[Callable] = None,
@@ -432,6 +440,8 @@ class RehearsalBuffer(_Handle):
             raise _viper.InvalidArgumentError(f"sample_shape {self.sample_shape} of {self.dtype} has no bytes")
         if "spill_dir" in options:
             options["spill_dir"] = os.fspath(options["spill_dir"])
+        self.capacity = int(capacity)
+        self.policy = options.get("policy", "reservoir")
         self._impl = _viper._RehearsalBuffer(_viper._RehearsalOptions(capacity=int(capacity), sample_bytes=nbytes,
                                                                       **options))
 
@@ -483,6 +493,75 @@ class RehearsalBuffer(_Handle):
     def spill(self) -> None:
         """Writes the buffer to spill_dir atomically (GIL released)."""
         self._live().spill()
+
+    _STATE_FORMAT = "viper.data.RehearsalBuffer/1"
+
+    def state_dict(self) -> dict:
+        """Everything needed to resume the buffer exactly, as torch's state_dict convention has it
+        (a dict of tensors and plain Python values, for torch.save beside the model's):
+        format, policy, capacity, sample_shape, dtype (str), ratio; samples [n, *sample_shape]
+        (a torch tensor of the buffer's dtype; a numpy array if torch lacks that dtype), labels
+        and members (int64 tensors: the sampler's per-class order), seen, class_seen, and rng (the
+        generator's state, so that later add() and sample() calls repeat exactly). The samples are
+        copied (n * sample bytes)."""
+        st = self._live().state()
+        n = len(st["labels"])
+        x = st["samples"].view(self.dtype).reshape((n,) + self.sample_shape)
+        out = {"format": self._STATE_FORMAT, "policy": self.policy, "capacity": self.capacity,
+               "sample_shape": list(self.sample_shape), "dtype": str(self.dtype), "ratio": self.ratio,
+               "samples": x, "labels": st["labels"], "members": st["members"].astype(np.int64),
+               "seen": int(st["seen"]), "class_seen": {int(k): int(v) for k, v in st["class_seen"].items()},
+               "rng": st["rng"]}
+        if torch is not None:
+            for key in ("labels", "members", "samples"):
+                try:
+                    out[key] = torch.from_numpy(out[key])
+                except TypeError:  # a numpy dtype torch does not have (uint16 ...): stays numpy
+                    pass
+        return out
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restores a state_dict() (of a buffer with the same policy, sample_shape and dtype; the
+        capacity may differ if the samples fit). Replaces samples, counts, the sampler's order,
+        the generator and ratio; InvalidArgumentError naming what does not fit, the buffer unchanged
+        then."""
+        owner = "RehearsalBuffer.load_state_dict()"
+        _check.mapping(owner, "state", state, expected="a RehearsalBuffer.state_dict()")
+        missing = [k for k in ("format", "policy", "sample_shape", "dtype", "ratio", "samples", "labels", "members",
+                               "seen", "class_seen", "rng") if k not in state]
+        if missing:
+            raise _viper.InvalidArgumentError(f"{owner}: state lacks {', '.join(missing)}")
+        if state["format"] != self._STATE_FORMAT:
+            raise _viper.InvalidArgumentError(f"{owner}: state format={_check.shown(state['format'])}: must be "
+                                              f"{self._STATE_FORMAT!r}")
+        for key, mine in (("policy", self.policy), ("sample_shape", list(self.sample_shape)),
+                          ("dtype", str(self.dtype))):
+            theirs = list(state[key]) if key == "sample_shape" else state[key]
+            if theirs != mine:
+                raise _viper.InvalidArgumentError(f"{owner}: state {key}={_check.shown(state[key])}: this buffer has "
+                                                  f"{mine!r}")
+        ratio = _check.number(owner, "state ratio", state["ratio"], lo=0.0)
+
+        def array(key, dtype):
+            v = state[key]
+            if torch is not None and isinstance(v, torch.Tensor):
+                v = v.detach().cpu().numpy()
+            return np.ascontiguousarray(np.asarray(v), dtype=dtype)
+
+        samples = array("samples", self.dtype)
+        labels = array("labels", np.int64)
+        members = array("members", np.int64)
+        if samples.shape[1:] != self.sample_shape or len(samples) != len(labels):
+            raise _viper.InvalidArgumentError(f"{owner}: state samples of shape {samples.shape} and {len(labels)} "
+                                              f"labels: expected [{len(labels)}, {', '.join(map(str, self.sample_shape))}]")
+        if (members < 0).any():
+            raise _viper.InvalidArgumentError(f"{owner}: state members hold a negative index")
+        class_seen = {_check.integer(owner, "state class_seen label", k, lo=-1):
+                      _check.integer(owner, "state class_seen count", v) for k, v in dict(state["class_seen"]).items()}
+        self._live().load_state(samples.reshape(len(labels), -1).view(np.uint8), labels.tolist(),
+                                members.astype(np.uint64).tolist(), _check.integer(owner, "state seen", state["seen"], lo=0),
+                                class_seen, _check.text(owner, "state rng", state["rng"], max_bytes=1 << 16))
+        self.ratio = float(ratio)
 
     def __len__(self) -> int:
         return len(self._live())

@@ -38,7 +38,7 @@ from typing import Any, Callable, Dict, Optional, Sequence
 import numpy as np
 import torch
 
-from . import InvalidArgumentError, Publisher, Subscriber, TimeoutError as ViperTimeout
+from . import InvalidArgumentError, Publisher, Subscriber, ViperTimeoutError as ViperTimeout
 from . import data as _data
 from ._labeldb import LabelDB
 

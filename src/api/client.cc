@@ -394,7 +394,7 @@ Status Client::AnnounceReplica(const std::string& model, uint64_t version, const
 }
 
 Result<uint64_t> Client::Publish(const std::string& model, std::span<const std::byte> snapshot, uint64_t step,
-                                 int64_t publish_ns) {
+                                 int64_t publish_ns, const ProgressFn& progress) {
   auto [id, reply] = impl_->NewRequest();
   VIPER_RETURN_IF_ERROR(impl_->SendMessage(
       proto::Publish{id, model, snapshot.size(), step, publish_ns, impl_->options.chunk_bytes}));
@@ -411,10 +411,19 @@ Result<uint64_t> Client::Publish(const std::string& model, std::span<const std::
   const uint32_t chunk = impl_->options.chunk_bytes;
   uint32_t chunks = static_cast<uint32_t>((snapshot.size() + chunk - 1) / chunk);
   auto failures = std::make_shared<std::atomic<int>>(0);
+  auto sent = std::make_shared<std::atomic<uint64_t>>(0);
+  const uint64_t total = snapshot.size();
+  auto report = progress ? std::make_shared<const ProgressFn>(progress) : nullptr;
   for (uint32_t i = 0; i < chunks; ++i) {
     uint64_t begin = static_cast<uint64_t>(i) * chunk;
-    impl_->engine->SendBulk(impl_->node, tag + i, snapshot.subspan(begin, std::min<uint64_t>(chunk, snapshot.size() - begin)),
-                            [failures](const Status& st) { if (!st.ok()) failures->fetch_add(1); });
+    uint64_t length = std::min<uint64_t>(chunk, snapshot.size() - begin);
+    // `progress` is held by the completions: one may run after this call returned with an error.
+    impl_->engine->SendBulk(impl_->node, tag + i, snapshot.subspan(begin, length),
+                            [failures, sent, length, total, report](const Status& st) {
+                              if (!st.ok()) failures->fetch_add(1);
+                              uint64_t done = sent->fetch_add(length) + length;
+                              if (st.ok() && report) (*report)(done, total);
+                            });
   }
   VIPER_ASSIGN_OR_RETURN(proto::Message done, impl_->Await(id2, final_reply));
   if (!std::holds_alternative<proto::PublishOk>(done)) return Status::Internal("unexpected reply to PUBLISH");

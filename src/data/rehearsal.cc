@@ -3,7 +3,9 @@
 #include "viper/rehearsal.h"
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
+#include <sstream>
 #include <unordered_set>
 
 #include <fmt/format.h>
@@ -197,6 +199,86 @@ std::map<int64_t, size_t> RehearsalBuffer::class_counts() const {
 std::map<int64_t, uint64_t> RehearsalBuffer::class_seen() const {
   std::lock_guard<std::mutex> lk(mu_);
   return class_seen_;
+}
+
+// ---------------------------------------------------------------- whole state
+
+RehearsalBufferState RehearsalBuffer::State() const {
+  RehearsalBufferState out;
+  std::lock_guard<std::mutex> lk(mu_);
+  out.samples.reserve(slots_.size());
+  for (const Slot& s : slots_) out.samples.push_back({s.bytes, s.label});
+  out.members.reserve(slots_.size());
+  for (const auto& [label, m] : members_) out.members.insert(out.members.end(), m.begin(), m.end());
+  out.seen = seen_;
+  out.class_seen = class_seen_;
+  std::ostringstream rng;
+  rng << rng_;
+  out.rng = rng.str();
+  return out;
+}
+
+Status RehearsalBuffer::LoadState(const RehearsalBufferState& state) {
+  auto bad = [](std::string what) { return Status::InvalidArgument("rehearsal state: " + what); };
+  const size_t n = state.samples.size();
+  if (n > options_.capacity) return bad(fmt::format("{} samples, more than the capacity {}", n, options_.capacity));
+  uint64_t sum = 0;
+  for (const auto& [label, seen] : state.class_seen) {
+    if (seen == 0 || seen > state.seen - sum) {
+      return bad(fmt::format("class_seen[{}] = {} does not fit seen = {}", label, seen, state.seen));
+    }
+    sum += seen;
+  }
+  if (sum != state.seen) return bad(fmt::format("class_seen adds up to {}, not seen = {}", sum, state.seen));
+  std::map<int64_t, uint64_t> held;
+  for (size_t i = 0; i < n; ++i) {
+    const RehearsalSample& s = state.samples[i];
+    if (!s.bytes) return bad(fmt::format("sample {} has no bytes", i));
+    if (options_.sample_bytes != 0 && s.bytes->size() != options_.sample_bytes) {
+      return bad(fmt::format("sample {} has {} bytes, the buffer holds samples of {}", i, s.bytes->size(),
+                             options_.sample_bytes));
+    }
+    if (options_.policy == RehearsalPolicy::kClassBalanced && s.label < 0) {
+      return bad(fmt::format("sample {} has no label (-1) in a class-balanced buffer", i));
+    }
+    auto seen = state.class_seen.find(s.label);
+    if (seen == state.class_seen.end()) return bad(fmt::format("sample {}: label {} was never seen", i, s.label));
+    if (++held[s.label] > seen->second) {
+      return bad(fmt::format("label {}: more samples held than seen ({})", s.label, seen->second));
+    }
+  }
+  // members: the slots of each class, classes in increasing label order.
+  if (state.members.size() != n) return bad(fmt::format("{} members for {} samples", state.members.size(), n));
+  std::map<int64_t, std::vector<size_t>> members;
+  std::vector<size_t> member_pos(n);
+  std::vector<bool> listed(n, false);
+  int64_t previous = INT64_MIN;
+  for (size_t k = 0; k < n; ++k) {
+    uint64_t index = state.members[k];
+    if (index >= n || listed[index]) return bad(fmt::format("members[{}] = {} is not a slot listed once", k, index));
+    listed[index] = true;
+    int64_t label = state.samples[index].label;
+    if (label < previous) return bad(fmt::format("members[{}]: label {} after label {}", k, label, previous));
+    previous = label;
+    auto& m = members[label];
+    member_pos[index] = m.size();
+    m.push_back(index);
+  }
+  std::mt19937_64 rng;
+  std::istringstream in(state.rng);
+  in >> rng;
+  if (in.fail()) return bad("rng is not a std::mt19937_64 state");
+  std::vector<Slot> slots;
+  slots.reserve(n);
+  for (const RehearsalSample& s : state.samples) slots.push_back({s.bytes, s.label});
+  std::lock_guard<std::mutex> lk(mu_);
+  slots_ = std::move(slots);
+  members_ = std::move(members);
+  member_pos_ = std::move(member_pos);
+  seen_ = state.seen;
+  class_seen_ = state.class_seen;
+  rng_ = rng;
+  return Status::OK();
 }
 
 // ---------------------------------------------------------------- spill and restore

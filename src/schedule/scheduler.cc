@@ -270,10 +270,10 @@ Result<Schedule> Scheduler::PlanFromObservedLocked(const ScheduleInputs& base) {
   return plan;
 }
 
-void Scheduler::PlanLocked(int64_t iteration) {
+void Scheduler::PlanLocked(int64_t iteration, bool move_end) {
   last_plan_iteration_ = iteration;
   timings_moved_ = false;
-  MoveEndLocked(iteration);
+  if (move_end) MoveEndLocked(iteration);
   ScheduleInputs base;
   base.problem = ProblemLocked();
   base.epoch = options_.epoch;
@@ -300,6 +300,7 @@ void Scheduler::PlanLocked(int64_t iteration) {
     return;
   }
   plan_problem_ = base.problem;
+  plan_iteration_ = iteration;
   state_.planned.assign(plan->iterations.begin() + static_cast<std::ptrdiff_t>(base.taken.size()), plan->iterations.end());
   state_.predicted_cil = plan->cil;
   state_.last_plan_status = Status::OK();
@@ -354,6 +355,133 @@ void Scheduler::report_update_latency(double seconds) {
 SchedulerState Scheduler::state() const {
   std::lock_guard<std::mutex> lock(mu_);
   return state_;
+}
+
+SchedulerCheckpoint Scheduler::Checkpoint() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  SchedulerCheckpoint c;
+  c.losses = samples_;
+  for (const Interval& i : intervals_) c.intervals.push_back({i.since_checkpoint, i.ns_per_iteration});
+  c.since_checkpoint = since_checkpoint_;
+  c.checkpoint_in_interval = checkpoint_in_interval_;
+  c.stall_ns.assign(stall_ns_window_.begin(), stall_ns_window_.end());
+  c.latency_ns.assign(latency_ns_window_.begin(), latency_ns_window_.end());
+  c.taken = state_.taken;
+  c.last_asked = last_asked_;
+  if (run_start_) {
+    c.elapsed_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - *run_start_).count();
+  }
+  c.end = end_;
+  c.plans = state_.plans;
+  c.last_plan_iteration = last_plan_iteration_;
+  c.timings_moved = timings_moved_;
+  if (state_.plans > 0) {
+    c.plan_iteration = plan_iteration_;
+    c.plan_end = plan_problem_.end;
+    c.plan_t_train_ns = plan_problem_.t_train_ns;
+    c.plan_t_p_ns = plan_problem_.t_p_ns;
+    c.plan_t_c_ns = plan_problem_.t_c_ns;
+  }
+  return c;
+}
+
+Status Scheduler::Resume(const SchedulerCheckpoint& c) {
+  auto bad = [](std::string what) { return Status::InvalidArgument("scheduler resume: " + what); };
+  if (!c.losses.empty()) {
+    Status losses = ValidateLossSamples(c.losses);
+    if (!losses.ok()) return losses.WithContext("scheduler resume: losses");
+  }
+  for (size_t i = 0; i < c.intervals.size(); ++i) {
+    if (c.intervals[i].since_checkpoint < -1 || c.intervals[i].ns_per_iteration <= 0) {
+      return bad(fmt::format("intervals[{}] = ({}, {}): since_checkpoint must be >= -1, ns_per_iteration > 0", i,
+                             c.intervals[i].since_checkpoint, c.intervals[i].ns_per_iteration));
+    }
+  }
+  if (c.since_checkpoint < -1) return bad(fmt::format("since_checkpoint = {} must be >= -1", c.since_checkpoint));
+  for (const auto* window : {&c.stall_ns, &c.latency_ns})
+    for (int64_t v : *window)
+      if (v < 0) return bad(fmt::format("a reported time of {} ns is negative", v));
+  for (size_t i = 1; i < c.taken.size(); ++i)
+    if (c.taken[i] <= c.taken[i - 1]) return bad(fmt::format("taken[{}] = {} does not increase", i, c.taken[i]));
+  const int64_t last = c.losses.empty() ? -1 : c.losses.back().iteration;
+  if (c.end <= options_.warmup_end) return bad(fmt::format("end = {} must be > warmup_end = {}", c.end, options_.warmup_end));
+  if (c.plans < 0) return bad(fmt::format("plans = {} must be >= 0", c.plans));
+  if (c.plans > 0) {
+    if (c.plan_iteration < options_.warmup_end || c.plan_iteration > last) {
+      return bad(fmt::format("plan_iteration = {} must be in [warmup_end = {}, the last loss's iteration {}]",
+                             c.plan_iteration, options_.warmup_end, last));
+    }
+    if (c.plan_end <= options_.warmup_end || c.plan_t_train_ns <= 0 || c.plan_t_p_ns < 0 || c.plan_t_c_ns < 0) {
+      return bad(fmt::format("the plan's problem (end {}, t_train {} ns, t_p {} ns, t_c {} ns) is not valid", c.plan_end,
+                             c.plan_t_train_ns, c.plan_t_p_ns, c.plan_t_c_ns));
+    }
+  }
+
+  // Built aside and moved in only when complete: a checkpoint that fails changes nothing.
+  Scheduler n(options_);
+  for (const auto& i : c.intervals) n.intervals_.push_back({i.since_checkpoint, i.ns_per_iteration});
+  while (n.intervals_.size() > kIntervalWindow) n.intervals_.pop_front();
+  n.since_checkpoint_ = c.since_checkpoint;
+  n.checkpoint_in_interval_ = c.checkpoint_in_interval;
+  n.stall_ns_window_.assign(c.stall_ns.begin(), c.stall_ns.end());
+  while (n.stall_ns_window_.size() > kReportWindow) n.stall_ns_window_.pop_front();
+  n.latency_ns_window_.assign(c.latency_ns.begin(), c.latency_ns.end());
+  while (n.latency_ns_window_.size() > kReportWindow) n.latency_ns_window_.pop_front();
+  n.last_asked_ = c.last_asked;
+  // last_time_ stays unset: the interval across the restart is not a training interval.
+  if (c.elapsed_ns >= 0) n.run_start_ = std::chrono::steady_clock::now() - std::chrono::nanoseconds(c.elapsed_ns);
+  n.state_ = SchedulerState{};
+
+  // Re-make the last successful plan where it was made: the losses up to it, the estimates and
+  // the end it used, the checkpoints taken by then; then drop what was answered since.
+  if (c.plans > 0) {
+    n.samples_.clear();
+    for (const LossSample& l : c.losses)
+      if (l.iteration <= c.plan_iteration) n.samples_.push_back(l);
+    n.end_ = c.plan_end;
+    n.state_.t_train_ns = c.plan_t_train_ns;
+    n.state_.t_p_ns = c.plan_t_p_ns;
+    n.state_.t_c_ns = c.plan_t_c_ns;
+    for (int64_t t : c.taken)
+      if (t <= c.plan_iteration) n.state_.taken.push_back(t);
+    n.state_.plans = c.plans - 1;  // the fallback of a first plan is tried as it was then
+    n.PlanLocked(c.plan_iteration, /*move_end=*/false);  // `n` is not shared: no lock needed
+    if (n.state_.plans != c.plans) {
+      const Status& why = n.state_.last_plan_status;
+      return why.ok() ? bad("the saved plan could not be made again") : why.WithContext("scheduler resume");
+    }
+    std::erase_if(n.state_.planned, [&](int64_t it) { return it <= c.last_asked; });
+  }
+  n.samples_ = c.losses;
+  n.end_ = c.end;
+  n.state_.end = n.end_;
+  n.state_.taken = c.taken;
+  n.state_.iteration = last;
+  n.state_.t_c_ns = n.latency_ns_window_.empty() ? options_.t_c_ns : Median(n.latency_ns_window_);
+  n.state_.t_p_stall_ns = n.stall_ns_window_.empty() ? 0 : Mean(n.stall_ns_window_);
+  n.state_.t_train_ns = n.TrainEstimateLocked();
+  n.RefreshCheckpointCostLocked();
+  n.last_plan_iteration_ = c.last_plan_iteration;
+  n.timings_moved_ = c.timings_moved;
+
+  std::lock_guard<std::mutex> lock(mu_);
+  samples_ = std::move(n.samples_);
+  last_time_.reset();
+  run_start_ = n.run_start_;
+  end_ = n.end_;
+  intervals_ = std::move(n.intervals_);
+  since_checkpoint_ = n.since_checkpoint_;
+  stall_ns_window_ = std::move(n.stall_ns_window_);
+  latency_ns_window_ = std::move(n.latency_ns_window_);
+  checkpoint_in_interval_ = n.checkpoint_in_interval_;
+  plan_curve_ = std::move(n.plan_curve_);
+  last_asked_ = n.last_asked_;
+  last_plan_iteration_ = n.last_plan_iteration_;
+  plan_iteration_ = n.plan_iteration_;
+  timings_moved_ = n.timings_moved_;
+  plan_problem_ = n.plan_problem_;
+  state_ = std::move(n.state_);
+  return Status::OK();
 }
 
 Result<double> Scheduler::evaluate(std::span<const int64_t> schedule) const {

@@ -302,7 +302,9 @@ const std::vector<Option>& Table() {
 const std::map<std::string, std::set<std::string>>& Flags() {
   static const std::map<std::string, std::set<std::string>> flags = {
       {"serve", {"--insecure"}},
+      {"publish", {"--json"}},
       {"watch", {"--json", "--verify-local"}},
+      {"pull", {"--json"}},
       {"ls", {"--json"}},
       {"stats", {"--json", "--prometheus"}},
       {"inspect", {"--json", "--verify"}},
@@ -336,7 +338,7 @@ std::map<std::string, bool> HelpOptions(const std::string& command, const std::f
     if (!line.empty() && line[0] != ' ') section = line;
     std::smatch m;
     if (line.size() < 3 || line[2] == ' ' || !std::regex_search(line, m, entry)) continue;
-    if (section.starts_with("Subcommands")) continue;
+    if (section.starts_with("Subcommands") || section.starts_with("Exit codes")) continue;
     std::string names = m[1];
     bool takes_value = m[2].matched;
     std::string name = names.substr(names.rfind(',') == std::string::npos ? 0 : names.rfind(',') + 1);

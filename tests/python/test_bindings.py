@@ -199,7 +199,7 @@ def test_errors_map_to_builtin_exceptions(tmp_path):
         with viper.Subscriber("m", connect=pub.address) as sub:
             with pytest.raises(TimeoutError) as late:
                 sub.wait_for(1, timeout=0.2)
-            assert isinstance(late.value, viper.TimeoutError)
+            assert isinstance(late.value, viper.ViperTimeoutError)
             with pytest.raises(LookupError):
                 sub.load_into(torch.nn.Linear(1, 1))
     with pytest.raises(viper.Error, match="closed"):

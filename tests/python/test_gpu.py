@@ -43,7 +43,7 @@ def test_a_device_without_a_cuda_driver_is_a_clear_unavailable_error():
         "p = viper.Publisher('m', listen='127.0.0.1:0')\n"
         "try:\n"
         "    viper.Subscriber('m', connect=p.address, device='cuda:0')\n"
-        "except viper.IOError as e:\n"
+        "except viper.ViperIOError as e:\n"
         "    print('REFUSED', e)\n"
         "p.close()\n")
     env = dict(os.environ, VIPER_CUDA_LIBRARY="/nonexistent/libcuda.so.1")

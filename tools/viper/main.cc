@@ -36,6 +36,15 @@ int main(int argc, char** argv) {
   auto& commands = registry();
   std::sort(commands.begin(), commands.end(),
             [](const CommandInfo& a, const CommandInfo& b) { return a.order != b.order ? a.order < b.order : a.name < b.name; });
+  // Every command's --help ends with the exit codes; main() and Fail() are the only places that
+  // choose them (a command's run function returns 0, or Fail()'s 1 or 2).
+  const std::string exit_codes =
+      "Exit codes:\n"
+      "  0  success (for serve: stopped by SIGINT or SIGTERM)\n"
+      "  1  failure: the reason on stderr, one line (unreachable node, missing version, checksum\n"
+      "     mismatch, timeout, I/O error)\n"
+      "  2  bad arguments: one line on stderr naming the argument, its value and the rule\n";
+  app.footer(exit_codes);
   std::vector<std::pair<CLI::App*, RunFn>> subcommands;
   // --log-level on every command (and every command's own subcommands), here rather than in each
   // command: it wins over VIPER_LOG.
@@ -47,8 +56,10 @@ int main(int argc, char** argv) {
   };
   for (const auto& command : commands) {
     CLI::App* sub = app.add_subcommand(command.name, command.description);
+    sub->footer(exit_codes);
     subcommands.emplace_back(sub, command.setup(*sub));
     add_log_level(add_log_level, sub);
+    for (CLI::App* nested : sub->get_subcommands([](CLI::App*) { return true; })) nested->footer(exit_codes);
   }
 
   // A first word that is not an option must name a command (CLI11 would say only "A subcommand is

@@ -15,6 +15,7 @@
 
 #include "command.h"
 #include "node_common.h"
+#include "progress.h"
 #include "registry_cli.h"
 #include "seal.h"
 #include "temp_file.h"
@@ -44,6 +45,7 @@ double Ms(int64_t from_ns, int64_t to_ns) { return (to_ns - from_ns) / 1e6; }
 struct PublishFlags {
   std::string model, file, connect;
   uint64_t step = 0;
+  bool json = false;
   AuthFlags auth;
 };
 
@@ -72,11 +74,27 @@ int RunPublish(const PublishFlags& f) {
   if (!laid_out.ok()) return Fail("publish", laid_out.status().WithContext(f.file));
   auto client = ConnectClient(f.connect, f.auth);
   if (!client.ok()) return Fail("publish", client.status());
-  auto version = (*client)->Publish(f.model, laid_out->bytes(), f.step, publish_ns);
-  if (!version.ok()) return Fail("publish", version.status());
+  auto bar = ProgressBar::ForStderr("sending");
+  auto version = (*client)->Publish(f.model, laid_out->bytes(), f.step, publish_ns,
+                                    bar->enabled() ? ProgressFn([bar](uint64_t done, uint64_t total) {
+                                      bar->Update(done, total);
+                                    })
+                                                   : ProgressFn());
+  if (!version.ok()) {
+    bar->Abandon();
+    return Fail("publish", version.status());
+  }
+  bar->Abandon();  // the node answered: every chunk is in, whatever order the completions came
+  const uint64_t bytes = laid_out->bytes().size();
+  const double seconds = (WallClockNs() - publish_ns) / 1e9;
+  if (f.json) {
+    nlohmann::json out = {{"command", "publish"}, {"model", f.model}, {"version", *version}, {"step", f.step},
+                          {"bytes", bytes}, {"seconds", seconds}, {"file", f.file}, {"node", f.connect}};
+    std::printf("%s\n", out.dump().c_str());
+    return 0;
+  }
   std::printf("published %s version %" PRIu64 " (%s) in %s\n", f.model.c_str(), *version,
-              HumanBytes(static_cast<double>(snap->bytes().size())).c_str(),
-              HumanSeconds((WallClockNs() - publish_ns) / 1e9).c_str());
+              HumanBytes(static_cast<double>(bytes)).c_str(), HumanSeconds(seconds).c_str());
   return 0;
 }
 
@@ -87,6 +105,9 @@ ViperCommand publish_command(
       app.add_option("MODEL", f->model, "Model name")->required()->check(ModelName());
       app.add_option("FILE", f->file, "A .safetensors file")->required()->check(ReadableFile());
       app.add_option("--step", f->step, "Training step recorded with the version")->check(NonNegativeInteger());
+      app.add_flag("--json", f->json,
+                   "Print one JSON object on stdout instead of the line: command, model, version, step, bytes, "
+                   "seconds, file, node");
       AddConnect(app, f->connect);
       f->auth.Add(app);
       return [f] { return RunPublish(*f); };
@@ -222,20 +243,13 @@ ViperCommand watch_command(
 struct PullFlags {
   std::string model, connect, output, registry, registry_password_file;
   uint64_t version = 0;
+  bool json = false;
   AuthFlags auth;
 };
 
-void DrawProgress(uint64_t done, uint64_t total) {
-  int width = 40;
-  int filled = total ? static_cast<int>(width * done / total) : width;
-  std::fprintf(stderr, "\r[%.*s%*s] %s / %s", filled, "########################################", width - filled, "",
-               HumanBytes(static_cast<double>(done)).c_str(), HumanBytes(static_cast<double>(total)).c_str());
-  if (done == total) std::fprintf(stderr, "\n");
-}
-
 // The temporary file next to `path` is created exclusively under an unpredictable name
 // (temp_file.h): a link or file another user planted in a shared directory is never written.
-Status WriteFileAtomically(const std::string& path, std::span<const std::byte> bytes) {
+Status WriteFileAtomically(const std::string& path, std::span<const std::byte> bytes, ProgressBar& bar) {
   VIPER_ASSIGN_OR_RETURN(internal::TempFile temp, internal::CreateTempNextTo(path, 0644));
   const std::string tmp = temp.path.string();
   int fd = temp.fd.get();
@@ -249,6 +263,7 @@ Status WriteFileAtomically(const std::string& path, std::span<const std::byte> b
       return st;
     }
     done += static_cast<size_t>(n);
+    if (done < bytes.size()) bar.Update(done, bytes.size());  // the whole is drawn after fsync
   }
   if (::fsync(fd) != 0) {
     Status st = Status::FromErrno("fsync " + tmp);
@@ -270,6 +285,7 @@ Status WriteFileAtomically(const std::string& path, std::span<const std::byte> b
 }
 
 int RunPull(const PullFlags& f) {
+  const int64_t start_ns = WallClockNs();
   auto token = f.auth.Resolve();
   if (!token.ok()) return Fail("pull", token.status());
   std::vector<std::string> holders{f.connect};
@@ -292,7 +308,8 @@ int RunPull(const PullFlags& f) {
   }
   if (!client.ok()) return Fail("pull", client.status());
   Client& c = **client;
-  bool progress = ::isatty(STDERR_FILENO) == 1;
+  auto fetch_bar = ProgressBar::ForStderr("fetching");
+  auto write_bar = ProgressBar::ForStderr("writing");
   std::vector<std::byte> buffer;
   std::span<const std::byte> bytes;
   proto::VersionInfo info;
@@ -312,7 +329,9 @@ int RunPull(const PullFlags& f) {
           buffer.resize(vi.size);
           return std::span<std::byte>(buffer);
         },
-        progress ? ProgressFn(DrawProgress) : ProgressFn());
+        fetch_bar->enabled() ? ProgressFn([fetch_bar](uint64_t done, uint64_t total) { fetch_bar->Update(done, total); })
+                             : ProgressFn());
+    fetch_bar->Abandon();
     if (!ok.ok()) return Fail("pull", ok.status());
     bytes = buffer;
     info = ok->info;
@@ -323,9 +342,21 @@ int RunPull(const PullFlags& f) {
   if (!snap.ok()) return Fail("pull", snap.status());
   if (snap->compute_checksum() != info.checksum)
     return Fail("pull", Status::Corruption("checksum of the received bytes does not match the node's"));
-  if (progress && c.same_host()) DrawProgress(bytes.size(), bytes.size());
-  if (Status st = WriteFileAtomically(f.output, bytes); !st.ok()) return Fail("pull", st);
+  if (Status st = WriteFileAtomically(f.output, bytes, *write_bar); !st.ok()) {
+    write_bar->Abandon();
+    return Fail("pull", st);
+  }
+  write_bar->Update(bytes.size(), bytes.size());
   if (c.same_host()) c.Release(info.model, info.version);
+  const double seconds = (WallClockNs() - start_ns) / 1e9;
+  if (f.json) {
+    nlohmann::json out = {{"command", "pull"}, {"model", info.model}, {"version", info.version}, {"step", info.step},
+                          {"bytes", info.size}, {"seconds", seconds}, {"file", f.output},
+                          {"checksum", checksum_hex(info.checksum)}, {"node", connect},
+                          {"path", c.same_host() ? "map" : "remote"}};
+    std::printf("%s\n", out.dump().c_str());
+    return 0;
+  }
   std::printf("pulled %s version %" PRIu64 " (%s) to %s\n", info.model.c_str(), info.version,
               HumanBytes(static_cast<double>(info.size)).c_str(), f.output.c_str());
   return 0;
@@ -338,6 +369,9 @@ ViperCommand pull_command(
       app.add_option("MODEL", f->model, "Model name")->required()->check(ModelName());
       app.add_option("--version", f->version, "Version to pull (default: the latest)")->check(NonNegativeInteger());
       app.add_option("-o,--output", f->output, "Output file")->required()->check(NewFile());
+      app.add_flag("--json", f->json,
+                   "Print one JSON object on stdout instead of the line: command, model, version, step, bytes, "
+                   "seconds, file, checksum, node, path (map: the node's segment on this host; remote: fetched)");
       AddConnect(app, f->connect);
       AddRegistry(app, f->registry, f->registry_password_file);
       f->auth.Add(app);

@@ -1,0 +1,134 @@
+"""`viper publish` and `viper pull`: --json (one object on stdout), a progress bar on stderr only
+when stderr is a terminal (a real pty), and the exit codes in every command's --help. The real
+`viper` binary of this build against a real node (viper.Node in this process)."""
+import json
+import os
+import pathlib
+import pty
+import re
+import select
+import subprocess
+
+import numpy as np
+import pytest
+
+import viper
+
+BINARY_DIR = pathlib.Path(os.environ.get("VIPER_BINARY_DIR", pathlib.Path(__file__).resolve().parents[2] / "build"))
+VIPER = str(BINARY_DIR / "bin" / "viper")
+
+
+@pytest.fixture(scope="module")
+def node():
+    with viper.Node("127.0.0.1:0") as n:
+        yield n
+
+
+@pytest.fixture(scope="module")
+def model_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cli") / "model.safetensors"
+    rng = np.random.default_rng(0)
+    tensors = {f"layer{i}.weight": rng.standard_normal((512, 1024)).astype(np.float32) for i in range(8)}  # 16 MiB
+    viper.build_snapshot(tensors, step=7).save(str(path))
+    return path
+
+
+def run(*args, timeout=60):
+    return subprocess.run([VIPER, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def run_with_stderr_on_a_pty(*args, timeout=60):
+    """Runs viper with stdout a pipe and stderr a pty; returns (returncode, stdout, what the pty got)."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([VIPER, *args], stdout=subprocess.PIPE, stderr=slave, stdin=subprocess.DEVNULL)
+    os.close(slave)
+    got = b""
+    while True:
+        ready, _, _ = select.select([master], [], [], timeout)
+        if not ready:
+            proc.kill()
+            raise AssertionError(f"viper {' '.join(args)}: no output within {timeout} s")
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the child closed its end
+            break
+        if not chunk:
+            break
+        got += chunk
+    out = proc.stdout.read().decode()
+    rc = proc.wait(timeout)
+    os.close(master)
+    return rc, out, got.decode(errors="replace")
+
+
+def test_publish_and_pull_print_one_json_object(node, model_file, tmp_path):
+    p = run("publish", "cli-json", str(model_file), "--step", "7", "--connect", node.address, "--json")
+    assert p.returncode == 0, p.stderr
+    assert p.stderr == ""  # not a terminal: no progress
+    published = json.loads(p.stdout)  # the whole of stdout is one object
+    size = model_file.stat().st_size
+    assert published["command"] == "publish" and published["model"] == "cli-json" and published["version"] >= 1
+    assert published["bytes"] == size and published["step"] == 7 and published["seconds"] > 0
+    assert published["file"] == str(model_file) and published["node"] == node.address
+    out = tmp_path / "pulled.safetensors"
+    q = run("pull", "cli-json", "-o", str(out), "--connect", node.address, "--json")
+    assert q.returncode == 0, q.stderr
+    assert q.stderr == ""
+    pulled = json.loads(q.stdout)
+    assert pulled["command"] == "pull" and pulled["version"] == published["version"] and pulled["bytes"] == size
+    assert pulled["file"] == str(out) and pulled["path"] == "map" and pulled["step"] == 7
+    assert re.fullmatch(r"[0-9a-f]{16}", pulled["checksum"]) and pulled["seconds"] > 0
+    a, b = viper.Snapshot.open(str(model_file)), viper.Snapshot.open(str(out))
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a.keys())
+    # Without --json: the one human line, as before.
+    r = run("pull", "cli-json", "-o", str(tmp_path / "again.safetensors"), "--connect", node.address)
+    assert r.returncode == 0 and r.stdout.startswith("pulled cli-json version ") and r.stderr == ""
+
+
+def test_progress_is_drawn_on_a_terminal_only(node, model_file, tmp_path):
+    rc, out, tty = run_with_stderr_on_a_pty("publish", "cli-tty", str(model_file), "--connect", node.address, "--json")
+    assert rc == 0, tty
+    assert json.loads(out)["model"] == "cli-tty"  # stdout stays clean JSON
+    assert "sending [" in tty and "########################################]" in tty, tty
+    assert "16.8 MB / 16.8 MB\r\n" in tty, tty  # the bar ends at the whole size, then a new line
+    rc, out, tty = run_with_stderr_on_a_pty("pull", "cli-tty", "-o", str(tmp_path / "p.safetensors"), "--connect",
+                                            node.address)
+    assert rc == 0, tty
+    assert out.startswith("pulled cli-tty version ")
+    assert "writing [" in tty and "########################################]" in tty, tty
+    # A failure after a bar: the error is one line of its own.
+    rc, out, tty = run_with_stderr_on_a_pty("pull", "no-such-model", "-o", str(tmp_path / "x.safetensors"),
+                                            "--connect", node.address, "--json")
+    assert rc == 1 and out == ""
+    assert re.search(r"(^|\n)viper pull: .*no-such-model", tty.replace("\r\n", "\n")), tty
+
+
+def subcommands(*prefix):
+    """The subcommands `viper PREFIX --help` lists."""
+    p = run(*prefix, "--help")
+    assert p.returncode == 0
+    parts = re.split(r"SUBCOMMANDS:|Subcommands:", p.stdout, maxsplit=1)
+    if len(parts) == 1:
+        return []
+    return re.findall(r"^\s{2}(\S+)\s", parts[1].split("Exit codes:", 1)[0], flags=re.M)
+
+
+def test_every_help_lists_the_exit_codes():
+    names = subcommands()
+    assert {"publish", "pull", "watch", "serve", "ls"} <= set(names)
+    commands = [[name] for name in names]
+    commands += [[name, nested] for name in names for nested in subcommands(name)]  # bench-peer subscribe, ...
+    for args in [[]] + commands:
+        args = args + ["--help"]
+        p = run(*args)
+        assert p.returncode == 0, (args, p.stderr)
+        text = p.stdout
+        assert "Exit codes:" in text, args
+        for line in ("  0  success", "  1  failure", "  2  bad arguments"):
+            assert line in text, (args, line)
+
+
+def test_the_exit_codes_are_the_ones_listed(node, tmp_path):
+    assert run("pull", "m", "-o", str(tmp_path / "o"), "--connect", "not-an-address").returncode == 2
+    assert run("publish", "m", str(tmp_path / "missing.safetensors"), "--connect", node.address).returncode == 2
+    assert run("pull", "absent", "-o", str(tmp_path / "o"), "--connect", node.address).returncode == 1

@@ -86,7 +86,7 @@ void Subscriber::Impl::DropUnsealed(RegistryLookup* found) const {
 }
 
 void Subscriber::Impl::Rediscover() {
-  auto found = registry->Lookup(options.model);
+  auto found = registry->LookupLatest(options.model);
   if (!found.ok()) {
     OnRegistryError(found.status().WithContext("registry lookup of " + options.model));
     return;

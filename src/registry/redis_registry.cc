@@ -154,8 +154,9 @@ class RedisRegistry : public Registry {
       size_t read = 0;
       VIPER_ASSIGN_OR_RETURN(RegistryLookup out, LookupOn(c, model, kPage, &read));
       bool complete = read < kPage || (!out.holders.empty() && out.holders.back().info.version < out.holders[0].info.version);
-      if (!complete) {
-        VIPER_ASSIGN_OR_RETURN(out, LookupOn(c, model));
+      if (!complete) {  // every member of the newest live version (or, with none live, every member)
+        std::string top = out.holders.empty() ? "+inf" : std::to_string(out.holders[0].info.version);
+        VIPER_ASSIGN_OR_RETURN(out, LookupOn(c, model, kMaxLookupHoldings, nullptr, top, out.holders.empty() ? "-inf" : top));
       }
       if (!out.holders.empty()) std::erase_if(out.holders, [top = out.holders[0].info.version](const HolderRecord& h) { return h.info.version != top; });
       return out;
@@ -163,11 +164,12 @@ class RedisRegistry : public Registry {
   }
 
  private:
-  // The `count` newest index members' holdings; `read` = members returned by Redis.
+  // The holdings of the `count` newest index members with versions in [min, max]; `read` =
+  // members returned by Redis.
   Result<RegistryLookup> LookupOn(RedisConnection& conn, const std::string& model, size_t count = kMaxLookupHoldings,
-                                  size_t* read = nullptr) {
+                                  size_t* read = nullptr, const std::string& max = "+inf", const std::string& min = "-inf") {
     RedisConnection* c = &conn;
-    auto members = c->Run({"ZREVRANGEBYSCORE", IndexKey(model), "+inf", "-inf", "LIMIT", "0", std::to_string(count)});
+    auto members = c->Run({"ZREVRANGEBYSCORE", IndexKey(model), max, min, "LIMIT", "0", std::to_string(count)});
     if (!members.ok()) return members.status();
     VIPER_RETURN_IF_ERROR(ExpectArray(members->get(), "index of " + model, kMaxLookupHoldings));
     if (read != nullptr) *read = (*members)->elements;

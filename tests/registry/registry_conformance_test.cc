@@ -170,6 +170,27 @@ TEST_P(RegistryConformance, RefreshKeepsEveryRecordOfTheNodeAlive) {
   EXPECT_FALSE(registry->Refresh(records[0].node, 0ms).ok()) << "a TTL of 0";
 }
 
+// What a new consumer reads: the holders of the newest version that has a live one.
+TEST_P(RegistryConformance, LookupLatestListsTheNewestLiveVersionsHolders) {
+  std::vector<HolderRecord> records;
+  for (int n = 1; n <= 300; ++n) records.push_back(MakeRecord(model, 2, n));  // more than one page
+  records.push_back(MakeRecord(model, 1, 1));
+  ASSERT_TRUE(registry->Put(records, 30s).ok());
+  HolderRecord dying = MakeRecord(model, 3, 400);
+  ASSERT_TRUE(registry->Put(std::span(&dying, 1), 300ms).ok());
+  auto latest = registry->LookupLatest(model);
+  ASSERT_TRUE(latest.ok()) << latest.status().ToString();
+  ASSERT_EQ(latest->holders.size(), 1u);
+  EXPECT_EQ(latest->holders[0], dying);
+  ASSERT_TRUE(WaitUntil([&] { auto l = registry->LookupLatest(model); return l.ok() && l->holders.size() == 300; }, 10s))
+      << "a version whose only holder died hides the live ones";
+  latest = registry->LookupLatest(model);
+  for (const auto& h : latest->holders) EXPECT_EQ(h.info.version, 2u);
+  latest = registry->LookupLatest(model + "-none");
+  ASSERT_TRUE(latest.ok());
+  EXPECT_TRUE(latest->holders.empty());
+}
+
 TEST_P(RegistryConformance, ModelsListsLiveModelsSorted) {
   std::vector<HolderRecord> records = {MakeRecord(model + "-b", 1, 1), MakeRecord(model + "-a", 2, 1)};
   ASSERT_TRUE(registry->Put(records, 30s).ok());

@@ -135,6 +135,16 @@ struct DeltaStats {
   uint64_t declined = 0;         // FETCHes that offered a base and got the full snapshot
 };
 
+// A relay's link to its upstream, summed over the models it relays (zero on a node that relays
+// nothing): what `viper stats` shows of a relay that waits for its upstream or sits on an alternate.
+struct UpstreamStats {
+  uint64_t subscriptions = 0;      // models relayed
+  uint64_t connected = 0;          // ...connected to a node now
+  uint64_t on_preferred = 0;       // ...to RelayOptions::upstream itself (not an alternate)
+  uint64_t connect_failures = 0;   // connection attempts that reached no node
+  uint64_t preferred_returns = 0;  // moves from an alternate back to the upstream
+};
+
 struct NodeStats {
   uint64_t versions_committed = 0;
   uint64_t notifies_sent = 0;
@@ -174,6 +184,7 @@ struct NodeStats {
   // here, the wait for its bytes included).
   LatencyHistogram publish_live;
   LatencyHistogram fetch_send;
+  UpstreamStats upstream;
 };
 // The counters by name ("bytes_sent", ...), as STATS_REPLY carries them; the histograms as
 // "hist_NAME_us_le_BOUND" and "hist_NAME_us_sum" (AddHistogramCounters).
@@ -201,6 +212,8 @@ class DeviceReplicaSource {
 class Node {
  public:
   static Result<std::unique_ptr<Node>> Start(const NodeOptions& options);
+  // What the Relay feeding this node reports of its upstream link (NodeStats::upstream).
+  void SetUpstreamStats(const UpstreamStats& upstream);
   ~Node();  // stops the engine first (no more handlers), then drains flushes, then releases tiers
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
@@ -304,7 +317,8 @@ class IncomingVersion {
 struct RelayOptions {
   std::string upstream;             // REQUIRED: the upstream node's "host:port"
   // Nodes to relay from, in order, while `upstream` is unreachable (e.g. the upstream's own
-  // upstream: a chain that loses a relay re-attaches past it; SubscriberOptions::alternates).
+  // upstream: a chain that loses a relay re-attaches past it; SubscriberOptions::alternates). The
+  // relay returns to `upstream` when it answers again (SubscriberOptions::preferred_probe).
   std::vector<std::string> alternates;
   std::vector<std::string> models;  // REQUIRED: models to replicate
   std::string token;                // HELLO token for the upstream
@@ -321,11 +335,15 @@ struct RelayStats {
   uint64_t versions_relayed = 0;
   uint64_t versions_received_in_place = 0;  // ...that landed straight in this node's segment (no copy)
   uint64_t failures = 0;
+  UpstreamStats upstream;  // as the node's STATS show it
 };
 
 class Relay {
  public:
-  // Connects to the upstream (fails if it is unreachable and no file_dir is given).
+  // Subscribes to the upstream. An upstream (and alternates) not up yet is waited for: the relay
+  // retries with a bounded backoff (SubscriberOptions::wait_for_node), logs once per change, and
+  // NodeStats::upstream shows it. While on an alternate it probes the upstream every second and
+  // moves back to it between two versions once it answers.
   static Result<std::unique_ptr<Relay>> Start(Node& node, const RelayOptions& options);
   ~Relay();
   Relay(const Relay&) = delete;

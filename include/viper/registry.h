@@ -12,9 +12,10 @@
 //                              consumer needs only the model name and the URL.
 //
 // Records. A node registers one HolderRecord per version it holds: the version's VersionInfo with
-// the replicas on that node (segment, node address, file), plus the node itself. Records expire
-// after their TTL unless put again (the node's heartbeat puts them all again), so a node that dies
-// without saying goodbye disappears by itself. Every record read back from a shared backend is
+// the replicas on that node (segment, node address, file), plus the node itself. A node's records
+// live as long as the node does: each Put and each Refresh keeps every record of that node alive
+// for the TTL (one registry command per heartbeat, whatever the number of versions held), so a node
+// that dies without saying goodbye disappears by itself when its TTL passes. Every record read back from a shared backend is
 // untrusted input: ParseHolderRecord validates it field by field (names, numbers, locators,
 // lengths); a malformed record is skipped and reported, never served.
 //
@@ -121,11 +122,16 @@ class Registry {
   virtual RegistryCapabilities capabilities() const = 0;
 
   // --- node side ---
-  // Registers (or replaces) each record for `ttl`; returns how many of them were not registered
-  // before (new holdings, or ones the registry lost: expired, or a restarted Redis). All or
-  // nothing is not promised: on an error some records may be stored; putting them again is
-  // harmless. InvalidArgument (and nothing stored) if a record would not pass ParseHolderRecord.
+  // Registers (or replaces) each record, and keeps every record of each node named alive for
+  // `ttl` (as Refresh does); returns how many of them were not registered before (new holdings, or
+  // ones the registry lost: expired, or a restarted Redis). All or nothing is not promised: on an
+  // error some records may be stored; putting them again is harmless. InvalidArgument (and nothing
+  // stored) if a record would not pass ParseHolderRecord.
   virtual Result<size_t> Put(std::span<const HolderRecord> records, std::chrono::milliseconds ttl) = 0;
+  // The heartbeat: keeps every record node `node` put alive for another `ttl`, in one registry
+  // command whatever the number of records. false: the registry holds nothing live of this node
+  // (its TTL passed, or the registry lost its data): put every record again.
+  virtual Result<bool> Refresh(const NodeRecord& node, std::chrono::milliseconds ttl) = 0;
   // Removes node `node_id`'s holding of (model, version); a holding that is not there is fine.
   virtual Status Remove(const std::string& node_id, const std::string& model, uint64_t version) = 0;
   // Tells the watchers of record.info.model. REQUIRES: the record was Put.
@@ -133,7 +139,11 @@ class Registry {
 
   // --- consumer side ---
   virtual Result<RegistryLookup> Lookup(const std::string& model) = 0;
-  // Models with at least one live holding, sorted.
+  // The live holders of the newest version that has one (empty if none): what a new consumer
+  // needs to find a node, read without going through every older holding. Default: Lookup,
+  // filtered.
+  virtual Result<RegistryLookup> LookupLatest(const std::string& model);
+  // Models with at least one live holding (or a malformed record, which its Lookup names), sorted.
   virtual Result<std::vector<std::string>> Models() = 0;
   // NotSupported if !capabilities().watch. Fails if the registry cannot be reached now.
   virtual Result<std::unique_ptr<RegistryWatch>> Watch(const std::string& model, WatchHandlers handlers) = 0;
@@ -161,7 +171,7 @@ Result<std::string> ReadRegistryPasswordFile(const std::string& path);
 Result<std::unique_ptr<Registry>> OpenRegistry(const std::string& url, const RegistryOptions& options = {});
 
 // Node side: keeps a node's holdings registered (the node's private RegistryAgent does this).
-// TTL of the records and the heartbeat that puts them again.
+// TTL of the node's records and the heartbeat that refreshes them (Registry::Refresh).
 struct RegistryHeartbeat {
   std::chrono::milliseconds ttl{10000};
   std::chrono::milliseconds interval{3000};  // must be < ttl

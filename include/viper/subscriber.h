@@ -53,6 +53,8 @@ class LandingZone {
   virtual Result<Landing> Land(const proto::VersionInfo& info) = 0;
 };
 
+struct SubscriberStats;
+
 struct SubscriberOptions {
   std::string model;                    // REQUIRED
   std::string connect = "127.0.0.1:7300";  // the node (unused with a registry)
@@ -60,6 +62,20 @@ struct SubscriberOptions {
   // upstream: a chain that loses a relay re-attaches past it). A lost connection is retried, to
   // `connect` first, every second while no version is being loaded.
   std::vector<std::string> alternates;
+  // Start succeeds while no node is reachable yet (a relay started before its upstream): the
+  // subscriber keeps trying, `connect` first, with a backoff from 100 ms doubling to
+  // `reconnect_max`, and logs once per change (unreachable, connected). false: Start fails then
+  // (unless a file_dir or a registry is given).
+  bool wait_for_node = false;
+  std::chrono::milliseconds reconnect_max{2000};
+  // While connected to an alternate, `connect` is tried this often; when it answers the
+  // subscriber moves back to it between two versions (never during a load), so a chain started
+  // all at once, or whose relay restarted, returns to the shape it was given. 0: stay.
+  std::chrono::milliseconds preferred_probe{1000};
+  // Called whenever the node this subscriber is connected to changes (`node` "" = none reachable),
+  // with whether it is `connect` itself and the counters after the change; on the thread that
+  // (re)connects (Start's, then the loader's), with no lock of the subscriber held.
+  std::function<void(const std::string& node, bool preferred, const SubscriberStats& stats)> on_connection;
   // A shared registry (include/viper/registry.h: "embedded" or "redis://HOST:PORT[/DB]"): the
   // subscriber finds the nearest node holding the model's newest version there (this host first,
   // then another), connects to it, and hears of new versions both from that node (the fast path)
@@ -150,6 +166,8 @@ struct SubscriberStats {
   uint64_t fetch_failures = 0;
   uint64_t deltas = 0;           // versions that came as a delta
   uint64_t delta_fallbacks = 0;  // deltas that failed (decode, verify, node gave up) and were fetched in full
+  uint64_t connect_failures = 0;   // (re)connection attempts that reached no node
+  uint64_t preferred_returns = 0;  // moves from an alternate back to `connect`
 };
 
 class Subscriber {

@@ -101,6 +101,8 @@ void BindSubscriber(py::module_& m) {
              d["fetch_failures"] = s.fetch_failures;
              d["deltas"] = s.deltas;
              d["delta_fallbacks"] = s.delta_fallbacks;
+             d["connect_failures"] = s.connect_failures;
+             d["preferred_returns"] = s.preferred_returns;
              return d;
            })
       .def("ack", [](SubscriberHandle& h, uint64_t version) { ThrowIfError(Open(h.subscriber, "Subscriber").Ack(version)); })

@@ -208,6 +208,11 @@ std::string Node::address() const { return impl_->address; }
 HostTier& Node::host_tier() { return *impl_->host; }
 FileTier* Node::file_tier() { return impl_->files.get(); }
 
+void Node::SetUpstreamStats(const UpstreamStats& upstream) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->stats.upstream = upstream;
+}
+
 NodeStats Node::stats() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   return impl_->StatsLocked();

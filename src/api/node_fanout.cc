@@ -34,7 +34,12 @@ std::map<std::string, uint64_t> StatsCounters(const NodeStats& s) {
           {"host_writing_segments", s.host.writing_segments},
           {"host_committed_segments", s.host.committed_segments},
           {"host_retired_leased_segments", s.host.retired_leased_segments},
-          {"host_free_segments", s.host.free_segments}};
+          {"host_free_segments", s.host.free_segments},
+          {"upstream_subscriptions", s.upstream.subscriptions},
+          {"upstream_connected", s.upstream.connected},
+          {"upstream_on_preferred", s.upstream.on_preferred},
+          {"upstream_connect_failures", s.upstream.connect_failures},
+          {"upstream_preferred_returns", s.upstream.preferred_returns}};
   AddHistogramCounters(counters, "publish_live", s.publish_live);
   AddHistogramCounters(counters, "fetch_send", s.fetch_send);
   return counters;

@@ -92,6 +92,25 @@ void RegistryAgent::Run() {
 
 // REQUIRES: agent thread.
 Status RegistryAgent::Sync(bool full, bool announce_all) {
+  if (!registered_.empty()) {
+    // Every pass starts with the heartbeat: one command refreshes every record; they are put
+    // again only if the registry lost them (a restarted Redis, or heartbeats that did not reach
+    // it within the TTL). Before a pass's puts too, which would otherwise make a restarted Redis
+    // hold this node's key again without the records put before.
+    Result<bool> alive = registry_->Refresh(self_, heartbeat_.ttl);
+    if (!alive.ok()) {
+      registered_.clear();  // unreachable: everything is put again when it is back (as after a failed put)
+      return alive.status();
+    }
+    if (*alive) {
+      full = false;
+    } else {
+      log(LogLevel::kWarn, kLog, "{} had lost this node's {} record(s); registering them again", registry_->url(),
+          registered_.size());
+      registered_.clear();
+      announce_all = true;
+    }
+  }
   std::map<Key, proto::VersionInfo> now;
   std::map<std::string, const proto::VersionInfo*> newest;
   for (auto& info : catalog_()) {
@@ -104,9 +123,9 @@ Status RegistryAgent::Sync(bool full, bool announce_all) {
   for (auto it = now.begin(); it != now.end();) {
     auto before = registered_.find(it->first);
     bool changed = before == registered_.end() || !(before->second == it->second);
-    // A record is validated when it is new or changed (a registered one passed already): the full
-    // pass every TTL/3 re-puts every record, and validating each (a JSON encode and parse) took
-    // most of an ASan producer's registry thread with ~4,000 versions on file.
+    // A record is validated when it is new or changed (a registered one passed already): a full
+    // pass re-puts every record, and validating each (a JSON encode and parse) took most of an
+    // ASan producer's registry thread with ~4,000 versions on file.
     if (Status valid = changed ? ParseHolderRecord(EncodeHolderRecord({self_, it->second})).status() : Status::OK();
         !valid.ok()) {
       if (refused_.insert(it->first).second)  // once per version

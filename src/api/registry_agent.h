@@ -2,9 +2,10 @@
 //
 // Its own thread does all registry I/O, so the node never waits on the registry: Announce and
 // CatalogChanged only wake it. Each pass reads the node's catalog, puts the records that changed,
-// removes those the node no longer holds, and publishes pending announcements; every heartbeat
-// puts every record again (refreshing its TTL, and restoring everything after the registry lost
-// its data). When the registry cannot be reached it logs one warning, keeps the announcements
+// removes those the node no longer holds, and publishes pending announcements. Each pass (and
+// so every heartbeat) starts by refreshing the node's TTL (Registry::Refresh: one command,
+// whatever the number of records) and puts every record again only when the registry had lost
+// them (a restarted Redis, or a TTL that passed). When the registry cannot be reached it logs one warning, keeps the announcements
 // for later and retries; when it is back it logs once, re-registers everything and re-announces
 // the newest version of each model, so nothing announced in between is lost.
 //

@@ -25,6 +25,15 @@ struct Relay::Impl {
   RelayStats stats;
   std::map<std::string, uint64_t> relayed;  // model -> newest version committed here
   std::unique_ptr<Client> announcer;        // tells the upstream what we hold (REPLICA)
+  std::string announcer_node;               // ...connected to this node
+  struct Link {                             // one model's subscription to the upstream
+    std::string node;                       // connected to now ("" = none reachable)
+    bool preferred = false;
+    SubscriberStats counters;
+  };
+  std::map<std::string, Link> links;        // model -> its link
+
+  void OnConnection(const std::string& model, const std::string& node, bool preferred, const SubscriberStats& counters);
   // model -> the version being received into this node (the subscriber's load owns it)
   std::map<std::string, std::weak_ptr<IncomingVersion>> arriving;
 
@@ -110,17 +119,40 @@ Result<proto::VersionInfo> Relay::Impl::Copy(const ModelVersion& mv) {
   return node->Commit(std::move(lease), std::move(info));
 }
 
-// Best effort: a relay that cannot tell the upstream still serves its own host.
+// A subscription moved (connected, lost, or back to the preferred upstream): the node's STATS
+// show it (NodeStats::upstream).
+void Relay::Impl::OnConnection(const std::string& model, const std::string& node_address, bool preferred,
+                               const SubscriberStats& counters) {
+  std::lock_guard<std::mutex> lock(mu);
+  links[model] = Link{node_address, preferred, counters};
+  UpstreamStats up;
+  up.subscriptions = options.models.size();
+  for (const auto& [m, link] : links) {
+    up.connected += !link.node.empty();
+    up.on_preferred += link.preferred;
+    up.connect_failures += link.counters.connect_failures;
+    up.preferred_returns += link.counters.preferred_returns;
+  }
+  stats.upstream = up;
+  node->SetUpstreamStats(up);
+}
+
+// Best effort: a relay that cannot tell the upstream still serves its own host. Told is the node
+// the model's subscription is connected to (the upstream, or the alternate standing in for it).
 void Relay::Impl::Announce(const proto::VersionInfo& info) {
+  std::string target = options.upstream;
+  if (auto it = links.find(info.model); it != links.end() && !it->second.node.empty()) target = it->second.node;
+  if (announcer && announcer_node != target) announcer.reset();  // the upstream forgets our replicas
   if (!announcer || !announcer->connected()) {
+    announcer_node = target;
     ClientOptions co;
-    co.connect = options.upstream;
+    co.connect = target;
     co.token = options.token;
     co.name = "relay-announcer:" + node->address();
     auto c = Client::Connect(co);
     if (!c.ok()) {
       announcer.reset();
-      log(LogLevel::kWarn, kLog, "cannot announce {} version {} to {}: {}", info.model, info.version, options.upstream,
+      log(LogLevel::kWarn, kLog, "cannot announce {} version {} to {}: {}", info.model, info.version, target,
           c.status().message());
       return;
     }
@@ -128,7 +160,7 @@ void Relay::Impl::Announce(const proto::VersionInfo& info) {
   }
   proto::Replica self{proto::ReplicaKind::kNode, node->host_key(), node->address()};
   if (Status st = announcer->AnnounceReplica(info.model, info.version, self); !st.ok())
-    log(LogLevel::kWarn, kLog, "cannot announce {} version {} to {}: {}", info.model, info.version, options.upstream,
+    log(LogLevel::kWarn, kLog, "cannot announce {} version {} to {}: {}", info.model, info.version, target,
         st.message());
 }
 
@@ -139,6 +171,7 @@ Relay::~Relay() {
   for (auto& s : impl_->subscribers) s->Close();  // no callback runs after this
   impl_->subscribers.clear();
   impl_->announcer.reset();  // the upstream forgets our replicas
+  impl_->node->SetUpstreamStats({});
 }
 
 Result<std::unique_ptr<Relay>> Relay::Start(Node& node, const RelayOptions& options) {
@@ -161,7 +194,11 @@ Result<std::unique_ptr<Relay>> Relay::Start(Node& node, const RelayOptions& opti
     if (options.always_remote) so.path = FetchPath::kRemote;
     so.pipelined = options.pipelined;
     so.buffers = 1;  // only versions that did not land in the host tier are copied out of it
+    so.wait_for_node = true;  // nodes start in any order: an upstream not up yet is waited for
     Impl* raw = impl.get();  // subscribers are closed before the Impl goes
+    so.on_connection = [raw, model](const std::string& at, bool preferred, const SubscriberStats& counters) {
+      raw->OnConnection(model, at, preferred, counters);
+    };
     so.landing = std::make_shared<RelayLanding>(&node, [raw](const std::shared_ptr<IncomingVersion>& in) {
       std::lock_guard<std::mutex> lock(raw->mu);
       raw->arriving[in->info().model] = in;

@@ -57,8 +57,8 @@ Result<std::unique_ptr<Subscriber>> Subscriber::Start(const SubscriberOptions& o
   VIPER_RETURN_IF_ERROR(impl->StartGpu());
   VIPER_RETURN_IF_ERROR(impl->StartRegistry());
   auto client = impl->EnsureClient();
-  if (!client.ok() && options.file_dir.empty() && !impl->registry) return client.status();
-  if (!client.ok())
+  if (!client.ok() && options.file_dir.empty() && !impl->registry && !options.wait_for_node) return client.status();
+  if (!client.ok() && !options.wait_for_node)
     log(LogLevel::kWarn, kLog, "{}; {}", client.status().message(),
         impl->registry ? "waiting for a node to announce it" : "serving from the file tier only");
   impl->spare = std::make_unique<internal::TaskQueue>("subscriber-spare");

@@ -59,28 +59,53 @@ ClientOptions Subscriber::Impl::ClientOptionsFor(const std::string& node) const 
   return co;
 }
 
+ClientHandlers Subscriber::Impl::HandlersFor(std::shared_ptr<std::atomic<bool>> current) {
+  ClientHandlers handlers;
+  // A connection may outlive this subscriber (a mapped version handed out holds it, with its
+  // lease): its handlers reach the subscriber only while it exists, and only while it is the
+  // subscriber's connection (one left for the preferred node still hears its old node).
+  std::weak_ptr<Impl> self = weak_from_this();
+  handlers.on_notify = [self, current](const proto::VersionInfo& info) {
+    if (auto impl = self.lock(); impl && *current) impl->OnAnnounce(info, false);
+  };
+  handlers.on_incoming = [self, current](const proto::VersionInfo& info) {
+    if (auto impl = self.lock(); impl && *current) impl->OnAnnounce(info, true);
+  };
+  handlers.on_disconnect = [self, current](const Status& why) {
+    auto impl = self.lock();
+    if (!impl || !*current) return;
+    log(LogLevel::kWarn, kLog, "{}", why.message());
+    std::lock_guard<std::mutex> lock(impl->mu);
+    impl->cv.notify_all();
+  };
+  return handlers;
+}
+
+// Subscribes on a fresh connection and makes it this subscriber's; the one it replaces stops
+// delivering announcements.
+Result<std::shared_ptr<Client>> Subscriber::Impl::Adopt(std::unique_ptr<Client> fresh, const std::string& address,
+                                                         std::shared_ptr<std::atomic<bool>> current) {
+  std::shared_ptr<Client> shared(std::move(fresh));
+  // Versions still arriving at the node are worth fetching only over the network (a consumer on
+  // the node's host maps complete versions).
+  bool pipelined = options.pipelined && (!shared->same_host() || options.path == FetchPath::kRemote);
+  VIPER_RETURN_IF_ERROR(shared->Subscribe(options.model, pipelined ? proto::kSubscribeIncoming : 0));
+  std::lock_guard<std::mutex> lock(mu);
+  if (client_current) *client_current = false;
+  if (client && poisoned_buffer) retired_buffers.emplace_back(client, std::move(poisoned_buffer));
+  client = shared;
+  client_current = std::move(current);
+  node_address = address;
+  return shared;
+}
+
 Result<std::shared_ptr<Client>> Subscriber::Impl::EnsureClient() {
   {
     std::lock_guard<std::mutex> lock(mu);
     if (client && client->connected()) return client;
   }
-  ClientHandlers handlers;
-  // A connection may outlive this subscriber (a mapped version handed out holds it, with its
-  // lease): its handlers reach the subscriber only while it exists.
-  std::weak_ptr<Impl> self = weak_from_this();
-  handlers.on_notify = [self](const proto::VersionInfo& info) {
-    if (auto impl = self.lock()) impl->OnAnnounce(info, false);
-  };
-  handlers.on_incoming = [self](const proto::VersionInfo& info) {
-    if (auto impl = self.lock()) impl->OnAnnounce(info, true);
-  };
-  handlers.on_disconnect = [self](const Status& why) {
-    auto impl = self.lock();
-    if (!impl) return;
-    log(LogLevel::kWarn, kLog, "{}", why.message());
-    std::lock_guard<std::mutex> lock(impl->mu);
-    impl->cv.notify_all();
-  };
+  auto current = std::make_shared<std::atomic<bool>>(true);
+  ClientHandlers handlers = HandlersFor(current);
   // The configured node first, then the alternates, in order (with a registry: the node it
   // named, then the nearest other holders).
   Result<std::unique_ptr<Client>> fresh = Status::Unavailable("no node to connect to");
@@ -90,19 +115,63 @@ Result<std::shared_ptr<Client>> Subscriber::Impl::EnsureClient() {
     address = i == 0 ? options.connect : options.alternates[i - 1];
     fresh = Client::Connect(ClientOptionsFor(address), handlers);
     if (fresh.ok()) break;
-    if (i < options.alternates.size())
+    if (i < options.alternates.size() && !unreachable_reported)
       log(LogLevel::kWarn, kLog, "{}; trying {}", fresh.status().message(), options.alternates[i]);
   }
-  if (!fresh.ok()) return fresh.status();
-  std::shared_ptr<Client> shared(std::move(fresh).value());
-  // Versions still arriving at the node are worth fetching only over the network (a consumer on
-  // the node's host maps complete versions).
-  bool pipelined = options.pipelined && (!shared->same_host() || options.path == FetchPath::kRemote);
-  VIPER_RETURN_IF_ERROR(shared->Subscribe(options.model, pipelined ? proto::kSubscribeIncoming : 0));
-  std::lock_guard<std::mutex> lock(mu);
-  client = shared;
-  node_address = address;
-  return shared;
+  Result<std::shared_ptr<Client>> adopted =
+      fresh.ok() ? Adopt(std::move(fresh).value(), address, std::move(current)) : Result<std::shared_ptr<Client>>(fresh.status());
+  if (!adopted.ok()) {
+    bool first;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stats.connect_failures++;
+      first = !unreachable_reported;
+      unreachable_reported = true;
+    }
+    if (first && options.wait_for_node)
+      log(LogLevel::kWarn, kLog, "{}: {}; retrying (backoff up to {} ms)", options.model, adopted.status().message(),
+          options.reconnect_max.count());
+    ReportConnection("");
+    return adopted.status();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    unreachable_reported = false;
+  }
+  ReportConnection(address);
+  return adopted;
+}
+
+// Tells options.on_connection, once per change of node.
+void Subscriber::Impl::ReportConnection(const std::string& node) {
+  SubscriberStats now;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (reported_node && *reported_node == node) return;
+    reported_node = node;
+    now = stats;
+  }
+  bool preferred = !registry && !node.empty() && node == options.connect;
+  if (!node.empty())
+    log(LogLevel::kInfo, kLog, "{}: subscribed through {}{}", options.model, node,
+        registry || preferred ? "" : " (an alternate; " + options.connect + " is tried every " +
+                                         std::to_string(options.preferred_probe.count()) + " ms)");
+  if (options.on_connection) options.on_connection(node, preferred, now);
+}
+
+// On an alternate: moves back to options.connect if it answers. Called between versions only.
+void Subscriber::Impl::ProbePreferred() {
+  auto current = std::make_shared<std::atomic<bool>>(true);
+  auto fresh = Client::Connect(ClientOptionsFor(options.connect), HandlersFor(current));
+  if (!fresh.ok()) return;  // still away: quiet, probed again later
+  auto adopted = Adopt(std::move(fresh).value(), options.connect, std::move(current));
+  if (!adopted.ok()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    stats.preferred_returns++;
+  }
+  log(LogLevel::kInfo, kLog, "{}: {} is back; moving to it from the alternate", options.model, options.connect);
+  ReportConnection(options.connect);
 }
 
 void Subscriber::Impl::DropClient(const std::shared_ptr<Client>& broken) {
@@ -171,20 +240,37 @@ std::string Subscriber::Impl::CurrentNode() {
 }
 
 // Waits until `ready`; while the connection to the node is down (the node restarted, died, or a
-// broken transfer dropped it) reconnects, to the node or an alternate, every kReconnectInterval,
-// so that announcements resume.
+// broken transfer dropped it, or it was never up) reconnects, to the node or an alternate, with a
+// backoff from 100 ms doubling to options.reconnect_max, so that announcements resume. While on
+// an alternate, probes options.connect every options.preferred_probe (here, between versions, so
+// that the move never cuts a load).
 void Subscriber::Impl::WaitConnected(std::unique_lock<std::mutex>& lock, const std::function<bool()>& ready) {
-  constexpr auto kReconnectInterval = std::chrono::seconds(1);
+  constexpr auto kFirstRetry = std::chrono::milliseconds(100);
+  auto backoff = kFirstRetry;
+  auto down = [&] { return !(client && client->connected()); };
   while (!ready()) {
-    if (client && client->connected()) {
-      cv.wait(lock, [&] { return ready() || !(client && client->connected()); });
+    if (!down()) {
+      backoff = kFirstRetry;
+      bool on_alternate = !registry && options.preferred_probe.count() > 0 && node_address != options.connect;
+      if (!on_alternate) {
+        cv.wait(lock, [&] { return ready() || down(); });
+        continue;
+      }
+      if (cv.wait_for(lock, options.preferred_probe, [&] { return ready() || down(); })) continue;
+      lock.unlock();
+      ProbePreferred();
+      lock.lock();
       continue;
     }
     lock.unlock();
     bool connected = EnsureClient().ok();
     lock.lock();
-    if (connected) failed_version = 0;  // a version whose load failed while the node was away: try again
-    if (!connected) cv.wait_for(lock, kReconnectInterval, ready);
+    if (connected) {
+      failed_version = 0;  // a version whose load failed while the node was away: try again
+      continue;
+    }
+    cv.wait_for(lock, backoff, ready);
+    backoff = std::min<std::chrono::milliseconds>(backoff * 2, std::max(options.reconnect_max, kFirstRetry));
   }
 }
 

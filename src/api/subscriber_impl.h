@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <atomic>
 #include <optional>
 #include <span>
 #include <string>
@@ -50,6 +51,9 @@ struct Subscriber::Impl : std::enable_shared_from_this<Subscriber::Impl> {
   std::condition_variable cv;
   std::shared_ptr<Client> client;  // replaced when the connection is lost
   std::string node_address;        // the node `client` is connected to (options.connect or an alternate)
+  std::shared_ptr<std::atomic<bool>> client_current;  // false once `client` is replaced: its announcements stop
+  bool unreachable_reported = false;                  // no node reachable, and that was logged
+  std::optional<std::string> reported_node;           // the last node told to options.on_connection
   std::optional<proto::VersionInfo> announced;
   bool announced_incoming = false;  // announced by INCOMING: the node is still receiving it
   int64_t announced_ns = 0;
@@ -107,6 +111,11 @@ struct Subscriber::Impl : std::enable_shared_from_this<Subscriber::Impl> {
   // The node the registry named, then the nearest other holders; sets *address to the one reached.
   Result<std::unique_ptr<Client>> ConnectViaRegistry(const ClientHandlers& handlers, std::string* address);
   Result<std::shared_ptr<Client>> EnsureClient();
+  ClientHandlers HandlersFor(std::shared_ptr<std::atomic<bool>> current);
+  Result<std::shared_ptr<Client>> Adopt(std::unique_ptr<Client> fresh, const std::string& address,
+                                        std::shared_ptr<std::atomic<bool>> current);
+  void ReportConnection(const std::string& node);
+  void ProbePreferred();
   std::string CurrentNode();
   void WaitConnected(std::unique_lock<std::mutex>& lock, const std::function<bool()>& ready);
   ClientOptions ClientOptionsFor(const std::string& node) const;

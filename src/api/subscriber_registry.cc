@@ -86,13 +86,18 @@ void Subscriber::Impl::DropUnsealed(RegistryLookup* found) const {
 }
 
 void Subscriber::Impl::Rediscover() {
-  auto found = registry->Lookup(options.model);
+  auto found = registry->LookupLatest(options.model);
   if (!found.ok()) {
     OnRegistryError(found.status().WithContext("registry lookup of " + options.model));
     return;
   }
   for (const auto& rejected : found->rejected) log(LogLevel::kWarn, kLog, "registry record ignored: {}", rejected);
   DropUnsealed(&*found);
+  if (found->holders.empty()) {  // none of the newest version's records is sealed: every holding
+    found = registry->Lookup(options.model);
+    if (!found.ok()) return OnRegistryError(found.status().WithContext("registry lookup of " + options.model));
+    DropUnsealed(&*found);
+  }
   auto nearest = NearestHoldersOfLatest(*found, host_key);
   if (nearest.empty()) return;
   {

@@ -61,6 +61,11 @@ const std::map<std::string_view, Known>& KnownCounters() {
       {"host_committed_segments", {"Host-tier segments holding committed versions.", true}},
       {"host_retired_leased_segments", {"Host-tier segments retired but still leased.", true}},
       {"host_free_segments", {"Host-tier segments free for reuse.", true}},
+      {"upstream_subscriptions", {"Relay: models subscribed from an upstream.", true}},
+      {"upstream_connected", {"Relay: upstream subscriptions connected now.", true}},
+      {"upstream_on_preferred", {"Relay: upstream subscriptions on their preferred upstream now.", true}},
+      {"upstream_connect_failures", {"Relay: failed attempts to connect to an upstream.", false}},
+      {"upstream_preferred_returns", {"Relay: returns from an alternate to the preferred upstream.", false}},
   };
   return known;
 }

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <set>
 
 #include "registry_internal.h"
 
@@ -30,6 +31,19 @@ struct Catalog {
   // model -> (version, node id) -> entry
   std::map<std::string, std::map<std::pair<uint64_t, std::string>, Entry>> models;
   std::vector<std::shared_ptr<Delivery>> watches;
+
+  // Moves every live record of node `id` to `deadline`; false if it has none.
+  bool RefreshLocked(const std::string& id, Clock::time_point deadline) {
+    auto now = Clock::now();
+    bool alive = false;
+    for (auto& [model, entries] : models)
+      for (auto& [key, entry] : entries)
+        if (key.second == id && entry.deadline > now) {
+          entry.deadline = deadline;
+          alive = true;
+        }
+    return alive;
+  }
 
   void ExpireLocked(const std::string& model) {
     auto it = models.find(model);
@@ -79,7 +93,17 @@ class EmbeddedRegistry : public Registry {
       fresh += slot.record.info.version == 0;  // just made
       slot = {r, Clock::now() + ttl};
     }
+    std::set<std::string> nodes;
+    for (const auto& r : records) nodes.insert(r.node.id);
+    for (const auto& id : nodes) c.RefreshLocked(id, Clock::now() + ttl);  // the TTL is the node's
     return fresh;
+  }
+
+  Result<bool> Refresh(const NodeRecord& node, std::chrono::milliseconds ttl) override {
+    if (ttl.count() <= 0) return Status::InvalidArgument("registry TTL must be positive");
+    Catalog& c = ProcessCatalog();
+    std::lock_guard<std::mutex> lock(c.mu);
+    return c.RefreshLocked(node.id, Clock::now() + ttl);
   }
 
   Status Remove(const std::string& node_id, const std::string& model, uint64_t version) override {

@@ -1,14 +1,19 @@
 // The Redis backend. Layout (docs/ARCHITECTURE.md "Registry"):
-//   viper:rec:<model>:<version>:<node id>   STRING, the HolderRecord JSON, PX ttl
-//   viper:idx:<model>                       ZSET, member "<version>:<node id>", score version, PX ttl
+//   viper:node:<node id>                    STRING, the node's pid, PX ttl: the node is alive
+//   viper:rec:<model>:<version>:<node id>   STRING, the HolderRecord JSON (no TTL)
+//   viper:idx:<model>                       ZSET, member "<version>:<node id>", score version (no TTL)
 //   channel viper:<db>:announce:<model>     PUBLISH of the HolderRecord JSON
-// A record key that expired leaves its index member behind until a lookup removes it; the index
-// itself expires when no node refreshes it.
+// The heartbeat refreshes only the node key, so its cost does not grow with the versions held. A
+// record counts while its node key holds the pid the record names; a lookup that finds one whose
+// node is gone (or was restarted) removes it and its index member (PruneScript, which checks again
+// inside Redis so that a node putting it back meanwhile keeps it).
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <map>
+#include <set>
 #include <mutex>
 #include <thread>
 
@@ -39,6 +44,22 @@ std::optional<std::pair<uint64_t, std::string>> ParseMember(std::string_view mem
   return std::make_pair(version, std::string(id));
 }
 
+// KEYS = [index, rec1, node1, rec2, node2, ...]; ARGV = [member1, pid1, seen1, ...]: a member goes
+// (with its record) if its record is still the one the lookup read (`seen`, "" = none) and the
+// node key does not hold the record's pid.
+constexpr const char* kPruneScript = R"lua(
+for j = 0, #ARGV / 3 - 1 do
+  local rec = redis.call('GET', KEYS[2 + 2 * j])
+  local live = redis.call('GET', KEYS[3 + 2 * j])
+  local seen = ARGV[3 + 3 * j]
+  if (rec == false and seen == '') or (rec == seen and live ~= ARGV[2 + 3 * j]) then
+    redis.call('ZREM', KEYS[1], ARGV[1 + 3 * j])
+    if rec then redis.call('DEL', KEYS[2 + 2 * j]) end
+  end
+end
+return 0
+)lua";
+
 // A record is stored under the key its own fields name; anything else was written by someone else.
 Status MatchesKey(const HolderRecord& r, const std::string& model, uint64_t version, const std::string& id) {
   if (r.info.model == model && r.info.version == version && r.node.id == id) return Status::OK();
@@ -59,23 +80,47 @@ class RedisRegistry : public Registry {
 
   Result<size_t> Put(std::span<const HolderRecord> records, std::chrono::milliseconds ttl) override {
     if (ttl.count() <= 0) return Status::InvalidArgument("registry TTL must be positive");
+    std::map<std::string, std::string> nodes;  // id -> pid, each node's liveness key set after its records
     std::vector<Command> commands;
-    std::string px = std::to_string(ttl.count());
     for (const auto& r : records) {
       VIPER_RETURN_IF_ERROR(CheckRecord(r));
+      nodes.emplace(r.node.id, std::to_string(r.node.pid));
+    }
+    if (records.empty()) return size_t{0};
+    for (const auto& [id, pid] : nodes) commands.push_back({"GET", NodeKey(id)});
+    for (const auto& r : records) {
       const auto& m = r.info.model;
       std::string key = RecordKey(m, r.info.version, r.node.id);
       commands.push_back({"EXISTS", key});
-      commands.push_back({"SET", key, EncodeHolderRecord(r), "PX", px});
+      commands.push_back({"SET", key, EncodeHolderRecord(r)});
       commands.push_back({"ZADD", IndexKey(m), std::to_string(r.info.version), IndexMember(r.info.version, r.node.id)});
-      commands.push_back({"PEXPIRE", IndexKey(m), px});
     }
-    if (commands.empty()) return size_t{0};
+    std::string px = std::to_string(ttl.count());
+    for (const auto& [id, pid] : nodes) commands.push_back({"SET", NodeKey(id), pid, "PX", px});
     return WithConnection<size_t>([&](RedisConnection& c) -> Result<size_t> {
       VIPER_ASSIGN_OR_RETURN(auto replies, RunChecked(c, commands, "registering"));
+      std::set<std::string> lost;  // nodes whose records did not count before this Put
+      size_t i = 0;
+      for (const auto& [id, pid] : nodes) {
+        const redisReply* live = replies[i++].get();
+        if (live->type != REDIS_REPLY_STRING || std::string_view(live->str, live->len) != pid) lost.insert(id);
+      }
       size_t fresh = 0;
-      for (size_t i = 0; i < replies.size(); i += 4) fresh += replies[i]->type == REDIS_REPLY_INTEGER && replies[i]->integer == 0;
+      for (const auto& r : records) {
+        fresh += lost.contains(r.node.id) || (replies[i]->type == REDIS_REPLY_INTEGER && replies[i]->integer == 0);
+        i += 3;
+      }
       return fresh;
+    });
+  }
+
+  Result<bool> Refresh(const NodeRecord& node, std::chrono::milliseconds ttl) override {
+    if (ttl.count() <= 0) return Status::InvalidArgument("registry TTL must be positive");
+    // XX: a node key that expired stays gone, so that the node puts its records again.
+    Command refresh = {"SET", NodeKey(node.id), std::to_string(node.pid), "PX", std::to_string(ttl.count()), "XX"};
+    return WithConnection<bool>([&](RedisConnection& c) -> Result<bool> {
+      VIPER_ASSIGN_OR_RETURN(auto replies, RunChecked(c, {refresh}, "refreshing"));
+      return replies[0]->type == REDIS_REPLY_STATUS;  // +OK; nil: the key was not there
     });
   }
 
@@ -100,14 +145,34 @@ class RedisRegistry : public Registry {
   }
 
   Result<std::unique_ptr<RegistryWatch>> Watch(const std::string& model, WatchHandlers handlers) override;
+  Result<RegistryLookup> LookupLatest(const std::string& model) override {
+    VIPER_RETURN_IF_ERROR(ValidateModelName(model));
+    return WithConnection<RegistryLookup>([&](RedisConnection& c) -> Result<RegistryLookup> {
+      // The newest members first; all of them (as Lookup) only if that page does not hold every
+      // live holder of the newest live version (more holders than a page, or all dead).
+      constexpr size_t kPage = 256;
+      size_t read = 0;
+      VIPER_ASSIGN_OR_RETURN(RegistryLookup out, LookupOn(c, model, kPage, &read));
+      bool complete = read < kPage || (!out.holders.empty() && out.holders.back().info.version < out.holders[0].info.version);
+      if (!complete) {  // every member of the newest live version (or, with none live, every member)
+        std::string top = out.holders.empty() ? "+inf" : std::to_string(out.holders[0].info.version);
+        VIPER_ASSIGN_OR_RETURN(out, LookupOn(c, model, kMaxLookupHoldings, nullptr, top, out.holders.empty() ? "-inf" : top));
+      }
+      if (!out.holders.empty()) std::erase_if(out.holders, [top = out.holders[0].info.version](const HolderRecord& h) { return h.info.version != top; });
+      return out;
+    });
+  }
 
  private:
-  Result<RegistryLookup> LookupOn(RedisConnection& conn, const std::string& model) {
+  // The holdings of the `count` newest index members with versions in [min, max]; `read` =
+  // members returned by Redis.
+  Result<RegistryLookup> LookupOn(RedisConnection& conn, const std::string& model, size_t count = kMaxLookupHoldings,
+                                  size_t* read = nullptr, const std::string& max = "+inf", const std::string& min = "-inf") {
     RedisConnection* c = &conn;
-    auto members = c->Run({"ZREVRANGEBYSCORE", IndexKey(model), "+inf", "-inf", "LIMIT", "0",
-                           std::to_string(kMaxLookupHoldings)});
+    auto members = c->Run({"ZREVRANGEBYSCORE", IndexKey(model), max, min, "LIMIT", "0", std::to_string(count)});
     if (!members.ok()) return members.status();
     VIPER_RETURN_IF_ERROR(ExpectArray(members->get(), "index of " + model, kMaxLookupHoldings));
+    if (read != nullptr) *read = (*members)->elements;
     RegistryLookup out;
     std::vector<std::pair<uint64_t, std::string>> holdings;
     Command mget = {"MGET"};
@@ -123,16 +188,30 @@ class RedisRegistry : public Registry {
       holdings.push_back(std::move(*parsed));
     }
     if (holdings.empty()) return out;
+    std::map<std::string, size_t> node_slot;  // node id -> its liveness key's place after the records
+    std::vector<std::string> node_keys;
+    for (const auto& [version, id] : holdings)
+      if (node_slot.emplace(id, node_keys.size()).second) node_keys.push_back(NodeKey(id));
+    mget.insert(mget.end(), node_keys.begin(), node_keys.end());
+    const size_t expected = holdings.size() + node_keys.size();
     auto values = c->Run(mget);
     if (!values.ok()) return values.status();
-    VIPER_RETURN_IF_ERROR(ExpectArray(values->get(), "MGET of " + model + "'s records", holdings.size()));
-    if ((*values)->elements != holdings.size()) return Status::Corruption("MGET returned the wrong number of values");
-    Command prune = {"ZREM", IndexKey(model)};
+    VIPER_RETURN_IF_ERROR(ExpectArray(values->get(), "MGET of " + model + "'s records", expected));
+    if ((*values)->elements != expected) return Status::Corruption("MGET returned the wrong number of values");
+    Command prune = {"EVAL", kPruneScript, "0"};  // the key count is filled in below
+    Command prune_args;
+    auto dead = [&](size_t i, const std::string& pid, std::string seen) {
+      const auto& [version, id] = holdings[i];
+      prune.push_back(mget[i + 1]);
+      prune.push_back(NodeKey(id));
+      prune_args.insert(prune_args.end(), {IndexMember(version, id), pid, std::move(seen)});
+    };
+    prune.push_back(IndexKey(model));
     for (size_t i = 0; i < holdings.size(); ++i) {
       const auto& [version, id] = holdings[i];
       const redisReply* v = (*values)->element[i];
-      if (v->type == REDIS_REPLY_NIL) {  // expired: its node stopped refreshing it
-        prune.push_back(IndexMember(version, id));
+      if (v->type == REDIS_REPLY_NIL) {  // removed since the index was read
+        dead(i, "", "");
         continue;
       }
       auto text = ExpectString(v, mget[i + 1]);
@@ -142,9 +221,17 @@ class RedisRegistry : public Registry {
         out.rejected.push_back(mget[i + 1] + ": " + st.message());
         continue;
       }
+      std::string pid = std::to_string(record->node.pid);
+      const redisReply* live = (*values)->element[holdings.size() + node_slot[id]];
+      if (live->type != REDIS_REPLY_STRING || std::string_view(live->str, live->len) != pid) {
+        dead(i, pid, std::string(*text));  // its node's TTL passed, or the node was restarted since
+        continue;
+      }
       out.holders.push_back(std::move(record).value());
     }
-    if (prune.size() > 2) {
+    if (!prune_args.empty()) {
+      prune[2] = std::to_string(prune.size() - 3);
+      prune.insert(prune.end(), prune_args.begin(), prune_args.end());
       auto pruned = c->Run(prune);
       if (!pruned.ok()) return pruned.status();
     }
@@ -173,7 +260,14 @@ class RedisRegistry : public Registry {
     } while (cursor != "0" && models.size() < kMaxScanKeys);
     std::sort(models.begin(), models.end());
     models.erase(std::unique(models.begin(), models.end()), models.end());
-    return models;
+    // An index outlives its holders until a lookup prunes it: this one. A model whose records are
+    // malformed stays listed, so that its lookup names them.
+    std::vector<std::string> live;
+    for (auto& model : models) {
+      VIPER_ASSIGN_OR_RETURN(RegistryLookup found, LookupOn(conn, model));
+      if (!found.holders.empty() || !found.rejected.empty()) live.push_back(std::move(model));  // malformed: shown
+    }
+    return live;
   }
 
   // Runs `fn` on the connection, connecting first if there is none. An I/O failure leaves the

@@ -47,6 +47,7 @@ std::string RecordKey(const std::string& model, uint64_t version, const std::str
   return fmt::format("viper:rec:{}:{}:{}", model, version, node_id);
 }
 std::string IndexKey(const std::string& model) { return "viper:idx:" + model; }
+std::string NodeKey(const std::string& node_id) { return "viper:node:" + node_id; }
 std::string IndexMember(uint64_t version, const std::string& node_id) { return fmt::format("{}:{}", version, node_id); }
 std::string AnnounceChannel(int db, const std::string& model) { return fmt::format("viper:{}:announce:{}", db, model); }
 
@@ -60,6 +61,13 @@ Result<std::unique_ptr<Registry>> OpenRegistry(const std::string& url, const Reg
   }
   return Status::InvalidArgument("registry URL " + internal::Quote(url, 128) +
                                  " names no backend: use \"embedded\" or redis://HOST:PORT[/DB]");
+}
+
+Result<RegistryLookup> Registry::LookupLatest(const std::string& model) {
+  VIPER_ASSIGN_OR_RETURN(RegistryLookup out, Lookup(model));
+  if (!out.holders.empty())
+    std::erase_if(out.holders, [top = out.holders[0].info.version](const HolderRecord& h) { return h.info.version != top; });
+  return out;
 }
 
 }  // namespace viper

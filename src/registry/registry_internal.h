@@ -28,6 +28,7 @@ Result<std::unique_ptr<Registry>> MakeRedisRegistry(const std::string& url, cons
 // Redis key layout (docs/ARCHITECTURE.md "Registry"). Model names hold no ':' (ValidateModelName).
 std::string RecordKey(const std::string& model, uint64_t version, const std::string& node_id);
 std::string IndexKey(const std::string& model);
+std::string NodeKey(const std::string& node_id);  // the node's liveness: its pid, PX ttl
 std::string IndexMember(uint64_t version, const std::string& node_id);
 // Channels are global to a Redis server (not per database): the database is part of the name.
 std::string AnnounceChannel(int db, const std::string& model);

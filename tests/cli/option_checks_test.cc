@@ -301,7 +301,7 @@ const std::vector<Option>& Table() {
 // Flags take no value: given one (--json=x), they are refused as well.
 const std::map<std::string, std::set<std::string>>& Flags() {
   static const std::map<std::string, std::set<std::string>> flags = {
-      {"serve", {"--insecure"}},
+      {"serve", {"--insecure", "--upstream-remote"}},
       {"publish", {"--json"}},
       {"watch", {"--json", "--verify-local"}},
       {"pull", {"--json"}},

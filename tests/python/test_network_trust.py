@@ -335,6 +335,9 @@ def test_redis_auth_from_a_password_file_and_the_next_holder(work, redis_server)
         version = forged["version"]
         redis_cli(redis_port, password, "SET", f"viper:rec:trust:{version}:{node_id}", json.dumps(forged), "PX", "60000")
         redis_cli(redis_port, password, "ZADD", "viper:idx:trust", str(version), f"{version}:{node_id}")
+        # A holder counts while its node's liveness key holds the record's pid (a node that died
+        # within its TTL, or a forger who writes that key too).
+        redis_cli(redis_port, password, "SET", f"viper:node:{node_id}", str(forged["node"]["pid"]), "PX", "60000")
         listed = viper("ls", "--registry", url, "--registry-password-file", pass_file).stdout
         assert dead in listed, listed
 

@@ -138,6 +138,59 @@ TEST_P(RegistryConformance, RecordsExpireWithoutHeartbeat) {
   EXPECT_EQ(*fresh, 1u) << "an expired holding put again counts as new: the registry had lost it";
 }
 
+// The heartbeat refreshes the node, not each record: every record of a node lives while Refresh
+// is called within the TTL, and goes when it is not.
+TEST_P(RegistryConformance, RefreshKeepsEveryRecordOfTheNodeAlive) {
+  std::vector<HolderRecord> records = {MakeRecord(model, 1, 1), MakeRecord(model, 2, 1), MakeRecord(model, 3, 1)};
+  ASSERT_TRUE(registry->Put(records, 400ms).ok());
+  auto refreshed = registry->Refresh(records[0].node, 400ms);
+  ASSERT_TRUE(refreshed.ok()) << refreshed.status().ToString();
+  EXPECT_TRUE(*refreshed);
+  auto until = std::chrono::steady_clock::now() + 1200ms;  // three TTLs
+  while (std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(100ms);
+    refreshed = registry->Refresh(records[0].node, 400ms);
+    ASSERT_TRUE(refreshed.ok());
+    ASSERT_TRUE(*refreshed) << "refreshed within its TTL, the node was lost";
+  }
+  auto found = registry->Lookup(model);
+  ASSERT_TRUE(found.ok());
+  EXPECT_EQ(found->holders.size(), 3u);
+  ASSERT_TRUE(WaitUntil([&] { auto f = registry->Lookup(model); return f.ok() && f->holders.empty(); }, 10s))
+      << "records outlived their node's TTL";
+  refreshed = registry->Refresh(records[0].node, 400ms);
+  ASSERT_TRUE(refreshed.ok());
+  EXPECT_FALSE(*refreshed) << "a node whose TTL passed must put its records again";
+  auto fresh = registry->Put(records, 30s);
+  ASSERT_TRUE(fresh.ok());
+  EXPECT_EQ(*fresh, 3u) << "every record of a lost node counts as new";
+  refreshed = registry->Refresh(MakeRecord(model, 1, 9).node, 30s);
+  ASSERT_TRUE(refreshed.ok());
+  EXPECT_FALSE(*refreshed) << "a node that never registered";
+  EXPECT_FALSE(registry->Refresh(records[0].node, 0ms).ok()) << "a TTL of 0";
+}
+
+// What a new consumer reads: the holders of the newest version that has a live one.
+TEST_P(RegistryConformance, LookupLatestListsTheNewestLiveVersionsHolders) {
+  std::vector<HolderRecord> records;
+  for (int n = 1; n <= 300; ++n) records.push_back(MakeRecord(model, 2, n));  // more than one page
+  records.push_back(MakeRecord(model, 1, 1));
+  ASSERT_TRUE(registry->Put(records, 30s).ok());
+  HolderRecord dying = MakeRecord(model, 3, 400);
+  ASSERT_TRUE(registry->Put(std::span(&dying, 1), 300ms).ok());
+  auto latest = registry->LookupLatest(model);
+  ASSERT_TRUE(latest.ok()) << latest.status().ToString();
+  ASSERT_EQ(latest->holders.size(), 1u);
+  EXPECT_EQ(latest->holders[0], dying);
+  ASSERT_TRUE(WaitUntil([&] { auto l = registry->LookupLatest(model); return l.ok() && l->holders.size() == 300; }, 10s))
+      << "a version whose only holder died hides the live ones";
+  latest = registry->LookupLatest(model);
+  for (const auto& h : latest->holders) EXPECT_EQ(h.info.version, 2u);
+  latest = registry->LookupLatest(model + "-none");
+  ASSERT_TRUE(latest.ok());
+  EXPECT_TRUE(latest->holders.empty());
+}
+
 TEST_P(RegistryConformance, ModelsListsLiveModelsSorted) {
   std::vector<HolderRecord> records = {MakeRecord(model + "-b", 1, 1), MakeRecord(model + "-a", 2, 1)};
   ASSERT_TRUE(registry->Put(records, 30s).ok());
@@ -211,6 +264,53 @@ TEST_P(SharedRegistry, AnotherConnectionSeesTheRecords) {
   ASSERT_TRUE(found.ok());
   ASSERT_EQ(found->holders.size(), 1u);
   EXPECT_EQ(found->holders[0], r);
+}
+
+// Redis layout: one key per node carries the TTL; records and indexes carry none, so the heartbeat
+// is one command whatever the number of versions held.
+TEST_P(SharedRegistry, OnlyTheNodeKeyExpires) {
+  std::vector<HolderRecord> records;
+  for (uint64_t v = 1; v <= 50; ++v) records.push_back(MakeRecord(model, v, 1));
+  ASSERT_TRUE(registry->Put(records, 30s).ok());
+  auto raw = g_redis->Connect();
+  ASSERT_TRUE(raw);
+  auto ttl = raw->Run({"PTTL", "viper:node:" + records[0].node.id});
+  ASSERT_TRUE(ttl.ok());
+  EXPECT_GT((*ttl)->integer, 0);
+  ttl = raw->Run({"PTTL", "viper:rec:" + model + ":7:" + records[0].node.id});
+  ASSERT_TRUE(ttl.ok());
+  EXPECT_EQ((*ttl)->integer, -1) << "a record with a TTL of its own";
+  ttl = raw->Run({"PTTL", "viper:idx:" + model});
+  ASSERT_TRUE(ttl.ok());
+  EXPECT_EQ((*ttl)->integer, -1) << "an index with a TTL of its own";
+  ASSERT_TRUE(raw->Run({"CONFIG", "RESETSTAT"}).ok());
+  ASSERT_TRUE(registry->Refresh(records[0].node, 30s).ok());
+  auto stats = raw->Run({"INFO", "commandstats"});
+  ASSERT_TRUE(stats.ok());
+  std::string text((*stats)->str, (*stats)->len);
+  EXPECT_NE(text.find("cmdstat_set:calls=1,"), std::string::npos) << text;
+  EXPECT_EQ(text.find("cmdstat_pexpire"), std::string::npos) << text;
+}
+
+// A node restarted on the same address has the same id but another pid: the records of the
+// previous process that the new one did not put again are not served, and the lookup removes them.
+TEST_P(SharedRegistry, RecordsOfAPreviousProcessAreNotServed) {
+  HolderRecord old_process = MakeRecord(model, 1, 1), new_process = MakeRecord(model, 2, 1);
+  new_process.node.pid = old_process.node.pid + 1;
+  ASSERT_TRUE(registry->Put(std::span(&old_process, 1), 30s).ok());
+  ASSERT_TRUE(registry->Put(std::span(&new_process, 1), 30s).ok());
+  auto found = registry->Lookup(model);
+  ASSERT_TRUE(found.ok());
+  ASSERT_EQ(found->holders.size(), 1u);
+  EXPECT_EQ(found->holders[0], new_process);
+  auto raw = g_redis->Connect();
+  ASSERT_TRUE(raw);
+  auto left = raw->Run({"EXISTS", "viper:rec:" + model + ":1:" + old_process.node.id});
+  ASSERT_TRUE(left.ok());
+  EXPECT_EQ((*left)->integer, 0) << "the lookup left the old process's record behind";
+  auto members = raw->Run({"ZCARD", "viper:idx:" + model});
+  ASSERT_TRUE(members.ok());
+  EXPECT_EQ((*members)->integer, 1);
 }
 
 // Whoever can write to Redis can write anything: each malformed record is skipped and named,

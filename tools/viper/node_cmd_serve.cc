@@ -160,6 +160,8 @@ ViperCommand serve_command(
       app.add_option("--upstream-alternate", flags->relay.alternates,
                      "Relay from this HOST:PORT while --upstream is unreachable (repeatable, tried in order)")
           ->check(HostPort());
+      app.add_flag("--upstream-remote", flags->relay.always_remote,
+                   "Fetch from the upstream over the network even on this host (tests and measurements)");
       app.add_option("--upstream-file-dir", flags->relay.file_dir,
                      "The upstream's file tier as seen from here (relay's fallback)")
           ->check(PathText());

@@ -1,0 +1,192 @@
+// Nodes start in any order, and a chain keeps the shape it was given: real `viper serve` processes
+// on loopback, relays fetching over UCX (--upstream-remote) so that the producer's egress
+// (bytes_sent in its STATS) shows how many copies of each version it sends.
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "api/pattern.h"
+#include "process.h"
+#include "viper/client.h"
+#include "viper/snapshot.h"
+
+namespace viper {
+namespace {
+
+using testing::Process;
+using testing::TempDir;
+using testing::WaitUntil;
+using namespace std::chrono_literals;
+
+constexpr size_t kModelBytes = 4 << 20;
+
+uint16_t FreePort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  uint16_t port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
+    port = ntohs(addr.sin_port);
+  ::close(fd);
+  return port;
+}
+
+// `viper serve` on a fixed loopback address, optionally relaying "m" from `upstream`.
+class Serve {
+ public:
+  Serve(const TempDir& dir, std::string name, std::string address, std::string upstream = "",
+        std::string alternate = "")
+      : dir_(dir), name_(std::move(name)), address_(std::move(address)), upstream_(std::move(upstream)),
+        alternate_(std::move(alternate)) {
+    Launch();
+  }
+  // kill -9 and start again on the same address (retrying while the port is busy).
+  bool Restart() {
+    process_->Kill(SIGKILL);
+    for (int attempt = 0; attempt < 40; ++attempt) {
+      if (Launch()) return true;
+      std::this_thread::sleep_for(250ms);
+    }
+    return false;
+  }
+  void Kill() { process_->Kill(SIGKILL); }
+  const std::string& address() const { return address_; }
+  std::string log() const { return process_->log(); }
+
+ private:
+  bool Launch() {
+    auto addr_file = dir_ / (name_ + ".addr");
+    std::filesystem::remove(addr_file);
+    std::vector<std::string> argv = {testing::ViperBinary(), "serve", "--listen", address_, "--name", name_,
+                                     "--delta", "off", "--address-file", addr_file.string()};
+    if (!upstream_.empty())
+      argv.insert(argv.end(), {"--upstream", upstream_, "--relay-model", "m", "--upstream-remote"});
+    if (!alternate_.empty()) argv.insert(argv.end(), {"--upstream-alternate", alternate_});
+    process_ = std::make_unique<Process>(argv, dir_ / (name_ + ".log"));
+    return !testing::WaitForFile(addr_file, 20s).empty();
+  }
+
+  const TempDir& dir_;
+  std::string name_, address_, upstream_, alternate_;
+  std::unique_ptr<Process> process_;
+};
+
+std::string Loopback() { return "127.0.0.1:" + std::to_string(FreePort()); }
+
+std::unique_ptr<Client> ConnectTo(const std::string& address) {
+  ClientOptions co;
+  co.connect = address;
+  co.name = "order-test";
+  auto c = Client::Connect(co);
+  return c.ok() ? std::move(c).value() : nullptr;
+}
+
+uint64_t Counter(const std::string& address, const std::string& name) {
+  auto c = ConnectTo(address);
+  if (!c) return UINT64_MAX;
+  auto stats = c->Stats();
+  if (!stats.ok() || !stats->contains(name)) return UINT64_MAX;
+  return stats->at(name);
+}
+
+uint64_t Newest(const std::string& address) {
+  auto c = ConnectTo(address);
+  if (!c) return 0;
+  auto list = c->List();
+  uint64_t newest = 0;
+  if (list.ok())
+    for (const auto& v : *list)
+      if (v.model == "m") newest = std::max(newest, v.version);
+  return newest;
+}
+
+// Publishes one version of "m" through the node at `address`; returns its number (0 on error).
+uint64_t Publish(const std::string& address, uint64_t seed) {
+  std::vector<std::byte> data(kModelBytes);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<std::byte>(testing::Pattern(seed, i % 251));
+  auto snap = BuildSnapshot({{{"w", DType::kU8, {static_cast<int64_t>(data.size())}}, data}}, {});
+  if (!snap.ok()) return 0;
+  auto c = ConnectTo(address);
+  if (!c) return 0;
+  auto version = c->Publish("m", snap->bytes(), seed, 0);
+  return version.ok() ? *version : 0;
+}
+
+int CountLines(const std::string& text, const std::string& needle) {
+  int n = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
+// A chain started all at once, relays first: each relay waits for its upstream instead of
+// failing or settling on the alternate, and the producer sends each version once.
+TEST(RelayOrder, ChainStartedRelaysFirstKeepsItsShape) {
+  TempDir dir;
+  std::string producer = Loopback(), first = Loopback();
+  Serve r2(dir, "r2", Loopback(), first, producer);  // neither its upstream nor its alternate is up
+  std::this_thread::sleep_for(500ms);
+  Serve r1(dir, "r1", first, producer);
+  std::this_thread::sleep_for(500ms);
+  EXPECT_EQ(Counter(r1.address(), "upstream_connected"), 0u) << r1.log();
+  EXPECT_GE(Counter(r1.address(), "upstream_connect_failures"), 1u) << "waiting is visible in viper stats";
+  Serve p(dir, "p", producer);
+  ASSERT_TRUE(WaitUntil([&] { return Counter(r1.address(), "upstream_on_preferred") == 1; }, 20s)) << r1.log();
+  ASSERT_TRUE(WaitUntil([&] { return Counter(r2.address(), "upstream_on_preferred") == 1; }, 20s)) << r2.log();
+  const int versions = 3;
+  uint64_t last = 0;
+  for (int i = 1; i <= versions; ++i) {
+    last = Publish(p.address(), i);
+    ASSERT_NE(last, 0u);
+  }
+  ASSERT_TRUE(WaitUntil([&] { return Newest(r2.address()) == last; }, 30s)) << r2.log() << r1.log();
+  double copies = static_cast<double>(Counter(p.address(), "bytes_sent")) / (versions * kModelBytes);
+  EXPECT_GT(copies, 0.9);
+  EXPECT_LT(copies, 1.2) << "the producer fed more than one relay: the chain became a star";
+  EXPECT_EQ(Counter(r2.address(), "upstream_preferred_returns"), 0u) << "r2 never needed its alternate";
+  // Logged once per change, not once per attempt.
+  EXPECT_EQ(CountLines(r1.log(), "retrying (backoff"), 1) << r1.log();
+  EXPECT_EQ(CountLines(r2.log(), "retrying (backoff"), 1) << r2.log();
+}
+
+// A relay whose preferred upstream dies moves to its alternate; when the upstream comes back the
+// relay returns to it, and the producer's egress goes back to one copy per version.
+TEST(RelayOrder, RelayReturnsToItsPreferredUpstream) {
+  TempDir dir;
+  Serve p(dir, "p", Loopback());
+  Serve r1(dir, "r1", Loopback(), p.address());
+  Serve r2(dir, "r2", Loopback(), r1.address(), p.address());
+  ASSERT_TRUE(WaitUntil([&] { return Counter(r2.address(), "upstream_on_preferred") == 1; }, 20s)) << r2.log();
+  uint64_t v = Publish(p.address(), 1);
+  ASSERT_TRUE(WaitUntil([&] { return Newest(r2.address()) == v; }, 30s)) << r2.log();
+
+  r1.Kill();
+  ASSERT_TRUE(WaitUntil([&] {
+    return Counter(r2.address(), "upstream_connected") == 1 && Counter(r2.address(), "upstream_on_preferred") == 0;
+  }, 20s)) << "r2 did not move to its alternate\n" << r2.log();
+  v = Publish(p.address(), 2);
+  ASSERT_TRUE(WaitUntil([&] { return Newest(r2.address()) == v; }, 30s)) << r2.log();
+
+  ASSERT_TRUE(r1.Restart()) << r1.log();
+  ASSERT_TRUE(WaitUntil([&] { return Newest(r1.address()) == v; }, 30s)) << r1.log();  // catches up: one copy
+  ASSERT_TRUE(WaitUntil([&] { return Counter(r2.address(), "upstream_on_preferred") == 1; }, 20s))
+      << "r2 stayed on its alternate\n" << r2.log();
+  EXPECT_EQ(Counter(r2.address(), "upstream_preferred_returns"), 1u);
+
+  uint64_t before = Counter(p.address(), "bytes_sent");
+  const int versions = 3;
+  for (int i = 0; i < versions; ++i) v = Publish(p.address(), 10 + i);
+  ASSERT_TRUE(WaitUntil([&] { return Newest(r2.address()) == v; }, 30s)) << r2.log();
+  double copies = static_cast<double>(Counter(p.address(), "bytes_sent") - before) / (versions * kModelBytes);
+  EXPECT_GT(copies, 0.9);
+  EXPECT_LT(copies, 1.2) << "the producer still feeds r2 directly";
+}
+
+}  // namespace
+}  // namespace viper

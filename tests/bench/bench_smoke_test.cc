@@ -126,7 +126,7 @@ TEST(BenchCli, BadArgumentsAreRefusedClearly) {
   EXPECT_NE(o.err.find("too small"), std::string::npos) << o.err;
   o = RunViper({"bench", "--hosts", "3"}, dir);
   EXPECT_EQ(o.exit_code, 2);
-  EXPECT_NE(o.err.find("--hosts must be 1 or 2"), std::string::npos) << o.err;
+  EXPECT_NE(o.err.find("--hosts: '3' must be an integer from 1 to 2"), std::string::npos) << o.err;
   o = RunViper({"--help"}, dir);
   EXPECT_NE(o.out.find("bench"), std::string::npos);
   EXPECT_EQ(o.out.find("bench-peer"), std::string::npos) << "the internal peer command is hidden";

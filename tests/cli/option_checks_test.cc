@@ -423,7 +423,8 @@ TEST_F(OptionChecks, EveryOptionRefusesBadValues) {
   std::string counts;
   for (const auto& [why, n] : tried) counts += fmt::format(" {} {}", why, n);
   std::printf("inputs tried: %zu over %zu options:%s\n", total, Table().size(), counts.c_str());
-  EXPECT_GT(total, 500u);
+  // Builds without the benchmarks (the sanitizer stages) have no `viper bench`: fewer options.
+  EXPECT_GT(total, Built("bench", dir_->path()) ? 500u : 400u);
 }
 
 TEST_F(OptionChecks, FlagsRefuseValues) {

@@ -24,20 +24,6 @@ using namespace std::chrono_literals;
 
 constexpr size_t kModelBytes = 4 << 20;
 
-uint16_t FreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  uint16_t port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
-    port = ntohs(addr.sin_port);
-  ::close(fd);
-  return port;
-}
-
 // `viper serve` on a fixed loopback address, optionally relaying "m" from `upstream`.
 class Serve {
  public:
@@ -78,7 +64,7 @@ class Serve {
   std::unique_ptr<Process> process_;
 };
 
-std::string Loopback() { return "127.0.0.1:" + std::to_string(FreePort()); }
+std::string Loopback() { return "127.0.0.1:" + std::to_string(testing::PickFreePort()); }
 
 std::unique_ptr<Client> ConnectTo(const std::string& address) {
   ClientOptions co;

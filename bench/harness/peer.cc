@@ -72,8 +72,9 @@ Status ReadInto(const std::filesystem::path& path, std::vector<std::byte>& buffe
 
 Status RunSubscriberPeer(const SubscriberOptions& options) {
   VIPER_ASSIGN_OR_RETURN(auto sub, Subscriber::Start(options));
-  // "ready" first: the version already live at the node loads at once, and its update line could
-  // otherwise come out before "ready" (the bench waits for versions it publishes after this).
+  // "ready" first, then the callback: the version already live at the node may load at once, and
+  // OnUpdate hands it over after "ready" (the bench waits for the versions it publishes after
+  // "ready", and skips lines of older ones).
   PrintLine({{"ready", true}, {"host_key", LocalHostKey()}});
   sub->OnUpdate([](const std::shared_ptr<const ModelVersion>& mv) {
     const UpdateTimings& t = mv->timings;

@@ -7,8 +7,9 @@
 // arrive faster than they load, only the newest is loaded (no backlog). No polling: the loader
 // sleeps until a NOTIFY arrives.
 //
-// Thread-safety: all methods are thread-safe. OnUpdate callbacks run on the loader thread, one at
-// a time, after the swap; they must not call Close() on the same Subscriber.
+// Thread-safety: all methods are thread-safe. OnUpdate callbacks run one at a time, after the
+// swap (on the loader thread; the first call may run in OnUpdate itself, see there); they must
+// not call Close() or OnUpdate() on the same Subscriber.
 #pragma once
 
 #include <chrono>
@@ -179,7 +180,10 @@ class Subscriber {
   std::shared_ptr<const ModelVersion> latest() const;
   // Blocks until a version >= min_version is live (Timeout otherwise).
   Result<std::shared_ptr<const ModelVersion>> WaitFor(uint64_t min_version, std::chrono::milliseconds timeout);
-  // Called after each swap, on the loader thread.
+  // Called with the live version at once (on the calling thread, before OnUpdate returns) if
+  // there is one, then after each swap on the loader thread: every version that goes live after
+  // the live one, in order, once each, none missed between Start and OnUpdate. A callback must
+  // not call OnUpdate or Close on the same Subscriber.
   void OnUpdate(std::function<void(const std::shared_ptr<const ModelVersion>&)> callback);
   SubscriberStats stats() const;
   // The last error of a failed update (OK if none).

@@ -204,8 +204,7 @@ Result<std::unique_ptr<Relay>> Relay::Start(Node& node, const RelayOptions& opti
       raw->arriving[in->info().model] = in;
     });
     VIPER_ASSIGN_OR_RETURN(auto sub, Subscriber::Start(so));
-    sub->OnUpdate([raw](const std::shared_ptr<const ModelVersion>& mv) { raw->OnVersion(*mv); });
-    if (auto live = sub->latest()) raw->OnVersion(*live);  // loaded before the callback was set
+    sub->OnUpdate([raw](const std::shared_ptr<const ModelVersion>& mv) { raw->OnVersion(*mv); });  // the live one too
     impl->subscribers.push_back(std::move(sub));
   }
   log(LogLevel::kInfo, kLog, "relaying {} model(s) from {}", options.models.size(), options.upstream);

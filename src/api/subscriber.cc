@@ -81,9 +81,19 @@ Result<std::shared_ptr<const ModelVersion>> Subscriber::WaitFor(uint64_t min_ver
                          std::to_string(timeout.count()) + " ms (live: " + (v ? std::to_string(v->version()) : "none") + ")");
 }
 
+// The live version is handed over here, under deliver_mu: a version the loader swaps in
+// meanwhile is either that one (the loader's copy of the callbacks lacks this one) or reaches
+// this callback after it (the loader waits for deliver_mu). Without it a caller that sets its
+// callback after Start misses a version loaded in between, and waits for it for ever.
 void Subscriber::OnUpdate(std::function<void(const std::shared_ptr<const ModelVersion>&)> callback) {
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  impl_->callbacks.push_back(std::move(callback));
+  std::lock_guard<std::mutex> deliver(impl_->deliver_mu);
+  std::shared_ptr<const ModelVersion> live;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->callbacks.push_back(callback);
+    live = impl_->live.load();
+  }
+  if (live) callback(live);
 }
 
 SubscriberStats Subscriber::stats() const {

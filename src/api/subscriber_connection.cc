@@ -222,7 +222,10 @@ void Subscriber::Impl::Run() {
     cv.notify_all();
     lock.unlock();
     if (c && options.ack_on_live) c->Ack(frozen->info.model, frozen->version());
-    for (auto& cb : listeners) cb(frozen);
+    {
+      std::lock_guard<std::mutex> deliver(deliver_mu);
+      for (auto& cb : listeners) cb(frozen);
+    }
     // The next version needs a second buffer while readers hold this one: map and fault it in
     // now, between versions, on the spare thread: a version announced meanwhile is fetched at
     // once, into the spare as it is being populated (BufferPool::KeepSpare). A remote version

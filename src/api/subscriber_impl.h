@@ -77,6 +77,9 @@ struct Subscriber::Impl : std::enable_shared_from_this<Subscriber::Impl> {
   std::string registry_node_host_key;
   bool registry_down = false;
   std::vector<std::function<void(const std::shared_ptr<const ModelVersion>&)>> callbacks;
+  // Held while callbacks run (the loader's calls and OnUpdate's call with the live version), so
+  // that every callback sees versions in order and each one once. Taken before `mu`, never inside.
+  std::mutex deliver_mu;
   SubscriberStats stats;
   Status last_error;
   std::thread loader;

@@ -1,0 +1,114 @@
+// Subscriber::OnUpdate: a callback set after Start gets the version that went live in between,
+// then every later one, in order and once each (real Publisher with its embedded node, UCX on
+// loopback, shared memory).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "viper/publisher.h"
+#include "viper/subscriber.h"
+
+namespace viper {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct Seen {
+  std::mutex mu;
+  std::vector<uint64_t> versions;
+  std::vector<std::thread::id> threads;
+  void Add(uint64_t v) {
+    std::lock_guard<std::mutex> lock(mu);
+    versions.push_back(v);
+    threads.push_back(std::this_thread::get_id());
+  }
+  std::vector<uint64_t> Versions() {
+    std::lock_guard<std::mutex> lock(mu);
+    return versions;
+  }
+};
+
+std::unique_ptr<Publisher> StartPublisher(const std::string& prefix) {
+  PublisherOptions options;
+  options.model = "m";
+  options.mode = PublishMode::kSync;
+  options.node.segment_prefix = prefix;
+  auto pub = Publisher::Start(options);
+  EXPECT_TRUE(pub.ok()) << pub.status().ToString();
+  return pub.ok() ? std::move(pub).value() : nullptr;
+}
+
+Status PublishOne(Publisher& pub, uint8_t fill) {
+  std::vector<uint8_t> bytes(4096, fill);
+  std::vector<TensorData> tensors = {{{"w", DType::kU8, {4096}}, std::as_bytes(std::span(bytes))}};
+  return pub.Publish(tensors).status();
+}
+
+std::unique_ptr<Subscriber> StartSubscriber(const Publisher& pub) {
+  SubscriberOptions options;
+  options.model = "m";
+  options.connect = pub.address();
+  options.path = FetchPath::kMap;
+  auto sub = Subscriber::Start(options);
+  EXPECT_TRUE(sub.ok()) << sub.status().ToString();
+  return sub.ok() ? std::move(sub).value() : nullptr;
+}
+
+// The race a consumer used to lose: the live version loaded between Start and OnUpdate never
+// reached the callback (a bench waiting for it waited for ever).
+TEST(SubscriberCallback, LiveVersionReachesACallbackSetAfterIt) {
+  auto pub = StartPublisher("viper-callback-test-a");
+  ASSERT_NE(pub, nullptr);
+  ASSERT_TRUE(PublishOne(*pub, 1).ok());
+  auto sub = StartSubscriber(*pub);
+  ASSERT_NE(sub, nullptr);
+  ASSERT_TRUE(sub->WaitFor(1, 10s).ok()) << sub->last_error().ToString();
+  Seen seen;
+  sub->OnUpdate([&](const std::shared_ptr<const ModelVersion>& mv) { seen.Add(mv->version()); });
+  ASSERT_EQ(seen.Versions(), std::vector<uint64_t>{1}) << "the live version, before OnUpdate returned";
+  EXPECT_EQ(seen.threads[0], std::this_thread::get_id());
+  ASSERT_TRUE(PublishOne(*pub, 2).ok());
+  ASSERT_TRUE(sub->WaitFor(2, 10s).ok());
+  for (int i = 0; i < 200 && seen.Versions().size() < 2; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(seen.Versions(), (std::vector<uint64_t>{1, 2}));
+  EXPECT_NE(seen.threads[1], std::this_thread::get_id()) << "later versions arrive on the loader thread";
+}
+
+// Callbacks set while versions go live: each sees strictly increasing versions, none twice, and
+// the last one published.
+TEST(SubscriberCallback, CallbacksSetDuringPublishingSeeVersionsInOrderOnce) {
+  auto pub = StartPublisher("viper-callback-test-b");
+  ASSERT_NE(pub, nullptr);
+  ASSERT_TRUE(PublishOne(*pub, 0).ok());
+  auto sub = StartSubscriber(*pub);
+  ASSERT_NE(sub, nullptr);
+  constexpr int kVersions = 120, kCallbacks = 6;
+  std::atomic<bool> failed{false};
+  std::thread producer([&] {
+    for (int i = 1; i < kVersions && !failed; ++i)
+      if (!PublishOne(*pub, static_cast<uint8_t>(i)).ok()) failed = true;
+  });
+  std::vector<Seen> seen(kCallbacks);
+  for (int k = 0; k < kCallbacks; ++k) {
+    std::this_thread::sleep_for(5ms);
+    sub->OnUpdate([&seen, k](const std::shared_ptr<const ModelVersion>& mv) { seen[k].Add(mv->version()); });
+  }
+  producer.join();
+  ASSERT_FALSE(failed);
+  ASSERT_TRUE(sub->WaitFor(kVersions, 20s).ok()) << sub->last_error().ToString();
+  for (int k = 0; k < kCallbacks; ++k) {
+    for (int i = 0; i < 200 && (seen[k].Versions().empty() || seen[k].Versions().back() != kVersions); ++i)
+      std::this_thread::sleep_for(10ms);
+    std::vector<uint64_t> v = seen[k].Versions();
+    ASSERT_FALSE(v.empty()) << "callback " << k;
+    EXPECT_EQ(v.back(), static_cast<uint64_t>(kVersions)) << "callback " << k;
+    for (size_t i = 1; i < v.size(); ++i) EXPECT_LT(v[i - 1], v[i]) << "callback " << k << " at " << i;
+  }
+}
+
+}  // namespace
+}  // namespace viper

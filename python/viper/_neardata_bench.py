@@ -129,8 +129,7 @@ class _Bench:
         # the others, as separate machines would not steal each other's CPU. Each storage host's
         # processes also run in a session of their own: with the kernel's autogroup scheduling a
         # session is one group whose weight is split among the CPUs it runs on, so stores in the
-        # compute host's session took CPU weight from the Tuner whenever they ran (pipelined, the
-        # Tuner's training took 35% longer under load than with the stores idle).
+        # compute host's session took CPU weight from the Tuner whenever they ran.
         cpus = sorted(os.sched_getaffinity(0))
         self.pin = []
         self.cpus = {"compute": cpus, "storage": cpus}

@@ -47,6 +47,8 @@ def _print_event(as_json: bool, event: dict) -> None:
 
 
 def _serve(args) -> int:
+    if args.batch_size < 1:
+        raise Error(f"--batch-size {args.batch_size}: must be >= 1")
     from .neardata import PipeStore
     options = {}
     if args.path:

@@ -5,12 +5,19 @@ version (the stores receive it as a delta: only the head changed).
 A job of R rounds (epochs x chunks) is announced in the version's metadata (ft_job, ft_rounds,
 ft_chunks, ft_depth; ft_round: the last round trained into these weights; ft_taken: the last
 round whose features the Tuner holds). Round k uses chunk k % chunks of every store. A store
-extracts round k once it holds a version with ft_round >= k-1-depth (depth 1 pipelined, 0 not)
-and publishes it once it holds one with ft_taken >= k-1: the Tuner has taken every earlier
-features version of that store before the next replaces it, so no round is skipped.
-Non-pipelined, the Tuner publishes after training each round (ft_round = ft_taken = k) and
-waits while the stores extract the next. Pipelined, it publishes as soon as it has taken round
-k (ft_round = k-1, ft_taken = k) and trains round k while the stores extract and send round k+1.
+extracts round k once it holds a version with ft_round >= k-1-depth and publishes it once it
+holds one with ft_taken >= k-1: the Tuner has taken every earlier features version of that store
+before the next replaces it, so no round is skipped.
+Non-pipelined (depth 0), the Tuner publishes after training each round (ft_round = ft_taken = k)
+and waits while the stores extract the next. Pipelined (depth 2), it publishes as soon as it has
+taken round k (ft_round = k-1, ft_taken = k) and trains round k while the stores send round k+1,
+which they extracted while waiting for that version: a store starts round k+1 as soon as it has
+published round k, so neither the extraction nor the round trip (the Tuner's version reaching
+the stores, their features reaching the Tuner) waits on the Tuner's training. (Depth 1, where a
+store starts round k+1 only once the Tuner has taken round k, puts that round trip and the whole
+extraction on the Tuner's path every round that the extraction takes about as long as its
+training.) The features do not depend on ft_round: the frozen layers are the same in every
+version of a job; what the depth bounds is how far the stores' head lags.
 """
 from __future__ import annotations
 
@@ -117,43 +124,56 @@ class Tuner:
         """Runs one job of epochs x chunks rounds. Returns rounds, seconds, busy_seconds,
         busy_fraction (training and publishing over the time from round 0's features being in to
         the end: the pipeline's fill is fill_seconds), busy_cpu_seconds (the CPU time of that work:
-        below busy_seconds when the stores share the Tuner's cores), feature_wire_bytes, losses."""
+        below busy_seconds when the stores share the Tuner's cores), process_cpu_seconds (this
+        process's CPU time over the job, every thread), feature_wire_bytes, losses, timeline (per
+        round: wait, the seconds waiting for the features; last_store, the store waited for last;
+        train; publish)."""
         for name in self.stores:
             self._subscriber(name)
         job = secrets.token_hex(4)
-        rounds, depth = int(epochs) * int(chunks), 1 if pipelined else 0
+        rounds, depth = int(epochs) * int(chunks), 2 if pipelined else 0
         meta = {"ft_job": job, "ft_rounds": str(rounds), "ft_chunks": str(chunks), "ft_depth": str(depth)}
         optimizer = make_optimizer(self.module, self.lr)
-        started = time.monotonic()
+        started, process_cpu = time.monotonic(), time.process_time()
         self.publish(ft_round="-1", ft_taken="-1", **meta)
         busy = fill = cpu = 0.0
         feature_bytes = 0
-        losses = []
+        losses, timeline = [], []
         for k in range(rounds):
             t0 = time.monotonic()
-            parts = [self._take(name, job, k, t0 + timeout) for name in self.stores]
+            parts, last = [], None
+            for name in self.stores:
+                parts.append(self._take(name, job, k, t0 + timeout))
+                if time.monotonic() - t0 > 1e-3:
+                    last = name
             t1 = time.monotonic()
             if k == 0:
                 fill = t1 - started
             if pipelined:  # round k is taken: the stores may publish round k+1 while it trains
                 self.publish(ft_round=str(k - 1), ft_taken=str(k), **meta)
+            t2 = time.monotonic()
             c1 = time.thread_time()
             x = torch.from_numpy(np.concatenate([p[0] for p in parts]))
             y = torch.from_numpy(np.concatenate([p[1] for p in parts]))
             feature_bytes += sum(p[2] for p in parts)
             loss = train_round(self.module, optimizer, x, y, seed=self.seed, round_index=k,
                                minibatch=self.minibatch, local_epochs=self.local_epochs)
+            t3 = time.monotonic()
             if not pipelined or k == rounds - 1:
                 self.publish(ft_round=str(k), ft_taken=str(k), **meta)
-            busy += time.monotonic() - t1
+            t4 = time.monotonic()
+            busy += t4 - t1
             cpu += time.thread_time() - c1
             losses.append(loss)
+            timeline.append({"round": k, "wait": t1 - t0, "last_store": last, "publish": (t2 - t1) + (t4 - t3),
+                             "train": t3 - t2})
             if on_round is not None:
                 on_round({"round": k, "loss": loss, "samples": len(y), "wait_seconds": t1 - t0})
         seconds = time.monotonic() - started
+        process_cpu = time.process_time() - process_cpu
         return {"job": job, "rounds": rounds, "pipelined": pipelined, "seconds": seconds, "fill_seconds": fill,
                 "busy_seconds": busy, "busy_cpu_seconds": cpu, "busy_fraction": busy / max(seconds - fill, 1e-9),
-                "feature_wire_bytes": feature_bytes, "losses": losses}
+                "feature_wire_bytes": feature_bytes, "process_cpu_seconds": process_cpu, "losses": losses, "timeline": timeline}
 
     def close(self) -> None:
         for sub in self._subs.values():

@@ -326,19 +326,33 @@ class PipeStore:
         self._set(state="features")
         self._emit("finetune", job=job["job"], rounds=job["rounds"], depth=job["depth"])
         for k in range(job["rounds"]):
-            # Extract round k once the Tuner has trained round k-1-depth (depth 1: one ahead) ...
+            t0, c0 = time.time(), time.process_time()
+            # Extract round k once the Tuner has trained round k-1-depth (pipelined, depth 2: right
+            # after publishing round k-1, while the Tuner trains round k-2) ...
             if not self._wait_round(job, "round", k - 1 - job["depth"]):
                 break
-            self._sub.load_into(self._module, self._sub.latest())
+            t1, c1 = time.time(), time.process_time()
+            held = self._seen(self._sub.latest())
+            self._sub.load_into(self._module, held)
+            held = _ft_job(held)
             x, y, ids = self._extract(chunks[k % job["chunks"]])
+            t2, c2 = time.time(), time.process_time()
             # ... and publish it once the Tuner holds round k-1 (this version replaces that one).
             if not self._wait_round(job, "taken", k - 1):
                 break
+            t3 = time.time()
             result = self._features_pub.publish({"x": x, "y": y, "ids": ids}, step=k, ft_job=job["job"],
                                                 ft_round=str(k))
+            t4 = time.time()
             with self._lock:
                 self._stats["feature_rounds"] += 1
                 self._stats["feature_bytes"] += int(result.bytes)
+            self._emit("features", job=job["job"], round=k, samples=len(ids),
+                       held_round=held["round"] if held is not None and held["job"] == job["job"] else None,
+                       wait_seconds=round(t1 - t0, 4),
+                       extract_seconds=round(t2 - t1, 4), hold_seconds=round(t3 - t2, 4),
+                       publish_seconds=round(t4 - t3, 4), extract_cpu_seconds=round(c2 - c1, 4),
+                       cpu_seconds=round(time.process_time() - c0, 4))
         self._jobs_done.add(job["job"])
         self._set(state="waiting")
 

@@ -246,6 +246,55 @@ def test_ft_dmp_tuner_trains_on_store_features_and_versions_flow_back_as_deltas(
         tuner.close()
 
 
+@pytest.mark.parametrize("pipelined", [True, False])
+def test_pipelined_stores_extract_the_next_round_while_the_tuner_trains(tmp_path, pipelined):
+    """Pipelined, a store extracts round k+1 as soon as it has published round k, without waiting
+    for the Tuner's version of round k-1 (depth 2): the Tuner, held up after training round 0,
+    finds round 1 waiting and the stores have round 2 extracted before it takes round 1. Non-
+    pipelined, every round is extracted with the weights trained through the round before. In
+    both, the version a store held when it extracted round k has ft_round >= k-1-depth."""
+    paths = []
+    for s in range(2):
+        paths.append(tmp_path / f"s{s}.rec")
+        synth.write_shard(paths[-1], 200, seed=20 + s)
+    tuner = nd.Tuner("nd5", "viper._ndsynth:build", stores={}, listen="127.0.0.1:0", seed=3, lr=0.2,
+                     local_epochs=2, delta="always")
+    events = []
+    stores = [nd.PipeStore("nd5", "viper._ndsynth:build", p, tmp_path / f"s{i}.db", connect=tuner.address,
+                           name=f"s{i}", features_listen="127.0.0.1:0", path="remote", on_event=events.append)
+              for i, p in enumerate(paths)]
+    taken = {}
+
+    def on_round(r):
+        taken[r["round"]] = time.time()
+        if r["round"] == 0:
+            time.sleep(1.0)  # the Tuner trains round 0 for a second: the stores may run ahead meanwhile
+
+    try:
+        tuner.stores = {s.name: s.features_address for s in stores}
+        report = tuner.finetune(epochs=2, chunks=2, pipelined=pipelined, timeout=60, on_round=on_round)
+        depth = 2 if pipelined else 0
+        for s in stores:
+            s.wait_refreshed(tuner.publisher.announced_version, timeout=60)
+            rounds = {e["round"]: e for e in events if e["event"] == "features" and e["store"] == s.name
+                      and e["job"] == report["job"]}
+            assert sorted(rounds) == [0, 1, 2, 3], rounds
+            for k, e in rounds.items():
+                assert e["held_round"] >= k - 1 - depth, (s.name, k, e)
+            # The features event of round k comes once it is published (after its extraction).
+            if pipelined:
+                assert rounds[1]["time"] < taken[0] + 1.0, rounds[1]  # sent while the Tuner trained round 0
+                assert rounds[2]["held_round"] == -1, rounds[2]  # extracted before round 0's weights existed
+                assert rounds[2]["hold_seconds"] > 0.3, rounds[2]  # then held until the Tuner took round 1
+            else:
+                assert [rounds[k]["held_round"] for k in range(4)] == [-1, 0, 1, 2], rounds
+        assert report["timeline"][1]["wait"] < (0.5 if pipelined else 10), report["timeline"]
+    finally:
+        for s in stores:
+            s.close()
+        tuner.close()
+
+
 def test_a_store_finds_the_model_through_a_registry(tmp_path):
     shard = tmp_path / "shard.rec"
     synth.write_shard(shard, 300, seed=6)

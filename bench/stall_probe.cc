@@ -25,8 +25,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/memory.h"
 #include "hash_follower.h"
-#include "viper/memory.h"
 #include "viper/publisher.h"
 
 namespace {

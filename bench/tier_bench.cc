@@ -37,8 +37,8 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
-#include "viper/file_tier.h"
-#include "viper/host_tier.h"
+#include "store/file_tier.h"
+#include "store/host_tier.h"
 #include "viper/snapshot.h"
 #include "viper/units.h"
 

@@ -47,7 +47,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
-#include "viper/fd.h"
+#include "core/fd.h"
 #include "viper/snapshot.h"
 #include "viper/status.h"
 #include "viper/units.h"

@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include "net/protocol.h"
 #include "viper/metrics.h"
-#include "viper/protocol.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::span<const std::byte> frame(reinterpret_cast<const std::byte*>(data), size);

@@ -17,10 +17,10 @@
 
 #include <fmt/format.h>
 
+#include "api/client.h"
 #include "harness/bench.h"
 #include "harness/measure.h"
 #include "harness/peer.h"
-#include "viper/client.h"
 #include "viper/node.h"
 #include "viper/units.h"
 

@@ -25,14 +25,19 @@
 #include <string_view>
 #include <vector>
 
-#include "viper/file_tier.h"
-#include "viper/host_tier.h"
+#include "viper/host_tier_stats.h"
 #include "viper/metrics.h"
-#include "viper/protocol.h"
 #include "viper/registry.h"
 #include "viper/status.h"
+#include "viper/version_info.h"
 
 namespace viper {
+
+// The tiers (src/store/host_tier.h, src/store/file_tier.h) are in-tree only: Node names them for
+// the Publisher and Relay built on it.
+class FileTier;
+class HostTier;
+class WriteLease;
 
 // When a node answers a FETCH that offers a base with a delta (docs/ARCHITECTURE.md "Delta updates").
 enum class DeltaMode {

@@ -74,9 +74,10 @@ struct PublishResult {
 // abandons the version (nothing is announced; the segment returns to the pool).
 class Draft {
  public:
-  Draft() = default;
-  Draft(Draft&&) noexcept = default;
-  Draft& operator=(Draft&&) noexcept = default;
+  Draft();
+  Draft(Draft&&) noexcept;
+  Draft& operator=(Draft&&) noexcept;
+  ~Draft();
   // Writable bytes of tensor `name` (empty span if unknown).
   std::span<std::byte> tensor(std::string_view name) const;
   const SnapshotLayout& layout() const { return *layout_; }
@@ -85,7 +86,7 @@ class Draft {
  private:
   friend class Publisher;
   std::shared_ptr<const SnapshotLayout> layout_;
-  WriteLease lease_;
+  std::unique_ptr<WriteLease> lease_;  // the segment being written (src/store/host_tier.h)
   uint64_t version_ = 0;
   int64_t publish_ns = 0;
   std::shared_future<uint64_t> checksum_;  // valid when Publish hashed the data while copying it

@@ -40,10 +40,11 @@
 #include <string>
 #include <vector>
 
-#include "viper/fd.h"
 #include "viper/status.h"
 
 namespace viper {
+
+class Fd;  // an owned file descriptor (src/core/fd.h, in-tree only)
 
 inline constexpr uint64_t kRecordHeaderBytes = 64;
 inline constexpr uint64_t kRecordIndexEntryBytes = 32;
@@ -124,7 +125,7 @@ class RecordWriter {
   Status WriteAt(std::span<const std::byte> bytes, uint64_t offset);
   std::filesystem::path path_, tmp_;
   RecordWriterOptions options_;
-  Fd fd_;
+  std::unique_ptr<Fd> fd_;  // the temporary file being written
   uint64_t end_ = kRecordHeaderBytes;
   std::vector<RecordEntry> index_;
   bool finished_ = false;

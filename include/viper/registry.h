@@ -38,8 +38,8 @@
 #include <string_view>
 #include <vector>
 
-#include "viper/protocol.h"
 #include "viper/status.h"
+#include "viper/version_info.h"
 
 namespace viper {
 

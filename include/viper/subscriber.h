@@ -21,10 +21,9 @@
 #include <string>
 #include <vector>
 
-#include "viper/client.h"
-#include "viper/protocol.h"
 #include "viper/snapshot.h"
 #include "viper/status.h"
+#include "viper/version_info.h"
 
 namespace viper {
 

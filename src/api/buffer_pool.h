@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "viper/memory.h"
+#include "core/memory.h"
 #include "viper/status.h"
 
 namespace viper::internal {

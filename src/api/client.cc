@@ -1,4 +1,4 @@
-#include "viper/client.h"
+#include "api/client.h"
 
 #include <unistd.h>
 
@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "client_impl.h"
-#include "viper/engine.h"
+#include "net/engine.h"
 #include "viper/log.h"
 #include "viper/node.h"
 #include "viper/snapshot.h"

@@ -21,11 +21,11 @@
 #include <utility>
 #include <vector>
 
-#include "viper/client.h"
-#include "viper/engine.h"
-#include "viper/node.h"
-#include "viper/protocol.h"
+#include "api/client.h"
+#include "net/engine.h"
+#include "net/protocol.h"
 #include "vector_pool.h"
+#include "viper/node.h"
 
 namespace viper {
 

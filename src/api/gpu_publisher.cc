@@ -6,6 +6,7 @@
 #include <map>
 #include <mutex>
 
+#include "store/host_tier.h"
 #include "viper/node.h"
 
 namespace viper {

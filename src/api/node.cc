@@ -13,9 +13,9 @@
 #include <mutex>
 #include <set>
 
+#include "net/engine.h"
 #include "node_impl.h"
 #include "seal.h"
-#include "viper/engine.h"
 #include "viper/log.h"
 #include "viper/snapshot.h"
 

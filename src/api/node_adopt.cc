@@ -17,8 +17,8 @@
 
 #include <fmt/format.h>
 
+#include "core/fd.h"
 #include "node_impl.h"
-#include "viper/fd.h"
 #include "viper/log.h"
 #include "viper/snapshot.h"
 

@@ -3,8 +3,8 @@
 
 #include <algorithm>
 
+#include "net/engine.h"
 #include "node_impl.h"
-#include "viper/engine.h"
 #include "viper/log.h"
 
 namespace viper {

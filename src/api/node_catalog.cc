@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <mutex>
 
+#include "net/engine.h"
 #include "node_impl.h"
 #include "seal.h"
-#include "viper/engine.h"
 #include "viper/log.h"
 
 namespace viper {

@@ -20,13 +20,13 @@
 #include <tuple>
 #include <vector>
 
+#include "net/engine.h"
+#include "net/protocol.h"
+#include "store/host_tier.h"
 #include "task_queue.h"
 #include "vector_pool.h"
 #include "viper/delta.h"
-#include "viper/engine.h"
-#include "viper/host_tier.h"
 #include "viper/node.h"
-#include "viper/protocol.h"
 #include "viper/snapshot.h"
 
 namespace viper {

@@ -18,15 +18,15 @@
 #include <utility>
 #include <vector>
 
+#include "net/engine.h"
+#include "net/protocol.h"
 #include "node_delta.h"
 #include "registry_agent.h"
+#include "store/file_tier.h"
+#include "store/host_tier.h"
 #include "task_queue.h"
-#include "viper/engine.h"
-#include "viper/file_tier.h"
-#include "viper/host_tier.h"
 #include "viper/metrics.h"
 #include "viper/node.h"
-#include "viper/protocol.h"
 
 namespace viper {
 

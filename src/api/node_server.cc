@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <mutex>
 
+#include "net/engine.h"
 #include "node_impl.h"
-#include "viper/engine.h"
 #include "viper/log.h"
 #include "viper/snapshot.h"
 

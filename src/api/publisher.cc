@@ -5,9 +5,11 @@
 #include <map>
 #include <mutex>
 
+#include "core/memory.h"
 #include "hash_follower.h"
+#include "store/file_tier.h"  // ValidateModelName
+#include "store/host_tier.h"
 #include "task_queue.h"
-#include "viper/memory.h"
 #include "viper/log.h"
 
 namespace viper {
@@ -29,11 +31,16 @@ Result<PublishMode> ParsePublishMode(std::string_view name) {
 
 std::string_view publish_mode_name(PublishMode mode) { return mode == PublishMode::kSync ? "sync" : "async"; }
 
+Draft::Draft() = default;
+Draft::Draft(Draft&&) noexcept = default;
+Draft& Draft::operator=(Draft&&) noexcept = default;
+Draft::~Draft() = default;
+
 std::span<std::byte> Draft::tensor(std::string_view name) const {
   if (!layout_) return {};
   const TensorInfo* t = layout_->find(name);
   if (t == nullptr) return {};
-  return lease_.data().subspan(layout_->data_offset() + t->begin, t->nbytes());
+  return lease_->data().subspan(layout_->data_offset() + t->begin, t->nbytes());
 }
 
 namespace internal {
@@ -115,8 +122,9 @@ Result<Draft> Publisher::Begin(const std::vector<TensorSpec>& tensors, const std
   Draft draft;
   draft.publish_ns = WallClockNs();
   draft.layout_ = std::make_shared<const SnapshotLayout>(std::move(layout));
-  VIPER_ASSIGN_OR_RETURN(draft.lease_, node_->Allocate(draft.layout_->total_bytes()));
-  draft.layout_->ZeroPadding(draft.lease_.data());
+  VIPER_ASSIGN_OR_RETURN(WriteLease lease, node_->Allocate(draft.layout_->total_bytes()));
+  draft.lease_ = std::make_unique<WriteLease>(std::move(lease));
+  draft.layout_->ZeroPadding(draft.lease_->data());
   return draft;
 }
 
@@ -133,7 +141,7 @@ Result<PublishResult> Publisher::Publish(const std::vector<TensorData>& tensors,
                                      " bytes given, shape and dtype need " + std::to_string(layout.tensors()[i].nbytes()));
     }
   }
-  std::span<std::byte> data = draft.lease_.data().subspan(layout.data_offset(), layout.data_bytes());
+  std::span<std::byte> data = draft.lease_->data().subspan(layout.data_offset(), layout.data_bytes());
   // Both modes copy with the hash thread one chunk behind, hashing the source chunk the copy just
   // read while it is still in cache (hash_follower.h): the checksum costs no second pass over
   // memory. Chunks: small enough to stay cached between the two cores, large enough that the
@@ -162,7 +170,7 @@ Result<PublishResult> Publisher::Publish(const std::vector<TensorData>& tensors,
 }
 
 Result<PublishResult> Publisher::Commit(Draft draft, const PublishInfo& info) {
-  if (!draft.layout_ || !draft.lease_) return Status::InvalidArgument("commit of an empty or already committed draft");
+  if (!draft.layout_ || !draft.lease_ || !*draft.lease_) return Status::InvalidArgument("commit of an empty or already committed draft");
   return Enqueue(std::move(draft), info, SteadyNs(), 0);
 }
 
@@ -195,7 +203,7 @@ Result<PublishResult> Publisher::Enqueue(Draft draft, const PublishInfo& info, i
   PublishResult result;
   result.version = version;
   result.copy_ns = copy_ns;
-  result.recycled = draft.lease_.recycled();
+  result.recycled = draft.lease_->recycled();
   result.bytes = draft.layout_->total_bytes();
   auto delta = std::make_shared<DeltaPromise>();
   result.delta = delta->future;
@@ -209,9 +217,9 @@ Result<PublishResult> Publisher::Enqueue(Draft draft, const PublishInfo& info, i
     stamp.loss = info.loss;
     if (draft.checksum_.valid()) {
       stamp.checksum = draft.checksum_.get();  // hashed while Publish copied (padding zeroed at Begin)
-      VIPER_RETURN_IF_ERROR(draft.layout_->WriteHeader(draft.lease_.data(), stamp));
+      VIPER_RETURN_IF_ERROR(draft.layout_->WriteHeader(draft.lease_->data(), stamp));
     } else {
-      VIPER_RETURN_IF_ERROR(draft.layout_->Seal(draft.lease_.data(), &stamp));
+      VIPER_RETURN_IF_ERROR(draft.layout_->Seal(draft.lease_->data(), &stamp));
     }
     proto::VersionInfo vi;
     vi.model = options_.model;
@@ -223,7 +231,7 @@ Result<PublishResult> Publisher::Enqueue(Draft draft, const PublishInfo& info, i
     vi.metadata = draft.layout_->user_metadata();
     if (info.loss) vi.metadata[std::string(kMetaLoss)] = std::to_string(*info.loss);
     const uint64_t size = vi.size;
-    VIPER_RETURN_IF_ERROR(node_->Commit(std::move(draft.lease_), std::move(vi)).status());
+    VIPER_RETURN_IF_ERROR(node_->Commit(std::move(*draft.lease_), std::move(vi)).status());
     node_->WhenDeltaPrepared(options_.model, version, [delta](const PreparedDelta& d) { delta->Set(d); });
     uint64_t prev = impl_->announced.load();
     while (prev < version && !impl_->announced.compare_exchange_weak(prev, version)) {}

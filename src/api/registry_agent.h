@@ -23,7 +23,7 @@
 #include <thread>
 #include <vector>
 
-#include "viper/protocol.h"
+#include "net/protocol.h"
 #include "viper/registry.h"
 
 namespace viper::internal {

@@ -6,7 +6,8 @@
 #include <map>
 #include <mutex>
 
-#include "viper/client.h"
+#include "api/client.h"
+#include "store/host_tier.h"
 #include "viper/log.h"
 #include "viper/node.h"
 #include "viper/subscriber.h"

@@ -13,9 +13,9 @@
 #include <mutex>
 #include <thread>
 
+#include "store/file_tier.h"
+#include "store/host_tier.h"
 #include "subscriber_impl.h"
-#include "viper/file_tier.h"
-#include "viper/host_tier.h"
 #include "viper/log.h"
 #include "viper/node.h"
 

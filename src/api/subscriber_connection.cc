@@ -14,9 +14,9 @@
 #include <thread>
 
 #include "seal.h"
+#include "store/file_tier.h"
+#include "store/host_tier.h"
 #include "subscriber_impl.h"
-#include "viper/file_tier.h"
-#include "viper/host_tier.h"
 #include "viper/log.h"
 #include "viper/node.h"
 

@@ -16,10 +16,10 @@
 #include <thread>
 #include <vector>
 
+#include "api/client.h"
 #include "buffer_pool.h"
 #include "path_estimator.h"
 #include "task_queue.h"
-#include "viper/client.h"
 #include "viper/registry.h"
 #include "viper/subscriber.h"
 

@@ -1,4 +1,4 @@
-#include "viper/memory.h"
+#include "core/memory.h"
 
 #include <sys/mman.h>
 #include <unistd.h>

@@ -10,7 +10,7 @@
 #include <string>
 #include <string_view>
 
-#include "viper/protocol.h"
+#include "net/protocol.h"
 #include "viper/status.h"
 
 namespace viper::internal {

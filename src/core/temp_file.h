@@ -11,7 +11,7 @@
 
 #include <filesystem>
 
-#include "viper/fd.h"
+#include "core/fd.h"
 #include "viper/status.h"
 
 namespace viper::internal {

@@ -5,7 +5,7 @@
 #include <filesystem>
 #include <span>
 
-#include "viper/fd.h"
+#include "core/fd.h"
 #include "viper/status.h"
 
 namespace viper::data_internal {

@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "core/fd.h"
 #include "data_util.h"
 #include "temp_file.h"
 #include "viper/snapshot.h"  // checksum64
@@ -210,19 +211,19 @@ Result<std::unique_ptr<RecordWriter>> RecordWriter::Create(const std::filesystem
   auto temp = internal::CreateTempNextTo(path, options.file_mode);
   if (!temp.ok()) return temp.status().WithContext(fmt::format("record file {}", path.string()));
   w->tmp_ = std::move(temp->path);
-  w->fd_ = std::move(temp->fd);
+  w->fd_ = std::make_unique<Fd>(std::move(temp->fd));
   return w;
 }
 
 RecordWriter::~RecordWriter() {
-  if (!finished_ && fd_.get() >= 0) {
-    fd_.Close();
+  if (!finished_ && fd_ && fd_->get() >= 0) {
+    fd_->Close();
     ::unlink(tmp_.c_str());
   }
 }
 
 Status RecordWriter::WriteAt(std::span<const std::byte> bytes, uint64_t offset) {
-  Status st = data_internal::PwriteAll(fd_.get(), bytes, offset);
+  Status st = data_internal::PwriteAll(fd_->get(), bytes, offset);
   return st.WithContext(fmt::format("record file {} (writing {})", path_.string(), tmp_.string()));
 }
 
@@ -261,7 +262,7 @@ Status RecordWriter::Finish(std::span<const std::byte> metadata) {
   Store64(h + 56, checksum64({h, 56}));
   VIPER_RETURN_IF_ERROR(WriteAt(tail, end_));
   VIPER_RETURN_IF_ERROR(WriteAt({h, kRecordHeaderBytes}, 0));
-  VIPER_RETURN_IF_ERROR(data_internal::CommitTemp(fd_, tmp_, path_, options_.fsync));
+  VIPER_RETURN_IF_ERROR(data_internal::CommitTemp(*fd_, tmp_, path_, options_.fsync));
   finished_ = true;
   return Status::OK();
 }

@@ -9,8 +9,8 @@
 
 #include <fmt/format.h>
 
+#include "core/fd.h"
 #include "data_util.h"
-#include "viper/fd.h"
 #include "viper/sample_source.h"
 
 namespace viper {

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <fmt/format.h>
 
-#include "viper/engine.h"
+#include "net/engine.h"
 
 namespace viper::net {
 namespace {

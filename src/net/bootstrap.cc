@@ -21,8 +21,8 @@
 
 #include <fmt/format.h>
 
-#include "viper/engine.h"
-#include "viper/fd.h"
+#include "core/fd.h"
+#include "net/engine.h"
 #include "viper/log.h"
 
 namespace viper::net::detail {

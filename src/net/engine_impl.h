@@ -22,7 +22,7 @@
 
 #include "address.h"
 #include "bootstrap.h"
-#include "viper/engine.h"
+#include "net/engine.h"
 
 namespace viper::net {
 

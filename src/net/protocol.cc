@@ -1,4 +1,4 @@
-#include "viper/protocol.h"
+#include "net/protocol.h"
 
 #include <cstring>
 #include <type_traits>

@@ -8,7 +8,7 @@
 
 #include <fmt/format.h>
 
-#include "viper/fd.h"
+#include "core/fd.h"
 #include "viper/registry.h"
 
 namespace viper {

@@ -13,9 +13,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/snapshot_internal.h"
+#include "net/engine.h"
 #include "registry_internal.h"
-#include "viper/engine.h"
-#include "viper/file_tier.h"
+#include "store/file_tier.h"
 #include "viper/snapshot.h"
 
 namespace viper {

@@ -21,7 +21,7 @@
 
 #include "core/snapshot_internal.h"
 #include "redis_connection.h"
-#include "viper/file_tier.h"
+#include "store/file_tier.h"
 
 namespace viper::registry_internal {
 namespace {

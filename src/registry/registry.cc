@@ -2,8 +2,8 @@
 #include <fmt/format.h>
 
 #include "core/snapshot_internal.h"
+#include "net/engine.h"
 #include "registry_internal.h"
-#include "viper/engine.h"
 
 namespace viper {
 namespace registry_internal {

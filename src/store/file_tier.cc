@@ -1,5 +1,5 @@
-// FileTier: atomic safetensors files with recovery. See include/viper/file_tier.h for the contract.
-#include "viper/file_tier.h"
+// FileTier: atomic safetensors files with recovery. See src/store/file_tier.h for the contract.
+#include "store/file_tier.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -17,8 +17,8 @@
 
 #include <fmt/format.h>
 
+#include "core/fd.h"
 #include "store_util.h"
-#include "viper/fd.h"
 #include "viper/log.h"
 
 namespace viper {

@@ -13,9 +13,9 @@
 
 #include <fmt/format.h>
 
+#include "core/fd.h"
+#include "store/host_tier.h"
 #include "store_util.h"
-#include "viper/fd.h"
-#include "viper/host_tier.h"
 #include "viper/log.h"
 
 namespace viper {

@@ -1,9 +1,9 @@
-// HostTier: a pool of POSIX shared-memory segments. See include/viper/host_tier.h for the contract.
+// HostTier: a pool of POSIX shared-memory segments. See src/store/host_tier.h for the contract.
 //
 // Bookkeeping lives in a Pool shared (via weak_ptr) with the ReadLease tokens, so that a lease
 // dropped on any thread can hand its segment back, and a lease that outlives the tier still keeps
 // its mapping valid (the mapping is reference-counted separately from the pool).
-#include "viper/host_tier.h"
+#include "store/host_tier.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -22,10 +22,10 @@
 
 #include <fmt/format.h>
 
+#include "core/memory.h"
+#include "store/file_tier.h"
 #include "store_util.h"
-#include "viper/file_tier.h"
 #include "viper/log.h"
-#include "viper/memory.h"
 
 namespace viper {
 namespace {

@@ -12,9 +12,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "api/client.h"
 #include "delta_model.h"
 #include "process.h"
-#include "viper/client.h"
 #include "viper/publisher.h"
 
 namespace viper {

@@ -9,8 +9,9 @@
 #include <future>
 #include <mutex>
 
+#include "api/client.h"
 #include "process.h"
-#include "viper/client.h"
+#include "store/host_tier.h"
 #include "viper/node.h"
 #include "viper/snapshot.h"
 #include "viper/subscriber.h"

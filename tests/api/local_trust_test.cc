@@ -11,10 +11,10 @@
 #include <fstream>
 
 #include "node_impl.h"
-#include "process.h"
 #include "pattern.h"
-#include "viper/file_tier.h"
-#include "viper/host_tier.h"
+#include "process.h"
+#include "store/file_tier.h"
+#include "store/host_tier.h"
 #include "viper/log.h"
 #include "viper/node.h"
 

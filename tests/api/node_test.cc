@@ -11,12 +11,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "api/client.h"
+#include "net/engine.h"
+#include "net/protocol.h"
 #include "pattern.h"
 #include "process.h"
-#include "viper/engine.h"
-#include "viper/protocol.h"
-#include "viper/client.h"
-#include "viper/host_tier.h"
+#include "store/host_tier.h"
 #include "viper/publisher.h"
 #include "viper/snapshot.h"
 #include "viper/subscriber.h"

@@ -7,7 +7,7 @@
 #include <thread>
 #include <vector>
 
-#include "viper/host_tier.h"
+#include "store/host_tier.h"
 #include "viper/node.h"
 #include "viper/publisher.h"
 

@@ -9,9 +9,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "api/client.h"
 #include "api/pattern.h"
 #include "process.h"
-#include "viper/client.h"
 #include "viper/snapshot.h"
 
 namespace viper {

@@ -13,9 +13,9 @@
 #include <set>
 #include <sstream>
 
+#include "api/client.h"
 #include "api/process.h"
 #include "cli/run_viper.h"
-#include "viper/client.h"
 #include "viper/metrics.h"
 #include "viper/node.h"
 #include "viper/snapshot.h"

@@ -1,4 +1,4 @@
-// StreamingCopy (include/viper/memory.h) and HashFollower (src/api/hash_follower.h): the copy is
+// StreamingCopy (src/core/memory.h) and HashFollower (src/api/hash_follower.h): the copy is
 // bit-exact for every size and alignment its loops split on, and the checksum a hash thread
 // computes from the source pieces, one step behind a copy, equals checksum64 of the region the
 // copy produced.
@@ -8,8 +8,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/memory.h"
 #include "hash_follower.h"
-#include "viper/memory.h"
 #include "viper/snapshot.h"
 
 namespace viper {

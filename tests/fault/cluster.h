@@ -30,8 +30,8 @@
 #include <thread>
 #include <vector>
 
+#include "api/client.h"
 #include "api/process.h"
-#include "viper/client.h"
 #include "viper/status.h"
 
 namespace viper::testing {

@@ -22,7 +22,7 @@
 
 #include "fault/cluster.h"
 #include "fault/content.h"
-#include "viper/host_tier.h"
+#include "store/host_tier.h"
 #include "viper/snapshot.h"
 #ifdef VIPER_FAULT_REDIS
 #include "fleet.h"  // tests/registry: RedisServer, HeldBy, RegisteredFor

@@ -10,11 +10,11 @@
 #include <atomic>
 #include <cstring>
 
+#include "api/client.h"
 #include "api/process.h"
-#include "viper/client.h"
+#include "net/protocol.h"
 #include "viper/gpu_store.h"
 #include "viper/node.h"
-#include "viper/protocol.h"
 #include "viper/publisher.h"
 #include "viper/subscriber.h"
 

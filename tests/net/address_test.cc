@@ -1,7 +1,7 @@
 // ParseHostPort: accepted forms and clear errors for every malformed one.
 #include <gtest/gtest.h>
 
-#include "viper/engine.h"
+#include "net/engine.h"
 
 namespace viper::net {
 namespace {

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "net/engine.h"
 #include "net/net_test_util.h"
-#include "viper/engine.h"
 
 namespace viper::net::testing {
 

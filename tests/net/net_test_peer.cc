@@ -22,8 +22,8 @@
 #include <sstream>
 #include <string>
 
+#include "net/engine.h"
 #include "net/net_test_util.h"
-#include "viper/engine.h"
 
 namespace viper::net::testing {
 namespace {

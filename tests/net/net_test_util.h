@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "viper/engine.h"
+#include "net/engine.h"
 
 namespace viper::net::testing {
 

@@ -1,5 +1,5 @@
 // Round trips for every control message and one clear error for each kind of malformed frame.
-#include "viper/protocol.h"
+#include "net/protocol.h"
 #include "viper/metrics.h"
 
 #include <gtest/gtest.h>

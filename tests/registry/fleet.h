@@ -7,9 +7,9 @@
 #include <cstring>
 #include <set>
 
+#include "api/client.h"
 #include "api/pattern.h"
 #include "redis_server.h"
-#include "viper/client.h"
 #include "viper/registry.h"
 #include "viper/snapshot.h"
 

@@ -1,5 +1,5 @@
 // FileTier against a real directory on disk and a real writer process killed mid-write.
-#include "viper/file_tier.h"
+#include "store/file_tier.h"
 
 #include <fcntl.h>
 #include <signal.h>

@@ -1,5 +1,5 @@
 // HostTier against real POSIX shared memory (/dev/shm) and real processes (fork, SIGKILL).
-#include "viper/host_tier.h"
+#include "store/host_tier.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -16,8 +16,8 @@
 
 #include <gtest/gtest.h>
 
+#include "core/fd.h"
 #include "store/store_test_util.h"
-#include "viper/fd.h"
 
 namespace viper {
 namespace {

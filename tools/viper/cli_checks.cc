@@ -11,7 +11,7 @@
 
 #include <fmt/format.h>
 
-#include "viper/file_tier.h"
+#include "store/file_tier.h"
 
 namespace viper::cli {
 namespace {

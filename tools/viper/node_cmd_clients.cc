@@ -13,14 +13,14 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "api/client.h"
 #include "command.h"
 #include "node_common.h"
 #include "progress.h"
 #include "registry_cli.h"
 #include "seal.h"
+#include "store/host_tier.h"
 #include "temp_file.h"
-#include "viper/client.h"
-#include "viper/host_tier.h"
 #include "viper/metrics.h"
 #include "viper/node.h"
 #include "viper/snapshot.h"

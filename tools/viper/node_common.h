@@ -15,10 +15,10 @@
 
 #include <CLI/CLI.hpp>
 
-#include "viper/protocol.h"
+#include "cli_checks.h"
+#include "net/protocol.h"
 #include "viper/status.h"
 #include "viper/units.h"
-#include "cli_checks.h"
 
 namespace viper::cli {
 

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "viper/protocol.h"
+#include "net/protocol.h"
 #include "viper/status.h"
 
 namespace viper {

@@ -1,5 +1,7 @@
 // The control protocol between Viper processes: small, versioned, length-checked messages carried
-// as UCX active messages (docs/PROTOCOL.md is the reference for every field).
+// as UCX active messages (docs/PROTOCOL.md is the reference for every field). In-tree only (the
+// wire layer); the catalog types it carries, VersionInfo and Replica, are public in
+// include/viper/version_info.h.
 //
 // Frame: u32 magic 'VIPR' | u16 protocol version | u16 type | u32 payload length | payload.
 // Integers little-endian; strings and byte arrays are u32 length + bytes; maps and lists are u32
@@ -18,15 +20,14 @@
 #include <vector>
 
 #include "viper/status.h"
+#include "viper/version_info.h"
 
 namespace viper::proto {
 
 inline constexpr uint32_t kMagic = 0x52504956;  // "VIPR" as little-endian bytes
 inline constexpr uint16_t kProtocolVersion = 2;  // 2: delta transfers (FETCH base, FETCH_OK encoding, DELTA_PART), fan-out (SUBSCRIBE flags, INCOMING, STATS)
 inline constexpr size_t kFrameHeaderBytes = 12;
-inline constexpr uint32_t kMaxStringBytes = 64 * 1024;
-inline constexpr uint32_t kMaxMetadataEntries = 4096;
-inline constexpr uint32_t kMaxReplicas = 256;
+// kMaxStringBytes, kMaxMetadataEntries, kMaxReplicas: include/viper/version_info.h.
 inline constexpr uint32_t kMaxListEntries = 65536;
 inline constexpr uint32_t kMaxCounters = 256;
 inline constexpr uint32_t kMaxFrameBytes = 64 * 1024 * 1024;
@@ -37,36 +38,6 @@ enum class MessageType : uint16_t {
   kList = 14, kListReply = 15, kReplica = 16, kDeltaPart = 17, kIncoming = 18, kStats = 19, kStatsReply = 20,
 };
 std::string_view message_type_name(MessageType type);
-
-enum class ReplicaKind : uint8_t { kHostSegment = 1, kNode = 2, kFile = 3, kRelay = 4, kDevice = 5 };
-
-// One copy of a version: a shared-memory segment on host `host_key`, a node reachable at
-// `locator` = "host:port" that sends it over UCX, or a file at `locator` (a path). kRelay: a
-// node at `locator` that relays the model and will hold this version once it has fetched it (a
-// NOTIFY goes out before any relay holds the version; its REPLICA then lists it as kNode).
-// kDevice: the producer keeps the version in GPU memory on host `host_key`, device `locator` =
-// "cuda:N"; a consumer on that host opens it through CUDA IPC (FETCH in kDevice mode). Listed only
-// in NOTIFY (never in LIST, the registry or a relay's catalog), and only while it is the device's
-// live version.
-struct Replica {
-  ReplicaKind kind = ReplicaKind::kNode;
-  std::string host_key;
-  std::string locator;
-  bool operator==(const Replica&) const = default;
-};
-
-struct VersionInfo {
-  std::string model;
-  uint64_t version = 0;
-  uint64_t size = 0;         // bytes of the whole snapshot buffer
-  uint64_t checksum = 0;     // xxh3-64 of the data region
-  uint64_t step = 0;
-  int64_t publish_ns = 0;    // CLOCK_REALTIME when the producer called publish
-  int64_t completed_ns = 0;  // CLOCK_REALTIME when the version was complete in the host tier
-  std::map<std::string, std::string> metadata;
-  std::vector<Replica> replicas;
-  bool operator==(const VersionInfo&) const = default;
-};
 
 struct Hello {
   // Unused, always sent empty and ignored: a node's engine admits only peers that proved the

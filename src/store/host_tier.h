@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "viper/host_tier_stats.h"
 #include "viper/status.h"
 
 namespace viper {
@@ -95,17 +96,6 @@ class ReadLease {
   std::string name_;
   std::string model_;
   uint64_t version_ = 0;
-};
-
-struct HostTierStats {
-  size_t committed_segments = 0;
-  size_t free_segments = 0;
-  size_t writing_segments = 0;
-  size_t retired_leased_segments = 0;  // retired but still leased
-  uint64_t mapped_bytes = 0;
-  uint64_t recycled_allocations = 0;
-  uint64_t fresh_allocations = 0;
-  uint64_t spare_segments = 0;  // made ahead by KeepSpare (counted in neither of the above)
 };
 
 class HostTier {

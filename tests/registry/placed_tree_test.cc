@@ -155,7 +155,9 @@ TEST_P(PlacedTree, KilledRelaysChildrenReattachThroughTheRegistry) {
     ++version;
     ASSERT_TRUE(publish());
     for (int i = 0; i < kRelays; ++i)
-      if (i != victim) EXPECT_TRUE(checkers[i].sub->WaitFor(version, 30s).ok()) << "relay" << i << "\n" << Logs();
+      if (i != victim) {
+        EXPECT_TRUE(checkers[i].sub->WaitFor(version, 30s).ok()) << "relay" << i << "\n" << Logs();
+      }
     tree = Tree();
     for (int i : orphans) EXPECT_NE(tree[relays_[i]->address()], relays_[victim]->address());
     // The killed relay comes back (on a new port) and joins again.

@@ -319,8 +319,20 @@ class IncomingVersion {
 //
 // Thread-safety: Start and the destructor from one thread. The Relay must be destroyed before
 // the Node it feeds.
+// Children a relay takes in a registry-placed tree by default (RelayOptions::max_children):
+// docs/BENCHMARKS.md "Fan-out placed by the registry" measures the choice.
+inline constexpr uint32_t kDefaultRelayChildren = 1;
+
 struct RelayOptions {
-  std::string upstream;             // REQUIRED: the upstream node's "host:port"
+  std::string upstream;             // the upstream node's "host:port" (REQUIRED unless `registry`)
+  // Placement (docs/ARCHITECTURE.md "Placement and healing"): with no `upstream`, the shared
+  // registry ("redis://HOST:PORT[/DB]") picks this relay's parent for each model among the model's
+  // holders and relays, atomically (bounded children, this host first, then the shallowest, least
+  // loaded node), and another one within about one heartbeat when the parent dies.
+  std::string registry;
+  std::string registry_password;    // Redis AUTH password of `registry`; empty = none
+  uint32_t max_children = kDefaultRelayChildren;  // children this relay takes in the tree (1-1024)
+  RegistryHeartbeat heartbeat;      // the tree membership's TTL and its refresh
   // Nodes to relay from, in order, while `upstream` is unreachable (e.g. the upstream's own
   // upstream: a chain that loses a relay re-attaches past it; SubscriberOptions::alternates). The
   // relay returns to `upstream` when it answers again (SubscriberOptions::preferred_probe).

@@ -48,6 +48,7 @@ struct RegistryCapabilities {
   bool shared = false;  // other processes and hosts see this process's records (redis); embedded: no
   bool expiry = false;  // records vanish when their TTL passes without a new Put
   bool watch = false;   // Watch() delivers announcements
+  bool placement = false;  // Join/Stay/Leave arrange relays into a tree (redis)
 };
 
 // A node as it registers itself. `id` is stable for one node address on one host
@@ -96,6 +97,32 @@ std::vector<HolderRecord> HoldersInOrder(const RegistryLookup& lookup, const std
 // The holders of the newest version in `lookup`, nearest first: those on host `host_key` (shared
 // memory reachable), then the others in lookup order.
 std::vector<HolderRecord> NearestHoldersOfLatest(const RegistryLookup& lookup, const std::string& host_key);
+
+// Placement (docs/ARCHITECTURE.md "Placement and healing"): the registry as the tracker of a
+// model's relay tree. A relay that names no upstream joins the tree: the registry picks its parent
+// among the tree's members and the model's roots (holders outside the tree: the producer's node),
+// atomically, so that two nodes joining at once never both take a parent's last child slot.
+struct JoinRequest {
+  std::string model;
+  NodeRecord node;                  // the joiner (its id, address and host_key are what others see)
+  std::vector<NodeRecord> roots;    // holders of the model that did not join (each takes one child)
+  // Addresses not to choose (they did not answer the joiner). If the joiner's parent is one of
+  // them, it is presumed dead and leaves the tree (its slot at its own parent is free at once); a
+  // live one is back on its next Stay.
+  std::vector<std::string> avoid;
+  std::string prefer;               // the address to keep if it has a free slot (the joiner's parent now)
+  uint32_t max_children = 1;        // children a member takes (1-1024)
+  std::chrono::milliseconds ttl{10000};  // the membership lasts this long without a Stay
+};
+// Where the joiner goes: the parent is the first candidate with a free slot in this order: `prefer`,
+// a node on the joiner's host (its segments map), then the shallowest node, the least loaded among
+// equals (least loaded alone would build a chain: the newest member always has the fewest children).
+// Never the joiner itself nor one of its descendants (no cycle).
+struct Placement {
+  NodeRecord parent;
+  uint32_t depth = 0;     // the joiner's depth: 1 under a root
+  uint32_t siblings = 0;  // the parent's children before the joiner
+};
 
 struct WatchHandlers {
   std::function<void(const HolderRecord&)> on_announce;  // a version was announced
@@ -147,6 +174,17 @@ class Registry {
   virtual Result<std::vector<std::string>> Models() = 0;
   // NotSupported if !capabilities().watch. Fails if the registry cannot be reached now.
   virtual Result<std::unique_ptr<RegistryWatch>> Watch(const std::string& model, WatchHandlers handlers) = 0;
+
+  // --- placement (NotSupported unless capabilities().placement) ---
+  // Joins (or re-joins: the old parent's slot is freed in the same step) the tree of
+  // request.model. NotFound when no candidate has a free slot (none yet: retry later);
+  // InvalidArgument naming the field for a malformed request.
+  virtual Result<Placement> Join(const JoinRequest& request);
+  // The membership's heartbeat: keeps node `node_id` in the tree of `model` for another `ttl`.
+  // false: it is no longer a member (its TTL passed, or the registry lost its data): join again.
+  virtual Result<bool> Stay(const std::string& model, const std::string& node_id, std::chrono::milliseconds ttl);
+  // Leaves the tree (its slot is free at once); a node that is not a member is fine.
+  virtual Status Leave(const std::string& model, const std::string& node_id);
 };
 
 // Options of a registry connection (shared by every backend; ignored where they do not apply).

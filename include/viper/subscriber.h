@@ -85,6 +85,12 @@ struct SubscriberOptions {
   // used then.
   std::string registry;
   std::string registry_password;  // Redis AUTH password of `registry`; empty = none
+  // Placement (a relay that names no upstream, Relay::Start): asked for the node to connect to
+  // each time the subscriber (re)connects, instead of `connect`, `alternates` and `registry`, with
+  // the node the previous attempt could not reach ("" if it connected, or after a lost connection:
+  // the node may still be up); an error means none now (retried with the backoff above). Called
+  // on the thread that connects.
+  std::function<Result<std::string>(const std::string& unreachable)> choose_node;
   std::string token;
   std::string name;
   FetchPath path = FetchPath::kAuto;

@@ -2,11 +2,14 @@
 // of this node (Node::Receive), which forwards each chunk downstream as it lands, and are committed
 // under the upstream's version number once verified; versions loaded another way (map, copy, file)
 // are copied into a segment.
+#include <unistd.h>
+
 #include <cstring>
 #include <map>
 #include <mutex>
 
 #include "api/client.h"
+#include "relay_placement.h"
 #include "store/host_tier.h"
 #include "viper/log.h"
 #include "viper/node.h"
@@ -21,7 +24,8 @@ constexpr std::string_view kLog = "relay";
 struct Relay::Impl {
   Node* node = nullptr;
   RelayOptions options;
-  std::vector<std::unique_ptr<Subscriber>> subscribers;
+  std::vector<std::unique_ptr<internal::RelayPlacement>> placements;  // registry-placed: one per model
+  std::vector<std::unique_ptr<Subscriber>> subscribers;                // closed before the placements go
   mutable std::mutex mu;  // serializes OnVersion; guards below
   RelayStats stats;
   std::map<std::string, uint64_t> relayed;  // model -> newest version committed here
@@ -171,12 +175,32 @@ Relay::~Relay() {
   if (!impl_) return;
   for (auto& s : impl_->subscribers) s->Close();  // no callback runs after this
   impl_->subscribers.clear();
+  impl_->placements.clear();  // leaves the relay trees
   impl_->announcer.reset();  // the upstream forgets our replicas
   impl_->node->SetUpstreamStats({});
 }
 
+namespace {
+// The registry-placed relay's choice of upstream for `model` (SubscriberOptions::choose_node); the
+// placement goes into `placements`, which outlive the subscriber.
+Status PlaceIn(Node& node, const RelayOptions& o, const std::string& model,
+               std::vector<std::unique_ptr<internal::RelayPlacement>>& placements, SubscriberOptions& so) {
+  VIPER_ASSIGN_OR_RETURN(auto registry, OpenRegistry(o.registry, RegistryOptions{.password = o.registry_password}));
+  internal::RelayPlacementOptions po{
+      model, NodeRecordFor(node.options().name, node.address(), node.host_key(), static_cast<uint32_t>(::getpid())),
+      o.max_children, o.heartbeat};
+  VIPER_ASSIGN_OR_RETURN(auto placement, internal::RelayPlacement::Start(std::move(registry), std::move(po)));
+  internal::RelayPlacement* raw = placement.get();
+  placements.push_back(std::move(placement));
+  so.choose_node = [raw](const std::string& unreachable) { return raw->Choose(unreachable); };
+  so.preferred_probe = std::chrono::milliseconds(0);
+  return Status::OK();
+}
+}  // namespace
+
 Result<std::unique_ptr<Relay>> Relay::Start(Node& node, const RelayOptions& options) {
-  if (options.upstream.empty()) return Status::InvalidArgument("relay: the upstream address is required");
+  if (options.upstream.empty() && options.registry.empty())
+    return Status::InvalidArgument("relay: name the upstream, or a registry that places the relay");
   if (options.models.empty()) return Status::InvalidArgument("relay: name at least one model to relay");
   if (options.upstream == node.address())
     return Status::InvalidArgument("relay: upstream " + options.upstream + " is this node");
@@ -204,11 +228,13 @@ Result<std::unique_ptr<Relay>> Relay::Start(Node& node, const RelayOptions& opti
       std::lock_guard<std::mutex> lock(raw->mu);
       raw->arriving[in->info().model] = in;
     });
+    if (options.upstream.empty()) VIPER_RETURN_IF_ERROR(PlaceIn(node, options, model, impl->placements, so));
     VIPER_ASSIGN_OR_RETURN(auto sub, Subscriber::Start(so));
     sub->OnUpdate([raw](const std::shared_ptr<const ModelVersion>& mv) { raw->OnVersion(*mv); });  // the live one too
     impl->subscribers.push_back(std::move(sub));
   }
-  log(LogLevel::kInfo, kLog, "relaying {} model(s) from {}", options.models.size(), options.upstream);
+  log(LogLevel::kInfo, kLog, "relaying {} model(s) from {}", options.models.size(),
+      options.upstream.empty() ? "the registry's relay tree" : options.upstream);
   return relay;
 }
 

@@ -110,8 +110,20 @@ Result<std::shared_ptr<Client>> Subscriber::Impl::EnsureClient() {
   // named, then the nearest other holders).
   Result<std::unique_ptr<Client>> fresh = Status::Unavailable("no node to connect to");
   std::string address;
-  if (registry) fresh = ConnectViaRegistry(handlers, &address);
-  for (size_t i = 0; !registry && i <= options.alternates.size(); ++i) {
+  if (options.choose_node) {
+    std::string unreachable;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      unreachable = chosen_unreachable;
+    }
+    auto chosen = options.choose_node(unreachable);
+    fresh = chosen.ok() ? Client::Connect(ClientOptionsFor(address = *chosen), handlers) : Result<std::unique_ptr<Client>>(chosen.status());
+    std::lock_guard<std::mutex> lock(mu);
+    chosen_unreachable = chosen.ok() && !fresh.ok() ? address : "";
+  } else if (registry) {
+    fresh = ConnectViaRegistry(handlers, &address);
+  }
+  for (size_t i = 0; !registry && !options.choose_node && i <= options.alternates.size(); ++i) {
     address = i == 0 ? options.connect : options.alternates[i - 1];
     fresh = Client::Connect(ClientOptionsFor(address), handlers);
     if (fresh.ok()) break;
@@ -151,7 +163,7 @@ void Subscriber::Impl::ReportConnection(const std::string& node) {
     reported_node = node;
     now = stats;
   }
-  bool preferred = !registry && !node.empty() && node == options.connect;
+  bool preferred = !registry && !node.empty() && (options.choose_node || node == options.connect);
   if (!node.empty())
     log(LogLevel::kInfo, kLog, "{}: subscribed through {}{}", options.model, node,
         registry || preferred ? "" : " (an alternate; " + options.connect + " is tried every " +
@@ -254,7 +266,8 @@ void Subscriber::Impl::WaitConnected(std::unique_lock<std::mutex>& lock, const s
   while (!ready()) {
     if (!down()) {
       backoff = kFirstRetry;
-      bool on_alternate = !registry && options.preferred_probe.count() > 0 && node_address != options.connect;
+      bool on_alternate = !registry && !options.choose_node && options.preferred_probe.count() > 0 &&
+                          node_address != options.connect;
       if (!on_alternate) {
         cv.wait(lock, [&] { return ready() || down(); });
         continue;

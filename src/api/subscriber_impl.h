@@ -53,6 +53,7 @@ struct Subscriber::Impl : std::enable_shared_from_this<Subscriber::Impl> {
   std::string node_address;        // the node `client` is connected to (options.connect or an alternate)
   std::shared_ptr<std::atomic<bool>> client_current;  // false once `client` is replaced: its announcements stop
   bool unreachable_reported = false;                  // no node reachable, and that was logged
+  std::string chosen_unreachable;  // options.choose_node: the node the last connect did not reach
   std::optional<std::string> reported_node;           // the last node told to options.on_connection
   std::optional<proto::VersionInfo> announced;
   bool announced_incoming = false;  // announced by INCOMING: the node is still receiving it

@@ -21,6 +21,7 @@
 
 #include "core/snapshot_internal.h"
 #include "redis_connection.h"
+#include "redis_placement.h"
 #include "store/file_tier.h"
 
 namespace viper::registry_internal {
@@ -76,7 +77,9 @@ class RedisRegistry : public Registry {
 
   std::string_view backend() const override { return "redis"; }
   const std::string& url() const override { return url_; }
-  RegistryCapabilities capabilities() const override { return {.shared = true, .expiry = true, .watch = true}; }
+  RegistryCapabilities capabilities() const override {
+    return {.shared = true, .expiry = true, .watch = true, .placement = true};
+  }
 
   Result<size_t> Put(std::span<const HolderRecord> records, std::chrono::milliseconds ttl) override {
     if (ttl.count() <= 0) return Status::InvalidArgument("registry TTL must be positive");
@@ -127,6 +130,20 @@ class RedisRegistry : public Registry {
   Status Remove(const std::string& node_id, const std::string& model, uint64_t version) override {
     return RunAll({{"DEL", RecordKey(model, version, node_id)}, {"ZREM", IndexKey(model), IndexMember(version, node_id)}},
                   "removing");
+  }
+
+  Result<Placement> Join(const JoinRequest& request) override {
+    return WithConnection<Placement>([&](RedisConnection& c) { return JoinOn(c, request); });
+  }
+  Result<bool> Stay(const std::string& model, const std::string& node_id, std::chrono::milliseconds ttl) override {
+    return WithConnection<bool>([&](RedisConnection& c) { return StayOn(c, model, node_id, ttl); });
+  }
+  Status Leave(const std::string& model, const std::string& node_id) override {
+    return WithConnection<bool>([&](RedisConnection& c) -> Result<bool> {
+             VIPER_RETURN_IF_ERROR(LeaveOn(c, model, node_id));
+             return true;
+           })
+        .status();
   }
 
   Status Announce(const HolderRecord& record) override {

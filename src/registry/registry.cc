@@ -70,4 +70,14 @@ Result<RegistryLookup> Registry::LookupLatest(const std::string& model) {
   return out;
 }
 
+Result<Placement> Registry::Join(const JoinRequest&) {
+  return Status::NotSupported("registry " + url() + " does not place relays (use redis://)");
+}
+Result<bool> Registry::Stay(const std::string&, const std::string&, std::chrono::milliseconds) {
+  return Status::NotSupported("registry " + url() + " does not place relays (use redis://)");
+}
+Status Registry::Leave(const std::string&, const std::string&) {
+  return Status::NotSupported("registry " + url() + " does not place relays (use redis://)");
+}
+
 }  // namespace viper

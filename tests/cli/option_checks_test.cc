@@ -213,6 +213,7 @@ const std::vector<Option>& Table() {
       {"serve", "--registry-ttl", Kind::kSeconds, 0.3, 86400},
       {"serve", "--upstream", Kind::kHostPort},
       {"serve", "--relay-model", Kind::kModel},
+      {"serve", "--max-children", Kind::kInteger, 1, 1024},
       {"serve", "--upstream-alternate", Kind::kHostPort},
       {"serve", "--upstream-file-dir", Kind::kPath},
       {"serve", "--token-file", Kind::kReadableFile},

@@ -74,8 +74,8 @@ inline std::set<uint64_t> RegisteredFor(Registry& registry, const std::string& m
 class ServeProcess {
  public:
   ServeProcess(const TempDir& dir, const std::string& name, const std::string& registry, double ttl_s,
-               const std::string& listen = "127.0.0.1:0")
-      : dir_(dir), name_(name), registry_(registry), ttl_s_(ttl_s) {
+               const std::string& listen = "127.0.0.1:0", std::vector<std::string> extra = {})
+      : dir_(dir), name_(name), registry_(registry), ttl_s_(ttl_s), extra_(std::move(extra)) {
     Launch(listen);
   }
   // kill -9 and start again on the same address and store (retrying while the port is busy).
@@ -97,11 +97,11 @@ class ServeProcess {
  private:
   void Launch(std::string listen) {
     auto addr_file = dir_ / (name_ + ".addr");
-    process_ = std::make_unique<Process>(
-        std::vector<std::string>{ViperBinary(), "serve", "--listen", listen, "--name", name_, "--registry", registry_,
-                                 "--registry-ttl", std::to_string(ttl_s_), "--store-dir", store().string(),
-                                 "--address-file", addr_file.string()},
-        dir_ / (name_ + ".log"));
+    std::vector<std::string> argv{ViperBinary(), "serve", "--listen", listen, "--name", name_, "--registry", registry_,
+                                  "--registry-ttl", std::to_string(ttl_s_), "--store-dir", store().string(),
+                                  "--address-file", addr_file.string()};
+    argv.insert(argv.end(), extra_.begin(), extra_.end());
+    process_ = std::make_unique<Process>(argv, dir_ / (name_ + ".log"));
     address_ = WaitForFile(addr_file, std::chrono::seconds(30));
     if (address_.empty() && !process_->running()) address_ = "";
   }
@@ -109,6 +109,7 @@ class ServeProcess {
   const TempDir& dir_;
   std::string name_, registry_;
   double ttl_s_;
+  std::vector<std::string> extra_;  // more `viper serve` arguments
   std::string address_;
   std::unique_ptr<Process> process_;
 };

@@ -23,7 +23,7 @@ struct ServeFlags {
   double registry_ttl_s = 10;
   std::string host_max_bytes = "0";
   std::string registry_password_file;
-  RelayOptions relay;  // with --upstream: this node replicates the upstream's models
+  RelayOptions relay;  // with --relay-model: this node replicates the models (--upstream, or placed)
 };
 
 // Writes "HOST:PORT\n" to `path` through a temporary beside it (removed if anything fails), so a
@@ -73,13 +73,24 @@ int RunServe(const ServeFlags& flags) {
   auto node = Node::Start(options);
   if (!node.ok()) return Fail("serve", node.status());
   std::unique_ptr<Relay> relay;  // destroyed before the node
-  if (!flags.relay.upstream.empty()) {
+  if (!flags.relay.models.empty()) {
     RelayOptions ro = flags.relay;
     ro.token = *token;  // one token for the whole deployment
+    if (ro.upstream.empty()) {  // placed by the registry
+      ro.registry = options.registry;
+      ro.registry_password = options.registry_password;
+      ro.heartbeat = options.registry_heartbeat;
+    }
     auto started = Relay::Start(**node, ro);
-    if (!started.ok()) return Fail("serve", started.status().WithContext("--upstream " + ro.upstream));
+    if (!started.ok())
+      return Fail("serve", started.status().WithContext(ro.upstream.empty() ? "--relay-model with --registry "
+                                                                              : "--upstream " + ro.upstream));
     relay = std::move(started).value();
-    std::printf("viper serve: relaying from %s\n", ro.upstream.c_str());
+    if (ro.upstream.empty())
+      std::printf("viper serve: relaying through the relay tree of %s (at most %u children)\n", ro.registry.c_str(),
+                  ro.max_children);
+    else
+      std::printf("viper serve: relaying from %s\n", ro.upstream.c_str());
   }
   if (!options.registry.empty())
     std::printf("viper serve: registering in %s (TTL %.1f s)\n", options.registry.c_str(), flags.registry_ttl_s);
@@ -155,8 +166,14 @@ ViperCommand serve_command(
       app.add_option("--upstream", flags->relay.upstream,
                      "Relay: replicate the models named by --relay-model from the node at HOST:PORT")
           ->check(HostPort());
-      app.add_option("--relay-model", flags->relay.models, "Model to relay (repeatable; with --upstream)")
+      app.add_option("--relay-model", flags->relay.models,
+                     "Model to relay (repeatable): from --upstream, or, without it, from the parent --registry "
+                     "(redis://) places this node under")
           ->check(ModelName());
+      app.add_option("--max-children", flags->relay.max_children,
+                     "Relays the registry places under this one, per model (without --upstream)")
+          ->default_val(kDefaultRelayChildren)
+          ->check(IntegerIn(1, 1024));
       app.add_option("--upstream-alternate", flags->relay.alternates,
                      "Relay from this HOST:PORT while --upstream is unreachable (repeatable, tried in order)")
           ->check(HostPort());
@@ -167,8 +184,12 @@ ViperCommand serve_command(
           ->check(PathText());
       flags->auth.Add(app);
       return [flags] {
-        if (flags->relay.upstream.empty() != flags->relay.models.empty())
-          return Fail("serve", Status::InvalidArgument("--upstream and --relay-model go together"));
+        if (!flags->relay.upstream.empty() && flags->relay.models.empty())
+          return Fail("serve", Status::InvalidArgument("--upstream needs --relay-model"));
+        if (!flags->relay.models.empty() && flags->relay.upstream.empty() &&
+            !flags->node.registry.starts_with("redis://"))
+          return Fail("serve", Status::InvalidArgument(
+                                   "--relay-model needs --upstream, or --registry redis://... to place the relay"));
         return RunServe(*flags);
       };
     },

@@ -1,0 +1,182 @@
+// Fault rounds on a relay tree the registry arranged (docs/RELIABILITY.md "Relay trees placed by
+// the registry"): a producer node and relays started with `viper serve --registry redis://...
+// --relay-model M` and no --upstream, in real processes against a real redis-server. The tree
+// respects its bounds (the producer takes one child, each relay --max-children: 1, a chain, and
+// 2). A round kills a relay that has children (kill -9) while a version is being relayed; its
+// children re-attach under another node found through the registry within about one heartbeat,
+// the version in flight is finished from another holder, and a consumer on every surviving relay
+// sees each version whole and bit-exact (never a torn one).
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "fleet.h"
+#include "viper/subscriber.h"
+
+namespace viper::testing {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+constexpr size_t kBytes = 24 << 20;  // large enough that a kill can land mid-transfer
+constexpr int kRelays = 6;
+constexpr double kTtlS = 1.5;        // heartbeat 0.5 s
+
+class PlacedTree : public ::testing::TestWithParam<int> {  // --max-children
+ protected:
+  void SetUp() override {
+    std::string why = redis_.Start();
+    ASSERT_TRUE(why.empty()) << why;
+  }
+  std::unique_ptr<ServeProcess> StartRelay(int i) {
+    std::filesystem::remove(dir_ / ("relay" + std::to_string(i) + ".addr"));  // a dead one's address
+    return std::make_unique<ServeProcess>(dir_, "relay" + std::to_string(i), redis_.url(), kTtlS, "127.0.0.1:0",
+                                          std::vector<std::string>{"--relay-model", "m", "--max-children",
+                                                                   std::to_string(GetParam()), "--upstream-remote"});
+  }
+  // child address -> parent address, as the registry holds the tree.
+  std::map<std::string, std::string> Tree() {
+    std::map<std::string, std::string> id_to_address, parent_of;
+    auto c = redis_.Connect();
+    auto members = c->Run({"ZRANGE", "viper:tree:m", "0", "-1"});
+    if (!members.ok()) return {};
+    std::map<std::string, std::string> parent_id;
+    for (size_t i = 0; i < (*members)->elements; ++i) {
+      std::string id((*members)->element[i]->str, (*members)->element[i]->len);
+      auto f = c->Run({"HMGET", "viper:tree:m:" + id, "a", "p"});
+      if (!f.ok() || (*f)->elements != 2 || (*f)->element[0]->type != REDIS_REPLY_STRING) continue;
+      id_to_address[id] = std::string((*f)->element[0]->str, (*f)->element[0]->len);
+      parent_id[id] = std::string((*f)->element[1]->str, (*f)->element[1]->len);
+    }
+    for (const auto& [id, p] : parent_id)
+      parent_of[id_to_address[id]] = id_to_address.contains(p) ? id_to_address[p] : "root:" + p;
+    return parent_of;
+  }
+  std::string Logs() {
+    std::string out = producer_ ? "--- producer\n" + producer_->log() : "";
+    for (size_t i = 0; i < relays_.size(); ++i)
+      if (relays_[i]) out += "--- relay" + std::to_string(i) + "\n" + relays_[i]->log();
+    return out;
+  }
+
+  RedisServer redis_;
+  TempDir dir_;
+  std::unique_ptr<ServeProcess> producer_;
+  std::vector<std::unique_ptr<ServeProcess>> relays_;
+};
+
+// A consumer of one relay that checks every version it makes live against the bytes published.
+struct Checker {
+  std::unique_ptr<Subscriber> sub;
+  std::shared_ptr<std::atomic<int>> bad = std::make_shared<std::atomic<int>>(0);
+  static Checker On(const std::string& relay) {
+    Checker c;
+    SubscriberOptions so;
+    so.model = "m";
+    so.connect = relay;
+    so.wait_for_node = true;
+    so.path = FetchPath::kRemote;
+    so.name = "checker";
+    auto s = Subscriber::Start(so);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    if (!s.ok()) return c;
+    c.sub = std::move(s).value();
+    c.sub->OnUpdate([bad = c.bad](const std::shared_ptr<const ModelVersion>& mv) {
+      // The tensors' bytes (the header carries the node's stamp: version, model).
+      Snapshot expected = SeededSnapshot(mv->version(), kBytes);
+      auto got = mv->snapshot.data_region();
+      auto want = expected.data_region();
+      if (got.size() != want.size() || std::memcmp(got.data(), want.data(), got.size()) != 0) (*bad)++;
+    });
+    return c;
+  }
+};
+
+TEST_P(PlacedTree, KilledRelaysChildrenReattachThroughTheRegistry) {
+  producer_ = std::make_unique<ServeProcess>(dir_, "producer", redis_.url(), kTtlS);
+  ASSERT_FALSE(producer_->address().empty()) << producer_->log();
+  auto client = ConnectTo(producer_->address());
+  ASSERT_TRUE(client);
+  uint64_t version = 1;
+  // The node numbers versions 1, 2, ...: the seed is the version, so checkers know the bytes.
+  auto publish = [&] {
+    auto v = client->Publish("m", SeededSnapshot(version, kBytes).bytes(), version, 0);
+    EXPECT_TRUE(v.ok() && *v == version) << (v.ok() ? std::to_string(*v) : v.status().ToString());
+    return v.ok() && *v == version;
+  };
+  ASSERT_TRUE(publish());
+  for (int i = 0; i < kRelays; ++i) relays_.push_back(StartRelay(i));  // all at once: joins race
+  for (auto& r : relays_) ASSERT_FALSE(r->address().empty()) << Logs();
+  std::vector<Checker> checkers;
+  for (auto& r : relays_) checkers.push_back(Checker::On(r->address()));
+  for (auto& c : checkers) ASSERT_TRUE(c.sub->WaitFor(1, 30s).ok()) << Logs();
+
+  auto check_bounds = [&] {
+    std::map<std::string, int> children;
+    for (const auto& [child, parent] : Tree()) children[parent]++;
+    for (const auto& [parent, n] : children) EXPECT_LE(n, parent.starts_with("root:") ? 1 : GetParam()) << parent << "\n" << Logs();
+  };
+  auto tree = Tree();
+  EXPECT_EQ(tree.size(), static_cast<size_t>(kRelays)) << Logs();
+  check_bounds();
+
+  std::vector<double> heal_ms;
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    // A relay with children (not the one under the producer in round 0: any with children).
+    tree = Tree();
+    std::map<std::string, std::vector<std::string>> kids;
+    for (const auto& [child, parent] : tree) kids[parent].push_back(child);
+    int victim = -1;
+    for (int i = 0; i < kRelays && victim < 0; ++i)
+      if (kids.contains(relays_[i]->address())) victim = i;
+    ASSERT_GE(victim, 0) << Logs();
+    std::vector<int> orphans;
+    std::map<int, int> rejoins_before;
+    for (int i = 0; i < kRelays; ++i)
+      if (i != victim && tree[relays_[i]->address()] == relays_[victim]->address()) {
+        orphans.push_back(i);
+        rejoins_before[i] = CountLines(relays_[i]->log(), "re-joined the relay tree");
+      }
+    ASSERT_FALSE(orphans.empty());
+    // A new version on its way down the tree, then the kill while it is relayed.
+    ++version;
+    ASSERT_TRUE(publish());
+    std::this_thread::sleep_for(5ms);
+    auto killed_at = Clock::now();
+    relays_[victim]->Kill();
+    for (int i : orphans) {
+      bool back = WaitUntil([&] { return CountLines(relays_[i]->log(), "re-joined the relay tree") > rejoins_before[i]; }, 10s);
+      ASSERT_TRUE(back) << "relay" << i << " did not re-join\n" << Logs();
+      heal_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - killed_at).count());
+    }
+    // Every surviving relay's consumer gets the version in flight and the next one.
+    ++version;
+    ASSERT_TRUE(publish());
+    for (int i = 0; i < kRelays; ++i)
+      if (i != victim) {
+        EXPECT_TRUE(checkers[i].sub->WaitFor(version, 30s).ok()) << "relay" << i << "\n" << Logs();
+      }
+    tree = Tree();
+    for (int i : orphans) EXPECT_NE(tree[relays_[i]->address()], relays_[victim]->address());
+    // The killed relay comes back (on a new port) and joins again.
+    checkers[victim].sub.reset();
+    relays_[victim] = StartRelay(victim);
+    ASSERT_FALSE(relays_[victim]->address().empty()) << Logs();
+    checkers[victim] = Checker::On(relays_[victim]->address());
+    EXPECT_TRUE(checkers[victim].sub->WaitFor(version, 30s).ok()) << Logs();
+    check_bounds();
+  }
+  for (auto& c : checkers) EXPECT_EQ(c.bad->load(), 0) << "a consumer saw bytes that were not published";
+  std::string figures;
+  for (double ms : heal_ms) figures += " " + std::to_string(static_cast<int>(ms));
+  std::printf("re-attached after a relay's kill -9, ms:%s\n", figures.c_str());
+  for (double ms : heal_ms) EXPECT_LT(ms, 2 * kTtlS * 1000) << "about one heartbeat, with room for a loaded machine";
+}
+
+// 1: a chain (the default: docs/ARCHITECTURE.md "Placement and healing"); 2: a binary tree.
+INSTANTIATE_TEST_SUITE_P(Children, PlacedTree, ::testing::Values(1, 2));
+
+}  // namespace
+}  // namespace viper::testing

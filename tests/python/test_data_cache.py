@@ -1,0 +1,179 @@
+"""viper.data across data-parallel ranks (python/viper/data.py DataLoader(rank, world_size,
+cache_nodes), include/viper/sample_cache.h): real rank processes, each with its own cache node on
+loopback and its own DataLoader, in step per epoch as training ranks are (a file barrier stands for
+the all-reduce). Every sample once per epoch across the ranks, the bytes right, the source read
+only in the first epoch (a node that dies: tests/data/sample_cache_test.cc).
+
+Run: PYTHONPATH=<build>/python /usr/bin/python3 -m pytest tests/python/test_data_cache.py
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import viper
+import viper.data as vd
+
+N, WIDTH = 240, 256  # samples of WIDTH float32 values, all equal to the sample's id
+
+RANK = textwrap.dedent(r"""
+    import json, os, sys, time
+    import numpy as np
+    import viper.data as vd
+    tree, rank, world, nodes, workdir, epochs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].split(","), sys.argv[5], int(sys.argv[6])
+
+    def barrier(name, count):
+        open(os.path.join(workdir, f"{name}.{rank}"), "w").close()
+        deadline = time.time() + 60
+        while sum(os.path.exists(os.path.join(workdir, f"{name}.{r}")) for r in range(count)) < count:
+            if time.time() > deadline:
+                sys.exit(f"rank {rank}: barrier {name} timed out")
+            time.sleep(0.01)
+
+    loader = vd.DataLoader(tree, batch_size=16, rank=rank, world_size=world, seed=5, cache_nodes=nodes,
+                           cache_token="t0ken", cache_options={"name": "cifar"})
+    barrier("up", world)  # every node listens before any rank reads
+    out = {"epochs": [], "source_bytes": []}
+    for epoch in range(epochs):
+        ids = []
+        for x, y in loader:
+            v = x.view(dtype=__import__("torch").float32).reshape(len(x), -1).numpy()
+            assert (v == v[:, :1]).all(), "a sample's bytes are its id"
+            ids += [int(i) for i in v[:, 0]]
+        out["epochs"].append(ids)
+        out["source_bytes"].append(loader.stats()["source_bytes"])
+        barrier(f"epoch{epoch}", world)
+    st = loader.stats()
+    out["epoch_samples"] = st["epoch_samples"]
+    out["cache"] = st["cache"]
+    print(json.dumps(out), flush=True)
+    barrier("done", world)  # no node goes away while another rank may still ask it
+    loader.close()
+""")
+
+
+def free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tree")
+    for c in range(4):
+        (root / f"class{c}").mkdir()
+    for i in range(N):
+        np.full(WIDTH, i, dtype=np.float32).tofile(root / f"class{i % 4}" / f"{i:05d}.bin")
+    return root
+
+
+def run_ranks(tree, workdir, world, epochs):
+    nodes = ",".join(f"127.0.0.1:{p}" for p in free_ports(world))
+    procs = [subprocess.Popen([sys.executable, "-c", RANK, str(tree), str(r), str(world), nodes, str(workdir),
+                               str(epochs)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(world)]
+    outs = []
+    for r, p in enumerate(procs):
+        out, err = p.communicate(timeout=240)
+        assert p.returncode == 0, f"rank {r}: {err}"
+        outs.append(json.loads(out.strip().splitlines()[-1]))
+    return outs
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ranks_share_epochs_and_read_the_source_once(tree, tmp_path, world):
+    epochs = 3
+    outs = run_ranks(tree, tmp_path, world, epochs)
+    for e in range(epochs):
+        ids = sorted(i for o in outs for i in o["epochs"][e])
+        assert ids == list(range(N)), f"epoch {e}: every sample exactly once across the ranks"
+        for r, o in enumerate(outs):
+            assert len(o["epochs"][e]) in (N // world, -(-N // world)), (r, e)
+    for r, o in enumerate(outs):
+        assert o["epoch_samples"] == [len(ids) for ids in o["epochs"]]
+        # The source is read in the first epoch only (and by the readers reading ahead into the
+        # second before the other ranks had cached what they read): afterwards every sample is in
+        # some node.
+        assert o["source_bytes"][1] == o["source_bytes"][2], (r, o["source_bytes"])
+    nbytes = WIDTH * 4
+    first = sum(o["source_bytes"][1] for o in outs)
+    assert N * nbytes <= first <= (N + world * 16) * nbytes, first  # 16: the readers' start-up buffer
+    caches = [o["cache"] for o in outs]
+    assert sum(c["node_samples"] for c in caches) == N, "each sample cached in exactly one node"
+    assert (epochs - 1) * N - world * 16 <= sum(c["local_hits"] + c["remote_hits"] for c in caches)
+    assert sum(c["remote_hits"] for c in caches) > 0
+    assert all(c["put_failures"] == 0 and c["peer_failures"] == 0 for c in caches), caches
+
+
+def test_loader_arguments_are_checked(tree):
+    with pytest.raises(viper.InvalidArgumentError, match=r"rank=3 .*must be .*2|rank"):
+        vd.DataLoader(tree, rank=3, world_size=2)
+    with pytest.raises(viper.InvalidArgumentError, match=r"cache_nodes=\[\]|nodes=\[\]"):
+        vd.DataLoader(tree, cache_nodes=[])
+    with pytest.raises(TypeError, match="need cache_nodes"):
+        vd.DataLoader(tree, cache_token="x")
+    with pytest.raises(viper.InvalidArgumentError, match="must be HOST:PORT"):
+        vd.DataLoader(tree, cache_nodes=["localhost"])
+    with pytest.raises(viper.InvalidArgumentError, match="rank=1 but cache_nodes has 1 entries"):
+        vd.DataLoader(tree, rank=1, world_size=2, cache_nodes=["127.0.0.1:1"])
+
+
+def test_single_process_loader_reports_source_bytes_and_epoch_samples(tree):
+    loader = vd.DataLoader(tree, batch_size=50)
+    for _ in range(2):
+        for _ in loader:
+            pass
+    st = loader.stats()
+    assert st["epoch_samples"] == [N, N]
+    # No cache: every epoch reads the source (and the readers read ahead into the next one).
+    assert 2 * N * WIDTH * 4 <= st["source_bytes"] <= (2 * N + 16) * WIDTH * 4
+    assert st["source_bytes"] == st["bytes_read"]
+    assert "cache" not in st
+    loader.close()
+
+
+def test_rank_share_of_a_single_process_loader(tree):
+    seen = []
+    for r in range(3):
+        loader = vd.DataLoader(tree, batch_size=7, rank=r, world_size=3, seed=9)
+        assert len(loader) == -(-(N // 3) // 7)
+        seen += [int(i) for x, _ in loader for i in x.view(dtype=__import__("torch").float32).reshape(len(x), -1)[:, 0]]
+        loader.close()
+    assert sorted(seen) == list(range(N))
+
+
+def test_sample_owner_matches_the_caches_choice():
+    nodes = ["10.0.0.1:7500", "10.0.0.2:7500", "10.0.0.3:7500"]
+    owners = [vd.sample_owner(i, nodes) for i in range(3000)]
+    assert [owners.count(k) for k in range(3)] == pytest.approx([1000, 1000, 1000], abs=120)
+    assert owners == [2 - vd.sample_owner(i, list(reversed(nodes))) for i in range(3000)], "order does not matter"
+
+
+def test_callable_source_reads_through_python_and_names_bad_samples():
+    calls = []
+
+    def read(i):
+        calls.append(i)
+        return np.full(WIDTH, i, dtype=np.float32).tobytes() if i != 5 else b"short"
+
+    src = vd.callable_source(read, [WIDTH * 4] * 20, labels=[i % 2 for i in range(20)], name="http test")
+    assert len(src) == 20 and src.label(3) == 1 and src.describe(4) == "sample 4 (http test)"
+    loader = vd.DataLoader(src, batch_size=4, ids=[i for i in range(20) if i != 5])
+    got = sorted(int(v) for x, _ in loader for v in x.view(dtype=__import__("torch").float32).reshape(len(x), -1)[:, 0])
+    assert got == [i for i in range(20) if i != 5]
+    loader.close()
+    with pytest.raises(viper.Error, match=r"sample 5 \(http test\): read returned 5 bytes, expected 1024"):
+        src.read(5)
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        __import__("pickle").dumps(src)

@@ -44,7 +44,12 @@ namespace viper {
 struct SampleCacheOptions {
   // The membership: every cache node's "host:port", the same list (in any order) on every rank.
   std::vector<std::string> nodes;
-  size_t self = 0;      // index in `nodes` of this rank's node, which this process starts
+  size_t self = 0;      // index in `nodes` of this rank's node (this host's)
+  // Start the node nodes[self] in this process. false: attach to it, run by another process on
+  // this host (another rank's cache, or `viper serve`): several processes on one host (ranks,
+  // jobs of a search on the same data) then share one cache; this one's reads of it are leases
+  // on its segments, mapped read-only, and its puts Client::Publish.
+  bool start_node = true;
   std::string name;     // the cache's namespace in the nodes: [A-Za-z0-9_-]{1,64} (e.g. the data set)
   std::string token;    // the nodes' HELLO token (required to listen beyond loopback, unless insecure)
   bool insecure = false;
@@ -62,7 +67,7 @@ struct SampleCacheStats {
   uint64_t puts = 0, put_bytes = 0;  // samples this rank put into their owner's cache
   uint64_t put_failures = 0;   // puts refused (an owner's budget) or failed
   uint64_t peer_failures = 0;  // requests to another node that failed (unreachable, timed out)
-  uint64_t node_samples = 0;   // samples this rank's node holds now
+  uint64_t node_samples = 0;   // samples this rank's node holds now (0 when attached: see the node's process)
   uint64_t node_bytes = 0;     // shared memory its segments take, spare ones included (HostTierStats::mapped_bytes)
   std::vector<std::string> down;  // nodes left out now (unreachable)
 };

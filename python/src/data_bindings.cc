@@ -341,7 +341,7 @@ void BindSampleCache(py::module_& m) {
   py::class_<SampleCacheHandle>(m, "_SampleCache")
       .def(py::init([](const SourceHandle& src, std::vector<std::string> nodes, size_t self, std::string name,
                        std::string token, bool insecure, uint64_t max_bytes, size_t max_samples, double timeout,
-                       double retry_down) {
+                       double retry_down, bool start_node) {
              viper::SampleCacheOptions o;
              o.nodes = std::move(nodes);
              o.self = self;
@@ -352,6 +352,7 @@ void BindSampleCache(py::module_& m) {
              o.max_samples = max_samples;
              o.timeout = SecondsToMs(timeout, "timeout");
              o.retry_down = SecondsToMs(retry_down, "retry_down");
+             o.start_node = start_node;
              viper::Result<std::shared_ptr<viper::SampleCache>> r = Status::Internal("unset");
              {
                py::gil_scoped_release release;
@@ -361,7 +362,7 @@ void BindSampleCache(py::module_& m) {
            }),
            py::arg("source"), py::arg("nodes"), py::arg("self"), py::arg("name"), py::arg("token"),
            py::arg("insecure"), py::arg("max_bytes"), py::arg("max_samples"), py::arg("timeout"),
-           py::arg("retry_down"))
+           py::arg("retry_down"), py::arg("start_node"))
       .def_property_readonly("source", [](const SampleCacheHandle& h) { h.live();
         return SourceHandle{h.cache}; })
       .def_property_readonly("address", [](const SampleCacheHandle& h) { return h.live().address(); })

@@ -195,11 +195,15 @@ class SampleCache(Source):
     then puts it into the owner's node. An unreachable node is left out for `retry_down` seconds
     (its samples go to their next owner). `token` is the nodes' shared secret (required beyond
     loopback unless insecure=True); max_bytes the node's memory budget (0: half of /dev/shm);
-    `name` the cache's namespace in the nodes ([A-Za-z0-9_-], default "data")."""
+    `name` the cache's namespace in the nodes ([A-Za-z0-9_-], default "data").
+
+    start_node=False attaches to nodes[node] instead of starting it: the node is run by another
+    process on this host (another rank's or job's SampleCache, or `viper serve`), so that several
+    processes on one host share one cache in one node's shared memory."""
 
     def __init__(self, source, nodes: Sequence[str], node: int = 0, *, name: str = "data", token: str = "",
                  insecure: bool = False, max_bytes: int = 0, max_samples: int = 1 << 16, timeout: float = 10.0,
-                 retry_down: float = 3.0):
+                 retry_down: float = 3.0, start_node: bool = True):
         owner = "viper.data.SampleCache()"
         nodes = _nodes(owner, nodes)
         node = _check.integer(owner, "node", node, lo=0, hi=len(nodes) - 1)
@@ -210,9 +214,10 @@ class SampleCache(Source):
         max_samples = _check.integer(owner, "max_samples", max_samples, lo=1)
         timeout = _check.number(owner, "timeout", timeout, lo=0.001)
         retry_down = _check.number(owner, "retry_down", retry_down, lo=0.0)
+        start_node = _check.boolean(owner, "start_node", start_node)
         base = _as_source(source)
         self._cache = _viper._SampleCache(base._impl, nodes, node, name, token, insecure, max_bytes, max_samples,
-                                          timeout, retry_down)
+                                          timeout, retry_down, start_node)
         self.base = base
         self.nodes = nodes
         self.node = node
@@ -460,7 +465,8 @@ class DataLoader:
     rank's cache node "HOST:PORT", the same list on every rank) the ranks share a collaborative
     cache (viper.data.SampleCache): this process starts node cache_nodes[cache_node] (default:
     cache_nodes[rank]); cache_token is the nodes' shared secret and cache_options the other
-    SampleCache keywords (name, insecure, max_bytes, timeout, retry_down)."""
+    SampleCache keywords (name, insecure, max_bytes, timeout, retry_down, start_node: False when
+    another process on this host runs the node, e.g. several ranks or jobs per host)."""
 
     def __init__(self, source, batch_size: int = 1, *, shuffle: bool = True, drop_last: bool = False,
                  transform: Optional[Callable] = None, collate_fn: Optional[Callable] = None,

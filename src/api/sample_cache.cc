@@ -95,6 +95,7 @@ struct SampleCache::Impl {
   Client* PeerClient(size_t i) const;
   void MarkDown(size_t i, const Status& why) const;
   bool ReadLocal(uint64_t id, std::span<std::byte> dst) const;
+  bool ReadAttached(uint64_t id, std::span<std::byte> dst) const;
   bool ReadRemote(size_t owner, uint64_t id, std::span<std::byte> dst) const;
   void PutLocal(uint64_t id, std::span<const std::byte> bytes) const;
   void PutRemote(size_t owner, uint64_t id, std::span<const std::byte> bytes) const;
@@ -168,6 +169,7 @@ bool SampleCache::Impl::CopyOut(const Snapshot& snap, uint64_t id, std::span<std
 
 bool SampleCache::Impl::ReadLocal(uint64_t id, std::span<std::byte> dst) const {
   const std::string model = Model(id);
+  if (!node) return ReadAttached(id, dst);
   std::optional<uint64_t> v = node->host_tier().latest(model);
   if (!v) return false;
   auto lease = node->host_tier().Acquire(model, *v);
@@ -175,6 +177,27 @@ bool SampleCache::Impl::ReadLocal(uint64_t id, std::span<std::byte> dst) const {
   auto snap = Snapshot::Parse(lease->data(), lease->hold());
   if (!snap.ok()) return false;
   return CopyOut(*snap, id, dst);
+}
+
+// This host's node run by another process: a lease on the sample's segment, mapped read-only
+// (same host), copied out, released.
+bool SampleCache::Impl::ReadAttached(uint64_t id, std::span<std::byte> dst) const {
+  Client* c = PeerClient(opt.self);
+  if (c == nullptr) return false;
+  const std::string model = Model(id);
+  auto ok = c->FetchLease(model, 0);
+  if (!ok.ok()) {
+    if (ok.status().code() != StatusCode::kNotFound) MarkDown(opt.self, ok.status());
+    return false;
+  }
+  bool copied = false;
+  auto mapped = MapSegmentReadOnly(ok->segment, ok->info.size);
+  if (mapped.ok()) {
+    auto snap = Snapshot::Parse(mapped->data, mapped->owner);
+    copied = snap.ok() && CopyOut(*snap, id, dst);
+  }
+  c->Release(model, ok->info.version);
+  return copied;
 }
 
 bool SampleCache::Impl::ReadRemote(size_t owner, uint64_t id, std::span<std::byte> dst) const {
@@ -215,6 +238,7 @@ Result<SnapshotLayout> SampleLayout(uint64_t nbytes) {
 }  // namespace
 
 void SampleCache::Impl::PutLocal(uint64_t id, std::span<const std::byte> bytes) const {
+  if (!node) return PutRemote(opt.self, id, bytes);  // attached: the node is another process's
   const std::string model = Model(id);
   auto fail = [&](const Status& st) {
     put_failures++;
@@ -306,6 +330,7 @@ Result<std::shared_ptr<SampleCache>> SampleCache::Open(std::shared_ptr<const Sam
   impl->opt = options;
   for (const auto& n : options.nodes) impl->keys.push_back(MemberKey(n));
   impl->peers.resize(options.nodes.size());
+  if (!options.start_node) return std::shared_ptr<SampleCache>(new SampleCache(std::move(impl)));
   NodeOptions no;
   no.listen = options.nodes[options.self];
   no.name = fmt::format("sample-cache-{}-{}", options.name, options.self);
@@ -334,7 +359,7 @@ std::string SampleCache::Describe(uint64_t id) const { return impl_->source->Des
 Status SampleCache::Check(uint64_t id) const { return impl_->source->Check(id); }
 std::vector<std::string> SampleCache::class_names() const { return impl_->source->class_names(); }
 size_t SampleCache::OwnerOf(uint64_t id) const { return impl_->OwnerOf(id); }
-std::string SampleCache::address() const { return impl_->node->address(); }
+std::string SampleCache::address() const { return impl_->node ? impl_->node->address() : impl_->opt.nodes[impl_->opt.self]; }
 const SampleCacheOptions& SampleCache::options() const { return impl_->opt; }
 
 Status SampleCache::ReadInto(uint64_t id, std::span<std::byte> dst) const {
@@ -379,9 +404,10 @@ SampleCacheStats SampleCache::stats() const {
   s.remote_hits = m.remote_hits, s.remote_bytes = m.remote_bytes;
   s.misses = m.misses, s.puts = m.puts, s.put_bytes = m.put_bytes;
   s.put_failures = m.put_failures, s.peer_failures = m.peer_failures;
-  NodeStats ns = m.node->stats();
-  s.node_samples = m.node->host_tier().models().size();
-  s.node_bytes = ns.host.mapped_bytes;
+  if (m.node) {
+    s.node_samples = m.node->host_tier().models().size();
+    s.node_bytes = m.node->stats().host.mapped_bytes;
+  }  // attached: the node's process reports them
   std::vector<bool> live = m.Live();
   for (size_t i = 0; i < live.size(); ++i) {
     if (!live[i]) s.down.push_back(m.opt.nodes[i]);

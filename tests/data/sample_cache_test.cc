@@ -271,6 +271,37 @@ TEST(SampleCacheTest, ADeadNodeCostsOnlyItsOwnSamples) {
   for (uint64_t id = 0; id < 120; ++id) EXPECT_NE(ranks[0].cache->OwnerOf(id), 2u);
 }
 
+TEST(SampleCacheTest, ProcessesOnOneHostShareOneNode) {
+  TempDir dir;
+  auto src = Tree(dir);
+  auto nodes = LoopbackNodes(1);
+  SampleCacheOptions co;
+  co.nodes = nodes;
+  co.name = "shared";
+  auto owner = SampleCache::Open(src, co);  // runs the node
+  ASSERT_TRUE(owner.ok()) << owner.status().ToString();
+  co.start_node = false;                     // attach to it
+  auto a = SampleCache::Open(src, co);
+  auto b = SampleCache::Open(src, co);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ((*a)->address(), nodes[0]);
+  for (SampleCache* c : {a->get(), b->get(), owner->get()}) {
+    for (uint64_t id = 0; id < 120; ++id) {
+      std::vector<std::byte> buf(kBytes);
+      ASSERT_TRUE(c->ReadInto(id, buf).ok());
+      ASSERT_EQ(buf, SampleBytes(id, kBytes)) << "sample " << id;
+    }
+  }
+  EXPECT_EQ(src->reads, 120u) << "the first reader fills the shared cache; the others only read it";
+  SampleCacheStats sa = (*a)->stats(), sb = (*b)->stats(), so = (*owner)->stats();
+  EXPECT_EQ(sa.source_reads, 120u);
+  EXPECT_EQ(sa.puts, 120u);
+  EXPECT_EQ(sb.local_hits, 120u);
+  EXPECT_EQ(so.local_hits, 120u);
+  EXPECT_EQ(so.node_samples, 120u);
+  EXPECT_EQ(sa.node_samples, 0u) << "an attached cache holds nothing itself";
+}
+
 TEST(SampleCacheTest, BudgetRefusesPutsAndTheSourceServesTheRest) {
   TempDir dir;
   auto src = Tree(dir);

@@ -177,3 +177,61 @@ def test_callable_source_reads_through_python_and_names_bad_samples():
         src.read(5)
     with pytest.raises(TypeError, match="cannot be pickled"):
         __import__("pickle").dumps(src)
+
+
+JOB = textwrap.dedent(r"""
+    import glob, json, os, sys, time
+    import viper.data as vd
+    tree, job, jobs, node, workdir = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+
+    def barrier(name):
+        open(os.path.join(workdir, f"{name}.{job}"), "w").close()
+        while sum(os.path.exists(os.path.join(workdir, f"{name}.{j}")) for j in range(jobs)) < jobs:
+            time.sleep(0.01)
+
+    # Job 0 runs this host's cache node; the others attach to it (jobs of a search on one data set).
+    loader = vd.DataLoader(tree, batch_size=16, seed=job, cache_nodes=[node], cache_token="t0ken",
+                           cache_options={"start_node": job == 0, "name": "search"})
+    barrier("up")
+    source = []
+    for epoch in range(2):
+        n = sum(len(x) for x, _ in loader)
+        assert n == 240, n
+        source.append(loader.stats()["source_bytes"])
+        barrier(f"e{epoch}")
+    st = loader.stats()
+    shm = sum(os.path.getsize(p) for p in glob.glob(f"/dev/shm/vcache.{os.getpid()}.*")) if job == 0 else 0
+    print(json.dumps({"source": source, "cache": st["cache"], "shm": shm}), flush=True)
+    barrier("done")
+    loader.close()
+""")
+
+
+def run_jobs(tree, workdir, jobs):
+    node = f"127.0.0.1:{free_ports(1)[0]}"
+    procs = [subprocess.Popen([sys.executable, "-c", JOB, str(tree), str(j), str(jobs), node, str(workdir)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for j in range(jobs)]
+    outs = []
+    for j, p in enumerate(procs):
+        out, err = p.communicate(timeout=240)
+        assert p.returncode == 0, f"job {j}: {err}"
+        outs.append(json.loads(out.strip().splitlines()[-1]))
+    return outs
+
+
+def test_four_processes_on_one_host_share_one_cache(tree, tmp_path):
+    (tmp_path / "one").mkdir()
+    (tmp_path / "four").mkdir()
+    (alone,) = run_jobs(tree, tmp_path / "one", 1)
+    four = run_jobs(tree, tmp_path / "four", 4)
+    nbytes = WIDTH * 4
+    assert alone["cache"]["node_samples"] == N and four[0]["cache"]["node_samples"] == N
+    # One copy of the data set in the host's shared memory, however many processes use it.
+    assert 0 < four[0]["shm"] <= 1.2 * alone["shm"], (four[0]["shm"], alone["shm"])
+    assert four[0]["cache"]["node_bytes"] <= 1.2 * alone["cache"]["node_bytes"]
+    for j, o in enumerate(four):
+        assert o["source"][1] == o["source"][0], (j, o["source"])  # nothing from the source after epoch 1
+        if j > 0:
+            assert o["cache"]["node_samples"] == 0 and o["cache"]["local_hits"] >= N, o["cache"]
+    # The jobs start together, so some samples are read by two before one of them cached it.
+    assert N * nbytes <= sum(o["source"][0] for o in four) <= 4 * N * nbytes

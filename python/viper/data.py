@@ -357,6 +357,7 @@ class _EpochFeed:
         self._pid = None
         self._in_epoch = False
         self._restarts = 0
+        self._epochs_begun = 0  # epochs begun in this process (the index of the next one)
         self._seed = int(self._options.get("seed", 0))
         self._closed_bytes = 0  # bytes_read of the prefetchers closed so far (an epoch left unfinished)
 
@@ -372,14 +373,25 @@ class _EpochFeed:
             self._pid = os.getpid()
         return self._prefetcher
 
+    # The inverse of the prefetcher's seed multiplier (src/data/prefetcher.cc, PlanEpoch: the
+    # order of epoch e is seeded with seed * 0x9E3779B97F4A7C15 + e, mod 2**64): a prefetcher with
+    # seed + k * _SEED_STEP plans, as its epoch 0, epoch k of one with `seed`.
+    _SEED_STEP = 17428512612931826493
+
     def begin_epoch(self) -> Prefetcher:
         """The prefetcher, positioned at the start of an epoch. An epoch left unfinished (a loop
-        that broke out) is not resumed: the prefetcher is reopened, as torch starts a new epoch."""
+        that broke out) is not resumed: the prefetcher is reopened, as torch starts a new epoch.
+        Across ranks (world_size > 1) the reopened one continues the ranks' common sequence of
+        epochs (the other ranks' share of this epoch is unaffected); alone, it starts a fresh one."""
         if self._in_epoch:
             self.close()
             self._restarts += 1
-            self._options["seed"] = self._seed + 1_000_003 * self._restarts
+            if int(self._options.get("world_size", 1)) > 1:
+                self._options["seed"] = (self._seed + self._epochs_begun * self._SEED_STEP) % (1 << 64)
+            else:
+                self._options["seed"] = self._seed + 1_000_003 * self._restarts
         self._in_epoch = True
+        self._epochs_begun += 1
         return self.prefetcher()
 
     def end_epoch(self) -> None:

@@ -235,3 +235,22 @@ def test_four_processes_on_one_host_share_one_cache(tree, tmp_path):
             assert o["cache"]["node_samples"] == 0 and o["cache"]["local_hits"] >= N, o["cache"]
     # The jobs start together, so some samples are read by two before one of them cached it.
     assert N * nbytes <= sum(o["source"][0] for o in four) <= 4 * N * nbytes
+
+
+def test_a_rank_that_breaks_out_of_an_epoch_keeps_the_ranks_common_order(tree):
+    f32 = __import__("torch").float32
+
+    def ids(batch):
+        return {int(v) for v in batch[0].view(dtype=f32).reshape(len(batch[0]), -1)[:, 0]}
+
+    whole = vd.DataLoader(tree, batch_size=8, rank=0, world_size=2, seed=11)
+    broken = vd.DataLoader(tree, batch_size=8, rank=0, world_size=2, seed=11)
+    want = [set().union(*(ids(b) for b in whole)) for _ in range(3)]
+    assert set().union(*(ids(b) for b in broken)) == want[0]
+    for b in broken:  # epoch 1 left after one batch
+        break
+    # Epoch 2 is the ranks' epoch 2, so rank 1 (which did not break) still gets the other half.
+    assert set().union(*(ids(b) for b in broken)) == want[2]
+    assert want[2] != want[1]
+    whole.close()
+    broken.close()

@@ -79,6 +79,12 @@ struct PrefetchOptions {
   // epoch's first).
   bool ordered = false;
   std::vector<uint64_t> ids{};   // the samples to use (e.g. a shard); empty: all of the source
+  // Data-parallel ranks (torch's DistributedSampler without padding): each epoch's order (the
+  // permutation of `ids` by seed and epoch, the same on every rank) is dealt out, rank r taking
+  // positions r, r + world_size, ...: every sample exactly once per epoch across the ranks, each
+  // rank floor or ceil of ids / world_size of them. REQUIRES: rank < world_size <= the samples.
+  uint64_t rank = 0;
+  uint64_t world_size = 1;
 
   size_t readers = 2;            // reader threads to start with (>= 1)
   size_t buffer_samples = 16;    // samples read ahead (being read or waiting) to start with (>= 1)

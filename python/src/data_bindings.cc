@@ -23,6 +23,7 @@
 #include "viper/prefetch.h"
 #include "viper/record_file.h"
 #include "viper/rehearsal.h"
+#include "viper/sample_cache.h"
 #include "viper/sample_source.h"
 
 namespace viper_py {
@@ -38,6 +39,8 @@ OptionsTable<viper::PrefetchOptions> PrefetchOptionsTable() {
       .Plain("shuffle", &O::shuffle, "a fresh permutation per epoch")
       .Plain("seed", &O::seed, "seed of the permutations")
       .Plain("ordered", &O::ordered, "deliver in the epoch's order (else as reads complete)")
+      .Plain("rank", &O::rank, "this data-parallel rank: takes positions rank, rank + world_size, ... of each epoch")
+      .Plain("world_size", &O::world_size, "data-parallel ranks sharing each epoch (1: this process reads it all)")
       .Plain("readers", &O::readers, "reader threads to start with")
       .Plain("buffer_samples", &O::buffer_samples, "samples read ahead to start with")
       .Plain("autotune", &O::autotune, "move readers and buffer_samples online")
@@ -203,6 +206,46 @@ py::dict StatsDict(const viper::PrefetchStats& s) {
   return d;
 }
 
+// A source whose reads are a Python callable read(id) -> a buffer of bytes(id) bytes (e.g. an HTTP
+// GET): the reader threads take the GIL for each call (a blocking socket read releases it).
+class CallableSource : public viper::SampleSource {
+ public:
+  CallableSource(py::object read, std::vector<uint64_t> sizes, std::vector<int64_t> labels, std::string name)
+      : read_(std::move(read)), sizes_(std::move(sizes)), labels_(std::move(labels)), name_(std::move(name)) {}
+  ~CallableSource() override {
+    py::gil_scoped_acquire gil;  // the last reference may go on a thread without the GIL
+    read_ = py::object();
+  }
+  uint64_t size() const override { return sizes_.size(); }
+  uint64_t bytes(uint64_t id) const override { return sizes_[id]; }
+  int64_t label(uint64_t id) const override { return labels_.empty() ? -1 : labels_[id]; }
+  std::string Describe(uint64_t id) const override { return "sample " + std::to_string(id) + " (" + name_ + ")"; }
+  Status ReadInto(uint64_t id, std::span<std::byte> dst) const override {
+    py::gil_scoped_acquire gil;
+    try {
+      py::object got = read_(id);
+      py::buffer_info info = py::buffer(got).request();
+      size_t n = static_cast<size_t>(info.size * info.itemsize);
+      if (n != dst.size()) {
+        return Status::Corruption(Describe(id) + ": read returned " + std::to_string(n) + " bytes, expected " +
+                                  std::to_string(dst.size()));
+      }
+      std::memcpy(dst.data(), info.ptr, n);
+      return Status::OK();
+    } catch (py::error_already_set& e) {
+      return Status(viper::StatusCode::kIOError, Describe(id) + ": " + e.what());
+    } catch (const std::exception& e) {
+      return Status(viper::StatusCode::kIOError, Describe(id) + ": " + e.what());
+    }
+  }
+
+ private:
+  py::object read_;
+  std::vector<uint64_t> sizes_;
+  std::vector<int64_t> labels_;
+  std::string name_;
+};
+
 void BindSources(py::module_& m) {
   BindOptions(m, "_DirectorySourceOptions", "viper.data.open_source", DirectoryOptionsTable());
   py::class_<SourceHandle>(m, "_Source")
@@ -232,6 +275,15 @@ void BindSources(py::module_& m) {
     }
     return SourceHandle{Unwrap(std::move(r))};
   });
+  m.def("_callable_source", [](py::object read, std::vector<uint64_t> sizes, std::vector<int64_t> labels,
+                                std::string name) {
+    if (!labels.empty() && labels.size() != sizes.size()) {
+      Raise(Status::InvalidArgument("callable_source: " + std::to_string(labels.size()) + " labels for " +
+                                    std::to_string(sizes.size()) + " samples"));
+    }
+    return SourceHandle{std::make_shared<CallableSource>(std::move(read), std::move(sizes), std::move(labels),
+                                                         std::move(name))};
+  });
   m.def("_open_records", [](const std::string& path) {
     viper::Result<std::shared_ptr<const viper::SampleSource>> r = Status::Internal("unset");
     {
@@ -251,6 +303,76 @@ void BindSources(py::module_& m) {
         ThrowIfError(w.Finish(std::as_bytes(std::span(m))));
       })
       .def_property_readonly("records", &viper::RecordWriter::records);
+}
+
+// The collaborative sample cache (include/viper/sample_cache.h): a source that wraps another.
+struct SampleCacheHandle {
+  std::shared_ptr<viper::SampleCache> cache;
+  viper::SampleCache& live() const {
+    if (!cache) Raise(Status::FailedPrecondition("SampleCache is closed"));
+    return *cache;
+  }
+};
+
+py::dict CacheStatsDict(const viper::SampleCacheStats& s) {
+  py::dict d;
+  d["source_reads"] = s.source_reads;
+  d["source_bytes"] = s.source_bytes;
+  d["local_hits"] = s.local_hits;
+  d["local_bytes"] = s.local_bytes;
+  d["remote_hits"] = s.remote_hits;
+  d["remote_bytes"] = s.remote_bytes;
+  d["misses"] = s.misses;
+  d["puts"] = s.puts;
+  d["put_bytes"] = s.put_bytes;
+  d["put_failures"] = s.put_failures;
+  d["peer_failures"] = s.peer_failures;
+  d["node_samples"] = s.node_samples;
+  d["node_bytes"] = s.node_bytes;
+  d["down"] = s.down;
+  return d;
+}
+
+void BindSampleCache(py::module_& m) {
+  m.def("_sample_owner", [](uint64_t id, const std::vector<std::string>& members) {
+    if (members.empty()) Raise(Status::InvalidArgument("sample_owner: members is empty"));
+    return viper::SampleOwner(id, members);
+  });
+  py::class_<SampleCacheHandle>(m, "_SampleCache")
+      .def(py::init([](const SourceHandle& src, std::vector<std::string> nodes, size_t self, std::string name,
+                       std::string token, bool insecure, uint64_t max_bytes, size_t max_samples, double timeout,
+                       double retry_down, bool start_node) {
+             viper::SampleCacheOptions o;
+             o.nodes = std::move(nodes);
+             o.self = self;
+             o.name = std::move(name);
+             o.token = std::move(token);
+             o.insecure = insecure;
+             o.max_bytes = max_bytes;
+             o.max_samples = max_samples;
+             o.timeout = SecondsToMs(timeout, "timeout");
+             o.retry_down = SecondsToMs(retry_down, "retry_down");
+             o.start_node = start_node;
+             viper::Result<std::shared_ptr<viper::SampleCache>> r = Status::Internal("unset");
+             {
+               py::gil_scoped_release release;
+               r = viper::SampleCache::Open(src.source, o);
+             }
+             return SampleCacheHandle{Unwrap(std::move(r))};
+           }),
+           py::arg("source"), py::arg("nodes"), py::arg("self"), py::arg("name"), py::arg("token"),
+           py::arg("insecure"), py::arg("max_bytes"), py::arg("max_samples"), py::arg("timeout"),
+           py::arg("retry_down"), py::arg("start_node"))
+      .def_property_readonly("source", [](const SampleCacheHandle& h) { h.live();
+        return SourceHandle{h.cache}; })
+      .def_property_readonly("address", [](const SampleCacheHandle& h) { return h.live().address(); })
+      .def("owner", [](const SampleCacheHandle& h, uint64_t id) { return h.live().OwnerOf(id); })
+      .def("stats", [](const SampleCacheHandle& h) { return CacheStatsDict(h.live().stats()); })
+      .def("close", [](SampleCacheHandle& h) {
+        std::shared_ptr<viper::SampleCache> c = std::move(h.cache);
+        py::gil_scoped_release release;
+        c.reset();  // the node stops when the last prefetcher reading through it is gone too
+      });
 }
 
 void BindPrefetcher(py::module_& m) {
@@ -413,6 +535,7 @@ void BindRehearsal(py::module_& m) {
 
 void BindData(py::module_& m) {
   BindSources(m);
+  BindSampleCache(m);
   BindPrefetcher(m);
   BindRehearsal(m);
 }

@@ -20,6 +20,15 @@
     x_mixed, y_mixed = buf.mix(x, y)         # x plus 0.5 * len(x) old samples; then x joins the buffer
     buf.spill()                              # survives a restart (restored when opened again)
 
+Data-parallel ranks share one epoch and one collaborative cache across their nodes: each epoch's
+global shuffle (by `seed`) is dealt out across the ranks, and after its first read each sample is
+kept in the memory of one owner node, from which the other ranks take it over UCX instead of
+reading the source again:
+
+    loader = vd.DataLoader("/pfs/train", batch_size=64, rank=r, world_size=n, seed=0,
+                           cache_nodes=["10.0.0.1:7500", "10.0.0.2:7500", ...], cache_token=token)
+    loader.stats()["source_bytes"], loader.stats()["epoch_samples"], loader.stats()["cache"]
+
 Sample bytes reach Python without a copy: each sample is a uint8 numpy array over the prefetcher's
 own buffer (torch.from_numpy shares it); a stacked batch costs one memcpy per sample, made in C++
 without the GIL. The reader threads, the buffer and the tuner are C++ (include/viper/prefetch.h);
@@ -61,7 +70,8 @@ except ImportError:  # pragma: no cover (Debian's torch is installed where the t
     torch = None
     _torch_data = None
 
-__all__ = ["DataLoader", "PrefetchDataset", "Prefetcher", "RehearsalBuffer", "Source", "open_source", "write_records"]
+__all__ = ["DataLoader", "PrefetchDataset", "Prefetcher", "RehearsalBuffer", "SampleCache", "Source",
+           "callable_source", "open_source", "sample_owner", "write_records"]
 
 
 class Source:
@@ -73,6 +83,8 @@ class Source:
         self._reopen = reopen
 
     def __reduce__(self):
+        if self._reopen is None:
+            raise TypeError("a callable_source cannot be pickled")
         path, extensions, options = self._reopen
         return (_reopen_source, (path, extensions, options))
 
@@ -131,6 +143,108 @@ def _reopen_source(path, extensions, options) -> Source:
 
 def _as_source(source) -> Source:
     return source if isinstance(source, Source) else open_source(source)
+
+
+def callable_source(read: Callable[[int], Any], nbytes: Sequence[int], labels: Optional[Sequence[int]] = None,
+                    name: str = "callable") -> Source:
+    """A Source whose samples come from read(sample_id) -> bytes (or any buffer) of nbytes[sample_id]
+    bytes, e.g. an HTTP GET from a file server. The reader threads call it holding the GIL (a
+    blocking socket read releases it). Not picklable."""
+    owner = "viper.data.callable_source()"
+    _callable(owner, "read", read)
+    if read is None:
+        raise TypeError(f"{owner}: read=None: expected a callable")
+    if isinstance(nbytes, (str, bytes)) or not hasattr(nbytes, "__iter__"):
+        raise TypeError(f"{owner}: nbytes={_check.shown(nbytes)}: expected a sequence of sizes")
+    sizes = [_check.integer(owner, f"nbytes[{i}]", v, lo=0) for i, v in enumerate(nbytes)]
+    if not sizes:
+        raise _viper.InvalidArgumentError(f"{owner}: nbytes=[]: a source needs at least one sample")
+    labs = [] if labels is None else [_check.integer(owner, f"labels[{i}]", v, lo=-1) for i, v in enumerate(labels)]
+    impl = _viper._callable_source(read, sizes, labs, _check.text(owner, "name", name))
+    src = Source(impl, None)
+    return src
+
+
+def sample_owner(sample_id: int, nodes: Sequence[str]) -> int:
+    """The index in `nodes` of the cache node that owns sample `sample_id` (rendezvous hashing:
+    the same on every rank, whatever the order of `nodes`; a node joining or leaving moves only
+    the samples it gains or held)."""
+    owner = "viper.data.sample_owner()"
+    sample_id = _check.integer(owner, "sample_id", sample_id)
+    nodes = _nodes(owner, nodes)
+    return _viper._sample_owner(sample_id, nodes)
+
+
+def _nodes(owner: str, nodes: Any) -> list:
+    if isinstance(nodes, (str, bytes)) or not hasattr(nodes, "__iter__"):
+        raise TypeError(f"{owner}: nodes={_check.shown(nodes)}: expected a sequence of 'HOST:PORT' strings, "
+                        f"got {type(nodes).__name__}")
+    nodes = [_check.text(owner, f"nodes[{i}]", n) for i, n in enumerate(nodes)]
+    if not nodes:
+        raise _viper.InvalidArgumentError(f"{owner}: nodes=[]: list every cache node's 'HOST:PORT'")
+    return nodes
+
+
+class SampleCache(Source):
+    """A collaborative cache of `source`'s samples across the nodes of data-parallel ranks, itself
+    a Source (give it to a Prefetcher, or let DataLoader(cache_nodes=...) make one).
+
+    `nodes` is the membership, every node's "HOST:PORT", the same list on every rank; this process
+    starts the node nodes[node] (its shared memory holds the samples this node owns). A read takes
+    the sample from this node, else from its owner's node over UCX, else from the source, and
+    then puts it into the owner's node. An unreachable node is left out for `retry_down` seconds
+    (its samples go to their next owner). `token` is the nodes' shared secret (required beyond
+    loopback unless insecure=True); max_bytes the node's memory budget (0: half of /dev/shm);
+    `name` the cache's namespace in the nodes ([A-Za-z0-9_-], default "data").
+
+    start_node=False attaches to nodes[node] instead of starting it: the node is run by another
+    process on this host (another rank's or job's SampleCache, or `viper serve`), so that several
+    processes on one host share one cache in one node's shared memory."""
+
+    def __init__(self, source, nodes: Sequence[str], node: int = 0, *, name: str = "data", token: str = "",
+                 insecure: bool = False, max_bytes: int = 0, max_samples: int = 1 << 16, timeout: float = 10.0,
+                 retry_down: float = 3.0, start_node: bool = True):
+        owner = "viper.data.SampleCache()"
+        nodes = _nodes(owner, nodes)
+        node = _check.integer(owner, "node", node, lo=0, hi=len(nodes) - 1)
+        name = _check.text(owner, "name", name)
+        token = _check.text(owner, "token", token, allow_empty=True)
+        insecure = _check.boolean(owner, "insecure", insecure)
+        max_bytes = _check.integer(owner, "max_bytes", max_bytes, lo=0)
+        max_samples = _check.integer(owner, "max_samples", max_samples, lo=1)
+        timeout = _check.number(owner, "timeout", timeout, lo=0.001)
+        retry_down = _check.number(owner, "retry_down", retry_down, lo=0.0)
+        start_node = _check.boolean(owner, "start_node", start_node)
+        base = _as_source(source)
+        self._cache = _viper._SampleCache(base._impl, nodes, node, name, token, insecure, max_bytes, max_samples,
+                                          timeout, retry_down, start_node)
+        self.base = base
+        self.nodes = nodes
+        self.node = node
+        super().__init__(self._cache.source, base._reopen)
+
+    def __reduce__(self):
+        raise TypeError("a SampleCache owns a node in this process and cannot be pickled; give workers the Source")
+
+    @property
+    def address(self) -> str:
+        """This node's address, as it listens."""
+        return self._cache.address
+
+    def owner(self, sample_id: int) -> int:
+        """The owner node (index in nodes) of a sample as this rank sees the membership now."""
+        return self._cache.owner(self._id("SampleCache.owner()", sample_id))
+
+    def stats(self) -> dict:
+        """source_reads, source_bytes (read from the source since the cache started), local_hits,
+        local_bytes (from this node), remote_hits, remote_bytes (from other nodes), misses, puts,
+        put_bytes, put_failures, peer_failures, node_samples and node_bytes (what this node holds
+        now), down (nodes left out as unreachable)."""
+        return self._cache.stats()
+
+    def close(self) -> None:
+        """Drops this handle's hold on the node (it stops once no prefetcher reads through it)."""
+        self._cache.close()
 
 
 def write_records(path, samples: Iterable[Tuple[Any, int]], metadata: bytes = b"") -> int:
@@ -243,7 +357,9 @@ class _EpochFeed:
         self._pid = None
         self._in_epoch = False
         self._restarts = 0
+        self._epochs_begun = 0  # epochs begun in this process (the index of the next one)
         self._seed = int(self._options.get("seed", 0))
+        self._closed_bytes = 0  # bytes_read of the prefetchers closed so far (an epoch left unfinished)
 
     def __getstate__(self):
         state = self.__dict__.copy()
@@ -257,21 +373,39 @@ class _EpochFeed:
             self._pid = os.getpid()
         return self._prefetcher
 
+    # The inverse of the prefetcher's seed multiplier (src/data/prefetcher.cc, PlanEpoch: the
+    # order of epoch e is seeded with seed * 0x9E3779B97F4A7C15 + e, mod 2**64): a prefetcher with
+    # seed + k * _SEED_STEP plans, as its epoch 0, epoch k of one with `seed`.
+    _SEED_STEP = 17428512612931826493
+
     def begin_epoch(self) -> Prefetcher:
         """The prefetcher, positioned at the start of an epoch. An epoch left unfinished (a loop
-        that broke out) is not resumed: the prefetcher is reopened, as torch starts a new epoch."""
+        that broke out) is not resumed: the prefetcher is reopened, as torch starts a new epoch.
+        Across ranks (world_size > 1) the reopened one continues the ranks' common sequence of
+        epochs (the other ranks' share of this epoch is unaffected); alone, it starts a fresh one."""
         if self._in_epoch:
             self.close()
             self._restarts += 1
-            self._options["seed"] = self._seed + 1_000_003 * self._restarts
+            if int(self._options.get("world_size", 1)) > 1:
+                self._options["seed"] = (self._seed + self._epochs_begun * self._SEED_STEP) % (1 << 64)
+            else:
+                self._options["seed"] = self._seed + 1_000_003 * self._restarts
         self._in_epoch = True
+        self._epochs_begun += 1
         return self.prefetcher()
 
     def end_epoch(self) -> None:
         self._in_epoch = False
 
+    def bytes_read(self) -> int:
+        """Bytes this process's prefetchers read from their source, all of them together."""
+        live = self._prefetcher.stats()["bytes_read"] if self._prefetcher is not None and self._pid == os.getpid() else 0
+        return self._closed_bytes + live
+
     def close(self) -> None:
         if self._prefetcher is not None:
+            if self._pid == os.getpid() and self._prefetcher._impl is not None:
+                self._closed_bytes += self._prefetcher.stats()["bytes_read"]
             self._prefetcher.close()  # in a forked worker this only forgets the parent's
         self._prefetcher = None
 
@@ -335,11 +469,23 @@ class DataLoader:
     Also, shuffle=False alone is not torch's sequential order here: the readers deliver samples in
     the order their reads complete unless ordered=True. torch's shuffle=False behaviour is
     shuffle=False, ordered=True (deterministic, in the source's order; one slow read holds back the
-    samples behind it)."""
+    samples behind it).
+
+    Data-parallel ranks: rank and world_size deal each epoch's global shuffle (by `seed`, which
+    must be the same on every rank) out across the ranks, as torch's DistributedSampler does
+    without padding: every sample exactly once per epoch across the ranks. With cache_nodes (every
+    rank's cache node "HOST:PORT", the same list on every rank) the ranks share a collaborative
+    cache (viper.data.SampleCache): this process starts node cache_nodes[cache_node] (default:
+    cache_nodes[rank]); cache_token is the nodes' shared secret and cache_options the other
+    SampleCache keywords (name, insecure, max_bytes, timeout, retry_down, start_node: False when
+    another process on this host runs the node, e.g. several ranks or jobs per host)."""
 
     def __init__(self, source, batch_size: int = 1, *, shuffle: bool = True, drop_last: bool = False,
                  transform: Optional[Callable] = None, collate_fn: Optional[Callable] = None,
-                 batch_transform: Optional[Callable] = None, ids: Optional[Sequence[int]] = None, **options):
+                 batch_transform: Optional[Callable] = None, ids: Optional[Sequence[int]] = None,
+                 rank: int = 0, world_size: int = 1, cache_nodes: Optional[Sequence[str]] = None,
+                 cache_node: Optional[int] = None, cache_token: str = "",
+                 cache_options: Optional[Mapping[str, Any]] = None, **options):
         owner = "viper.data.DataLoader()"
         self.batch_size = _check.integer(owner, "batch_size", batch_size, lo=1, hi=1 << 24)
         self.drop_last = _check.boolean(owner, "drop_last", drop_last)
@@ -347,14 +493,34 @@ class DataLoader:
         for name, fn in (("transform", transform), ("collate_fn", collate_fn), ("batch_transform", batch_transform)):
             _callable(owner, name, fn)
         ids = _ids(owner, ids)
+        self.world_size = _check.integer(owner, "world_size", world_size, lo=1, hi=1 << 20)
+        self.rank = _check.integer(owner, "rank", rank, lo=0, hi=self.world_size - 1)
         self._transform = transform
         self._collate = collate_fn
         self._batch_transform = batch_transform
-        self._feed = _EpochFeed(source, ids, dict(options, shuffle=shuffle))
+        self._epoch_samples: list = []
+        self.cache: Optional[SampleCache] = None
+        if cache_nodes is not None:
+            nodes = _nodes(owner, cache_nodes)
+            node = self.rank if cache_node is None else cache_node
+            if cache_node is None and self.rank >= len(nodes):
+                raise _viper.InvalidArgumentError(f"{owner}: rank={self.rank} but cache_nodes has {len(nodes)} entries: "
+                                                  "give cache_node (this process's index in cache_nodes)")
+            if cache_options is not None:
+                _check.mapping(owner, "cache_options", cache_options, expected="a dict of SampleCache keywords")
+            self.cache = SampleCache(source, nodes, node, token=cache_token, **dict(cache_options or {}))
+            source = self.cache
+        elif cache_options is not None or cache_node is not None or cache_token:
+            raise TypeError(f"{owner}: cache_node, cache_token and cache_options need cache_nodes")
+        options = dict(options, shuffle=shuffle)
+        if self.world_size > 1:
+            options.update(rank=self.rank, world_size=self.world_size)
+        self._feed = _EpochFeed(source, ids, options)
 
     def __iter__(self):
         p = self._feed.begin_epoch()
         per_sample = self._transform is not None or self._collate is not None
+        self._epoch_samples.append(0)
         while True:
             batch = p.next_batch(self.batch_size, stack=not per_sample)
             if batch is None:
@@ -367,6 +533,7 @@ class DataLoader:
                     raise _viper.Error("internal: samples after a short batch")
                 self._feed.end_epoch()
                 return
+            self._epoch_samples[-1] += n
             yield self._per_sample(batch) if per_sample else self._stacked(batch)
 
     def _stacked(self, batch):
@@ -385,15 +552,29 @@ class DataLoader:
 
     def __len__(self) -> int:
         n = len(self._feed._ids) if self._feed._ids is not None else len(self._feed._source)
+        n = (n - self.rank + self.world_size - 1) // self.world_size  # this rank's share
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     def stats(self) -> dict:
-        """The prefetcher's stats()."""
-        return self._feed.prefetcher().stats()
+        """The prefetcher's stats(), plus source_bytes (bytes read from the source since the
+        loader started: with a cache, only what no node held), epoch_samples (samples this rank
+        yielded in each epoch begun, oldest first) and, with cache_nodes, cache (the
+        SampleCache's stats())."""
+        st = self._feed.prefetcher().stats()
+        st["epoch_samples"] = list(self._epoch_samples)
+        if self.cache is not None:
+            st["cache"] = self.cache.stats()
+            st["source_bytes"] = st["cache"]["source_bytes"]
+        else:
+            st["source_bytes"] = self._feed.bytes_read()
+        return st
 
     def close(self) -> None:
-        """Stops the readers (also done when the loader is garbage-collected)."""
+        """Stops the readers and this rank's cache node (also done when the loader is
+        garbage-collected)."""
         self._feed.close()
+        if self.cache is not None:
+            self.cache.close()
 
     def __enter__(self):
         return self

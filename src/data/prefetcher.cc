@@ -116,7 +116,8 @@ struct Prefetcher::Impl {
   std::mutex close_mu;
   bool joined = false;
 
-  uint64_t epoch_len() const { return ids.size(); }
+  // This rank's share of an epoch (positions rank, rank + world_size, ... of the permutation).
+  uint64_t epoch_len() const { return (ids.size() - opt.rank + opt.world_size - 1) / opt.world_size; }
   void PlanEpoch(uint64_t epoch);
   bool CanClaim() const;
   Claim ClaimNext();
@@ -139,6 +140,12 @@ void Prefetcher::Impl::PlanEpoch(uint64_t epoch) {
   if (opt.shuffle) {
     std::mt19937_64 rng(opt.seed * 0x9E3779B97F4A7C15ull + epoch);
     std::shuffle(claim_order.begin(), claim_order.end(), rng);
+  }
+  if (opt.world_size > 1) {
+    std::vector<uint64_t> mine;
+    mine.reserve(epoch_len());
+    for (size_t i = opt.rank; i < claim_order.size(); i += opt.world_size) mine.push_back(claim_order[i]);
+    claim_order = std::move(mine);
   }
 }
 
@@ -358,6 +365,11 @@ Status ValidateOptions(const SampleSource& source, const PrefetchOptions& o) {
     if (id >= source.size()) return bad(fmt::format("id {} is out of range: the source has {} samples", id, source.size()));
   }
   if (o.ids.empty() && source.size() == 0) return bad("the source has no samples");
+  const uint64_t samples = o.ids.empty() ? source.size() : o.ids.size();
+  if (o.world_size < 1 || o.world_size > samples) {
+    return bad(fmt::format("world_size must be in [1, samples = {}], got {}", samples, o.world_size));
+  }
+  if (o.rank >= o.world_size) return bad(fmt::format("rank must be in [0, world_size = {}), got {}", o.world_size, o.rank));
   return Status::OK();
 }
 

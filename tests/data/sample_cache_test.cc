@@ -1,0 +1,354 @@
+// The collaborative sample cache (include/viper/sample_cache.h) and the ranks' share of an epoch
+// (PrefetchOptions::rank, world_size), with real nodes on loopback, real UCX and real files:
+// every sample once per epoch across the ranks; after the first epoch no rank reads the source
+// and every byte is the sample's; ownership by rendezvous hashing moves only the samples of a node
+// that joins or leaves; a node that dies costs only its own samples.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <map>
+#include <set>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "data_test_util.h"
+#include "viper/prefetch.h"
+#include "viper/sample_cache.h"
+
+namespace viper {
+namespace {
+
+using testing::MakeSampleTree;
+using testing::SampleBytes;
+using testing::TempDir;
+
+// A source that counts its reads (the "parallel file system" of the test).
+class CountingSource : public SampleSource {
+ public:
+  explicit CountingSource(std::shared_ptr<const SampleSource> base) : base_(std::move(base)) {}
+  uint64_t size() const override { return base_->size(); }
+  uint64_t bytes(uint64_t id) const override { return base_->bytes(id); }
+  int64_t label(uint64_t id) const override { return base_->label(id); }
+  std::string Describe(uint64_t id) const override { return base_->Describe(id); }
+  Status ReadInto(uint64_t id, std::span<std::byte> dst) const override {
+    reads++;
+    return base_->ReadInto(id, dst);
+  }
+  mutable std::atomic<uint64_t> reads{0};
+
+ private:
+  std::shared_ptr<const SampleSource> base_;
+};
+
+constexpr int kClasses = 4, kPerClass = 30;  // 120 samples
+constexpr size_t kBytes = 3000;
+
+std::shared_ptr<CountingSource> Tree(const TempDir& dir) {
+  MakeSampleTree(dir.path(), kClasses, kPerClass, kBytes);
+  DirectorySourceOptions o;
+  o.dir = dir.path();
+  auto src = OpenDirectorySource(o);
+  EXPECT_TRUE(src.ok()) << src.status().ToString();
+  return std::make_shared<CountingSource>(*src);
+}
+
+// Ports the kernel hands out on 127.0.0.1, all held until every one is picked (so they differ).
+std::vector<std::string> LoopbackNodes(size_t n) {
+  std::vector<int> fds;
+  std::vector<std::string> nodes;
+  for (size_t i = 0; i < n; ++i) {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+    nodes.push_back("127.0.0.1:" + std::to_string(ntohs(addr.sin_port)));
+    fds.push_back(fd);
+  }
+  for (int fd : fds) ::close(fd);
+  return nodes;
+}
+
+// One rank's whole epoch: the ids it got, each sample's bytes checked.
+std::vector<uint64_t> Epoch(Prefetcher& p) {
+  std::vector<uint64_t> ids;
+  while (true) {
+    auto s = p.Next();
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    if (!s.ok() || !s->has_value()) break;
+    const Sample& x = **s;
+    auto want = SampleBytes(x.id, kBytes);
+    EXPECT_EQ(0, std::memcmp(want.data(), x.bytes.data(), kBytes)) << "sample " << x.id;
+    ids.push_back(x.id);
+  }
+  return ids;
+}
+
+TEST(RankShareTest, EverySampleOncePerEpochAcrossRanks) {
+  TempDir dir;
+  auto src = Tree(dir);
+  constexpr uint64_t kWorld = 7;  // 120 = 7 * 17 + 1: rank 0 gets 18, the others 17
+  std::vector<std::unique_ptr<Prefetcher>> ranks;
+  for (uint64_t r = 0; r < kWorld; ++r) {
+    PrefetchOptions o;
+    o.epochs = 3;
+    o.seed = 42;
+    o.rank = r;
+    o.world_size = kWorld;
+    auto p = Prefetcher::Start(src, o);
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    EXPECT_EQ((*p)->epoch_size(), r == 0 ? 18u : 17u);
+    ranks.push_back(std::move(*p));
+  }
+  std::vector<std::set<uint64_t>> firsts(kWorld);
+  for (int epoch = 0; epoch < 3; ++epoch) {
+    std::multiset<uint64_t> all;
+    for (uint64_t r = 0; r < kWorld; ++r) {
+      auto ids = Epoch(*ranks[r]);
+      EXPECT_EQ(ids.size(), r == 0 ? 18u : 17u) << "rank " << r << " epoch " << epoch;
+      all.insert(ids.begin(), ids.end());
+      if (epoch == 0) firsts[r] = std::set<uint64_t>(ids.begin(), ids.end());
+      if (epoch == 1) {
+        EXPECT_NE(firsts[r], std::set<uint64_t>(ids.begin(), ids.end())) << "a fresh share per epoch";
+      }
+    }
+    ASSERT_EQ(all.size(), 120u);
+    EXPECT_EQ(std::set<uint64_t>(all.begin(), all.end()).size(), 120u) << "every sample exactly once, epoch " << epoch;
+  }
+}
+
+TEST(RankShareTest, BadRankOrWorldSizeNamed) {
+  TempDir dir;
+  auto src = Tree(dir);
+  PrefetchOptions o;
+  o.rank = 4;
+  o.world_size = 4;
+  auto p = Prefetcher::Start(src, o);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("rank must be in [0, world_size = 4), got 4"), std::string::npos)
+      << p.status().ToString();
+  o.rank = 0;
+  o.world_size = 121;
+  p = Prefetcher::Start(src, o);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("world_size must be in [1, samples = 120], got 121"), std::string::npos)
+      << p.status().ToString();
+}
+
+TEST(SampleOwnerTest, BalancedAndOnlyTheConcernedSamplesMove) {
+  std::vector<std::string> four = {"10.0.0.1:7500", "10.0.0.2:7500", "10.0.0.3:7500", "10.0.0.4:7500"};
+  std::vector<std::string> five = four;
+  five.push_back("10.0.0.5:7500");
+  std::vector<std::string> three = {four[0], four[1], four[3]};  // 10.0.0.3 left
+  std::vector<std::string> shuffled = {four[2], four[0], four[3], four[1]};
+  constexpr uint64_t kN = 40000;
+  std::map<std::string, uint64_t> held;
+  uint64_t moved_join = 0, moved_leave = 0;
+  for (uint64_t id = 0; id < kN; ++id) {
+    const std::string& o4 = four[SampleOwner(id, four)];
+    held[o4]++;
+    EXPECT_EQ(o4, shuffled[SampleOwner(id, shuffled)]) << "the order of the members does not matter";
+    const std::string& o5 = five[SampleOwner(id, five)];
+    if (o5 != o4) {
+      moved_join++;
+      EXPECT_EQ(o5, five[4]) << "a join moves samples only to the new node";
+    }
+    const std::string& o3 = three[SampleOwner(id, three)];
+    if (o3 != o4) {
+      moved_leave++;
+      EXPECT_EQ(o4, four[2]) << "a leave moves only the samples the node held";
+    }
+  }
+  for (const auto& [node, n] : held) EXPECT_NEAR(static_cast<double>(n) / kN, 0.25, 0.02) << node;
+  EXPECT_NEAR(static_cast<double>(moved_join) / kN, 0.2, 0.02);
+  EXPECT_EQ(moved_leave, held[four[2]]);
+}
+
+struct Rank {
+  std::shared_ptr<SampleCache> cache;
+  std::unique_ptr<Prefetcher> prefetcher;
+};
+
+std::vector<Rank> StartRanks(std::shared_ptr<CountingSource> src, const std::vector<std::string>& nodes,
+                             uint64_t epochs) {
+  std::vector<Rank> ranks;
+  for (size_t r = 0; r < nodes.size(); ++r) {
+    SampleCacheOptions co;
+    co.nodes = nodes;
+    co.self = r;
+    co.name = "test";
+    co.retry_down = std::chrono::milliseconds(60000);
+    auto c = SampleCache::Open(src, co);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    if (!c.ok()) return {};
+    PrefetchOptions o;
+    o.epochs = epochs;
+    o.seed = 7;
+    o.rank = r;
+    o.world_size = nodes.size();
+    o.readers = 3;
+    auto p = Prefetcher::Start(*c, o);
+    EXPECT_TRUE(p.ok()) << p.status().ToString();
+    ranks.push_back({*c, std::move(*p)});
+  }
+  return ranks;
+}
+
+TEST(SampleCacheTest, AfterTheFirstEpochNoRankReadsTheSource) {
+  TempDir dir;
+  auto src = Tree(dir);
+  auto nodes = LoopbackNodes(3);
+  constexpr int kEpochs = 4;
+  auto ranks = StartRanks(src, nodes, kEpochs);
+  ASSERT_EQ(ranks.size(), 3u);
+  // The ranks run side by side, in step per epoch as training ranks are (the all-reduce).
+  std::vector<uint64_t> reads_after;  // source reads when every rank has finished epoch e
+  std::vector<std::multiset<uint64_t>> seen(kEpochs);
+  for (int epoch = 0; epoch < kEpochs; ++epoch) {
+    std::vector<std::vector<uint64_t>> got(ranks.size());
+    std::vector<std::thread> threads;
+    for (size_t r = 0; r < ranks.size(); ++r) threads.emplace_back([&, r] { got[r] = Epoch(*ranks[r].prefetcher); });
+    for (auto& t : threads) t.join();
+    reads_after.push_back(src->reads);
+    for (auto& ids : got) seen[epoch].insert(ids.begin(), ids.end());
+    EXPECT_EQ(seen[epoch].size(), 120u);
+    EXPECT_EQ(std::set<uint64_t>(seen[epoch].begin(), seen[epoch].end()).size(), 120u) << "epoch " << epoch;
+  }
+  // The first epoch reads every sample once, plus at most what the readers read ahead into the
+  // next epoch before the other ranks had read (and cached) it: then nothing more.
+  EXPECT_GE(reads_after[0], 120u);
+  EXPECT_LE(reads_after[0], 120u + 3 * 16u);
+  EXPECT_EQ(reads_after.back(), reads_after[0]) << "no source read after the first epoch";
+  uint64_t hits = 0, remote = 0, held = 0;
+  for (auto& r : ranks) {
+    SampleCacheStats s = r.cache->stats();
+    hits += s.local_hits + s.remote_hits, remote += s.remote_hits, held += s.node_samples;
+    EXPECT_EQ(s.source_bytes, s.source_reads * kBytes);
+    EXPECT_EQ(s.put_failures, 0u);
+    EXPECT_EQ(s.peer_failures, 0u);
+    EXPECT_TRUE(s.down.empty());
+    EXPECT_GT(s.node_samples, 20u) << "each node owns about a third";
+    EXPECT_GE(s.node_bytes, s.node_samples * kBytes);
+  }
+  EXPECT_EQ(held, 120u) << "each sample in exactly one node";
+  EXPECT_EQ(hits + reads_after.back(), 120u * kEpochs) << "every read a hit or a source read, none twice";
+  EXPECT_GT(remote, hits / 2) << "with 3 nodes about two thirds come from another node";
+}
+
+TEST(SampleCacheTest, ADeadNodeCostsOnlyItsOwnSamples) {
+  TempDir dir;
+  auto src = Tree(dir);
+  auto nodes = LoopbackNodes(3);
+  auto ranks = StartRanks(src, nodes, 1);
+  ASSERT_EQ(ranks.size(), 3u);
+  for (auto& r : ranks) Epoch(*r.prefetcher);
+  ASSERT_EQ(src->reads, 120u);
+  uint64_t owned_by_2 = 0;
+  for (uint64_t id = 0; id < 120; ++id) owned_by_2 += SampleOwner(id, nodes) == 2 ? 1 : 0;
+  ranks[2].prefetcher.reset();
+  ranks[2].cache.reset();  // node 2 dies
+  // Ranks 0 and 1 now read every sample (e.g. the next epoch split two ways): what node 2 held
+  // comes from the source once, and is then cached at its next owner.
+  for (int pass = 0; pass < 2; ++pass) {
+    uint64_t before = src->reads;
+    for (uint64_t id = 0; id < 120; ++id) {
+      std::vector<std::byte> buf(kBytes);
+      ASSERT_TRUE(ranks[id % 2].cache->ReadInto(id, buf).ok());
+      EXPECT_EQ(buf, SampleBytes(id, kBytes)) << "sample " << id;
+    }
+    EXPECT_EQ(src->reads - before, pass == 0 ? owned_by_2 : 0u) << "pass " << pass;
+  }
+  for (int r = 0; r < 2; ++r) {
+    SampleCacheStats s = ranks[r].cache->stats();
+    EXPECT_EQ(s.down, std::vector<std::string>{nodes[2]}) << "rank " << r;
+  }
+  for (uint64_t id = 0; id < 120; ++id) EXPECT_NE(ranks[0].cache->OwnerOf(id), 2u);
+}
+
+TEST(SampleCacheTest, ProcessesOnOneHostShareOneNode) {
+  TempDir dir;
+  auto src = Tree(dir);
+  auto nodes = LoopbackNodes(1);
+  SampleCacheOptions co;
+  co.nodes = nodes;
+  co.name = "shared";
+  auto owner = SampleCache::Open(src, co);  // runs the node
+  ASSERT_TRUE(owner.ok()) << owner.status().ToString();
+  co.start_node = false;                     // attach to it
+  auto a = SampleCache::Open(src, co);
+  auto b = SampleCache::Open(src, co);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ((*a)->address(), nodes[0]);
+  for (SampleCache* c : {a->get(), b->get(), owner->get()}) {
+    for (uint64_t id = 0; id < 120; ++id) {
+      std::vector<std::byte> buf(kBytes);
+      ASSERT_TRUE(c->ReadInto(id, buf).ok());
+      ASSERT_EQ(buf, SampleBytes(id, kBytes)) << "sample " << id;
+    }
+  }
+  EXPECT_EQ(src->reads, 120u) << "the first reader fills the shared cache; the others only read it";
+  SampleCacheStats sa = (*a)->stats(), sb = (*b)->stats(), so = (*owner)->stats();
+  EXPECT_EQ(sa.source_reads, 120u);
+  EXPECT_EQ(sa.puts, 120u);
+  EXPECT_EQ(sb.local_hits, 120u);
+  EXPECT_EQ(so.local_hits, 120u);
+  EXPECT_EQ(so.node_samples, 120u);
+  EXPECT_EQ(sa.node_samples, 0u) << "an attached cache holds nothing itself";
+}
+
+TEST(SampleCacheTest, BudgetRefusesPutsAndTheSourceServesTheRest) {
+  TempDir dir;
+  auto src = Tree(dir);
+  auto nodes = LoopbackNodes(1);
+  SampleCacheOptions co;
+  co.nodes = nodes;
+  co.name = "budget";
+  co.max_samples = 10;  // the node holds 10 of the 120
+  auto c = SampleCache::Open(src, co);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  for (int pass = 0; pass < 2; ++pass) {
+    for (uint64_t id = 0; id < 120; ++id) {
+      std::vector<std::byte> buf(kBytes);
+      ASSERT_TRUE((*c)->ReadInto(id, buf).ok());
+      EXPECT_EQ(buf, SampleBytes(id, kBytes));
+    }
+  }
+  SampleCacheStats s = (*c)->stats();
+  EXPECT_EQ(s.node_samples, 10u);
+  EXPECT_EQ(s.local_hits, 10u);
+  EXPECT_EQ(s.source_reads, 230u);
+  EXPECT_EQ(s.put_failures, 220u);
+}
+
+TEST(SampleCacheTest, BadOptionsNamed) {
+  TempDir dir;
+  auto src = Tree(dir);
+  auto expect = [&](SampleCacheOptions o, const std::string& text) {
+    auto c = SampleCache::Open(src, o);
+    ASSERT_FALSE(c.ok()) << text;
+    EXPECT_NE(c.status().message().find(text), std::string::npos) << c.status().ToString();
+  };
+  SampleCacheOptions o;
+  o.name = "x";
+  expect(o, "nodes is empty");
+  o.nodes = {"127.0.0.1:1", "127.0.0.1:2"};
+  o.self = 2;
+  expect(o, "self=2 is out of range: nodes has 2 entries");
+  o.self = 0;
+  o.nodes = {"127.0.0.1"};
+  expect(o, "nodes[0]='127.0.0.1' must be HOST:PORT");
+  o.nodes = {"127.0.0.1:1", "127.0.0.1:1"};
+  expect(o, "nodes[0]='127.0.0.1:1' is listed twice");
+  o.nodes = {"127.0.0.1:1"};
+  o.name = "a.b";
+  expect(o, "name='a.b' must be 1-64 characters of [A-Za-z0-9_-]");
+}
+
+}  // namespace
+}  // namespace viper

@@ -502,7 +502,9 @@ class Subscriber(_Handle):
 
     def stats(self) -> dict:
         """notifies, updates, skipped, fetch_failures, deltas (versions that came as a delta),
-        delta_fallbacks (deltas that failed and were fetched in full)."""
+        delta_fallbacks (deltas that failed and were fetched in full), connect_failures,
+        preferred_returns, segments_mapped and segments_reused (map and copy paths: node segments
+        mapped here, and fetches that found theirs mapped already by an earlier version)."""
         return self._live().stats()
 
     def last_error(self) -> Optional[str]:

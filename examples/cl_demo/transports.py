@@ -195,11 +195,16 @@ class FileTransport(Transport):
             payload = torch.load(path)
         except FileNotFoundError:
             return None  # retention removed it between listdir and open: a newer one exists
+        fetched_ns = time.time_ns()
         into.load_state_dict(payload["state_dict"])
         meta = payload["meta"]
+        # The same milestones as Viper's timings: complete (the file's last write), the consumer
+        # told (its poll found the file), the bytes in the consumer (torch.load done).
         return Update(version=version, step=int(meta["step"]), detected_ns=detected_ns,
                       loaded_ns=time.time_ns(), completed_ns=completed_ns,
-                      transport_timings={"publish_ns": meta.get("publish_ns")})
+                      transport_timings={"publish_ns": meta.get("publish_ns"), "completed_ns": completed_ns,
+                                         "notified_ns": detected_ns, "fetched_ns": fetched_ns,
+                                         "live_ns": fetched_ns})
 
 
 def _sleep_until_ns(deadline_ns: int) -> None:

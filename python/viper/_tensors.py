@@ -5,9 +5,10 @@ tuples of C-contiguous host memory that the extension copies once into the segme
 are copied to host first; non-contiguous ones are made contiguous (one extra copy, only for them).
 
 Loading: `copy_into_module` copies a version into a torch module's existing parameters and buffers
-(`Tensor.copy_`, so they keep their identity, storage, device and dtype); with a GPU copy of the
-version (Subscriber(device=N)), CUDA parameters on that device are copied device-to-device from it
-(a torch view of the device memory through __cuda_array_interface__).
+in place, so they keep their identity, storage, device and dtype: one streaming copy in C++ for a
+contiguous CPU tensor of the version's dtype, `Tensor.copy_` (which converts) otherwise; with a
+GPU copy of the version (Subscriber(device=N)), CUDA parameters on that device are copied
+device-to-device from it (a torch view of the device memory through __cuda_array_interface__).
 
 torch is imported lazily: numpy-only users never pay for it.
 """
@@ -226,9 +227,9 @@ def copy_into_module(version, module, strict: bool = True) -> None:
 def _plain_copy(torch, version, target, dtype_name: str) -> bool:
     """Whether `target` takes tensor bytes as they are: a dense CPU tensor, contiguous, of exactly
     the version's dtype, outside the version's own buffer. Then load_into copies with one streaming
-    copy in C++ (GIL released) instead of Tensor.copy_, which ran at 0.55-0.6x memcpy on one
-    thread (docs/ARCHITECTURE.md, "Subscriber"); anything else (another dtype, a GPU or strided
-    target) goes through copy_, which converts."""
+    copy in C++ (GIL released) instead of Tensor.copy_, which ran at 0.55-0.6x memcpy on one thread
+    (docs/ARCHITECTURE.md, "load_into copies with one streaming copy"); anything else (another
+    dtype, a GPU or strided target) goes through copy_, which converts."""
     if target.device.type != "cpu" or target.layout != torch.strided or not target.is_contiguous():
         return False
     if target.is_quantized or target.is_conj() or target.is_neg():

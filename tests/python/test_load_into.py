@@ -77,6 +77,28 @@ def test_a_parameter_with_grad_loads_and_backward_still_works(pair):
     assert torch.equal(module.weight.grad, torch.full((2, 4), 3.0))
 
 
+@pytest.mark.parametrize("prepared", [False, True])
+def test_prepare_makes_the_first_segment_ahead(prepared):
+    """Without prepare() the first publish creates its segment on the caller's thread (not
+    recycled); with it, the segment made in the background is there (or waited for)."""
+    state = {"w": torch.ones(1 << 20), "b": torch.zeros(10)}
+    with viper.Publisher("m", listen="127.0.0.1:0") as pub:
+        if prepared:
+            pub.prepare(state, run="a")
+        first = pub.publish(state, step=1, run="a")
+        pub.wait(30)
+    assert first.recycled is prepared
+
+
+def test_prepare_checks_its_arguments():
+    with viper.Publisher("m", listen="127.0.0.1:0") as pub:
+        with pytest.raises(TypeError, match=r"Publisher.prepare\(\): tensors=.*expected a mapping"):
+            pub.prepare([1, 2])
+        with pytest.raises(TypeError, match="expected a numpy array or torch tensor"):
+            pub.prepare({"w": "not a tensor"})
+        assert pub.announced_version == 0  # nothing is published
+
+
 def _memcpy_cpu_s(dst, src, nbytes):
     start = time.thread_time()
     ctypes.memmove(dst, src, nbytes)

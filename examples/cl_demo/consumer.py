@@ -23,8 +23,8 @@ import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # examples/
 
-from cl_demo.runtime import (make_logger, parse_role_args, set_torch_threads, sleep_until_ns, tune_malloc,  # noqa: E402
-                             wait_for_start, write_json)
+from cl_demo.runtime import (make_logger, memcpy_seconds, parse_role_args, set_torch_threads, sleep_until_ns,  # noqa: E402
+                             tune_malloc, wait_for_start, write_json)
 
 tune_malloc()
 
@@ -157,6 +157,7 @@ def main(argv=None) -> int:
     spare.load_state_dict(live.state_dict())
     live.eval()
     spare.eval()
+    memcpy_s = memcpy_seconds(live.state_dict().values())  # the floor of a load, before and after the run
     transport = make_transport(args.transport, args.workdir, cfg)
     transport.start_consumer(deadline_ns=time.time_ns() + int(60e9))
     _log("ready")
@@ -174,11 +175,12 @@ def main(argv=None) -> int:
         transport.close()
     if loader.error is not None:
         raise RuntimeError(f"consumer: the loader thread failed:\n{loader.error}")
+    memcpy_s += memcpy_seconds(live.state_dict().values())
     _log("done; writing results")
     write_json(args.out, {
         "transport": transport.describe(), "start_ns": start_ns, "threads": cfg.consumer_threads,
         "requests_header": ["index", "due_ns", "begin_ns", "end_ns", "version", "step", "loss", "acc"],
-        "requests": rows, "updates": loader.updates,
+        "requests": rows, "updates": loader.updates, "memcpy_s": memcpy_s,
         "cil": sum(r[6] for r in rows)})
     return 0
 

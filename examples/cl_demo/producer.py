@@ -144,6 +144,7 @@ def main(argv=None) -> int:
     model = load_version0(cfg)
     transport = make_transport(args.transport, args.workdir, cfg, scheduler=make_scheduler(cfg))
     transport.start_producer()
+    transport.prepare(model.state_dict())
     policy = make_policy(cfg, transport)
     _log("ready")
     start_ns = wait_for_start(sys.stdin)

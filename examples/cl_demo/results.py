@@ -50,8 +50,39 @@ def summarize(producer: dict, consumer: dict, reference: Optional[dict] = None) 
         "max_lag_s": max(((r[2] - r[1]) / 1e9 for r in requests), default=math.nan),
         "final_train_loss": producer["steps"][-1][2] if producer["steps"] else math.nan,
     }
+    out.update(latency_split(updates, published_at, consumer.get("memcpy_s") or []))
     if reference:
         out["cil_vs_reference"] = out["cil"] / reference["cil"] if reference["cil"] else math.nan
+    return out
+
+
+# The milestones an update passes, in order, and the name of the part that ends at each: from
+# publish called (the producer's clock) to complete (all bytes in the transport: Viper's node
+# announced it / the file was written), notified (the consumer learned of it: NOTIFY / its poll
+# found the file), fetched (the bytes are in the consumer: mapped and live in the subscriber /
+# torch.load done) and live (loaded into the spare model and swapped in: load_into /
+# load_state_dict). The four parts add up to the update latency.
+SPLIT = (("publish", "completed_ns"), ("notify", "notified_ns"), ("fetch", "live_ns"), ("load", None))
+
+
+def latency_split(updates: list, published_at: dict, memcpy_s: list) -> dict:
+    """Mean seconds of each part of SPLIT over the updates whose transport reported the
+    milestones; the mean copy into the model (load_into / load_state_dict) against the warmest of
+    the consumer's memcpy's of the same bytes (`memcpy_s`, measured before and after the run)."""
+    parts = {name: [] for name, _ in SPLIT}
+    copies = []
+    for u in updates:
+        t = u.get("transport_timings") or {}
+        marks = [published_at.get(u["step"])] + [t.get(key) for _, key in SPLIT[:-1]] + [u["live_ns"]]
+        if any(m is None for m in marks):
+            continue
+        for (name, _), begin, end in zip(SPLIT, marks, marks[1:]):
+            parts[name].append((end - begin) / 1e9)
+        copies.append((u["loaded_ns"] - max(u["detected_ns"], t["live_ns"])) / 1e9)
+    out = {f"{name}_mean_s": _mean(xs) for name, xs in parts.items()}
+    out["copy_into_model_mean_s"] = _mean(copies)
+    out["memcpy_s"] = min(memcpy_s) if memcpy_s else math.nan
+    out["copy_vs_memcpy"] = out["memcpy_s"] / out["copy_into_model_mean_s"] if copies and memcpy_s else math.nan
     return out
 
 
@@ -65,6 +96,13 @@ def format_table(summaries: dict) -> str:
         ("versions that served requests", "versions_served", "{}"),
         ("update latency mean (s)", "latency_mean_s", "{:.3f}"),
         ("update latency p95 (s)", "latency_p95_s", "{:.3f}"),
+        ("  publish: call -> complete (s)", "publish_mean_s", "{:.3f}"),
+        ("  notify: -> consumer told (s)", "notify_mean_s", "{:.3f}"),
+        ("  fetch: -> bytes in consumer (s)", "fetch_mean_s", "{:.3f}"),
+        ("  load: -> live in the model (s)", "load_mean_s", "{:.3f}"),
+        ("copy into the model, mean (s)", "copy_into_model_mean_s", "{:.3f}"),
+        ("memcpy of the same bytes (s)", "memcpy_s", "{:.3f}"),
+        ("  copy speed / memcpy speed", "copy_vs_memcpy", "{:.2f}x"),
         ("publish stall mean (s)", "stall_mean_s", "{:.3f}"),
         ("producer stall total (s)", "stall_total_s", "{:.2f}"),
         ("training iterations", "iterations", "{}"),

@@ -34,6 +34,24 @@ def tune_malloc() -> bool:
     return bool(ok)
 
 
+def memcpy_seconds(tensors, reps: int = 3) -> list:
+    """Wall seconds of `reps` memcpy's of the bytes of `tensors` (e.g. a state_dict's values) into
+    one buffer of their total size, which the first copy faults in: the physical floor of loading
+    a version into a model, measured beside the loads it is compared with. Take the min (warm)."""
+    import torch  # noqa: PLC0415 (the driver imports runtime before torch)
+    parts = [(t.data_ptr(), t.numel() * t.element_size()) for t in tensors]
+    buffer = torch.empty(sum(n for _, n in parts), dtype=torch.uint8)
+    times = []
+    for _ in range(reps + 1):  # the first faults the buffer in: not counted
+        start = time.perf_counter()
+        at = buffer.data_ptr()
+        for address, n in parts:
+            ctypes.memmove(at, address, n)
+            at += n
+        times.append(time.perf_counter() - start)
+    return times[1:]
+
+
 def set_torch_threads(torch_module, threads: int) -> None:
     """One intra-op thread count for torch (and, through OpenMP, for the OpenBLAS it calls; the
     driver also sets OMP_NUM_THREADS/OPENBLAS_NUM_THREADS for the pthread builds of OpenBLAS)."""

@@ -4,6 +4,7 @@ A Transport has two sides, used by two different processes:
 
 producer side
     start_producer()                       once, before the first publish
+    prepare(state_dict)                    optional, once: make ready for versions like this one
     publish(state_dict, step, meta) -> s   hand over one version; returns the seconds the caller
                                            was blocked (the training stall the transport reports)
     close()                                flush what is in flight and release everything
@@ -62,6 +63,10 @@ class Transport(abc.ABC):
 
     def start_producer(self) -> None:
         pass
+
+    def prepare(self, state_dict: Dict[str, torch.Tensor]) -> None:
+        """Optional, once before the first publish: make ready for versions like `state_dict`.
+        REQUIRES: start_producer()."""
 
     @abc.abstractmethod
     def publish(self, state_dict: Dict[str, torch.Tensor], step: int, meta: Dict[str, Any]) -> float:
@@ -195,11 +200,16 @@ class FileTransport(Transport):
             payload = torch.load(path)
         except FileNotFoundError:
             return None  # retention removed it between listdir and open: a newer one exists
+        fetched_ns = time.time_ns()
         into.load_state_dict(payload["state_dict"])
         meta = payload["meta"]
+        # The same milestones as Viper's timings: complete (the file's last write), the consumer
+        # told (its poll found the file), the bytes in the consumer (torch.load done).
         return Update(version=version, step=int(meta["step"]), detected_ns=detected_ns,
                       loaded_ns=time.time_ns(), completed_ns=completed_ns,
-                      transport_timings={"publish_ns": meta.get("publish_ns")})
+                      transport_timings={"publish_ns": meta.get("publish_ns"), "completed_ns": completed_ns,
+                                         "notified_ns": detected_ns, "fetched_ns": fetched_ns,
+                                         "live_ns": fetched_ns})
 
 
 def _sleep_until_ns(deadline_ns: int) -> None:
@@ -229,6 +239,7 @@ class ViperTransport(Transport):
 
     API used (the bindings' contract with this demo):
       pub = viper.Publisher(model, listen="127.0.0.1:PORT")
+      pub.prepare(state_dict)  -> makes the first segment in the background, returns at once
       pub.publish(state_dict, step=int, loss=float)  -> async; returns the stall in seconds (a
           float) or an object; otherwise pub.last_stall_seconds is read
       pub.close()
@@ -274,6 +285,9 @@ class ViperTransport(Transport):
             with open(tmp, "w", encoding="utf-8") as f:
                 f.write(self.address + "\n")
             os.replace(tmp, self.address_file)  # the consumer never reads a half-written address
+
+    def prepare(self, state_dict) -> None:
+        self._pub.prepare(state_dict)  # the first segment, made while the processes get ready
 
     def publish(self, state_dict, step, meta) -> float:
         start = time.perf_counter()

@@ -99,6 +99,12 @@ class Publisher {
 
   // Publishes one version made of `tensors` (copied once, into the segment).
   Result<PublishResult> Publish(const std::vector<TensorData>& tensors, const PublishInfo& info = {});
+  // Makes a segment for versions laid out like `tensors` (with `metadata`) on a background thread
+  // and returns at once, so that the first Publish() copies into memory already faulted in
+  // instead of creating the segment on the caller's thread (later segments are made between
+  // publishes anyway). A Publish() that finds it still being made waits for it. Call it once,
+  // before training starts. InvalidArgument for a layout Begin() refuses.
+  Status Prepare(const std::vector<TensorSpec>& tensors, const std::map<std::string, std::string>& metadata = {});
   // Zero-copy: a version laid out for `tensors`, to be filled in place and committed.
   Result<Draft> Begin(const std::vector<TensorSpec>& tensors, const std::map<std::string, std::string>& metadata = {});
   Result<PublishResult> Commit(Draft draft, const PublishInfo& info = {});

@@ -174,6 +174,10 @@ struct SubscriberStats {
   uint64_t delta_fallbacks = 0;  // deltas that failed (decode, verify, node gave up) and were fetched in full
   uint64_t connect_failures = 0;   // (re)connection attempts that reached no node
   uint64_t preferred_returns = 0;  // moves from an alternate back to `connect`
+  // Map and copy paths: the node's segments mapped here, and fetches that found the segment
+  // already mapped by an earlier version in it (its page tables kept: no faults, no munmap).
+  uint64_t segments_mapped = 0;
+  uint64_t segments_reused = 0;
 };
 
 class Subscriber {

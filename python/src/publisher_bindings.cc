@@ -65,6 +65,13 @@ void BindPublisher(py::module_& m) {
       .def("due", [](PublisherHandle& h, int64_t iteration, double loss) {
              return Unwrap(Open(h.publisher, "Publisher").Due(iteration, loss));
            })
+      .def("prepare", [](PublisherHandle& h, const py::list& items, const py::dict& metadata) {
+             viper::Publisher& pub = Open(h.publisher, "Publisher");
+             HeldTensors held = HoldTensors(items);
+             std::vector<viper::TensorSpec> specs;
+             for (const auto& t : held.tensors) specs.push_back(t.spec);
+             ThrowIfError(pub.Prepare(specs, StringMetadata(metadata)));
+           })
       .def("publish", [](PublisherHandle& h, const py::list& items, uint64_t step, std::optional<double> loss,
                          const py::dict& metadata) {
              viper::Publisher& pub = Open(h.publisher, "Publisher");

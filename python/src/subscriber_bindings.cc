@@ -103,6 +103,8 @@ void BindSubscriber(py::module_& m) {
              d["delta_fallbacks"] = s.delta_fallbacks;
              d["connect_failures"] = s.connect_failures;
              d["preferred_returns"] = s.preferred_returns;
+             d["segments_mapped"] = s.segments_mapped;
+             d["segments_reused"] = s.segments_reused;
              return d;
            })
       .def("ack", [](SubscriberHandle& h, uint64_t version) { ThrowIfError(Open(h.subscriber, "Subscriber").Ack(version)); })

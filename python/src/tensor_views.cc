@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "api_bindings.h"
+#include "core/memory.h"
 
 namespace viper_py {
 
@@ -53,6 +54,23 @@ py::array TensorView(const viper::Snapshot& snap, const viper::TensorInfo& tenso
   py::array view(NumpyDtype(tensor.dtype), shape, strides, bytes.data(), base);
   view.attr("setflags")(py::arg("write") = false);
   return view;
+}
+
+void CopyTensorsInto(const viper::Snapshot& snap,
+                     const std::vector<std::tuple<std::string, uintptr_t, uint64_t>>& targets) {
+  std::vector<std::pair<std::span<std::byte>, std::span<const std::byte>>> copies;
+  copies.reserve(targets.size());
+  for (const auto& [name, address, nbytes] : targets) {
+    const viper::TensorInfo* t = snap.find(name);
+    if (t == nullptr) throw py::key_error(name);
+    if (nbytes != t->nbytes() || (nbytes != 0 && address == 0)) {
+      Raise(Status::InvalidArgument("tensor '" + name + "': " + std::to_string(nbytes) + " bytes to copy into, the " +
+                                    "version has " + std::to_string(t->nbytes())));
+    }
+    copies.emplace_back(std::span<std::byte>(reinterpret_cast<std::byte*>(address), nbytes), snap.tensor_data(*t));
+  }
+  py::gil_scoped_release release;
+  for (const auto& [dst, src] : copies) viper::StreamingCopy(dst, src);
 }
 
 py::dict TensorDescriptions(const viper::Snapshot& snap) {

@@ -396,6 +396,16 @@ class Publisher(_Handle):
         entries = _tensors.to_entries(tensors)
         return self._live().publish(entries, step, loss, metadata)
 
+    def prepare(self, tensors: Mapping[str, Any], **metadata: Any) -> None:
+        """Makes the shared-memory segment for versions like `tensors` (e.g. model.state_dict())
+        in the background and returns at once, so that the first publish() copies into memory
+        already faulted in instead of making it on the training thread (later segments are made
+        between publishes anyway). Call it once, before training starts. Nothing is published."""
+        owner = "Publisher.prepare()"
+        _check.mapping(owner, "tensors", tensors)
+        _check.metadata(owner, metadata)
+        self._live().prepare(_tensors.to_entries(tensors), metadata)
+
     def publish_if_due(self, iteration: int, loss: float, tensors: Mapping[str, Any], **metadata: Any):
         """With `scheduler=` (a viper.Scheduler): feeds it (iteration, loss) and publishes when it
         says a checkpoint is due; the tensors are not touched otherwise. Returns the PublishResult,
@@ -502,7 +512,9 @@ class Subscriber(_Handle):
 
     def stats(self) -> dict:
         """notifies, updates, skipped, fetch_failures, deltas (versions that came as a delta),
-        delta_fallbacks (deltas that failed and were fetched in full)."""
+        delta_fallbacks (deltas that failed and were fetched in full), connect_failures,
+        preferred_returns, segments_mapped and segments_reused (map and copy paths: node segments
+        mapped here, and fetches that found theirs mapped already by an earlier version)."""
         return self._live().stats()
 
     def last_error(self) -> Optional[str]:

@@ -5,9 +5,10 @@ tuples of C-contiguous host memory that the extension copies once into the segme
 are copied to host first; non-contiguous ones are made contiguous (one extra copy, only for them).
 
 Loading: `copy_into_module` copies a version into a torch module's existing parameters and buffers
-(`Tensor.copy_`, so they keep their identity, storage, device and dtype); with a GPU copy of the
-version (Subscriber(device=N)), CUDA parameters on that device are copied device-to-device from it
-(a torch view of the device memory through __cuda_array_interface__).
+in place, so they keep their identity, storage, device and dtype: one streaming copy in C++ for a
+contiguous CPU tensor of the version's dtype, `Tensor.copy_` (which converts) otherwise; with a
+GPU copy of the version (Subscriber(device=N)), CUDA parameters on that device are copied
+device-to-device from it (a torch view of the device memory through __cuda_array_interface__).
 
 torch is imported lazily: numpy-only users never pay for it.
 """
@@ -202,14 +203,48 @@ def copy_into_module(version, module, strict: bool = True) -> None:
     offsets = version._offsets() if device_info is not None else None
     on_device = False
     with torch.no_grad():
+        plain, plain_targets = [], []  # (name, address, nbytes): one streaming copy each, in C++ without the GIL
         for name, target, dtype_name, shape in pairs:
             if (device_info is not None and target.is_cuda and target.device.index == device_info["device"]
                     and dtype_name in _TORCH_DTYPES):
                 source = device_source(version, name, dtype_name, shape, device_info, offsets)  # device to device
                 on_device = True
+            elif _plain_copy(torch, version, target, dtype_name):
+                plain.append((name, target.data_ptr(), target.numel() * target.element_size()))
+                plain_targets.append(target)
+                continue
             else:
                 source = as_torch(version[name], dtype_name, name)
             target.copy_(source)  # keeps the parameter's storage, device and dtype
+        if plain:
+            version._copy_into(plain)
+            for target in plain_targets:  # as copy_ does: bumps the version counter autograd checks
+                target.detach().view(-1)[:0].zero_()
         if on_device:
             torch.cuda.current_stream(device_info["device"]).synchronize()  # the version may go once we return
+
+
+def _plain_copy(torch, version, target, dtype_name: str) -> bool:
+    """Whether `target` takes tensor bytes as they are: a dense CPU tensor, contiguous, of exactly
+    the version's dtype, outside the version's own buffer. Then load_into copies with one streaming
+    copy in C++ (GIL released) instead of Tensor.copy_, which ran at 0.55-0.6x memcpy on one thread
+    (docs/ARCHITECTURE.md, "load_into copies with one streaming copy"); anything else (another
+    dtype, a GPU or strided target) goes through copy_, which converts."""
+    if target.device.type != "cpu" or target.layout != torch.strided or not target.is_contiguous():
+        return False
+    if target.is_quantized or target.is_conj() or target.is_neg():
+        return False
+    if target.dtype != _torch_dtype(torch, dtype_name):
+        return False
+    begin, end = target.data_ptr(), target.data_ptr() + target.numel() * target.element_size()
+    base = version.buffer_address
+    return end <= base or begin >= base + version.nbytes
+
+
+def _torch_dtype(torch, dtype_name: str):
+    """The torch dtype whose bytes are the safetensors dtype's, or None."""
+    name = _TORCH_DTYPES.get(dtype_name)
+    if name is None and dtype_name in _NEWER_TORCH_DTYPES:
+        name = _NEWER_TORCH_DTYPES[dtype_name][0]
+    return getattr(torch, name, None) if name else None
 

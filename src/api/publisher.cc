@@ -73,6 +73,7 @@ struct Publisher::Impl {
   // first keep_versions + 1 publishes each create and fault in a fresh segment on the caller's
   // thread. Its own thread, so that an async seal never waits behind it.
   internal::TaskQueue spare{"publisher-spare"};
+  std::atomic<bool> preparing{false};  // a Prepare() segment is queued or being made
   std::atomic<bool> closing{false};
   std::mutex mu;
   Status first_error;  // since the last Wait()
@@ -119,6 +120,8 @@ Result<Draft> Publisher::Begin(const std::vector<TensorSpec>& tensors, const std
   VIPER_ASSIGN_OR_RETURN(SnapshotLayout layout, SnapshotLayout::Make(tensors, metadata, options_.alignment));
   // Back-pressure: never more than max_in_flight versions waiting to be sealed.
   impl_->background.WaitBelow(options_.max_in_flight);
+  // A segment Prepare() queued is about to exist: take it rather than make another beside it.
+  if (impl_->preparing) impl_->spare.Drain(std::chrono::minutes(10));
   Draft draft;
   draft.publish_ns = WallClockNs();
   draft.layout_ = std::make_shared<const SnapshotLayout>(std::move(layout));
@@ -126,6 +129,19 @@ Result<Draft> Publisher::Begin(const std::vector<TensorSpec>& tensors, const std
   draft.lease_ = std::make_unique<WriteLease>(std::move(lease));
   draft.layout_->ZeroPadding(draft.lease_->data());
   return draft;
+}
+
+Status Publisher::Prepare(const std::vector<TensorSpec>& tensors, const std::map<std::string, std::string>& metadata) {
+  VIPER_ASSIGN_OR_RETURN(SnapshotLayout layout, SnapshotLayout::Make(tensors, metadata, options_.alignment));
+  impl_->preparing = true;
+  impl_->spare.Post([this, size = layout.total_bytes()] {
+    if (!impl_->closing) {
+      Status st = node_->host_tier().KeepSpare(size);
+      if (!st.ok()) log(LogLevel::kWarn, kLog, "{}: preparing a segment: {}", options_.model, st.message());
+    }
+    impl_->preparing = false;
+  });
+  return Status::OK();
 }
 
 Result<PublishResult> Publisher::Publish(const std::vector<TensorData>& tensors, const PublishInfo& info) {

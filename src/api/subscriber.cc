@@ -97,8 +97,12 @@ void Subscriber::OnUpdate(std::function<void(const std::shared_ptr<const ModelVe
 }
 
 SubscriberStats Subscriber::stats() const {
+  internal::SegmentMappings::Stats kept = impl_->mappings.stats();
   std::lock_guard<std::mutex> lock(impl_->mu);
-  return impl_->stats;
+  SubscriberStats out = impl_->stats;
+  out.segments_mapped = kept.mapped;
+  out.segments_reused = kept.reused;
+  return out;
 }
 
 Status Subscriber::last_error() const {

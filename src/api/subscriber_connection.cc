@@ -279,6 +279,7 @@ void Subscriber::Impl::WaitConnected(std::unique_lock<std::mutex>& lock, const s
       continue;
     }
     lock.unlock();
+    mappings.Prune();  // a node that went away unlinked its segments: let their memory go
     bool connected = EnsureClient().ok();
     lock.lock();
     if (connected) {

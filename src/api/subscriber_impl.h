@@ -19,6 +19,7 @@
 #include "api/client.h"
 #include "buffer_pool.h"
 #include "path_estimator.h"
+#include "segment_mappings.h"
 #include "task_queue.h"
 #include "viper/registry.h"
 #include "viper/subscriber.h"
@@ -29,6 +30,8 @@ struct Subscriber::Impl : std::enable_shared_from_this<Subscriber::Impl> {
   SubscriberOptions options;
   std::shared_ptr<internal::BufferPool> pool;
   internal::PathEstimator estimator;
+  // The node's segments mapped by the map and copy paths, kept between versions (segment_mappings.h).
+  internal::SegmentMappings mappings;
   // The live version. A mutex rather than std::atomic<std::shared_ptr>: libstdc++ 12 implements
   // that with a lock bit ThreadSanitizer cannot see, and every read here is rare and short.
   class LiveSlot {

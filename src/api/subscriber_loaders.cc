@@ -161,7 +161,7 @@ Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::LoadLeased(FetchPath pat
                                                                     const std::shared_ptr<Client>& client) {
   VIPER_ASSIGN_OR_RETURN(proto::FetchOk ok, client->FetchLease(info.model, info.version));
   auto release = client->Releaser(ok.info.model, ok.info.version);
-  auto mapped = MapSegmentReadOnly(ok.segment, ok.info.size, /*populate=*/path == FetchPath::kCopy);
+  auto mapped = mappings.Map(ok.segment, ok.info.size);  // kept from an earlier version in it, or mapped now
   if (!mapped.ok()) {
     release();
     return mapped.status();

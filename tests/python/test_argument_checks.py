@@ -76,6 +76,7 @@ ENTRY_POINTS = [
     ("viper.Publisher()", "listen", "address", lambda L, v: viper.Publisher("m", listen=v)),
     ("viper.Publisher()", "scheduler", "mapping", lambda L, v: viper.Publisher("m", scheduler=v if v is not None else 1)),
     ("Publisher.publish()", "tensors", "mapping", lambda L, v: L["pub"].publish(v)),
+    ("Publisher.prepare()", "tensors", "mapping", lambda L, v: L["pub"].prepare(v)),
     ("Publisher.publish()", "step", "int", lambda L, v: L["pub"].publish(T, step=v)),
     ("Publisher.publish()", "loss", "optional_number", lambda L, v: L["pub"].publish(T, loss=v)),
     ("Publisher.publish_if_due()", "iteration", "int", lambda L, v: L["pub"].publish_if_due(v, 1.0, T)),

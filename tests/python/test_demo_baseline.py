@@ -168,7 +168,8 @@ def test_demo_prints_side_by_side_table(small_demo):
     _, stdout = small_demo
     assert "file + poll (today)" in stdout and "no publishing" in stdout
     for row in ("update latency mean (s)", "update latency p95 (s)", "versions that served requests",
-                "training slowdown (stall)", "CIL (sum of request losses)"):
+                "training slowdown (stall)", "CIL (sum of request losses)", "publish: call -> complete",
+                "fetch: -> bytes in consumer", "memcpy of the same bytes (s)", "copy speed / memcpy speed"):
         assert row in stdout
 
 
@@ -195,6 +196,10 @@ def test_demo_results_are_complete_and_sane(small_demo):
     # The producer kept publishing what the consumer loaded.
     steps = {p["step"] for p in file_run["producer"]["publishes"]}
     assert all(u["step"] in steps for u in file_run["consumer"]["updates"])
+    # The latency's parts (publish, notify: the poll, fetch: torch.load, load: load_state_dict).
+    parts = [s[f"{p}_mean_s"] for p in ("publish", "notify", "fetch", "load")]
+    assert all(p >= 0 for p in parts) and sum(parts) == pytest.approx(s["latency_mean_s"])
+    assert len(file_run["consumer"]["memcpy_s"]) == 6 and 0 < s["memcpy_s"] < 1.0
 
 
 def test_updates_beat_a_stale_model(small_demo):
@@ -229,6 +234,22 @@ def test_summarize_joins_latencies_by_step():
     assert s["cil"] == pytest.approx(1.0) and s["cil_vs_reference"] == pytest.approx(0.5)
     assert s["slowdown_from_stall"] == pytest.approx(1.0 / 3.0)
     assert s["slowdown_vs_reference"] == pytest.approx(0.4 / 0.3 - 1.0)
+
+
+def test_summarize_splits_the_latency_and_compares_the_copy_with_memcpy():
+    ms = 1_000_000
+    producer = {"publishes": [{"step": 4, "publish_ns": 1000 * ms}], "iterations": 4, "loop_s": 1.0, "stall_s": 0.1,
+                "state_bytes": 2**20, "steps": [[4, 0.9, 0.2, 0.2]]}
+    timings = {"completed_ns": 1030 * ms, "notified_ns": 1031 * ms, "live_ns": 1032 * ms}
+    consumer = {"updates": [{"step": 4, "version": 1, "transport_timings": timings, "detected_ns": 1035 * ms,
+                             "loaded_ns": 1075 * ms, "live_ns": 1076 * ms}],
+                "requests": [[0, 0, 0, 1, 1, 4, 0.5, 1.0]], "memcpy_s": [0.05, 0.03, 0.04]}
+    s = summarize(producer, consumer)
+    assert s["publish_mean_s"] == pytest.approx(0.030) and s["notify_mean_s"] == pytest.approx(0.001)
+    assert s["fetch_mean_s"] == pytest.approx(0.001) and s["load_mean_s"] == pytest.approx(0.044)
+    assert sum(s[f"{p}_mean_s"] for p in ("publish", "notify", "fetch", "load")) == pytest.approx(s["latency_mean_s"])
+    assert s["copy_into_model_mean_s"] == pytest.approx(0.040)  # load_into: detected -> loaded
+    assert s["memcpy_s"] == pytest.approx(0.03) and s["copy_vs_memcpy"] == pytest.approx(0.75)
 
 
 def test_bad_settings_fail_with_a_clear_message(tmp_path):

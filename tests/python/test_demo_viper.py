@@ -43,3 +43,8 @@ def test_viper_run_is_complete_and_sane(viper_demo):
         assert "completed_ns" in timings and "live_ns" in timings
         publish_ns = next(p["publish_ns"] for p in run["producer"]["publishes"] if p["step"] == u["step"])
         assert publish_ns <= timings["completed_ns"] <= timings["live_ns"] <= u["live_ns"]
+    # The latency's parts: publish, notify, fetch (subscriber live), load (load_into, swap).
+    parts = [s[f"{p}_mean_s"] for p in ("publish", "notify", "fetch", "load")]
+    assert all(p >= 0 for p in parts) and sum(parts) == pytest.approx(s["latency_mean_s"])
+    assert 0 < s["copy_into_model_mean_s"] <= s["load_mean_s"] and 0 < s["memcpy_s"] < 1.0
+    assert "copy speed / memcpy speed" in stdout

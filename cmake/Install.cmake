@@ -1,6 +1,6 @@
 # `cmake --install` rules: the libraries as an exported CMake package (find_package(viper) ->
 # viper::viper), a pkg-config file (viper.pc), the public headers under include/viper and the
-# `viper` program. Layout and use: docs/INSTALL.md. Included by the top-level CMakeLists.txt when
+# `viper` and `viper-bench` programs. Layout and use: docs/INSTALL.md. Included by the top-level CMakeLists.txt when
 # the API library is built (UCX found).
 #
 # The libraries are static archives (built with -fPIC), so a consumer's link needs their private
@@ -30,6 +30,9 @@ install(TARGETS ${VIPER_EXPORTED_LIBS} viper_all EXPORT viperTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(TARGETS viper RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+if(TARGET viper-bench)  # `viper bench` execs the viper-bench beside viper
+  install(TARGETS viper-bench RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+endif()
 
 # Public headers: include/viper/*.h, not include/viper/internal/ (in-tree only, see log.h).
 file(GLOB VIPER_PUBLIC_HEADERS CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/include/viper/*.h)

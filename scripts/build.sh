@@ -12,8 +12,8 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 jobs=${VIPER_JOBS:-$(nproc)}
 
-# -g1: line tables for profilers and backtraces without full debug info (node_cmd_bench.cc: 12.2 s
-# to compile instead of 17.3 s at -g).
+# -g1: line tables for profilers and backtraces without full debug info
+# (tools/viper-bench/cmd_bench.cc: 12.2 s to compile instead of 17.3 s at -g).
 cmake -S "$root" -B "$root/build" -G "$("$root/scripts/cmake-generator.sh" "$root/build")" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" \
   -DVIPER_WITH_UCX=ON -DVIPER_WITH_PYTHON=ON >/dev/null

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check, for a machine with an NVIDIA GPU and driver but none of this project's Debian
 # libraries: programs built elsewhere and packed with their libraries by scripts/gpu-pack.sh
-# (PACK/run, PACK/bin/{viper,viper_gpu_peer,gpu_test}), plus bench/gpu_torch_baseline.py.
+# (PACK/run, PACK/bin/{viper,viper-bench,viper_gpu_peer,gpu_test}), plus bench/gpu_torch_baseline.py.
 #
 #   scripts/gpu-check.sh PACK [TORCH_SCRIPT]     figures and the full log go to $OUT (default ./gpu-check-out)
 # TORCH_SCRIPT defaults to PACK/gpu_torch_baseline.py, else the one beside this script.

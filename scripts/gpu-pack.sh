@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Packs what scripts/gpu-check.sh runs, for a GPU machine that has none of this project's Debian
-# libraries: OUT/bin (viper, viper_gpu_peer, viper_gpu_subscriber, gpu_test, gpu_node_test), OUT/lib (every shared library they load,
+# libraries: OUT/bin (viper, viper-bench, viper_gpu_peer, viper_gpu_subscriber, gpu_test, gpu_node_test), OUT/lib (every shared library they load,
 # found by ldd, but the C and C++ runtimes), OUT/ucx (UCX's transport modules, which UCX opens
 # itself), OUT/run (sets LD_LIBRARY_PATH and UCX_MODULE_DIR, then runs a program of OUT/bin),
 # OUT/gpu-check.sh and OUT/gpu_torch_baseline.py. Then, there: `bash OUT/gpu-check.sh OUT`.
@@ -18,9 +18,9 @@ deps() {
     [ -e "$out/lib/$name" ] || { cp -L "$path" "$out/lib/$name"; deps "$path"; }
   done
 }
-for p in "$build/bin/viper" "$build/bin/viper_gpu_peer" "$build/bin/viper_gpu_subscriber" "$build/tests/gpu/gpu_test" \
+for p in "$build/bin/viper" "$build/bin/viper-bench" "$build/bin/viper_gpu_peer" "$build/bin/viper_gpu_subscriber" "$build/tests/gpu/gpu_test" \
          "$build/tests/gpu/gpu_node_test"; do
-  [ -x "$p" ] || { echo "gpu-pack: $p missing: build it first (cmake --build $build --target viper viper_gpu_peer viper_gpu_subscriber gpu_test gpu_node_test)" >&2; exit 1; }
+  [ -x "$p" ] || { echo "gpu-pack: $p missing: build it first (cmake --build $build --target viper viper-bench viper_gpu_peer viper_gpu_subscriber gpu_test gpu_node_test)" >&2; exit 1; }
   strip --strip-debug -o "$out/bin/$(basename "$p")" "$p"
   deps "$p"
 done

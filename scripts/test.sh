@@ -28,7 +28,7 @@ begin() { stage_start=$SECONDS; echo; echo "=== test.sh: $1"; }
 end() { echo "=== test.sh: $1 passed in $((SECONDS - stage_start)) s"; }
 
 # Sanitizer builds: -O1 and -g1 (line tables for the sanitizers' stack traces, not full debug
-# info). Measured on tools/viper/node_cmd_bench.cc: ASan+UBSan 42.9 s at -O2 -g, 21.7 s at -O1 -g1;
+# info). Measured on tools/viper-bench/cmd_bench.cc: ASan+UBSan 42.9 s at -O2 -g, 21.7 s at -O1 -g1;
 # TSan 18.1 s -> 10.4 s. That keeps the whole of CI well under half an hour on 2 cores.
 configure() {  # configure BUILD_DIR CMAKE_ARGS...
   local dir=$1; shift

@@ -109,7 +109,7 @@ class Publisher {
   Result<Draft> Begin(const std::vector<TensorSpec>& tensors, const std::map<std::string, std::string>& metadata = {});
   Result<PublishResult> Commit(Draft draft, const PublishInfo& info = {});
   // With options.scheduler: records the loss of `iteration` and says whether a checkpoint is due
-  // (Scheduler::step). FailedPrecondition without a scheduler; InvalidArgument as step().
+  // (Scheduler::Step). FailedPrecondition without a scheduler; InvalidArgument as Step().
   Result<bool> Due(int64_t iteration, double loss);
   // Due(), then Publish() with step = iteration and loss set if it is: the training loop's one
   // call. nullopt when no checkpoint is due.

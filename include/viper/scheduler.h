@@ -7,12 +7,14 @@
 //                                          .t_infer_ns = 10'000'000, .requests = 200000});
 //   for (int64_t it = 0; it <= 20000; ++it) {
 //     double loss = train_step();
-//     if (sched.value()->step(it, loss).value_or(false)) publisher.publish(...);
+//     if (sched.value()->Step(it, loss).value_or(false)) publisher->Publish(...);
 //   }
 //
-// Thread-safety: all methods are thread-safe (one internal mutex), so report_* may be called from
-// a Publisher or Subscriber callback thread while the training thread calls step(). Planning runs
-// inside observe()/step() on the training thread (optimal: bounded by OptimalOptions::max_cells).
+// Thread-safety: all methods are thread-safe (one internal mutex), so Report* may be called from
+// a Publisher or Subscriber callback thread while the training thread calls Step(). Planning runs
+// inside Observe()/Step() on the training thread (optimal: bounded by OptimalOptions::max_cells).
+// The Python names are snake_case (observe, should_checkpoint, step, report_publish_stall(seconds),
+// ...; python/src/schedule_bindings.cc).
 #pragma once
 
 #include <chrono>
@@ -40,18 +42,18 @@ struct SchedulerOptions {
   int64_t requests = 0;            // M > 0 requests in all
 
   // Time per iteration, as the run lives it: the mean wall-clock time per iteration between
-  // observe() calls over the last 64 intervals, leaving out the interval that holds a checkpoint
+  // Observe() calls over the last 64 intervals, leaving out the interval that holds a checkpoint
   // (its stall is t_p) and intervals over 5x the median (a pause the model has no term for).
   // t_train_ns is the estimate until 8 intervals are measured (0 = unknown until then); with
   // measure_t_train = false it is used as given (a simulation, or a known cost).
   int64_t t_train_ns = 0;
   bool measure_t_train = true;
   // Initial estimates of the checkpoint costs. t_c is replaced by the median of the last 16
-  // report_update_latency() values once any are reported. t_p is what one checkpoint costs the
+  // ReportUpdateLatency() values once any are reported. t_p is what one checkpoint costs the
   // training in all: the stall, and the training slowed after it while the version is sealed,
   // hashed, written to the file tier and loaded by consumers on the same CPUs (measured in the
   // demo: a 12 ms stall, then two iterations 50-100% slower: 0.17 s in all). It is the larger of
-  // the mean of the last 16 report_publish_stall() values and that whole cost as measured (see
+  // the mean of the last 16 ReportPublishStall() values and that whole cost as measured (see
   // checkpoint_cost_intervals); until the run has measured the whole cost, the given t_p_ns (the
   // caller's estimate, e.g. from a warm-up) stands unless a reported stall exceeds it.
   int64_t t_p_ns = 0;
@@ -65,21 +67,21 @@ struct SchedulerOptions {
   int64_t checkpoint_cost_intervals = 3;
 
   // > 0: the run is bounded by wall-clock time, not by `end`: it ends duration_ns after the first
-  // observe(). `end` is then the initial estimate of the last iteration, and every plan moves it
+  // Observe(). `end` is then the initial estimate of the last iteration, and every plan moves it
   // to now + (time left) / t_train, so a run that goes faster or slower than first measured is
   // planned to its real end.
   int64_t duration_ns = 0;
 
   // Losses observed before the scheduler was made (e.g. a warm-up that ran before it existed),
-  // strictly increasing iterations <= the first observe(); fitted with the rest, no timing is
+  // strictly increasing iterations <= the first Observe(); fitted with the rest, no timing is
   // taken from them.
   std::vector<LossSample> history;
 
   // Refit the curve on all losses seen so far and re-plan every refit_every iterations after s
   // (0 = (e - s) / 10, at least 1). A timing estimate (t_train, t_p, t_c) that moves by more than
-  // 10% from the one the plan used also triggers a re-plan at the next observe().
+  // 10% from the one the plan used also triggers a re-plan at the next Observe().
   int64_t refit_every = 0;
-  // should_checkpoint(s) is true: the warm-up model is version x_0, live from time 0 in the CIL
+  // ShouldCheckpoint(s) is true: the warm-up model is version x_0, live from time 0 in the CIL
   // model (it carries no stall in the model, but consumers still need it).
   bool checkpoint_at_warmup_end = true;
 
@@ -126,8 +128,8 @@ struct SchedulerCheckpoint {
   std::vector<int64_t> stall_ns;    // the report windows, oldest first
   std::vector<int64_t> latency_ns;
   std::vector<int64_t> taken;       // checkpoints answered true after s
-  int64_t last_asked = -1;          // the last iteration should_checkpoint answered
-  int64_t elapsed_ns = -1;          // run time since the first observe(); -1: none yet
+  int64_t last_asked = -1;          // the last iteration ShouldCheckpoint answered
+  int64_t elapsed_ns = -1;          // run time since the first Observe(); -1: none yet
   int64_t end = 0;                  // e now
   int64_t plans = 0;
   int64_t last_plan_iteration = -1;
@@ -148,24 +150,24 @@ class Scheduler {
   // Records the loss observed after `iteration` and the wall-clock time since the previous call;
   // fits and plans at s, refits and re-plans every refit_every iterations.
   // REQUIRES: iterations strictly increasing, loss finite (InvalidArgument otherwise; the sample
-  // is then ignored). Planning failures do not fail observe(): see SchedulerState.
-  Status observe(int64_t iteration, double loss);
+  // is then ignored). Planning failures do not fail Observe(): see SchedulerState.
+  Status Observe(int64_t iteration, double loss);
 
   // True if a checkpoint should be taken after `iteration`: s lies in (previous asked iteration,
   // iteration] (the warm-up model, see options), or a planned checkpoint does (so a loop that asks
   // only every few iterations still gets every checkpoint, late). A true answer for a planned
   // checkpoint counts as taken at `iteration`. Before any successful plan only s and e are
   // answered true. Asking again for an iteration already answered returns false.
-  bool should_checkpoint(int64_t iteration);
+  bool ShouldCheckpoint(int64_t iteration);
 
-  // observe() then should_checkpoint().
-  Result<bool> step(int64_t iteration, double loss);
+  // Observe() then ShouldCheckpoint().
+  Result<bool> Step(int64_t iteration, double loss);
 
-  // Timings fed by the lead's wiring: the producer's stall for one publish (t_p) and the time
-  // from the end of the stall until the version is live at a consumer (t_c). Negative or
-  // non-finite values are ignored.
-  void report_publish_stall(double seconds);
-  void report_update_latency(double seconds);
+  // Timings fed by the Publisher (PublisherOptions::scheduler): the producer's stall for one
+  // publish (t_p) and the time from the end of the stall until the version is live at a consumer
+  // (t_c). Negative durations are ignored.
+  void ReportPublishStall(std::chrono::nanoseconds stall);
+  void ReportUpdateLatency(std::chrono::nanoseconds latency);
 
   SchedulerState state() const;
 
@@ -182,7 +184,7 @@ class Scheduler {
   // Predicted CIL of a whole-run `schedule` (strictly increasing iterations in (s, e]) under the
   // curve and the estimates of the current plan: what the IPP predicts for any other schedule, e.g.
   // an epoch baseline. FailedPrecondition before the first plan.
-  Result<double> evaluate(std::span<const int64_t> schedule) const;
+  Result<double> Evaluate(std::span<const int64_t> schedule) const;
   const SchedulerOptions& options() const { return options_; }
 
  private:
@@ -202,7 +204,7 @@ class Scheduler {
   mutable std::mutex mu_;
   std::vector<LossSample> samples_;
   std::optional<std::chrono::steady_clock::time_point> last_time_;
-  std::optional<std::chrono::steady_clock::time_point> run_start_;  // first observe()
+  std::optional<std::chrono::steady_clock::time_point> run_start_;  // first Observe()
   int64_t end_ = 0;  // e: options_.end, or moved by the time left (duration_ns)
   struct Interval {
     int64_t since_checkpoint;  // 0: holds a checkpoint; 1: the next one; ... -1: none yet

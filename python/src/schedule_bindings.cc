@@ -119,17 +119,21 @@ void BindSchedule(py::module_& m) {
            "robust_fit=False: plain least-squares family selection, unbounded extrapolation. duration > 0: the run "
            "ends that many seconds after the first observe(), and each plan moves `end` to now + time left / t_train.")
       .def("observe", [](viper::Scheduler& s, int64_t iteration, double loss) {
-             ThrowIfError(s.observe(iteration, loss));
+             ThrowIfError(s.Observe(iteration, loss));
            }, py::arg("iteration"), py::arg("loss"),
            "Records the loss after `iteration` (strictly increasing; finite loss, else ValueError). Plans at "
            "warmup_end and re-plans every refit_every iterations.")
-      .def("should_checkpoint", &viper::Scheduler::should_checkpoint, py::arg("iteration"),
+      .def("should_checkpoint", &viper::Scheduler::ShouldCheckpoint, py::arg("iteration"),
            "True if a checkpoint is due after `iteration` (a planned one in (previous asked, iteration]).")
-      .def("step", [](viper::Scheduler& s, int64_t iteration, double loss) { return Unwrap(s.step(iteration, loss)); },
+      .def("step", [](viper::Scheduler& s, int64_t iteration, double loss) { return Unwrap(s.Step(iteration, loss)); },
            py::arg("iteration"), py::arg("loss"), "observe() then should_checkpoint().")
-      .def("report_publish_stall", &viper::Scheduler::report_publish_stall, py::arg("seconds"),
+      .def("report_publish_stall", [](viper::Scheduler& s, double seconds) {
+             s.ReportPublishStall(std::chrono::nanoseconds(SecondsToNs(seconds, "seconds")));
+           }, py::arg("seconds"),
            "The producer's stall for one publish (t_p); viper.Publisher reports it itself.")
-      .def("report_update_latency", &viper::Scheduler::report_update_latency, py::arg("seconds"),
+      .def("report_update_latency", [](viper::Scheduler& s, double seconds) {
+             s.ReportUpdateLatency(std::chrono::nanoseconds(SecondsToNs(seconds, "seconds")));
+           }, py::arg("seconds"),
            "From the end of a publish's stall to the version live at a consumer (t_c).")
       .def("state", [](const viper::Scheduler& s) { return StateDict(s.state()); },
            "A dict: iteration, t_train, t_p, t_c, t_p_stall (mean reported stall), t_p_measured (whole cost of a "
@@ -195,7 +199,7 @@ void BindSchedule(py::module_& m) {
            py::arg("plan_t_train_ns"), py::arg("plan_t_p_ns"), py::arg("plan_t_c_ns"),
            "Resumes from _checkpoint()'s dict (Scheduler.load_state_dict()).")
       .def("evaluate", [](const viper::Scheduler& s, const std::vector<int64_t>& schedule) {
-             return Unwrap(s.evaluate(schedule));
+             return Unwrap(s.Evaluate(schedule));
            }, py::arg("schedule"),
            "Predicted CIL of a whole-run schedule (increasing iterations in (warmup_end, end]) under the current "
            "plan's curve and timing estimates, e.g. of an epoch baseline. Raises before the first plan.");

@@ -330,11 +330,18 @@ def log_level() -> str:
     return _LOG_LEVELS[_viper._log_level()]
 
 
+# Defaults of the keyword arguments named in the signatures below: read from the C++ options
+# structs (their default member initialisers are the one place each default is written);
+# tests/python/test_option_defaults.py checks every keyword against them.
+_NODE_DEFAULTS = _viper._NodeOptions()
+_SUBSCRIBER_DEFAULTS = _viper._SubscriberOptions()
+
+
 class Node(_Handle):
     """A Viper node on its own (what `viper serve` runs): holds versions in shared memory, serves
     subscribers, keeps the file tier. Publishers embed one; use this for a standalone node."""
 
-    def __init__(self, listen: str = "127.0.0.1:0", **options: Any):
+    def __init__(self, listen: str = _NODE_DEFAULTS.listen, **options: Any):
         listen = _check.address("viper.Node()", "listen", listen)
         self._impl = _viper._Node(_viper._NodeOptions(listen=listen, **options))
 
@@ -373,7 +380,7 @@ class Publisher(_Handle):
     when the version is announced. max_in_flight async versions may be queued before publish()
     blocks."""
 
-    def __init__(self, model: str, listen: str = "127.0.0.1:0", *, scheduler: Optional[Scheduler] = None,
+    def __init__(self, model: str, listen: str = _NODE_DEFAULTS.listen, *, scheduler: Optional[Scheduler] = None,
                  **options: Any):
         model = _check.model_name("viper.Publisher()", "model", model)
         listen = _check.address("viper.Publisher()", "listen", listen)
@@ -457,7 +464,7 @@ class Subscriber(_Handle):
     are checksum-verified (verify_checksum); bytes of the node's segment on this host are trusted
     unless verify_local=True."""
 
-    def __init__(self, model: str, connect: str = "127.0.0.1:7300", device: Any = None, **options: Any):
+    def __init__(self, model: str, connect: str = _SUBSCRIBER_DEFAULTS.connect, device: Any = None, **options: Any):
         model = _check.model_name("viper.Subscriber()", "model", model)
         if not (connect == "" and options.get("registry")):  # with a registry, connect is unused
             connect = _check.address("viper.Subscriber()", "connect", connect)

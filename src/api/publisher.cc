@@ -52,7 +52,7 @@ struct PolicyFeedback {
   std::map<uint64_t, int64_t> stall_end_ns;  // version -> CLOCK_REALTIME when its publish returned
 
   void Published(uint64_t version, int64_t stall_ns) {
-    scheduler->report_publish_stall(static_cast<double>(stall_ns) / 1e9);
+    scheduler->ReportPublishStall(std::chrono::nanoseconds(stall_ns));
     std::lock_guard<std::mutex> lock(mu);
     stall_end_ns[version] = WallClockNs();
     while (stall_end_ns.size() > 64) stall_end_ns.erase(stall_end_ns.begin());
@@ -61,7 +61,7 @@ struct PolicyFeedback {
     int64_t now = WallClockNs();
     std::lock_guard<std::mutex> lock(mu);
     auto it = stall_end_ns.find(version);
-    if (it != stall_end_ns.end()) scheduler->report_update_latency(static_cast<double>(now - it->second) / 1e9);
+    if (it != stall_end_ns.end()) scheduler->ReportUpdateLatency(std::chrono::nanoseconds(now - it->second));
   }
 };
 }  // namespace internal
@@ -280,7 +280,7 @@ Result<PublishResult> Publisher::Enqueue(Draft draft, const PublishInfo& info, i
 
 Result<bool> Publisher::Due(int64_t iteration, double loss) {
   if (!options_.scheduler) return Status::FailedPrecondition("Publisher::Due needs PublisherOptions::scheduler");
-  return options_.scheduler->step(iteration, loss);
+  return options_.scheduler->Step(iteration, loss);
 }
 
 Result<std::optional<PublishResult>> Publisher::PublishIfDue(int64_t iteration, double loss,

@@ -128,7 +128,7 @@ Scheduler::Scheduler(SchedulerOptions options)
   if (!samples_.empty()) state_.iteration = samples_.back().iteration;
 }
 
-Status Scheduler::observe(int64_t iteration, double loss) {
+Status Scheduler::Observe(int64_t iteration, double loss) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!std::isfinite(loss)) {
     return Status::InvalidArgument(fmt::format("scheduler: loss {} at iteration {} is not finite", loss, iteration));
@@ -281,7 +281,7 @@ void Scheduler::PlanLocked(int64_t iteration, bool move_end) {
   base.now = iteration;
   base.taken = state_.taken;
   Result<Schedule> plan = Status::FailedPrecondition(
-      "scheduler: t_train unknown (options.t_train_ns = 0 and fewer than two observe() calls)");
+      "scheduler: t_train unknown (options.t_train_ns = 0 and fewer than two Observe() calls)");
   if (base.problem.t_train_ns > 0) {
     plan = PlanFromFitLocked(base);
     if (!plan.ok() && state_.plans == 0) {
@@ -307,7 +307,7 @@ void Scheduler::PlanLocked(int64_t iteration, bool move_end) {
   ++state_.plans;
 }
 
-bool Scheduler::should_checkpoint(int64_t iteration) {
+bool Scheduler::ShouldCheckpoint(int64_t iteration) {
   std::lock_guard<std::mutex> lock(mu_);
   const int64_t from = last_asked_;
   if (iteration <= from) return false;  // this range was already answered
@@ -330,23 +330,23 @@ bool Scheduler::should_checkpoint(int64_t iteration) {
   return warmup_model || planned_due;
 }
 
-Result<bool> Scheduler::step(int64_t iteration, double loss) {
-  VIPER_RETURN_IF_ERROR(observe(iteration, loss));
-  return should_checkpoint(iteration);
+Result<bool> Scheduler::Step(int64_t iteration, double loss) {
+  VIPER_RETURN_IF_ERROR(Observe(iteration, loss));
+  return ShouldCheckpoint(iteration);
 }
 
-void Scheduler::report_publish_stall(double seconds) {
-  if (!std::isfinite(seconds) || seconds < 0) return;
+void Scheduler::ReportPublishStall(std::chrono::nanoseconds stall) {
+  if (stall.count() < 0) return;
   std::lock_guard<std::mutex> lock(mu_);
-  Push(stall_ns_window_, std::llround(seconds * 1e9), kReportWindow);
+  Push(stall_ns_window_, stall.count(), kReportWindow);
   state_.t_p_stall_ns = Mean(stall_ns_window_);
   RefreshCheckpointCostLocked();
 }
 
-void Scheduler::report_update_latency(double seconds) {
-  if (!std::isfinite(seconds) || seconds < 0) return;
+void Scheduler::ReportUpdateLatency(std::chrono::nanoseconds latency) {
+  if (latency.count() < 0) return;
   std::lock_guard<std::mutex> lock(mu_);
-  Push(latency_ns_window_, std::llround(seconds * 1e9), kReportWindow);
+  Push(latency_ns_window_, latency.count(), kReportWindow);
   const int64_t estimate = Median(latency_ns_window_);
   if (state_.plans > 0 && Moved(plan_problem_.t_c_ns, estimate)) timings_moved_ = true;
   state_.t_c_ns = estimate;
@@ -484,7 +484,7 @@ Status Scheduler::Resume(const SchedulerCheckpoint& c) {
   return Status::OK();
 }
 
-Result<double> Scheduler::evaluate(std::span<const int64_t> schedule) const {
+Result<double> Scheduler::Evaluate(std::span<const int64_t> schedule) const {
   std::lock_guard<std::mutex> lock(mu_);
   if (state_.plans == 0) return Status::FailedPrecondition("scheduler: no plan yet (nothing to evaluate against)");
   return EvaluateCil(plan_problem_, plan_curve_, schedule);

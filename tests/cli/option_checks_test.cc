@@ -42,7 +42,7 @@ enum class Kind {
 
 struct Option {
   std::string command;  // "serve", "bench-peer subscribe"
-  std::string name;     // "--keep-host", or a positional's name ("MODEL")
+  std::string name;     // "--keep-host-versions", or a positional's name ("MODEL")
   Kind kind;
   double lo = 0, hi = 0;
   bool lo_open = false;
@@ -199,8 +199,8 @@ const std::vector<Option>& Table() {
   static const std::vector<Option> table = {
       {"serve", "--listen", Kind::kHostPort},
       {"serve", "--store-dir", Kind::kPath},
-      {"serve", "--keep-host", Kind::kInteger, 1, 100000},
-      {"serve", "--keep-files", Kind::kInteger, 1, 100000},
+      {"serve", "--keep-host-versions", Kind::kInteger, 1, 100000},
+      {"serve", "--keep-file-versions", Kind::kInteger, 1, 100000},
       {"serve", "--host-max-bytes", Kind::kText, 0, 32},
       {"serve", "--host-max-models", Kind::kInteger, 0, 1000000},
       {"serve", "--name", Kind::kText, 0, 255},
@@ -342,7 +342,10 @@ std::map<std::string, bool> HelpOptions(const std::string& command, const std::f
     if (section.starts_with("Subcommands") || section.starts_with("Exit codes")) continue;
     std::string names = m[1];
     bool takes_value = m[2].matched;
-    std::string name = names.substr(names.rfind(',') == std::string::npos ? 0 : names.rfind(',') + 1);
+    // "-o,--output": -o; "--keep-host-versions,--keep-host": the first long name (the others are
+    // deprecated aliases, see DeprecatedAliasesAreTheSameOption).
+    std::string name = names.substr(0, names.find(','));
+    if (names.starts_with("-h,")) name = "--help";
     if (names.starts_with("-o,")) name = "-o";
     if (name == "--help") continue;
     found[name] = takes_value;
@@ -428,6 +431,22 @@ TEST_F(OptionChecks, EveryOptionRefusesBadValues) {
   EXPECT_GT(total, Built("bench", dir_->path()) ? 500u : 400u);
 }
 
+// The old spellings of renamed options (named after their NodeOptions fields now) are the same
+// option: listed in its help as deprecated, refused with the same rule.
+TEST_F(OptionChecks, DeprecatedAliasesAreTheSameOption) {
+  const std::map<std::string, std::string> aliases = {{"--keep-host", "--keep-host-versions"},
+                                                      {"--keep-files", "--keep-file-versions"}};
+  Outcome help = RunViper({"serve", "--help"}, dir_->path());
+  for (const auto& [old_name, name] : aliases) {
+    SCOPED_TRACE(old_name);
+    EXPECT_NE(help.out.find("  " + name + "," + old_name + " "), std::string::npos) << help.out;
+    EXPECT_NE(help.out.find(old_name + ": the old name, deprecated"), std::string::npos) << help.out;
+    bool timed_out = false;
+    Outcome r = RunViper({"serve", old_name, "0"}, dir_->path(), 10s, &timed_out);
+    ExpectRefused(r, "serve", name, "0", timed_out);
+  }
+}
+
 TEST_F(OptionChecks, FlagsRefuseValues) {
   for (const auto& [command, flags] : Flags()) {
     if (!Built(command, dir_->path())) continue;
@@ -479,10 +498,10 @@ TEST_F(OptionChecks, FoundInstances) {
   EXPECT_EQ(timeout.exit_code, 2);
   EXPECT_NE(timeout.err.find("--timeout: '-5' must be a number of seconds from 0 to 31536000"), std::string::npos) << timeout.err;
 
-  Outcome keep = RunViper({"serve", "--keep-host", "0"}, dir_->path(), 10s, &timed_out);
+  Outcome keep = RunViper({"serve", "--keep-host-versions", "0"}, dir_->path(), 10s, &timed_out);
   EXPECT_FALSE(timed_out);
   EXPECT_EQ(keep.exit_code, 2);
-  EXPECT_NE(keep.err.find("--keep-host: '0' must be an integer from 1 to 100000"), std::string::npos) << keep.err;
+  EXPECT_NE(keep.err.find("--keep-host-versions: '0' must be an integer from 1 to 100000"), std::string::npos) << keep.err;
 
   Outcome address = RunViper({"serve", "--listen", "127.0.0.1:0", "--address-file", "/nonexistent/x"}, dir_->path(), 10s,
                              &timed_out);

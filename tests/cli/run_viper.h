@@ -22,13 +22,12 @@ struct Outcome {
   std::string out, err;
 };
 
-// Runs bin/viper with `args`; its stdout and stderr go through the files `dir`/stdout and
+// Runs the program `exe` with `args`; its stdout and stderr go through the files `dir`/stdout and
 // `dir`/stderr (overwritten). With a `timeout`, a run still going after it is killed (SIGKILL:
 // exit_code 128 + 9) and `timed_out` is set.
-inline Outcome RunViper(const std::vector<std::string>& args, const std::filesystem::path& dir,
-                        std::chrono::milliseconds timeout = std::chrono::milliseconds(0), bool* timed_out = nullptr) {
+inline Outcome RunProgram(const std::string& exe, const std::vector<std::string>& args, const std::filesystem::path& dir,
+                          std::chrono::milliseconds timeout = std::chrono::milliseconds(0), bool* timed_out = nullptr) {
   const auto out_path = dir / "stdout", err_path = dir / "stderr";
-  const std::string exe = std::string(VIPER_BINARY_DIR) + "/bin/viper";
   pid_t pid = ::fork();
   if (pid == 0) {
     int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
@@ -65,6 +64,12 @@ inline Outcome RunViper(const std::vector<std::string>& args, const std::filesys
     return ss.str();
   };
   return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), slurp(out_path), slurp(err_path)};
+}
+
+// RunProgram for bin/viper.
+inline Outcome RunViper(const std::vector<std::string>& args, const std::filesystem::path& dir,
+                        std::chrono::milliseconds timeout = std::chrono::milliseconds(0), bool* timed_out = nullptr) {
+  return RunProgram(std::string(VIPER_BINARY_DIR) + "/bin/viper", args, dir, timeout, timed_out);
 }
 
 }  // namespace viper::testing

@@ -45,8 +45,8 @@ class Serve:
 
     def __init__(self, tmp: Path, store: Path, keep_host: int, prefix: str, keep_files: int = 3):
         self.tmp, self.store = tmp, store
-        self.args = ["serve", "--listen", "127.0.0.1:0", "--store-dir", str(store), "--keep-host", str(keep_host),
-                     "--keep-files", str(keep_files), "--segment-prefix", prefix]
+        self.args = ["serve", "--listen", "127.0.0.1:0", "--store-dir", str(store), "--keep-host-versions", str(keep_host),
+                     "--keep-file-versions", str(keep_files), "--segment-prefix", prefix]
         self.lives = 0
         self.start()
 
@@ -134,7 +134,7 @@ def test_every_listed_version_is_pulled_on_the_nodes_host_also_after_kill9():
             versions = check_listed_pull(tmp, node.address, inputs, store)
             assert [v["version"] for v in versions] == [2, 3, 4], versions
             memory = [v["version"] for v in versions if any(r.startswith("shm:") for r in v["replicas"])]
-            assert memory == [4], f"keep-host 1: only version 4 is in memory, listed {versions}"
+            assert memory == [4], f"keep-host-versions 1: only version 4 is in memory, listed {versions}"
             assert stats(node.address)["leases_from_file"] == 2, "versions 2 and 3 came from their files"
 
             node.kill9()
@@ -154,7 +154,7 @@ def test_every_listed_version_is_pulled_on_the_nodes_host_also_after_kill9():
                         assert got.version == 4 and got.path == path, (got.version, got.path, sub.last_error())
                         assert {k: np.array(got[k]).tobytes() for k in got.keys()} == tensors_of(inputs[4]), path
                 check_listed_pull(tmp, py_node.address, inputs, store)
-            print(f"\ntiers: versions 2-4 listed and pulled bit-exact on the node's host (keep-host 1, keep-files 3), "
+            print(f"\ntiers: versions 2-4 listed and pulled bit-exact on the node's host (keep-host-versions 1, keep-file-versions 3), "
                   f"again after kill -9, and by Subscriber map/copy/remote with every version file-only")
         finally:
             if node.proc.poll() is None:
@@ -177,7 +177,7 @@ def needs_root():
 
 
 def test_disk_full_keeps_unflushed_versions_listed_and_fetchable():
-    """The issue's case: 50 MB tmpfs, four 30 MB versions, default keep-host 2."""
+    """The issue's case: 50 MB tmpfs, four 30 MB versions, default keep-host-versions 2."""
     needs_root()
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)

@@ -13,6 +13,7 @@
 namespace viper {
 namespace {
 
+using namespace std::chrono_literals;
 using testing::WorkedCurve;
 using testing::WorkedInputs;
 
@@ -37,9 +38,9 @@ SchedulerOptions WorkedOptions(std::string policy) {
 std::vector<int64_t> Drive(Scheduler& sched, int64_t ask_every = 1, bool* warmup_answered = nullptr) {
   std::vector<int64_t> yes;
   for (int64_t x = 0; x <= sched.options().end; ++x) {
-    EXPECT_TRUE(sched.observe(x, WorkedCurve().value(x)).ok());
+    EXPECT_TRUE(sched.Observe(x, WorkedCurve().value(x)).ok());
     if (x % ask_every != 0 && x != sched.options().end) continue;
-    if (!sched.should_checkpoint(x)) continue;
+    if (!sched.ShouldCheckpoint(x)) continue;
     if (x == sched.options().warmup_end && warmup_answered) *warmup_answered = true;
     if (x > sched.options().warmup_end) yes.push_back(x);
   }
@@ -101,15 +102,14 @@ TEST(Scheduler, ReportedTimingsTriggerAReplan) {
   Result<std::unique_ptr<Scheduler>> sched = Scheduler::Create(o);
   ASSERT_TRUE(sched.ok());
   Scheduler& s = **sched;
-  for (int64_t x = 0; x <= 100; ++x) ASSERT_TRUE(s.observe(x, WorkedCurve().value(x)).ok());
+  for (int64_t x = 0; x <= 100; ++x) ASSERT_TRUE(s.Observe(x, WorkedCurve().value(x)).ok());
   EXPECT_EQ(s.state().plans, 1);
   EXPECT_EQ(s.state().planned.front(), 103);  // gap ceil((t_c - t_p)/t_train) = 3
   EXPECT_EQ(s.state().planned[1], 106);
-  s.report_publish_stall(0.5);
-  s.report_update_latency(0.3);
-  s.report_publish_stall(-1.0);              // ignored
-  s.report_publish_stall(std::nan(""));      // ignored
-  ASSERT_TRUE(s.observe(101, WorkedCurve().value(101)).ok());
+  s.ReportPublishStall(500ms);
+  s.ReportUpdateLatency(300ms);
+  s.ReportPublishStall(-1s);  // ignored
+  ASSERT_TRUE(s.Observe(101, WorkedCurve().value(101)).ok());
   const SchedulerState st = s.state();
   EXPECT_EQ(st.plans, 2);
   EXPECT_EQ(st.t_p_ns, 500'000'000);
@@ -132,7 +132,7 @@ TEST(Scheduler, MeasuresTrainTimeFromTheWallClock) {
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t x = 0; x <= 30; ++x) {
     std::this_thread::sleep_for(std::chrono::milliseconds(3));
-    ASSERT_TRUE((*sched)->observe(x, WorkedCurve().value(x)).ok());
+    ASSERT_TRUE((*sched)->Observe(x, WorkedCurve().value(x)).ok());
   }
   const double per_iter = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 31;
   const SchedulerState st = (*sched)->state();
@@ -160,10 +160,10 @@ TEST(Scheduler, MeasuresTheWholeCostOfACheckpoint) {
   for (int64_t x = 0; x <= 60; ++x) {
     const int64_t extra_ms = since == 0 ? 20 : since == 1 ? 10 : 0;
     std::this_thread::sleep_for(std::chrono::milliseconds(2 + extra_ms));
-    Result<bool> due = s.step(x, WorkedCurve().value(x));
+    Result<bool> due = s.Step(x, WorkedCurve().value(x));
     ASSERT_TRUE(due.ok());
     since = *due ? 0 : since < 0 ? -1 : since + 1;
-    if (*due) s.report_publish_stall(0.001);
+    if (*due) s.ReportPublishStall(1ms);
   }
   const SchedulerState st = s.state();
   EXPECT_EQ(st.t_p_stall_ns, 1'000'000);
@@ -178,7 +178,7 @@ TEST(Scheduler, MeasuresTheWholeCostOfACheckpoint) {
   Result<std::unique_ptr<Scheduler>> plain = Scheduler::Create(o);
   ASSERT_TRUE(plain.ok());
   for (int64_t x = 0; x <= 20; ++x)
-    if ((*plain)->step(x, WorkedCurve().value(x)).value()) (*plain)->report_publish_stall(0.001);
+    if ((*plain)->Step(x, WorkedCurve().value(x)).value()) (*plain)->ReportPublishStall(1ms);
   EXPECT_EQ((*plain)->state().t_p_ns, 1'000'000);
   EXPECT_EQ((*plain)->state().t_p_measured_ns, 0);
 }
@@ -191,9 +191,9 @@ TEST(Scheduler, TheGivenCheckpointCostStandsUntilMeasured) {
   o.t_p_ns = 200'000'000;
   Result<std::unique_ptr<Scheduler>> sched = Scheduler::Create(o);
   ASSERT_TRUE(sched.ok());
-  (*sched)->report_publish_stall(0.01);
+  (*sched)->ReportPublishStall(10ms);
   EXPECT_EQ((*sched)->state().t_p_ns, 200'000'000);
-  (*sched)->report_publish_stall(0.59);  // mean 0.3 s: a stall above the estimate replaces it
+  (*sched)->ReportPublishStall(590ms);  // mean 0.3 s: a stall above the estimate replaces it
   EXPECT_EQ((*sched)->state().t_p_ns, 300'000'000);
 }
 
@@ -205,18 +205,18 @@ TEST(Scheduler, WithoutTrainTimeThePlanWaitsAndTheEndStillCheckpoints) {
   Result<std::unique_ptr<Scheduler>> sched = Scheduler::Create(o);
   ASSERT_TRUE(sched.ok());
   Scheduler& s = **sched;
-  ASSERT_TRUE(s.observe(0, 2.0).ok());  // no interval measured yet: cannot plan
+  ASSERT_TRUE(s.Observe(0, 2.0).ok());  // no interval measured yet: cannot plan
   SchedulerState st = s.state();
   EXPECT_EQ(st.plans, 0);
   EXPECT_EQ(st.last_plan_status.code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(st.last_plan_status.message().find("t_train unknown"), std::string::npos);
-  EXPECT_TRUE(s.should_checkpoint(0));   // the warm-up model
-  EXPECT_FALSE(s.should_checkpoint(0));  // asked twice: already answered
+  EXPECT_TRUE(s.ShouldCheckpoint(0));   // the warm-up model
+  EXPECT_FALSE(s.ShouldCheckpoint(0));  // asked twice: already answered
   // Fits keep failing with 2-3 samples (every family needs more), so nothing is planned; the
   // final model still goes out.
-  ASSERT_TRUE(s.observe(1, 1.9).ok());
-  EXPECT_FALSE(s.should_checkpoint(1));
-  EXPECT_TRUE(s.step(5, 1.5).value());
+  ASSERT_TRUE(s.Observe(1, 1.9).ok());
+  EXPECT_FALSE(s.ShouldCheckpoint(1));
+  EXPECT_TRUE(s.Step(5, 1.5).value());
   EXPECT_EQ(s.state().taken, std::vector<int64_t>{5});
 }
 
@@ -229,14 +229,14 @@ TEST(Scheduler, ReportsFromAnotherThreadAreSafe) {
   std::atomic<bool> stop{false};
   std::thread reporter([&] {
     for (int i = 0; !stop.load(); ++i) {
-      s.report_publish_stall(0.4 + 0.01 * (i % 20));
-      s.report_update_latency(0.3);
+      s.ReportPublishStall(400ms + 10ms * (i % 20));
+      s.ReportUpdateLatency(300ms);
       (void)s.state();
       std::this_thread::yield();
     }
   });
   int yes = 0;
-  for (int64_t x = 0; x <= 400; ++x) yes += s.step(x, WorkedCurve().value(x)).value() ? 1 : 0;
+  for (int64_t x = 0; x <= 400; ++x) yes += s.Step(x, WorkedCurve().value(x)).value() ? 1 : 0;
   stop = true;
   reporter.join();
   EXPECT_GT(yes, 2);
@@ -257,15 +257,15 @@ TEST(Scheduler, HistoryPlansBeforeTheRunAndEvaluatesOtherSchedules) {
   Result<Schedule> offline = OptimalSchedule(WorkedInputs());
   EXPECT_NEAR(st.predicted_cil, offline->cil, 1e-6);
   EXPECT_EQ(st.planned, offline->iterations);
-  Result<double> epoch = (*sched)->evaluate(std::vector<int64_t>{150, 200, 250, 300, 350, 400});
+  Result<double> epoch = (*sched)->Evaluate(std::vector<int64_t>{150, 200, 250, 300, 350, 400});
   ASSERT_TRUE(epoch.ok());
   EXPECT_NEAR(*epoch, 1560.502769, 1e-6);
-  EXPECT_FALSE((*sched)->evaluate(std::vector<int64_t>{300, 200}).ok());
-  EXPECT_FALSE((*sched)->observe(100, 1.0).ok());  // the history's iterations are taken
-  EXPECT_TRUE((*sched)->observe(101, WorkedCurve().value(101)).ok());
+  EXPECT_FALSE((*sched)->Evaluate(std::vector<int64_t>{300, 200}).ok());
+  EXPECT_FALSE((*sched)->Observe(100, 1.0).ok());  // the history's iterations are taken
+  EXPECT_TRUE((*sched)->Observe(101, WorkedCurve().value(101)).ok());
   // Without a plan there is nothing to evaluate against.
   Result<std::unique_ptr<Scheduler>> fresh = Scheduler::Create(WorkedOptions("optimal"));
-  EXPECT_EQ((*fresh)->evaluate(std::vector<int64_t>{150}).status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*fresh)->Evaluate(std::vector<int64_t>{150}).status().code(), StatusCode::kFailedPrecondition);
   o.history = {{5, 1.0}, {4, 0.9}};
   EXPECT_NE(Scheduler::Create(o).status().message().find("history"), std::string::npos);
 }
@@ -284,7 +284,7 @@ TEST(Scheduler, TrainTimeLeavesOutTheCheckpointStalls) {
   int stalls = 0;
   for (int64_t x = 0; x <= 40; ++x) {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    if ((*sched)->step(x, WorkedCurve().value(x + 100)).value()) {
+    if ((*sched)->Step(x, WorkedCurve().value(x + 100)).value()) {
       std::this_thread::sleep_for(std::chrono::milliseconds(150));
       ++stalls;
     }
@@ -338,7 +338,7 @@ TEST(Scheduler, ARunBoundedByTimeIsPlannedToItsRealEnd) {
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t x = 0; std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(1000); ++x) {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    if ((*sched)->step(x, 2.0 * std::exp(-0.01 * x) + 0.1).value() && x > 10) yes.push_back(x);
+    if ((*sched)->Step(x, 2.0 * std::exp(-0.01 * x) + 0.1).value() && x > 10) yes.push_back(x);
   }
   const SchedulerState st = (*sched)->state();
   EXPECT_GT(st.end, 40) << "the end did not move with the measured pace";
@@ -376,10 +376,10 @@ TEST(Scheduler, BadOptionsAndObservationsAreRejected) {
   }
   Result<std::unique_ptr<Scheduler>> sched = Scheduler::Create(WorkedOptions("optimal"));
   ASSERT_TRUE(sched.ok());
-  EXPECT_TRUE((*sched)->observe(5, 1.0).ok());
-  EXPECT_NE((*sched)->observe(5, 1.0).message().find("does not follow 5"), std::string::npos);
-  EXPECT_NE((*sched)->observe(6, std::nan("")).message().find("not finite"), std::string::npos);
-  EXPECT_FALSE((*sched)->step(4, 1.0).ok());
+  EXPECT_TRUE((*sched)->Observe(5, 1.0).ok());
+  EXPECT_NE((*sched)->Observe(5, 1.0).message().find("does not follow 5"), std::string::npos);
+  EXPECT_NE((*sched)->Observe(6, std::nan("")).message().find("not finite"), std::string::npos);
+  EXPECT_FALSE((*sched)->Step(4, 1.0).ok());
 }
 
 }  // namespace

@@ -117,7 +117,7 @@ ViperCommand publish_command(
 // ------------------------------------------------------------------ watch
 
 struct WatchFlags {
-  std::string model, connect, path = "auto", file_dir, registry, registry_password_file;
+  std::string model, connect, path = std::string(fetch_path_name(SubscriberOptions{}.path)), file_dir, registry, registry_password_file;
   std::vector<std::string> alternates;
   bool json = false, verify_local = false;
   uint64_t count = 0;
@@ -222,7 +222,7 @@ ViperCommand watch_command(
       AddConnect(app, f->connect);
       app.add_flag("--json", f->json, "One JSON object per line");
       app.add_option("--path", f->path, "auto|map|copy|remote|file")
-          ->default_val("auto")
+          ->capture_default_str()
           ->check(OneOf({"auto", "map", "copy", "remote", "file"}));
       app.add_option("--file-dir", f->file_dir, "The node's store dir as seen from here (file fallback)")
           ->check(PathText());

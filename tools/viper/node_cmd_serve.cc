@@ -15,13 +15,16 @@
 namespace viper::cli {
 namespace {
 
+// Every option named after a NodeOptions field (--keep-host-versions: keep_host_versions) defaults
+// to that field's default, read from a default-constructed NodeOptions (include/viper/node.h, the
+// one place it is written); --listen differs on purpose and says so in its help.
 struct ServeFlags {
   NodeOptions node;
   AuthFlags auth;
   std::string address_file;
-  std::string delta = "auto";
-  double registry_ttl_s = 10;
-  std::string host_max_bytes = "0";
+  std::string delta = std::string(delta_mode_name(NodeOptions{}.delta));
+  double registry_ttl_s = std::chrono::duration<double>(RegistryHeartbeat{}.ttl).count();
+  std::string host_max_bytes = std::to_string(NodeOptions{}.host_max_bytes);
   std::string registry_password_file;
   RelayOptions relay;  // with --relay-model: this node replicates the models (--upstream, or placed)
 };
@@ -121,47 +124,53 @@ ViperCommand serve_command(
     "serve", "Run a standalone node",
     [](CLI::App& app) -> RunFn {
       auto flags = std::make_shared<ServeFlags>();
-      app.add_option("--listen", flags->node.listen, "HOST:PORT to listen on (loopback unless told otherwise)")
-          ->default_val("127.0.0.1:7300")
+      flags->node.listen = kDefaultNodeAddress;
+      app.add_option("--listen", flags->node.listen,
+                     "HOST:PORT to listen on (loopback unless told otherwise). Differs on purpose from "
+                     "NodeOptions::listen (port 0, any free port): a standalone node listens where clients' "
+                     "--connect looks by default")
+          ->capture_default_str()
           ->check(HostPort());
       app.add_option("--store-dir", flags->node.store_dir, "File tier directory (persistence and fallback)")
           ->check(PathText());
-      app.add_option("--keep-host", flags->node.keep_host_versions, "Versions per model kept in memory")
-          ->default_val(2)
+      app.add_option("--keep-host-versions,--keep-host", flags->node.keep_host_versions,
+                     "Versions per model kept in memory (--keep-host: the old name, deprecated)")
+          ->capture_default_str()
           ->check(IntegerIn(1, kMaxKeptVersions));
-      app.add_option("--keep-files", flags->node.keep_file_versions, "Versions per model kept on the file tier")
-          ->default_val(3)
+      app.add_option("--keep-file-versions,--keep-files", flags->node.keep_file_versions,
+                     "Versions per model kept on the file tier (--keep-files: the old name, deprecated)")
+          ->capture_default_str()
           ->check(IntegerIn(1, kMaxKeptVersions));
       app.add_option("--host-max-bytes", flags->host_max_bytes,
                      "Shared memory the node's segments may take, e.g. 8GiB (0 = half of /dev/shm); a publish beyond "
                      "it fails with ResourceExhausted")
-          ->default_val("0")
+          ->capture_default_str()
           ->check(Text(32));  // then ParseBytes: "--host-max-bytes '12x': unknown suffix ..."
       app.add_option("--host-max-models", flags->node.host_max_models,
                      "Models the node holds in shared memory (0 = no cap); one more fails to publish")
-          ->default_val(128)
+          ->capture_default_str()
           ->check(IntegerIn(0, 1000000));
       app.add_option("--name", flags->node.name, "Node name shown to peers")->check(Text(kMaxNodeNameBytes));
       app.add_flag("--insecure", flags->node.insecure,
                    "Listen beyond loopback without a token (anyone who reaches the port can publish and fetch)");
       app.add_option("--segment-prefix", flags->node.segment_prefix,
                      "Shared-memory segment name prefix ([A-Za-z0-9_-]; a hash of --store-dir is appended)")
-          ->default_val("viper")
+          ->capture_default_str()
           ->check(SegmentPrefix());
       app.add_option("--delta", flags->delta,
                      "Deltas to remote consumers: off, auto (when smaller and predicted faster), always")
-          ->default_val("auto")
+          ->capture_default_str()
           ->check(OneOf({"off", "auto", "always"}));
       app.add_option("--delta-bases", flags->node.delta_bases,
                      "Older versions per model kept as delta bases (each pins one snapshot in memory)")
-          ->default_val(1)
+          ->capture_default_str()
           ->check(IntegerIn(0, kMaxKeptVersions));
       app.add_option("--address-file", flags->address_file, "Write the bound HOST:PORT to this file once listening")
           ->check(NewFile());
       AddRegistry(app, flags->node.registry, flags->registry_password_file);
       app.add_option("--registry-ttl", flags->registry_ttl_s,
                      "Seconds the registry keeps this node's records without a heartbeat (one every third)")
-          ->default_val(10)
+          ->capture_default_str()
           ->check(SecondsIn(0.3, 86400));
       app.add_option("--upstream", flags->relay.upstream,
                      "Relay: replicate the models named by --relay-model from the node at HOST:PORT")

@@ -18,6 +18,7 @@
 #include "cli_checks.h"
 #include "net/protocol.h"
 #include "viper/status.h"
+#include "viper/subscriber.h"
 #include "viper/units.h"
 
 namespace viper::cli {
@@ -102,8 +103,13 @@ inline sigset_t BlockStopSignals() {
   return stop;
 }
 
+// Where `viper serve` listens and clients connect by default: SubscriberOptions::connect's default.
+inline const std::string kDefaultNodeAddress = SubscriberOptions{}.connect;
+
+// --connect, defaulting to SubscriberOptions::connect (the one place that default is written).
 inline void AddConnect(CLI::App& app, std::string& connect) {
-  app.add_option("--connect", connect, "Node address HOST:PORT")->default_val("127.0.0.1:7300")->check(HostPort());
+  connect = kDefaultNodeAddress;
+  app.add_option("--connect", connect, "Node address HOST:PORT")->capture_default_str()->check(HostPort());
 }
 
 // "shm:NAME", "node:HOST:PORT", "file:PATH", "relay:HOST:PORT", "device:cuda:N"

@@ -1,5 +1,6 @@
-// `viper bench`: the flags of the benchmark harness (bench/harness/bench.h, which measures and
-// prints). --hosts 2 re-runs this command inside two network namespaces with --hosts-stage 2.
+// `viper bench`, a command of the viper-bench program (`viper bench` execs it): the flags of the
+// benchmark harness (bench/harness/bench.h, which measures and prints). --hosts 2 re-runs this
+// command inside two network namespaces with --hosts-stage 2.
 #include <unistd.h>
 
 #include <filesystem>

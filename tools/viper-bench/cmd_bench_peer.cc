@@ -1,4 +1,5 @@
-// `viper bench-peer` (hidden): the consumer processes of `viper bench` (bench/harness/peer.h).
+// `viper-bench bench-peer` (hidden; `viper bench-peer` execs it too): the consumer processes of
+// `viper bench` (bench/harness/peer.h).
 //
 //   bench-peer subscribe --connect ADDR --model M --path map|copy|remote|auto [--no-verify] [--verify-local]
 //   bench-peer poll --dir D --interval S

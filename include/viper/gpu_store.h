@@ -11,6 +11,11 @@
 // header, SnapshotLayout::Seal) and hands the complete host snapshot to SealedFn (the host/file
 // tiers). With Announce::kAfterChecksum the version is announced only once sealed.
 //
+// The buffer's header space holds the snapshot header as of Publish (copied from pinned memory on
+// the copy stream before the `copied` event; viper.checksum reads 0 there, the sealed host copy has
+// the real one), so a consumer that has only the device copy reads the layout from it
+// (DeviceVersionReader::ReadHeader).
+//
 // Buffers are reused across versions as the host tier reuses segments: a buffer is free again
 // when it is neither the live version, nor leased (Acquire/Release), nor still being copied or
 // sealed. Publish allocates a new buffer while fewer than max_buffers exist, else it waits for one
@@ -110,6 +115,9 @@ class DeviceVersionReader {
   Status CopyInto(const GpuVersion& v, DevicePtr dst, const Stream& stream);
   // The producer's buffer mapped into this process (cached); valid while this reader lives.
   Result<DevicePtr> Map(const GpuVersion& v);
+  // The snapshot header in v's buffer (copied to the host on `stream`, parsed: tensors and metadata;
+  // its viper.checksum is 0, not the version's). Corruption as ParseSnapshotHeader.
+  Result<SnapshotHeader> ReadHeader(const GpuVersion& v, const Stream& stream);
 
  private:
   int device_;

@@ -78,6 +78,7 @@ struct DeviceVersionStore::Impl {
   struct Buffer {
     DeviceBuffer device;
     PinnedBuffer pinned;
+    PinnedBuffer header;  // the snapshot header staged for its copy into the device buffer
     Event ready;      // recorded on the producer's stream
     Event copied;     // recorded on the copy stream after the tensors
     Event host_done;  // recorded on the host stream after the device-to-host copy
@@ -289,8 +290,17 @@ Status DeviceVersionStore::Publish(const std::vector<DeviceTensor>& tensors, con
   if (b.layout != layout) {
     if (b.layout != nullptr)
       if (Status st = Memset(m.options.device, b.device.ptr(), 0, b.device.size()); !st.ok()) return fail(st);
+    auto header = PinnedBuffer::Allocate(m.options.device, layout->data_offset());
+    if (!header.ok()) return fail(header.status());
+    b.header = std::move(header).value();
     b.layout = layout;
   }
+  // The header (this version's stamp, checksum 0) into the buffer's header space: the device copy
+  // describes itself. The staging is rewritten only once this buffer is free again (its copy done).
+  if (Status st = layout->WriteHeader(std::span<std::byte>(b.header.data(), layout->data_offset()), stamp); !st.ok())
+    return fail(st);
+  if (Status st = CopyHostToDevice(b.device.ptr(), b.header.data(), layout->data_offset(), m.copy_stream); !st.ok())
+    return fail(st);
   // One copy per run of tensors that are contiguous both in the producer's memory and in the
   // layout (a flat parameter buffer is one copy).
   const auto& infos = layout->tensors();
@@ -387,6 +397,20 @@ Result<DevicePtr> DeviceVersionReader::Map(const GpuVersion& v) {
     it = mappings_.emplace(v.handle, std::move(m)).first;
   }
   return it->second.ptr();
+}
+
+Result<SnapshotHeader> DeviceVersionReader::ReadHeader(const GpuVersion& v, const Stream& stream) {
+  VIPER_ASSIGN_OR_RETURN(DevicePtr src, Map(v));
+  std::vector<std::byte> header(v.data_offset);
+  VIPER_RETURN_IF_ERROR(CopyDeviceToHost(header.data(), src, header.size(), stream));
+  VIPER_RETURN_IF_ERROR(stream.Synchronize());
+  auto parsed = ParseSnapshotHeader(header, v.data_bytes);
+  if (!parsed.ok()) return parsed.status().WithContext("GPU version " + std::to_string(v.version) + ": its header");
+  if (parsed->data_offset != v.data_offset)
+    return Status::Corruption("GPU version " + std::to_string(v.version) + ": header ends at " +
+                              std::to_string(parsed->data_offset) + ", the message says data starts at " +
+                              std::to_string(v.data_offset));
+  return parsed;
 }
 
 Status DeviceVersionReader::CopyInto(const GpuVersion& v, DevicePtr dst, const Stream& stream) {

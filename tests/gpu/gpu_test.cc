@@ -558,6 +558,20 @@ TEST(Gpu, AnEarlySubscriberGoesLiveFromTheDeviceCopyBeforeTheHostCommit) {
     EXPECT_EQ(copy.Command("D " + std::to_string(*version)), "DROPPED " + std::to_string(*version));
     EXPECT_EQ(in_place.Command("D " + std::to_string(*version)), "DROPPED " + std::to_string(*version));
   }
+  // Back to back: the second version is announced from its device copy while the first may still
+  // be on its host path (the store's announcer does not wait for the sealer); both are committed.
+  DevTensor a = Upload(RandomBytes(6 << 20, 990), *s), b = Upload(RandomBytes(333, 991), *s);
+  auto first = (*gp)->PublishDevice(Specs({&a, &b}), *s, PublishInfo{.step = 80});
+  auto second = (*gp)->PublishDevice(Specs({&a, &b}), *s, PublishInfo{.step = 81});
+  ASSERT_TRUE(first.ok() && second.ok());
+  std::string r = copy.Command("W " + std::to_string(*second));
+  EXPECT_EQ(r.rfind("OK " + std::to_string(*second) + " 0 ", 0), 0u) << r;
+  EXPECT_EQ(Field(r, 5), "device-only") << r;
+  ASSERT_TRUE((*gp)->WaitHost(*second, 20s).ok());
+  auto committed = (*pub)->node().Latest("gpu-early");
+  ASSERT_TRUE(committed.has_value());
+  EXPECT_EQ(committed->version, *second);
+  EXPECT_EQ(Field(r, 6), checksum_hex(committed->checksum)) << r;
 }
 
 // Publish -> live in another process through the node at 1 GiB (figures for docs/BENCHMARKS.md):

@@ -115,5 +115,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     CheckSnapshot(*parsed, data, size, verify);
     if (!verify) CheckRebuild(*parsed);
   }
+  // The header alone (a GPU-resident version's): accepts what Parse accepted, with its tensors,
+  // and fails only with Corruption on anything else.
+  if (size >= 8) {
+    const uint64_t n = LoadLe64(data);
+    const uint64_t data_bytes = n <= size - 8 ? size - 8 - n : 0;
+    auto header = viper::ParseSnapshotHeader(bytes, data_bytes);
+    if (!header.ok()) {
+      FUZZ_CHECK(header.status().code() == viper::StatusCode::kCorruption && !structure_ok);
+    } else if (structure_ok) {
+      auto parsed = viper::Snapshot::Parse(bytes, nullptr);
+      FUZZ_CHECK(parsed.ok() && header->data_offset == parsed->data_offset());
+      FUZZ_CHECK(header->tensors.size() == parsed->tensors().size());
+      for (size_t i = 0; i < header->tensors.size(); ++i)
+        FUZZ_CHECK(header->tensors[i].name == parsed->tensors()[i].name &&
+                   header->tensors[i].begin == parsed->tensors()[i].begin && header->tensors[i].end == parsed->tensors()[i].end);
+    }
+  }
   return 0;
 }

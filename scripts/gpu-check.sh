@@ -9,7 +9,9 @@
 # Runs every step even when one fails (CUDA IPC can be refused in a sandbox), prints what worked and
 # what did not, and exits non-zero if any step failed. Steps: the machine (nvidia-smi, kernel,
 # torch), gpu_test (VIPER_FAIL_ON_SKIP=1: no GPU is a failure here), `viper bench --gpu` (JSON to
-# $OUT/gpu-bench.json), the torch.save + polling + torch.load baseline ($OUT/torch-baseline.json).
+# $OUT/gpu-bench.json), the torch.save + polling + torch.load baseline ($OUT/torch-baseline.json);
+# gpu_test's through-the-node lines (GPU-NODE, GPU-NODE-EARLY, GPU-EARLY) are repeated at the end
+# and in $OUT/gpu-node.txt.
 # Sizes: GPU_CHECK_SIZES (default 1.7G,8G); reps: GPU_CHECK_REPS (default 5), torch reps
 # GPU_CHECK_TORCH_REPS (default 2; 0 skips the torch baseline); GPU_CHECK_BENCH=0 skips the bench;
 # GPU_CHECK_TEST_LIMIT: gpu_test's time limit in seconds (default 120).
@@ -52,6 +54,9 @@ step "viper bench --gpu" 160 "$pack/run" viper bench --gpu --sizes "$sizes" --re
 [ "$treps" -gt 0 ] && step "torch.save + poll + torch.load baseline" 150 env PYTHONUNBUFFERED=1 python3 "$torch_script" --sizes "$sizes" --reps "$treps" --json "$OUT/torch-baseline.json"
 
 echo | tee -a "$log"
+# The through-the-node figures gpu_test prints (publish -> live in another process at 1 GiB; early
+# = SubscriberOptions::gpu_early, announced when the device copy completes) and the early test's.
+grep -E '^(GPU-NODE|GPU-EARLY)' "$log" | tee "$OUT/gpu-node.txt"
 echo "gpu-check summary:" | tee -a "$log"
 for line in "${summary[@]}"; do echo "  $line" | tee -a "$log"; done
 exit $failed

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <random>
 
@@ -115,12 +116,67 @@ class PeerProcess {
   FILE* from_ = nullptr;
 };
 
+// viper_gpu_subscriber (a Subscriber with gpu_device, beside viper_gpu_peer) over pipes, one line
+// per command ("W <version>" -> "OK <version> <in_place> <bytes> <publish_to_live_us> ...").
+class SubscriberProcess {
+ public:
+  Status Start(const std::string& bin, const std::string& connect, const std::string& model, bool in_place) {
+    int in[2], out[2];
+    if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0) return Status::FromErrno("pipe2");
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+    std::vector<std::string> args = {bin, "--connect", connect, "--model", model, "--early"};
+    if (in_place) args.push_back("--in-place");
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    int rc = posix_spawn(&pid_, bin.c_str(), &fa, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    ::close(in[0]);
+    ::close(out[1]);
+    to_ = in[1];
+    from_ = ::fdopen(out[0], "r");
+    if (rc != 0) return Status::FromErrno("spawn " + bin, rc);
+    if (std::string ready = Line(); ready != "READY") return Status::Unavailable("GPU subscriber process: " + ready);
+    return Status::OK();
+  }
+  ~SubscriberProcess() {
+    if (to_ >= 0) ::close(to_);  // EOF ends it
+    if (from_) std::fclose(from_);
+    int status = 0;
+    if (pid_ > 0) ::waitpid(pid_, &status, 0);
+  }
+  std::string Line() {
+    char buf[4096];
+    if (!from_ || !std::fgets(buf, sizeof buf, from_)) return "EOF (the subscriber process ended)";
+    std::string s(buf);
+    if (!s.empty() && s.back() == '\n') s.pop_back();
+    return s;
+  }
+  std::string Command(const std::string& c) {
+    std::string m = c + "\n";
+    if (::write(to_, m.data(), m.size()) != static_cast<ssize_t>(m.size())) return "ERR write to the subscriber failed";
+    return Line();
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int to_ = -1;
+  FILE* from_ = nullptr;
+};
+
 struct Row {
   double dtod_ms = 0, staging_ms = 0, live_ms = 0, live_sealed_ms = 0, sealed_ms = 0, consumer_copy_ms = 0;
   double step_ms = 0, step_with_publish_ms = 0, stall_ms = 0, publish_call_ms = 0;
   double live_in_place_ms = 0;
   double host_live_ms = 0;  // publish -> a subscriber without a GPU has the version (host path)
   std::string host_error;
+  // Through the node with SubscriberOptions::gpu_early (the device-only NOTIFY): a Subscriber
+  // process on this host, copying into its own buffer / reading in place.
+  double node_early_ms = 0, node_early_in_place_ms = 0;
+  std::string node_early_error;
   std::string live_error;  // why publish -> live in another process was not measured
 };
 
@@ -260,6 +316,44 @@ Result<Row> MeasureSize(const GpuConfig& c, uint64_t bytes) {
     if (!st.ok()) row.host_error = st.ToString();
   }
 
+  // 3c. Through the node, announced device-only when the device copy completes: a Subscriber
+  // with gpu_early in another process (viper_gpu_subscriber, beside viper_gpu_peer), publish ->
+  // live as it stamps it (CLOCK_REALTIME, the producer's publish time from the announcement).
+  {
+    Status st = [&]() -> Status {
+      std::string bin = (std::filesystem::path(c.peer_bin).parent_path() / "viper_gpu_subscriber").string();
+      if (::access(bin.c_str(), X_OK) != 0) return Status::NotFound(bin + " not found (it is built with the tests)");
+      PublisherOptions po;
+      po.model = "gpu-bench-early";
+      po.node.segment_prefix = "viper-gpu-bench-early";
+      VIPER_ASSIGN_OR_RETURN(auto pub, Publisher::Start(po));
+      DeviceVersionStore::Options go;
+      go.device = dev;
+      VIPER_ASSIGN_OR_RETURN(auto gp, GpuPublisher::Start(pub.get(), go));
+      for (bool in_place : {false, true}) {
+        SubscriberProcess sub;
+        VIPER_RETURN_IF_ERROR(sub.Start(bin, pub->address(), po.model, in_place));
+        std::vector<double> lat;
+        for (int r = 0; r < c.reps + 1; ++r) {
+          VIPER_ASSIGN_OR_RETURN(uint64_t v, gp->PublishDevice(tensors, train));
+          std::string reply = sub.Command("W " + std::to_string(v));
+          long long got = 0, ip = 0, nbytes = 0, us = 0;
+          char how[32] = {0};
+          if (std::sscanf(reply.c_str(), "OK %lld %lld %lld %lld %31s", &got, &ip, &nbytes, &us, how) != 5 ||
+              got != static_cast<long long>(v))
+            return Status::Internal("GPU subscriber: " + reply);
+          if (std::string(how) != "device-only") return Status::Internal("not delivered device-only: " + reply);
+          if (r > 0) lat.push_back(us / 1000.0);
+          (void)sub.Command("D " + std::to_string(v));
+          VIPER_RETURN_IF_ERROR(gp->WaitHost(v, std::chrono::seconds(60)));  // the next rep starts quiet
+        }
+        (in_place ? row.node_early_in_place_ms : row.node_early_ms) = Median(lat);
+      }
+      return Status::OK();
+    }();
+    if (!st.ok()) row.node_early_error = st.ToString();
+  }
+
   // 4. The training stall: a bandwidth-bound step (4 device copies of a quarter of the model's
   // size, in place on the producer's stream) alone, then with a publish queued beside it.
   {
@@ -335,6 +429,14 @@ Status RunGpu(const GpuConfig& c, const std::string& json_path) {
     else
       std::printf("  publish -> subscriber without a GPU        %9.2f   %.2f   (host path: seal, segment, commit, map)\n",
                   w.host_live_ms, w.host_live_ms / w.dtod_ms);
+    if (!w.node_early_error.empty()) {
+      std::printf("  through the node, gpu_early                NOT MEASURED: %s\n", w.node_early_error.c_str());
+    } else {
+      std::printf("  through the node, gpu_early, copied        %9.2f   %.2f   (device-only NOTIFY, Subscriber process)\n",
+                  w.node_early_ms, w.node_early_ms / w.dtod_ms);
+      std::printf("  through the node, gpu_early, in place      %9.2f   %.2f\n", w.node_early_in_place_ms,
+                  w.node_early_in_place_ms / w.dtod_ms);
+    }
     std::printf("  Publish call on the training thread        %9.3f\n", w.publish_call_ms);
     std::printf("  training step alone / with a publish       %9.2f / %.2f\n", w.step_ms, w.step_with_publish_ms);
     std::printf("  training stall                             %9.2f   %.2f\n", w.stall_ms, w.stall_ms / w.dtod_ms);
@@ -349,6 +451,9 @@ Status RunGpu(const GpuConfig& c, const std::string& json_path) {
                             {"live_in_place_ms", w.live_in_place_ms},
                             {"host_live_ms", w.host_live_ms},
                             {"host_error", w.host_error},
+                            {"node_early_ms", w.node_early_ms},
+                            {"node_early_in_place_ms", w.node_early_in_place_ms},
+                            {"node_early_error", w.node_early_error},
                             {"live_after_checksum_ms", w.live_sealed_ms},
                             {"sealed_ms", w.sealed_ms},
                             {"publish_call_ms", w.publish_call_ms},

@@ -12,6 +12,9 @@
 // The node lists the live device version in its NOTIFY (a kDevice replica) and leases it to
 // consumers on this host (FETCH kDevice: the CUDA IPC handle under the node's lease rules), so a
 // Subscriber with SubscriberOptions::gpu_device copies it device-to-device or reads it in place.
+// As soon as a version's device copy completes (before its host copy is sealed) it is also
+// announced device-only (Node::AnnounceDevice) to the same-host subscribers with
+// SubscriberOptions::gpu_early, which go live from the device copy alone.
 //
 // Versions are numbered by the node in PublishDevice call order; use one publishing path per
 // model (PublishDevice, or the Publisher's Publish/Commit). Thread-safety: PublishDevice from one

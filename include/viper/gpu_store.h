@@ -5,11 +5,18 @@
 // device-to-device copy per tensor into a device buffer laid out exactly as the host snapshot
 // (SnapshotLayout: header space, then every tensor at its data offset), ordered after the
 // producer's stream by an event (cuStreamWaitEvent: the device orders the copy; the host never
-// waits and nothing synchronizes the device). A worker thread announces the version (LiveFn) when
-// its copy event completes. When host_copy is on, a second stream copies the buffer's data region
-// to pinned host memory after the same event; the worker then seals it there (xxh3 checksum +
-// header, SnapshotLayout::Seal) and hands the complete host snapshot to SealedFn (the host/file
-// tiers). With Announce::kAfterChecksum the version is announced only once sealed.
+// waits and nothing synchronizes the device). An announcer thread announces each version (LiveFn)
+// when its copy event completes, in publish order. When host_copy is on, a second stream copies the
+// buffer's data region to pinned host memory after the same event; a sealer thread then seals it
+// there (xxh3 checksum + header, SnapshotLayout::Seal) and hands the complete host snapshot to
+// SealedFn (the host/file tiers), in order. The two threads are separate so that a version is
+// announced when its device copy completes even while earlier versions are still being sealed.
+// With Announce::kAfterChecksum the version is announced only once sealed.
+//
+// The buffer's header space holds the snapshot header as of Publish (copied from pinned memory on
+// the copy stream before the `copied` event; viper.checksum reads 0 there, the sealed host copy has
+// the real one), so a consumer that has only the device copy reads the layout from it
+// (DeviceVersionReader::ReadHeader).
 //
 // Buffers are reused across versions as the host tier reuses segments: a buffer is free again
 // when it is neither the live version, nor leased (Acquire/Release), nor still being copied or
@@ -110,6 +117,9 @@ class DeviceVersionReader {
   Status CopyInto(const GpuVersion& v, DevicePtr dst, const Stream& stream);
   // The producer's buffer mapped into this process (cached); valid while this reader lives.
   Result<DevicePtr> Map(const GpuVersion& v);
+  // The snapshot header in v's buffer (copied to the host on `stream`, parsed: tensors and metadata;
+  // its viper.checksum is 0, not the version's). Corruption as ParseSnapshotHeader.
+  Result<SnapshotHeader> ReadHeader(const GpuVersion& v, const Stream& stream);
 
  private:
   int device_;

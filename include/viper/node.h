@@ -249,6 +249,14 @@ class Node {
   // Registers `source` as the device copy of `model` (nullptr removes it; the peers' leases on the
   // old source are released as they end). One source per model.
   void SetDeviceReplicas(const std::string& model, std::shared_ptr<DeviceReplicaSource> source);
+  // A version live on the model's device copy before the host tier has it (GpuPublisher calls this
+  // as soon as the GPU copy completes). `info` carries model, version, size, step, publish_ns and
+  // metadata; checksum 0 (not computed yet). The node lists only its kDevice replica, seals it,
+  // sends it as a NOTIFY to the same-host subscribers that asked (SUBSCRIBE with kSubscribeDevice)
+  // and serves FETCH kDevice of it under the usual lease rules until the host tier commits it
+  // (whose NOTIFY then goes to every subscriber). A no-op without a device copy of the model, or
+  // for a version not above the model's latest.
+  void AnnounceDevice(proto::VersionInfo info);
 
   // --- Catalog ---
   std::optional<proto::VersionInfo> Latest(const std::string& model) const;

@@ -235,6 +235,19 @@ class SnapshotLayout {
 // `bytes.first(extent)` to check the whole snapshot. Cost: O(header).
 Result<uint64_t> SnapshotExtent(std::span<const std::byte> bytes, const ParseOptions& options = {});
 
+// What a snapshot's header declares, read from the header alone while the data region lives
+// elsewhere (a GPU-resident version: the header is copied to the host, the data stays on the
+// device). `header` holds the 8-byte prefix and the JSON header (bytes past 8 + N are ignored);
+// the data region is `data_bytes` long. Every check of Parse but the data's (no checksum can be
+// verified here). Corruption as Parse. Cost: O(header).
+struct SnapshotHeader {
+  uint64_t data_offset = 0;  // 8 + N
+  std::vector<TensorInfo> tensors;  // in data order; begin/end relative to the data region
+  std::map<std::string, std::string> metadata;
+};
+Result<SnapshotHeader> ParseSnapshotHeader(std::span<const std::byte> header, uint64_t data_bytes,
+                                           const ParseOptions& options = {});
+
 // A named tensor's bytes, for building a snapshot from existing memory.
 struct TensorData {
   TensorSpec spec;

@@ -129,6 +129,14 @@ struct SubscriberOptions {
   // With gpu_device: read the producer's device buffer in place (no copy; its lease is held as long
   // as the ModelVersion) instead of copying it into this subscriber's own device buffer.
   bool gpu_in_place = false;
+  // With gpu_device, on the producer's host: a version the producer's GPU holds goes live as soon
+  // as its device copy completes (a device-only NOTIFY; SUBSCRIBE with kSubscribeDevice), without
+  // waiting for its host copy, checksum and commit. Such a ModelVersion has no host bytes: its
+  // snapshot is empty, DeviceVersion::tensors gives the layout, info.checksum is 0 (the bytes never
+  // leave this host's GPU memory; nothing is verified here). If the device copy cannot be opened,
+  // the version comes through the host path once committed. Versions of a CPU producer, or of a
+  // node on another host, come through the host path as usual.
+  bool gpu_early = false;
 };
 
 // Per-update timings, CLOCK_REALTIME ns (comparable with the producer's on one host).
@@ -149,6 +157,7 @@ struct DeviceVersion {
   uint64_t bytes = 0;           // of the data region
   bool in_place = false;        // the producer's own buffer (CUDA IPC), read under a lease
   std::string how;              // "device-to-device from the producer's GPU (CUDA IPC)", "host-to-device (...)"
+  std::vector<TensorInfo> tensors;   // the layout: tensor t at data + t.begin (as the snapshot's)
   std::shared_ptr<const void> hold;  // the buffer, or the IPC mapping and its lease
 };
 

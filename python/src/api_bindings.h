@@ -17,6 +17,7 @@
 
 #include "bindings.h"
 #include "options.h"
+#include "viper/gpu_publisher.h"
 #include "viper/node.h"
 #include "viper/publisher.h"
 #include "viper/snapshot.h"
@@ -141,6 +142,10 @@ struct NodeHandle {
 struct PublisherHandle {
   std::unique_ptr<viper::Publisher> publisher;
   double last_stall_seconds = 0.0;
+  // CUDA tensors' versions (publish_device): started at the first, on that device; destroyed first.
+  std::unique_ptr<viper::GpuPublisher> gpu;
+  int gpu_device = -1;
+  uint64_t last_device_version = 0;
 };
 
 struct SubscriberHandle {

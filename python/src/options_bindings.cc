@@ -89,7 +89,10 @@ OptionsTable<viper::SubscriberOptions> SubscriberOptionsTable() {
       .Plain("gpu_device", &O::gpu_device,
              "CUDA device each version is also placed on (device-to-device from a GPU producer on this host, else "
              "host-to-device); -1: none. viper.Subscriber(device=N) sets it")
-      .Plain("gpu_in_place", &O::gpu_in_place, "with gpu_device: read the producer's GPU buffer in place under a lease");
+      .Plain("gpu_in_place", &O::gpu_in_place, "with gpu_device: read the producer's GPU buffer in place under a lease")
+      .Plain("gpu_early", &O::gpu_early,
+             "with gpu_device, on the producer's host: go live from the producer's GPU copy as soon as it is complete, "
+             "without host bytes (the version's mapping is empty; load_into copies on the GPU)");
   return t;
 }
 

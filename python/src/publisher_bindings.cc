@@ -17,6 +17,63 @@ namespace viper_py {
 using viper::Status;
 using viper::StatusCode;
 
+namespace {
+
+// Publisher.publish of CUDA tensors (python/viper/_tensors.py cuda_entries).
+viper::PublishResult PublishDevice(PublisherHandle& h, const py::list& items, int device, uintptr_t stream,
+                                   uint64_t step, std::optional<double> loss) {
+  viper::Publisher& pub = Open(h.publisher, "Publisher");
+  if (h.gpu && device != h.gpu_device)
+    ThrowIfError(Status::InvalidArgument("Publisher.publish(): CUDA tensors on device " + std::to_string(device) +
+                                         ": this publisher keeps its versions on device " +
+                                         std::to_string(h.gpu_device) + " (one device per publisher)"));
+  std::vector<viper::gpu::DeviceTensor> tensors;
+  uint64_t bytes = 0;
+  for (const py::handle& item : items) {
+    auto t = item.cast<py::tuple>();
+    viper::gpu::DeviceTensor d;
+    d.spec.name = t[0].cast<std::string>();
+    d.spec.dtype = Unwrap(viper::parse_dtype(t[1].cast<std::string>()));
+    d.spec.shape = t[2].cast<std::vector<int64_t>>();
+    d.ptr = t[3].cast<uint64_t>();
+    uint64_t n = viper::dtype_size(d.spec.dtype);
+    for (int64_t dim : d.spec.shape) n *= dim > 0 ? static_cast<uint64_t>(dim) : 0;  // Make refuses a negative dim
+    bytes += n;
+    tensors.push_back(std::move(d));
+  }
+  viper::PublishInfo info;
+  info.step = step;
+  info.loss = loss;
+  viper::Result<uint64_t> version = viper::Status::OK();
+  const int64_t t0 = viper::WallClockNs();
+  {
+    py::gil_scoped_release release;
+    Status started;
+    if (!h.gpu) {
+      viper::gpu::DeviceVersionStore::Options o;
+      o.device = device;
+      auto g = viper::GpuPublisher::Start(&pub, o);
+      if (g.ok()) {
+        h.gpu = std::move(g).value();
+        h.gpu_device = device;
+      } else {
+        started = g.status();
+      }
+    }
+    version = started.ok() ? h.gpu->PublishDevice(tensors, viper::gpu::Stream::Borrow(device, reinterpret_cast<void*>(stream)), info)
+                           : viper::Result<uint64_t>(started);
+  }
+  viper::PublishResult r;
+  r.version = Unwrap(std::move(version));
+  r.stall_ns = viper::WallClockNs() - t0;
+  r.bytes = bytes;
+  h.last_device_version = r.version;
+  h.last_stall_seconds = NsToSeconds(r.stall_ns);
+  return r;
+}
+
+}  // namespace
+
 void BindPublisher(py::module_& m) {
   py::class_<viper::PublishResult>(m, "PublishResult", "What one publish did.")
       .def_readonly("version", &viper::PublishResult::version, "The version number assigned.")
@@ -89,6 +146,11 @@ void BindPublisher(py::module_& m) {
              h.last_stall_seconds = NsToSeconds(r.stall_ns);
              return r;
            })
+      .def("publish_device", &PublishDevice, py::arg("items"), py::arg("device"), py::arg("stream"), py::arg("step"),
+           py::arg("loss").none(true),
+           "CUDA tensors as (name, safetensors dtype, shape, device pointer) on `device`, written by work on "
+           "`stream` (a CUstream handle, 0 = the legacy default stream): the version is kept on the GPU "
+           "(GpuPublisher, started at the first call) and reaches host consumers through the host tier.")
       .def("wait", [](PublisherHandle& h, double timeout) {
              viper::Publisher& pub = Open(h.publisher, "Publisher");
              auto ms = SecondsToMs(timeout, "timeout");
@@ -96,6 +158,7 @@ void BindPublisher(py::module_& m) {
              {
                py::gil_scoped_release release;
                st = pub.Wait(ms);
+               if (st.ok() && h.gpu && h.last_device_version != 0) st = h.gpu->WaitHost(h.last_device_version, ms);
              }
              ThrowIfError(st);
            })
@@ -116,8 +179,10 @@ void BindPublisher(py::module_& m) {
              return out;
            })
       .def("close", [](PublisherHandle& h) {
+             std::unique_ptr<viper::GpuPublisher> g = std::move(h.gpu);
              std::unique_ptr<viper::Publisher> p = std::move(h.publisher);
              py::gil_scoped_release release;
+             g.reset();  // commits its queued versions on the node first
              p.reset();  // waits for queued publishes, flushes, stops the node
            });
 }

@@ -61,9 +61,17 @@ void BindSubscriber(py::module_& m) {
          "address of the data region, bytes, in_place, how); None otherwise. Valid while this ModelVersion is held.")
       .def("_offsets", [](const VersionHandle& h) {
         py::dict out;
-        for (const auto& t : h.version->snapshot.tensors()) out[py::str(t.name)] = py::make_tuple(t.begin, t.nbytes());
+        const auto& d = h.version->device;
+        for (const auto& t : d ? d->tensors : h.version->snapshot.tensors())
+          out[py::str(t.name)] = py::make_tuple(t.begin, t.nbytes());
         return out;
       }, "name -> (offset in the data region, bytes)")
+      .def("_device_tensors", [](const VersionHandle& h) {
+        py::dict out;
+        if (const auto& d = h.version->device)
+          for (const auto& t : d->tensors) out[py::str(t.name)] = py::make_tuple(std::string(viper::dtype_name(t.dtype)), py::tuple(py::cast(t.shape)));
+        return out;
+      }, "name -> (dtype, shape) of the version's GPU copy (empty without one)")
       .def("__repr__", [](const VersionHandle& h) {
         return "ModelVersion(model='" + h.version->info.model + "', version=" + std::to_string(h.version->version()) +
                ", step=" + std::to_string(h.version->info.step) + ", tensors=" +

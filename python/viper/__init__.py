@@ -394,12 +394,25 @@ class Publisher(_Handle):
         """Publishes `tensors` (a state_dict() or a dict of numpy arrays) as the next version.
         Extra keyword arguments become string metadata. Returns a PublishResult (version,
         stall_seconds: how long this call blocked training; wait_delta(): the delta the node
-        prepares for consumers that fetch over the network). GIL released while copying."""
+        prepares for consumers that fetch over the network). GIL released while copying.
+
+        When every tensor is a CUDA tensor on one device (and no metadata is given), the version
+        stays on that GPU: device-to-device copies ordered after torch's current stream (work
+        queued on it afterwards waits for them on the device; the call does not wait), consumers
+        on this host with Subscriber(device=N) copy it device-to-device, and every other consumer
+        gets the same version through host memory once its pinned copy is sealed. Use one kind of
+        publish per model (GPU versions are committed to the host tier in the background)."""
         owner = "Publisher.publish()"
         _check.mapping(owner, "tensors", tensors)
         step = _check.integer(owner, "step", step)
         loss = _check.optional_number(owner, "loss", loss)
         _check.metadata(owner, metadata)
+        on_gpu = None if metadata else _tensors.cuda_entries(tensors)
+        if on_gpu is not None:
+            device, stream, entries, keep = on_gpu
+            result = self._live().publish_device(entries, device, stream, step, loss)
+            del keep  # the copies were queued after torch's current stream: its allocator may reuse them
+            return result
         entries = _tensors.to_entries(tensors)
         return self._live().publish(entries, step, loss, metadata)
 
@@ -496,6 +509,8 @@ class Subscriber(_Handle):
         buffers (or a dict of tensors) without reallocating them; returns the version loaded.
         With Subscriber(device=N), tensors on that CUDA device are copied device-to-device from the
         version's GPU copy (torch's current stream, then synchronized); others from host memory.
+        With gpu_early=True a version may live on the GPU only (no host bytes: the mapping is
+        empty): every target must then be on that device (ValueError otherwise).
         Raises NotFoundError if no version is live yet, ValueError if names or shapes differ."""
         owner = "Subscriber.load_into()"
         if not (hasattr(module, "state_dict") or isinstance(module, Mapping)):

@@ -1,8 +1,10 @@
 """Conversions between Python tensors (numpy arrays, torch tensors) and Viper's wire form.
 
 Publishing: `to_entries` turns a mapping name -> array/tensor into (name, dtype, shape, buffer)
-tuples of C-contiguous host memory that the extension copies once into the segment. GPU tensors
-are copied to host first; non-contiguous ones are made contiguous (one extra copy, only for them).
+tuples of C-contiguous host memory that the extension copies once into the segment; non-contiguous
+ones are made contiguous (one extra copy, only for them). A mapping whose tensors are all CUDA
+tensors on one device goes to `cuda_entries` instead: (name, dtype, shape, device pointer) for the
+extension's GPU path, which keeps the version on the device (other GPU tensors are copied to host).
 
 Loading: `copy_into_module` copies a version into a torch module's existing parameters and buffers
 in place, so they keep their identity, storage, device and dtype: one streaming copy in C++ for a
@@ -63,6 +65,41 @@ def _numpy_entry(name: str, value: Any) -> Tuple[str, str, List[int], Any]:
     if not array.flags.c_contiguous:
         array = np.ascontiguousarray(array)
     return name, dtype, list(array.shape), array
+
+
+_TORCH_TO_SAFETENSORS = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64",
+                         "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL",
+                         "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2"}
+
+
+def cuda_entries(tensors: Mapping[str, Any]):
+    """For a mapping whose values are all torch CUDA tensors on one device (and not empty):
+    (device ordinal, the current CUDA stream's handle on it, [(name, dtype, shape, data_ptr)], the
+    tensors to keep alive until the publish call returns). None otherwise (the host path)."""
+    torch = _torch()
+    if torch is None or not isinstance(tensors, Mapping) or not tensors:
+        return None
+    device = None
+    for value in tensors.values():
+        if not isinstance(value, torch.Tensor) or not value.is_cuda:
+            return None
+        if device is not None and value.device.index != device:
+            return None
+        device = value.device.index
+    entries, keep = [], []
+    for name, value in tensors.items():
+        if not isinstance(name, str):
+            raise TypeError(f"tensor names must be str, got {type(name).__name__}")
+        t = value.detach()
+        if not t.is_contiguous():
+            t = t.contiguous()  # on the current stream: the publish's copy is ordered after it
+        dtype = _TORCH_TO_SAFETENSORS.get(str(t.dtype).replace("torch.", ""))
+        if dtype is None:
+            raise TypeError(f"tensor {name!r}: torch dtype {t.dtype} has no safetensors equivalent Viper supports")
+        keep.append(t)
+        entries.append((name, dtype, list(t.shape), t.data_ptr()))
+    stream = torch.cuda.current_stream(device).cuda_stream
+    return device, stream, entries, keep
 
 
 def to_entries(tensors: Mapping[str, Any]) -> List[Tuple[str, str, List[int], Any]]:
@@ -181,7 +218,9 @@ def copy_into_module(version, module, strict: bool = True) -> None:
     import torch  # noqa: PLC0415 (lazy: only load_into needs torch)
 
     state: Dict[str, Any] = module.state_dict(keep_vars=True) if hasattr(module, "state_dict") else dict(module)
-    names = set(version.keys())
+    device_only = len(version) == 0 and version.device is not None  # gpu_early: no host bytes
+    dtypes = version._device_tensors() if device_only else version.dtypes
+    names = set(dtypes)
     if strict:
         missing = sorted(set(state) - names)
         unexpected = sorted(names - set(state))
@@ -189,7 +228,6 @@ def copy_into_module(version, module, strict: bool = True) -> None:
             raise ValueError(f"load_into: the version does not match the module: missing {missing[:8]}"
                              f"{'...' if len(missing) > 8 else ''}, unexpected {unexpected[:8]}"
                              f"{'...' if len(unexpected) > 8 else ''}")
-    dtypes = version.dtypes
     pairs = []
     for name, target in state.items():
         if name not in names:
@@ -198,6 +236,12 @@ def copy_into_module(version, module, strict: bool = True) -> None:
         if tuple(target.shape) != tuple(shape):
             raise ValueError(f"load_into: tensor {name!r} has shape {tuple(shape)} in the version, "
                              f"{tuple(target.shape)} in the module")
+        if device_only and dtype_name not in _TORCH_DTYPES:
+            raise TypeError(f"load_into: tensor {name!r} ({dtype_name}) of version {version.version} is on the GPU only "
+                            f"(gpu_early) and torch has no such tensors to view it as")
+        if device_only and not (target.is_cuda and target.device.index == version.device["device"]):
+            raise ValueError(f"load_into: version {version.version} is on GPU {version.device['device']} only "
+                             f"(gpu_early: no host bytes) and tensor {name!r} of the module is on {target.device}")
         pairs.append((name, target, dtype_name, shape))
     device_info = version.device  # with Subscriber(device=N): the version's GPU copy
     offsets = version._offsets() if device_info is not None else None

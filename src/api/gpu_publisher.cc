@@ -61,6 +61,24 @@ struct GpuPublisher::Shared {
   uint64_t committed = 0;
   Status failed;
 
+  // On the store's thread, as soon as the device copy completes: the version announced device-only
+  // to the same-host subscribers that place versions on a GPU (Node::AnnounceDevice).
+  void AnnounceLive(const gpu::GpuVersion& v) {
+    proto::VersionInfo vi;
+    vi.model = publisher->options().model;
+    vi.version = v.version;
+    vi.size = v.total_bytes;  // the host snapshot's size: same layout
+    {
+      std::lock_guard lock(mu);
+      auto it = pending.find(v.version);
+      if (it == pending.end()) return;  // committed already (announced after the checksum)
+      vi.step = it->second.info.step;
+      vi.publish_ns = it->second.publish_ns;
+      if (it->second.info.loss) vi.metadata[std::string(kMetaLoss)] = std::to_string(*it->second.info.loss);
+    }
+    publisher->node().AnnounceDevice(std::move(vi));
+  }
+
   // On the store's thread: the sealed host snapshot into a segment, committed on the node.
   Status Commit(const gpu::GpuVersion& v, std::span<const std::byte> snapshot) {
     Pending p;
@@ -97,8 +115,11 @@ Result<std::unique_ptr<GpuPublisher>> GpuPublisher::Start(Publisher* publisher, 
   gp->shared_ = std::make_shared<Shared>();
   gp->shared_->publisher = publisher;
   std::weak_ptr<Shared> weak = gp->shared_;
+  auto on_live = [weak](const gpu::GpuVersion& v) {
+    if (auto s = weak.lock()) s->AnnounceLive(v);
+  };
   VIPER_ASSIGN_OR_RETURN(
-      gp->store_, gpu::DeviceVersionStore::Create(options, {}, [weak](const gpu::GpuVersion& v, std::span<const std::byte> snap) {
+      gp->store_, gpu::DeviceVersionStore::Create(options, on_live, [weak](const gpu::GpuVersion& v, std::span<const std::byte> snap) {
         auto s = weak.lock();
         if (!s) return;
         Status st = s->Commit(v, snap);

@@ -106,6 +106,7 @@ struct Node::Impl {
     std::multimap<std::pair<std::string, uint64_t>, std::shared_ptr<void>> device_leases;
     std::set<std::string> subscriptions;
     std::set<std::string> incoming_models;  // subscriptions that also get INCOMING
+    std::set<std::string> device_models;    // ...that also get device-only NOTIFYs (same host only)
     std::vector<std::pair<std::string, uint64_t>> announced;  // versions this relay said it holds
     std::set<std::string> relayed_models;                      // ...and their models
     proto::Replica replica;                                    // ...as this replica
@@ -115,6 +116,8 @@ struct Node::Impl {
   std::map<std::string, ModelState> models;
   // GPU-resident copies by model (node_device.cc); guarded by mu.
   std::map<std::string, std::shared_ptr<DeviceReplicaSource>> device_sources;
+  // The last device-only announcement per model (AnnounceDevice), as NOTIFY carried it; guarded by mu.
+  std::map<std::string, proto::VersionInfo> device_announced;
   std::map<net::PeerId, PeerState> peers;
   NodeStats stats;
   std::atomic<uint64_t> next_tag{1};
@@ -151,6 +154,13 @@ struct Node::Impl {
   // `info` as a NOTIFY carries it: with a kDevice replica when the model's device copy is live at
   // info.version.
   proto::VersionInfo WithDeviceReplicaLocked(const proto::VersionInfo& info) const;
+  // The device-only announcement of `model` newer than its catalog and still live on the device
+  // (at `version`, or any with 0), if there is one.
+  std::optional<proto::VersionInfo> DeviceOnlyLocked(const std::string& model, uint64_t version) const;
+  // A same-host subscriber that asked for device-only NOTIFYs of `model`.
+  bool WantsDeviceLocked(const PeerState& p, const std::string& model) const {
+    return p.host_key == host_key && p.device_models.count(model) != 0;
+  }
   void HandlePublish(net::PeerId peer, const proto::Publish& m);
   void HandleList(net::PeerId peer, const proto::List& m);
   void HandleReplica(net::PeerId peer, PeerState& p, const proto::ReplicaAnnounce& m);

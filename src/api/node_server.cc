@@ -90,6 +90,7 @@ void Node::Impl::Dispatch(net::PeerId peer, PeerState& p, proto::Message& messag
     models[m->model].subscribers.erase(peer);
     p.subscriptions.erase(m->model);
     p.incoming_models.erase(m->model);
+    p.device_models.erase(m->model);
     return;
   }
   if (auto* m = std::get_if<proto::Fetch>(&message)) return HandleFetch(peer, p, *m);
@@ -130,6 +131,10 @@ void Node::Impl::HandleSubscribe(net::PeerId peer, PeerState& p, const proto::Su
   if ((m.flags & proto::kSubscribeIncoming) != 0) p.incoming_models.insert(m.model);
   if (auto latest = FindLocked(m.model, 0)) Send(peer, proto::Notify{WithDeviceReplicaLocked(*latest)});  // a late joiner gets the model now
   if ((m.flags & proto::kSubscribeIncoming) != 0) SendIncomingLocked(peer, m.model);  // ...and what is arriving
+  if ((m.flags & proto::kSubscribeDevice) != 0) {
+    p.device_models.insert(m.model);
+    if (auto early = DeviceOnlyLocked(m.model, 0); early && WantsDeviceLocked(p, m.model)) Send(peer, proto::Notify{*early});
+  }
 }
 
 Result<ReadLease> Node::Impl::AcquireLocked(const std::string& model, uint64_t version) {

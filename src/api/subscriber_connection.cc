@@ -24,6 +24,13 @@ namespace viper {
 
 namespace {
 constexpr std::string_view kLog = "subscriber";
+
+// A device-only NOTIFY (Node::AnnounceDevice): the version's only replica is the producer's GPU copy.
+bool IsDeviceOnly(const proto::VersionInfo& info) {
+  return !info.replicas.empty() && std::all_of(info.replicas.begin(), info.replicas.end(), [](const proto::Replica& r) {
+    return r.kind == proto::ReplicaKind::kDevice;
+  });
+}
 }  // namespace
 
 void Subscriber::Impl::OnAnnounce(const proto::VersionInfo& info, bool incoming, const std::string& holder) {
@@ -33,6 +40,16 @@ void Subscriber::Impl::OnAnnounce(const proto::VersionInfo& info, bool incoming,
   if (Status sealed = internal::CheckSeal(options.token, info, "node " + (holder.empty() ? node_address : holder));
       !sealed.ok()) {
     log(LogLevel::kWarn, kLog, "skipped: {}", sealed.message());
+    return;
+  }
+  const bool device_only = IsDeviceOnly(info);
+  // The host tier's NOTIFY of a version announced device-only: kept, so that the version comes
+  // through the host path if the device copy cannot be opened (or could not: failed already).
+  if (!incoming && !device_only && announced_device_only && announced && announced->version == info.version) {
+    announced = info;
+    announced_device_only = false;
+    if (failed_version == info.version) failed_version = 0;
+    cv.notify_all();
     return;
   }
   // A version whose pipelined load failed is loaded again once its node has it complete.
@@ -45,6 +62,7 @@ void Subscriber::Impl::OnAnnounce(const proto::VersionInfo& info, bool incoming,
   if (retry) failed_version = 0;
   announced = info;
   announced_incoming = incoming;
+  announced_device_only = device_only;
   announced_ns = WallClockNs();
   cv.notify_all();
 }
@@ -89,7 +107,10 @@ Result<std::shared_ptr<Client>> Subscriber::Impl::Adopt(std::unique_ptr<Client> 
   // Versions still arriving at the node are worth fetching only over the network (a consumer on
   // the node's host maps complete versions).
   bool pipelined = options.pipelined && (!shared->same_host() || options.path == FetchPath::kRemote);
-  VIPER_RETURN_IF_ERROR(shared->Subscribe(options.model, pipelined ? proto::kSubscribeIncoming : 0));
+  // A GPU consumer on the producer's host takes versions from the device copy as soon as it is live.
+  bool early = options.gpu_early && options.gpu_device >= 0 && shared->same_host();
+  VIPER_RETURN_IF_ERROR(shared->Subscribe(options.model, static_cast<uint8_t>((pipelined ? proto::kSubscribeIncoming : 0) |
+                                                                              (early ? proto::kSubscribeDevice : 0))));
   std::lock_guard<std::mutex> lock(mu);
   if (client_current) *client_current = false;
   if (client && poisoned_buffer) retired_buffers.emplace_back(client, std::move(poisoned_buffer));
@@ -205,18 +226,26 @@ void Subscriber::Impl::Run() {
     if (closing) return;
     proto::VersionInfo info = *announced;
     int64_t notified = announced_ns;
+    const bool device_only = announced_device_only;
     lock.unlock();
 
-    auto loaded = Load(info);
-    if (loaded.ok() && gpu) {
+    auto loaded = device_only && gpu ? LoadDeviceOnly(info) : Load(info);
+    if (loaded.ok() && gpu && !(*loaded)->device) {
       if (Status st = PlaceOnDevice(**loaded, info); !st.ok()) loaded = st.WithContext("placing it on GPU " + std::to_string(options.gpu_device));
     }
     lock.lock();
     if (!loaded.ok()) {
       stats.fetch_failures++;
       last_error = loaded.status();
-      failed_version = info.version;  // wait for a newer NOTIFY (or a reconnect) before retrying
-      log(LogLevel::kError, kLog, "could not load {} version {}: {}", options.model, info.version, last_error.message());
+      // Wait for a newer NOTIFY (or a reconnect) before retrying; a device-only version whose host
+      // NOTIFY came meanwhile is retried through the host path at once.
+      if (!(device_only && announced && announced->version == info.version && !announced_device_only))
+        failed_version = info.version;
+      if (device_only)  // e.g. a newer version is live on the producer's GPU already
+        log(LogLevel::kWarn, kLog, "{} version {} not loaded from the producer's GPU: {}; the host path takes it once committed",
+            options.model, info.version, last_error.message());
+      else
+        log(LogLevel::kError, kLog, "could not load {} version {}: {}", options.model, info.version, last_error.message());
       continue;
     }
     std::shared_ptr<ModelVersion> mv = std::move(loaded).value();
@@ -242,7 +271,8 @@ void Subscriber::Impl::Run() {
     // now, between versions, on the spare thread: a version announced meanwhile is fetched at
     // once, into the spare as it is being populated (BufferPool::KeepSpare). A remote version
     // received into a landing zone needs none.
-    if (frozen->path != FetchPath::kMap && !(frozen->path == FetchPath::kRemote && options.landing))
+    if (frozen->path != FetchPath::kMap && !(frozen->path == FetchPath::kRemote && options.landing) &&
+        !frozen->snapshot.bytes().empty())
       KeepSpareLater(frozen->info.size);
     lock.lock();
   }

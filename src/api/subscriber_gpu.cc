@@ -7,6 +7,7 @@
 #include "viper/gpu.h"
 #include "viper/gpu_store.h"
 #include "viper/log.h"
+#include "viper/node.h"
 
 namespace viper {
 
@@ -41,6 +42,8 @@ Status Subscriber::Impl::StartGpu() {
   if (options.gpu_device == -1) {
     if (options.gpu_in_place)
       return Status::InvalidArgument("SubscriberOptions::gpu_in_place needs gpu_device >= 0 (it is -1)");
+    if (options.gpu_early)
+      return Status::InvalidArgument("SubscriberOptions::gpu_early needs gpu_device >= 0 (it is -1)");
     return Status::OK();
   }
   if (Status st = gpu::Available(); !st.ok())
@@ -83,6 +86,7 @@ Status Subscriber::Impl::PlaceOnDevice(ModelVersion& mv, const proto::VersionInf
   dv->data = buf->ptr();
   dv->bytes = data.size();
   dv->how = "host-to-device (" + why_host + ")";
+  dv->tensors = mv.snapshot.tensors();
   dv->hold = std::move(buf);
   mv.device = std::move(dv);
   return Status::OK();
@@ -98,17 +102,26 @@ Status Subscriber::Impl::PlaceFromProducer(ModelVersion& mv, Client& client, con
   };
   auto v = gpu::ParseGpuVersion(std::as_bytes(std::span(ok.segment.data(), ok.segment.size())));
   if (!v.ok()) return fail(v.status());
-  const uint64_t data_bytes = mv.snapshot.data_region().size();
-  if (v->version != mv.info.version || v->data_bytes != data_bytes)
+  const bool device_only = mv.snapshot.bytes().empty();  // no host bytes: the layout comes from the device
+  const uint64_t data_bytes = device_only ? v->data_bytes : mv.snapshot.data_region().size();
+  if (v->version != mv.info.version || v->data_bytes != data_bytes || (device_only && v->total_bytes != mv.info.size))
     return fail(Status::FailedPrecondition(
-        "the node leased GPU version " + std::to_string(v->version) + " of " + std::to_string(v->data_bytes) +
-        " data bytes for version " + std::to_string(mv.info.version) + " of " + std::to_string(data_bytes)));
-  if (v->checksum != 0 && v->checksum != mv.info.checksum)
+        "the node leased GPU version " + std::to_string(v->version) + " of " + std::to_string(v->total_bytes) + " bytes (" +
+        std::to_string(v->data_bytes) + " data) for version " + std::to_string(mv.info.version) + " of " +
+        std::to_string(mv.info.size) + " bytes (" + std::to_string(data_bytes) + " data)"));
+  if (v->checksum != 0 && mv.info.checksum != 0 && v->checksum != mv.info.checksum)
     return fail(Status::Corruption("GPU version " + std::to_string(v->version) + ": checksum " + checksum_hex(v->checksum) +
                                    " != announced " + checksum_hex(mv.info.checksum)));
   auto dv = std::make_shared<DeviceVersion>();
   dv->device = g.device;
   dv->bytes = data_bytes;
+  if (device_only) {
+    auto header = g.reader->ReadHeader(*v, g.stream);
+    if (!header.ok()) return fail(header.status());
+    dv->tensors = std::move(header->tensors);
+  } else {
+    dv->tensors = mv.snapshot.tensors();
+  }
   if (options.gpu_in_place) {
     auto mapped = g.reader->Map(*v);
     if (!mapped.ok()) return fail(mapped.status());
@@ -142,6 +155,19 @@ Status Subscriber::Impl::PlaceFromProducer(ModelVersion& mv, Client& client, con
   }
   mv.device = std::move(dv);
   return Status::OK();
+}
+
+Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::LoadDeviceOnly(const proto::VersionInfo& info) {
+  VIPER_ASSIGN_OR_RETURN(std::shared_ptr<Client> c, EnsureClient());
+  if (!c->same_host())
+    return Status::FailedPrecondition("a device-only version of " + info.model + " from a node on another host");
+  auto mv = std::make_shared<ModelVersion>();
+  mv->info = info;
+  VIPER_RETURN_IF_ERROR(PlaceFromProducer(*mv, *c, c).WithContext("device-only version " + std::to_string(info.version)));
+  mv->path = options.gpu_in_place ? FetchPath::kMap : FetchPath::kCopy;
+  mv->reason = "device only: the producer's GPU copy, announced before its host copy (" + mv->device->how + ")";
+  mv->timings.fetched_ns = WallClockNs();
+  return mv;
 }
 
 }  // namespace viper

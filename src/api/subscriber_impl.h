@@ -60,6 +60,7 @@ struct Subscriber::Impl : std::enable_shared_from_this<Subscriber::Impl> {
   std::optional<std::string> reported_node;           // the last node told to options.on_connection
   std::optional<proto::VersionInfo> announced;
   bool announced_incoming = false;  // announced by INCOMING: the node is still receiving it
+  bool announced_device_only = false;  // by a device-only NOTIFY (options.gpu_early): no host bytes yet
   int64_t announced_ns = 0;
   uint64_t failed_version = 0;     // the last version whose load failed on every path
   // The receive buffer of a transfer that broke midway: receives may still be posted into it, so
@@ -102,7 +103,10 @@ struct Subscriber::Impl : std::enable_shared_from_this<Subscriber::Impl> {
   Status StartGpu();  // in Start: Unavailable without a GPU
   // Sets mv.device: from the producer's device copy if `announced` lists one here, else from the host bytes.
   Status PlaceOnDevice(ModelVersion& mv, const proto::VersionInfo& announced);
+  // mv with an empty snapshot: a device-only version (the layout is read from the device copy).
   Status PlaceFromProducer(ModelVersion& mv, Client& client, const std::shared_ptr<Client>& connection);
+  // A version announced device-only (options.gpu_early): live from the producer's GPU copy alone.
+  Result<std::shared_ptr<ModelVersion>> LoadDeviceOnly(const proto::VersionInfo& info);
 
   // NOTIFY (complete at the node) or INCOMING (still arriving there: pipelined).
   // A version announced by `holder` (empty: the connected node). With a token, a version whose

@@ -399,6 +399,26 @@ Result<uint64_t> SnapshotExtent(std::span<const std::byte> bytes, const ParseOpt
   return 8 + n + end;
 }
 
+Result<SnapshotHeader> ParseSnapshotHeader(std::span<const std::byte> header, uint64_t data_bytes,
+                                           const ParseOptions& options) {
+  if (header.size() < 8) return Fault(fmt::format("header is {} bytes, shorter than the 8-byte length prefix", header.size()));
+  const uint64_t n = internal::LoadLe64(header.data());
+  if (n > options.max_header_bytes || n > header.size() - 8)
+    return Fault(fmt::format("header length {} exceeds the {} bytes given or the limit ({} bytes)", n, header.size() - 8,
+                             options.max_header_bytes));
+  std::string_view text(reinterpret_cast<const char*>(header.data()) + 8, n);
+  if (internal::FirstInvalidUtf8(text) != internal::kNpos) return Fault("header is not valid UTF-8");
+  VIPER_ASSIGN_OR_RETURN(json parsed, ParseHeaderJson(text));
+  if (!parsed.is_object()) return Fault("header JSON must be an object, got " + Describe(parsed));
+  SnapshotHeader out;
+  out.data_offset = 8 + n;
+  VIPER_ASSIGN_OR_RETURN(out.metadata, ParseMetadata(parsed));
+  VIPER_ASSIGN_OR_RETURN(uint64_t alignment, CheckViperKeys(out.metadata));
+  VIPER_ASSIGN_OR_RETURN(out.tensors, ParseTensors(parsed, data_bytes));
+  VIPER_RETURN_IF_ERROR(CheckLayout(out.tensors, data_bytes, alignment));
+  return out;
+}
+
 Result<Snapshot> Snapshot::FromBuffer(std::vector<std::byte> bytes, const ParseOptions& options) {
   auto holder = std::make_shared<const std::vector<std::byte>>(std::move(bytes));
   std::span<const std::byte> view(*holder);

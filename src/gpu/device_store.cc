@@ -78,6 +78,7 @@ struct DeviceVersionStore::Impl {
   struct Buffer {
     DeviceBuffer device;
     PinnedBuffer pinned;
+    PinnedBuffer header;  // the snapshot header staged for its copy into the device buffer
     Event ready;      // recorded on the producer's stream
     Event copied;     // recorded on the copy stream after the tensors
     Event host_done;  // recorded on the host stream after the device-to-host copy
@@ -102,20 +103,24 @@ struct DeviceVersionStore::Impl {
   mutable std::mutex mu;
   std::condition_variable cv;
   std::vector<std::unique_ptr<Buffer>> buffers;
-  std::deque<Job> jobs;
+  std::deque<Job> jobs;       // queued by Publish, for the announcer
+  std::deque<Job> seal_jobs;  // announced (device copy complete), for the sealer
   std::optional<size_t> live;  // buffer index of the live version
   uint64_t last_published = 0;
   uint64_t last_live = 0;
   uint64_t last_sealed = 0;
-  Status failed;  // first error of the worker: every later Wait returns it
+  Status failed;  // first error of the threads: every later Wait returns it
   bool stop = false;
+  bool announcer_done = false;  // the sealer stops once this is set and its queue is empty
   std::shared_ptr<const SnapshotLayout> layout;  // of the last publish, reused when specs match
   std::vector<TensorSpec> layout_specs;
-  std::thread worker;
+  std::thread announcer;  // a version live as soon as its device copy completes
+  std::thread sealer;     // then its pinned copy sealed and handed to SealedFn, in order
 
-  GpuVersion Describe(size_t i, const SnapshotLayout& l, uint64_t checksum) const {
+  // REQUIRES: b is buffers[i], busy (so neither replaced nor rewritten by Publish).
+  GpuVersion Describe(size_t i, const Buffer& b, const SnapshotLayout& l, uint64_t checksum) const {
     GpuVersion v;
-    v.version = buffers[i]->version;
+    v.version = b.version;
     v.total_bytes = l.total_bytes();
     v.data_offset = l.data_offset();
     v.data_bytes = l.data_bytes();
@@ -123,7 +128,7 @@ struct DeviceVersionStore::Impl {
     v.device = options.device;
     v.buffer = static_cast<uint32_t>(i);
     v.producer_pid = static_cast<uint32_t>(::getpid());
-    v.handle = buffers[i]->handle;
+    v.handle = b.handle;
     return v;
   }
   std::optional<GpuVersion> live_desc;  // what Acquire hands out
@@ -139,42 +144,78 @@ struct DeviceVersionStore::Impl {
     if (on_live) on_live(v);
   }
 
-  void Run() {
+  // Announcer thread: takes the versions in order, waits for each one's device copy and makes it
+  // live (kAfterDeviceCopy), then hands it to the sealer: a version is announced when its copy
+  // completes, whatever the host path of earlier versions still has to do.
+  void RunAnnouncer() {
     for (;;) {
       Job job;
+      Buffer* bp = nullptr;
       {
         std::unique_lock lock(mu);
         cv.wait(lock, [&] { return stop || !jobs.empty(); });
-        if (jobs.empty()) return;
+        if (jobs.empty()) {
+          announcer_done = true;
+          cv.notify_all();
+          return;
+        }
         job = std::move(jobs.front());
         jobs.pop_front();
+        bp = buffers[job.buffer].get();  // the vector may grow meanwhile; the buffer stays (busy)
       }
-      Buffer& b = *buffers[job.buffer];
+      Buffer& b = *bp;
       Status st = b.copied.Synchronize();
-      if (st.ok() && options.announce == Announce::kAfterDeviceCopy) MakeLive(job.buffer, Describe(job.buffer, *job.layout, 0));
+      if (st.ok() && options.announce == Announce::kAfterDeviceCopy) MakeLive(job.buffer, Describe(job.buffer, b, *job.layout, 0));
       if (st.ok() && options.host_copy) {
-        st = b.host_done.Synchronize();
-        if (st.ok()) st = job.layout->Seal(std::span<std::byte>(b.pinned.data(), job.layout->total_bytes()), &job.stamp);
-        if (st.ok()) {
-          GpuVersion v = Describe(job.buffer, *job.layout, job.stamp.checksum);
-          {
-            std::lock_guard lock(mu);
-            if (live_desc && live_desc->version == v.version) live_desc->checksum = v.checksum;
-          }
-          if (options.announce == Announce::kAfterChecksum) MakeLive(job.buffer, v);
-          if (on_sealed) on_sealed(v, std::span<const std::byte>(b.pinned.data(), job.layout->total_bytes()));
-        }
-      } else if (st.ok() && options.announce == Announce::kAfterChecksum) {
-        MakeLive(job.buffer, Describe(job.buffer, *job.layout, 0));
-      }
-      {
         std::lock_guard lock(mu);
-        b.busy = false;
-        if (st.ok()) last_sealed = job.stamp.version;
-        else if (failed.ok()) failed = st.WithContext("GPU version " + std::to_string(job.stamp.version));
+        seal_jobs.push_back(std::move(job));
+        cv.notify_all();
+        continue;
       }
-      cv.notify_all();
+      if (st.ok() && options.announce == Announce::kAfterChecksum) MakeLive(job.buffer, Describe(job.buffer, b, *job.layout, 0));
+      Finish(job, st);
     }
+  }
+
+  // Sealer thread (host_copy): waits for each announced version's pinned copy, seals it there
+  // (checksum and header) and hands the host snapshot to SealedFn.
+  void RunSealer() {
+    for (;;) {
+      Job job;
+      Buffer* bp = nullptr;
+      {
+        std::unique_lock lock(mu);
+        cv.wait(lock, [&] { return announcer_done || !seal_jobs.empty(); });
+        if (seal_jobs.empty()) return;
+        job = std::move(seal_jobs.front());
+        seal_jobs.pop_front();
+        bp = buffers[job.buffer].get();
+      }
+      Buffer& b = *bp;
+      Status st = b.host_done.Synchronize();
+      if (st.ok()) st = job.layout->Seal(std::span<std::byte>(b.pinned.data(), job.layout->total_bytes()), &job.stamp);
+      if (st.ok()) {
+        GpuVersion v = Describe(job.buffer, b, *job.layout, job.stamp.checksum);
+        {
+          std::lock_guard lock(mu);
+          if (live_desc && live_desc->version == v.version) live_desc->checksum = v.checksum;
+        }
+        if (options.announce == Announce::kAfterChecksum) MakeLive(job.buffer, v);
+        if (on_sealed) on_sealed(v, std::span<const std::byte>(b.pinned.data(), job.layout->total_bytes()));
+      }
+      Finish(job, st);
+    }
+  }
+
+  // The job's buffer is free for reuse (unless live or leased); its error is kept.
+  void Finish(const Job& job, const Status& st) {
+    {
+      std::lock_guard lock(mu);
+      buffers[job.buffer]->busy = false;
+      if (st.ok()) last_sealed = job.stamp.version;
+      else if (failed.ok()) failed = st.WithContext("GPU version " + std::to_string(job.stamp.version));
+    }
+    cv.notify_all();
   }
 
   // A buffer able to hold `bytes` that no one uses, allocating one while under max_buffers.
@@ -232,7 +273,8 @@ Result<std::unique_ptr<DeviceVersionStore>> DeviceVersionStore::Create(Options o
   VIPER_ASSIGN_OR_RETURN(impl->copy_stream, Stream::Create(options.device));
   VIPER_ASSIGN_OR_RETURN(impl->host_stream, Stream::Create(options.device));
   Impl* raw = impl.get();
-  impl->worker = std::thread([raw] { raw->Run(); });  // every GPU call sets its own context
+  impl->announcer = std::thread([raw] { raw->RunAnnouncer(); });  // every GPU call sets its own context
+  impl->sealer = std::thread([raw] { raw->RunSealer(); });
   return std::unique_ptr<DeviceVersionStore>(new DeviceVersionStore(std::move(impl)));
 }
 
@@ -242,7 +284,8 @@ DeviceVersionStore::~DeviceVersionStore() {
     impl_->stop = true;
   }
   impl_->cv.notify_all();
-  if (impl_->worker.joinable()) impl_->worker.join();
+  if (impl_->announcer.joinable()) impl_->announcer.join();  // finishes its queue, then lets the sealer stop
+  if (impl_->sealer.joinable()) impl_->sealer.join();
 }
 
 Status DeviceVersionStore::Publish(const std::vector<DeviceTensor>& tensors, const Stream& producer_stream,
@@ -289,8 +332,17 @@ Status DeviceVersionStore::Publish(const std::vector<DeviceTensor>& tensors, con
   if (b.layout != layout) {
     if (b.layout != nullptr)
       if (Status st = Memset(m.options.device, b.device.ptr(), 0, b.device.size()); !st.ok()) return fail(st);
+    auto header = PinnedBuffer::Allocate(m.options.device, layout->data_offset());
+    if (!header.ok()) return fail(header.status());
+    b.header = std::move(header).value();
     b.layout = layout;
   }
+  // The header (this version's stamp, checksum 0) into the buffer's header space: the device copy
+  // describes itself. The staging is rewritten only once this buffer is free again (its copy done).
+  if (Status st = layout->WriteHeader(std::span<std::byte>(b.header.data(), layout->data_offset()), stamp); !st.ok())
+    return fail(st);
+  if (Status st = CopyHostToDevice(b.device.ptr(), b.header.data(), layout->data_offset(), m.copy_stream); !st.ok())
+    return fail(st);
   // One copy per run of tensors that are contiguous both in the producer's memory and in the
   // layout (a flat parameter buffer is one copy).
   const auto& infos = layout->tensors();
@@ -387,6 +439,20 @@ Result<DevicePtr> DeviceVersionReader::Map(const GpuVersion& v) {
     it = mappings_.emplace(v.handle, std::move(m)).first;
   }
   return it->second.ptr();
+}
+
+Result<SnapshotHeader> DeviceVersionReader::ReadHeader(const GpuVersion& v, const Stream& stream) {
+  VIPER_ASSIGN_OR_RETURN(DevicePtr src, Map(v));
+  std::vector<std::byte> header(v.data_offset);
+  VIPER_RETURN_IF_ERROR(CopyDeviceToHost(header.data(), src, header.size(), stream));
+  VIPER_RETURN_IF_ERROR(stream.Synchronize());
+  auto parsed = ParseSnapshotHeader(header, v.data_bytes);
+  if (!parsed.ok()) return parsed.status().WithContext("GPU version " + std::to_string(v.version) + ": its header");
+  if (parsed->data_offset != v.data_offset)
+    return Status::Corruption("GPU version " + std::to_string(v.version) + ": header ends at " +
+                              std::to_string(parsed->data_offset) + ", the message says data starts at " +
+                              std::to_string(v.data_offset));
+  return parsed;
 }
 
 Status DeviceVersionReader::CopyInto(const GpuVersion& v, DevicePtr dst, const Stream& stream) {

@@ -198,7 +198,7 @@ Message get_payload(Reader& r, MessageType type) {
     }
     case MessageType::kSubscribe: {
       Subscribe m; m.model = r.str("model"); m.flags = r.u8("flags");
-      if (r.ok() && (m.flags & ~kSubscribeIncoming) != 0) r.fail("flags", "unknown subscribe flags " + std::to_string(m.flags));
+      if (r.ok() && (m.flags & ~(kSubscribeIncoming | kSubscribeDevice)) != 0) r.fail("flags", "unknown subscribe flags " + std::to_string(m.flags));
       return m;
     }
     case MessageType::kUnsubscribe: return Unsubscribe{r.str("model")};

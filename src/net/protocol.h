@@ -57,6 +57,11 @@ struct HelloOk {
 // flags: kSubscribeIncoming = also send INCOMING for versions the node is still receiving (a relay
 // downstream of it, or a consumer on another host, fetches them chunk by chunk as they land).
 inline constexpr uint8_t kSubscribeIncoming = 1;
+// kSubscribeDevice = also send a device-only NOTIFY (its only replica kDevice, checksum 0) as soon
+// as the producer's GPU copy of a version completes, before its host copy is committed (a same-host
+// consumer that places versions on a GPU; ignored for peers on another host). The usual NOTIFY of
+// the same version follows once the host tier has it.
+inline constexpr uint8_t kSubscribeDevice = 2;
 struct Subscribe {
   std::string model;
   uint8_t flags = 0;

@@ -288,6 +288,36 @@ TEST(SnapshotLayoutTest, ProducerWritesInPlaceThenSeals) {
   }
 }
 
+// A GPU-resident version's header, read alone (the data stays on the device): the layout Make
+// computed, the stamp, and the parser's refusals naming what is wrong.
+TEST(SnapshotHeaderTest, TheHeaderAloneGivesTheLayout) {
+  auto layout = SnapshotLayout::Make({{"a", DType::kF32, {3}}, {"b", DType::kU8, {5}}});
+  ASSERT_TRUE(layout.ok());
+  std::vector<std::byte> header(layout->data_offset());
+  ASSERT_TRUE(layout->WriteHeader(header, VersionStamp{.model = "m", .version = 4, .step = 40}).ok());
+  auto h = ParseSnapshotHeader(header, layout->data_bytes());
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  EXPECT_EQ(h->data_offset, layout->data_offset());
+  ASSERT_EQ(h->tensors.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(h->tensors[i].name, layout->tensors()[i].name);
+    EXPECT_EQ(h->tensors[i].begin, layout->tensors()[i].begin);
+    EXPECT_EQ(h->tensors[i].end, layout->tensors()[i].end);
+  }
+  EXPECT_EQ(h->metadata.at("viper.version"), "4");
+  // A data region shorter than the tensors declare, a cut header, garbage.
+  auto short_data = ParseSnapshotHeader(header, layout->data_bytes() - 1);
+  ASSERT_FALSE(short_data.ok());
+  EXPECT_EQ(short_data.status().code(), StatusCode::kCorruption);
+  EXPECT_NE(short_data.status().message().find("\"b\""), std::string::npos) << short_data.status().message();
+  auto cut = ParseSnapshotHeader(std::span(header).first(header.size() - 1), layout->data_bytes());
+  ASSERT_FALSE(cut.ok());
+  EXPECT_NE(cut.status().message().find("exceeds the"), std::string::npos) << cut.status().message();
+  std::vector<std::byte> junk(16, std::byte{0x7f});
+  EXPECT_EQ(ParseSnapshotHeader(junk, 0).status().code(), StatusCode::kCorruption);
+  EXPECT_EQ(ParseSnapshotHeader(std::span(junk).first(4), 0).status().code(), StatusCode::kCorruption);
+}
+
 // A node re-stamps a client's snapshot in place: Of() recovers the layout Viper wrote, and the
 // new stamp changes the header only (the checksum of the data still holds).
 TEST(SnapshotLayoutTest, OfRecoversViperLayoutAndRefusesForeignOnes) {

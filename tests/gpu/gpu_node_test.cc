@@ -13,6 +13,7 @@
 #include "api/client.h"
 #include "api/process.h"
 #include "net/protocol.h"
+#include "store/host_tier.h"
 #include "viper/gpu_store.h"
 #include "viper/node.h"
 #include "viper/publisher.h"
@@ -209,6 +210,129 @@ TEST(GpuNode, NotifyListsTheDeviceCopyAndACpuConsumerKeepsTheHostPath) {
     for (const auto& r : info.replicas) EXPECT_NE(r.kind, proto::ReplicaKind::kDevice) << "LIST lists a device copy";
 }
 
+// Commits `version` (reserved by the caller) on the node: what GpuPublisher does once the host copy
+// is sealed.
+Status CommitReserved(Node& node, const std::string& model, uint64_t version, uint8_t fill) {
+  std::vector<std::byte> w(4096, std::byte{fill});
+  VIPER_ASSIGN_OR_RETURN(Snapshot snap, BuildSnapshot({{{"w", DType::kU8, {4096}}, w}}, VersionStamp{model, version, 5, 0, 0, {}}));
+  VIPER_ASSIGN_OR_RETURN(WriteLease lease, node.Allocate(snap.bytes().size()));
+  std::memcpy(lease.data().data(), snap.bytes().data(), snap.bytes().size());
+  proto::VersionInfo vi;
+  vi.model = model;
+  vi.version = version;
+  vi.size = snap.bytes().size();
+  vi.checksum = *snap.declared_checksum();
+  vi.step = 5;
+  return node.Commit(std::move(lease), std::move(vi)).status();
+}
+
+struct Watcher {
+  std::mutex mu;
+  std::vector<proto::VersionInfo> notified;
+  std::unique_ptr<Client> client;
+  Watcher(const std::string& address, uint8_t flags) {
+    ClientOptions co;
+    co.connect = address;
+    ClientHandlers h;
+    h.on_notify = [this](const proto::VersionInfo& info) {
+      std::lock_guard lock(mu);
+      notified.push_back(info);
+    };
+    auto c = Client::Connect(co, h);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    if (!c.ok()) return;
+    client = std::move(c).value();
+    EXPECT_TRUE(client->Subscribe("gm", flags).ok());
+  }
+  size_t count() {
+    std::lock_guard lock(mu);
+    return notified.size();
+  }
+  proto::VersionInfo at(size_t i) {
+    std::lock_guard lock(mu);
+    return notified.at(i);
+  }
+};
+
+bool OnlyDeviceReplica(const proto::VersionInfo& info) {
+  return info.replicas.size() == 1 && info.replicas[0].kind == proto::ReplicaKind::kDevice;
+}
+
+TEST(GpuNode, ADeviceOnlyNotifyGoesOnlyToDeviceSubscribersBeforeTheCommit) {
+  // GpuPublisher's early announcement (Node::AnnounceDevice when the device copy completes), with
+  // the device copy a counting source: the NOTIFY reaches the subscribers that asked
+  // (kSubscribeDevice, same host), late joiners included, FETCH kDevice leases the version before
+  // the host tier has it, and everyone else hears of the version only at its commit.
+  Fixture f;
+  Watcher device(f.pub->address(), proto::kSubscribeDevice), plain(f.pub->address(), 0);
+  ASSERT_TRUE(device.client && plain.client);
+  SubscriberOptions so;
+  so.model = "gm";
+  so.connect = f.pub->address();
+  auto sub = Subscriber::Start(so);  // no GPU: the host path only
+  ASSERT_TRUE(sub.ok()) << sub.status().ToString();
+  auto v = f.pub->node().ReserveVersion("gm");
+  ASSERT_TRUE(v.ok());
+  f.source->live = *v;
+  proto::VersionInfo early;
+  early.model = "gm";
+  early.version = *v;
+  early.size = 8192;
+  early.checksum = 1234;  // not known yet: the node sends 0
+  early.step = 5;
+  early.publish_ns = 42;
+  f.pub->node().AnnounceDevice(early);
+  ASSERT_TRUE(WaitUntil([&] { return device.count() == 1; }, 5s)) << "no device-only NOTIFY";
+  proto::VersionInfo got = device.at(0);
+  EXPECT_EQ(got.version, *v);
+  EXPECT_EQ(got.checksum, 0u);
+  EXPECT_EQ(got.size, 8192u);
+  EXPECT_EQ(got.publish_ns, 42);
+  ASSERT_TRUE(OnlyDeviceReplica(got)) << "a device-only NOTIFY lists only the device copy";
+  EXPECT_EQ(got.replicas[0].locator, "cuda:0");
+  EXPECT_EQ(got.replicas[0].host_key, f.pub->node().host_key());
+  // A late joiner that asks for device NOTIFYs gets it at once.
+  Watcher late(f.pub->address(), proto::kSubscribeDevice);
+  ASSERT_TRUE(WaitUntil([&] { return late.count() == 1; }, 5s)) << "a late device subscriber got nothing";
+  EXPECT_TRUE(OnlyDeviceReplica(late.at(0)));
+  // Leased before the host tier has it, released as usual.
+  auto ok = device.client->FetchDevice("gm", *v);
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(ok->info.version, *v);
+  EXPECT_EQ(ok->info.checksum, 0u);
+  EXPECT_EQ(f.source->leases.load(), 1);
+  device.client->Release("gm", *v);
+  EXPECT_TRUE(WaitUntil([&] { return f.source->leases.load() == 0; }, 5s));
+  // Once the device holds another version, the announced one is no longer served.
+  f.source->live = 0;
+  auto gone = device.client->FetchDevice("gm", *v);
+  ASSERT_FALSE(gone.ok());
+  EXPECT_EQ(gone.status().code(), StatusCode::kNotFound) << gone.status().ToString();
+  f.source->live = *v;
+  // The host commit: every subscriber gets the usual NOTIFY; the first the plain one gets.
+  ASSERT_TRUE(CommitReserved(f.pub->node(), "gm", *v, 9).ok());
+  ASSERT_TRUE(WaitUntil([&] { return device.count() == 2 && plain.count() >= 1; }, 5s));
+  EXPECT_FALSE(OnlyDeviceReplica(plain.at(0)));
+  EXPECT_EQ(plain.at(0).version, *v);
+  EXPECT_NE(plain.at(0).checksum, 0u);
+  EXPECT_EQ(device.at(1).version, *v);
+  EXPECT_NE(device.at(1).checksum, 0u);
+  auto loaded = (*sub)->WaitFor(*v, 10s);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_EQ((*loaded)->snapshot.data_region()[0], std::byte{9});
+  EXPECT_EQ(f.source->leases.load(), 0) << "a CPU consumer leased the device copy";
+  // A version not above the latest is not announced again; the next one is.
+  f.pub->node().AnnounceDevice(early);
+  auto v2 = f.pub->node().ReserveVersion("gm");
+  ASSERT_TRUE(v2.ok());
+  f.source->live = *v2;
+  early.version = *v2;
+  f.pub->node().AnnounceDevice(early);
+  ASSERT_TRUE(WaitUntil([&] { return device.count() == 3; }, 5s));
+  EXPECT_EQ(device.at(2).version, *v2) << "a stale version was announced";
+  EXPECT_EQ(plain.count(), 1u) << "a subscriber without kSubscribeDevice got a device-only NOTIFY";
+}
+
 TEST(GpuNode, GpuDeviceWithoutAGpuIsRefusedClearly) {
   Fixture f;
   SubscriberOptions so;
@@ -230,6 +354,11 @@ TEST(GpuNode, GpuDeviceWithoutAGpuIsRefusedClearly) {
   sub = Subscriber::Start(so);
   ASSERT_FALSE(sub.ok());
   EXPECT_NE(sub.status().message().find("gpu_in_place needs gpu_device >= 0"), std::string::npos) << sub.status().message();
+  so.gpu_in_place = false;
+  so.gpu_early = true;
+  sub = Subscriber::Start(so);
+  ASSERT_FALSE(sub.ok());
+  EXPECT_NE(sub.status().message().find("gpu_early needs gpu_device >= 0"), std::string::npos) << sub.status().message();
 }
 
 }  // namespace

@@ -414,7 +414,7 @@ TEST(Gpu, AConsumerWithoutAGpuGetsTheVersionsThroughTheHostPath) {
 // viper_gpu_subscriber (a Subscriber with gpu_device 0) in its own process, over pipes.
 class SubscriberProcess {
  public:
-  SubscriberProcess(const std::string& connect, const std::string& model, bool in_place) {
+  SubscriberProcess(const std::string& connect, const std::string& model, bool in_place, bool early = false) {
     int in[2], out[2];
     EXPECT_EQ(::pipe2(in, O_CLOEXEC), 0);
     EXPECT_EQ(::pipe2(out, O_CLOEXEC), 0);
@@ -426,6 +426,7 @@ class SubscriberProcess {
     if (const char* e = std::getenv("VIPER_GPU_SUBSCRIBER")) bin = e;
     std::vector<std::string> args = {bin, "--connect", connect, "--model", model};
     if (in_place) args.push_back("--in-place");
+    if (early) args.push_back("--early");
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -518,10 +519,66 @@ TEST(Gpu, ASameNodeSubscriberOpensTheVersionThroughTheNode) {
   EXPECT_EQ(in_place.Command("D " + std::to_string(v1)), "DROPPED " + std::to_string(v1));
 }
 
+TEST(Gpu, AnEarlySubscriberGoesLiveFromTheDeviceCopyBeforeTheHostCommit) {
+  // Consumers with gpu_early (one copies, one reads in place) hear of each version from the node's
+  // device-only NOTIFY as soon as the producer's device copy completes: no host bytes, the layout
+  // read from the device copy's header, the bytes those the host path seals (same checksum).
+  PublisherOptions po;
+  po.model = "gpu-early";
+  po.node.segment_prefix = "viper-gpu-early";
+  auto pub = Publisher::Start(po);
+  ASSERT_TRUE(pub.ok()) << pub.status().ToString();
+  auto gp = GpuPublisher::Start(pub->get());
+  ASSERT_TRUE(gp.ok()) << gp.status().ToString();
+  SubscriberProcess copy((*pub)->address(), "gpu-early", false, true), in_place((*pub)->address(), "gpu-early", true, true);
+  ASSERT_EQ(copy.Line(), "READY");
+  ASSERT_EQ(in_place.Line(), "READY");
+  auto s = Stream::Create(0);
+  ASSERT_TRUE(s.ok());
+  for (uint64_t round = 0; round < 3; ++round) {
+    DevTensor a = Upload(RandomBytes(6 << 20, 800 + round), *s), b = Upload(RandomBytes(333, 900 + round), *s);
+    // Through a borrowed stream, as the Python producer passes torch's current stream.
+    auto version = (*gp)->PublishDevice(Specs({&a, &b}), Stream::Borrow(0, s->raw()), PublishInfo{.step = 70 + round});
+    ASSERT_TRUE(version.ok()) << version.status().ToString();
+    // Asked at once: the host path may still be sealing and committing the version.
+    std::string rc = copy.Command("W " + std::to_string(*version));
+    std::string ri = in_place.Command("W " + std::to_string(*version));
+    ASSERT_TRUE((*gp)->WaitHost(*version, 20s).ok());
+    auto committed = (*pub)->node().Latest("gpu-early");
+    ASSERT_TRUE(committed.has_value());
+    ASSERT_EQ(committed->version, *version);
+    for (const std::string* r : {&rc, &ri}) {
+      EXPECT_EQ(r->rfind("OK " + std::to_string(*version) + " " + (r == &ri ? "1" : "0") + " ", 0), 0u) << *r;
+      EXPECT_EQ(Field(*r, 5), "device-only") << "not delivered from the device copy alone: " << *r;
+      EXPECT_EQ(Field(*r, 6), checksum_hex(committed->checksum)) << "device bytes differ from the sealed host copy: " << *r;
+      EXPECT_EQ(Field(*r, 7), "2") << "the layout read from the device copy lists 2 tensors: " << *r;
+    }
+    std::printf("GPU-EARLY round %llu: copied %s us, in place %s us after publish\n", (unsigned long long)round,
+                Field(rc, 4).c_str(), Field(ri, 4).c_str());
+    EXPECT_EQ(copy.Command("D " + std::to_string(*version)), "DROPPED " + std::to_string(*version));
+    EXPECT_EQ(in_place.Command("D " + std::to_string(*version)), "DROPPED " + std::to_string(*version));
+  }
+  // Back to back: the second version is announced from its device copy while the first may still
+  // be on its host path (the store's announcer does not wait for the sealer); both are committed.
+  DevTensor a = Upload(RandomBytes(6 << 20, 990), *s), b = Upload(RandomBytes(333, 991), *s);
+  auto first = (*gp)->PublishDevice(Specs({&a, &b}), *s, PublishInfo{.step = 80});
+  auto second = (*gp)->PublishDevice(Specs({&a, &b}), *s, PublishInfo{.step = 81});
+  ASSERT_TRUE(first.ok() && second.ok());
+  std::string r = copy.Command("W " + std::to_string(*second));
+  EXPECT_EQ(r.rfind("OK " + std::to_string(*second) + " 0 ", 0), 0u) << r;
+  EXPECT_EQ(Field(r, 5), "device-only") << r;
+  ASSERT_TRUE((*gp)->WaitHost(*second, 20s).ok());
+  auto committed = (*pub)->node().Latest("gpu-early");
+  ASSERT_TRUE(committed.has_value());
+  EXPECT_EQ(committed->version, *second);
+  EXPECT_EQ(Field(r, 6), checksum_hex(committed->checksum)) << r;
+}
+
 // Publish -> live in another process through the node at 1 GiB (figures for docs/BENCHMARKS.md):
-// the consumer hears of the version when its host copy is committed (NOTIFY), so the time includes
-// the pinned copy, checksum and segment copy of the host path, then FETCH kDevice and one
-// device-to-device copy.
+// without gpu_early the consumer hears of the version when its host copy is committed (NOTIFY), so
+// the time includes the pinned copy, checksum and segment copy of the host path, then FETCH kDevice
+// and one device-to-device copy; with gpu_early it hears of it when the producer's device copy
+// completes (a device-only NOTIFY), then FETCH kDevice, the header and one device-to-device copy.
 TEST(Gpu, ThroughTheNodeAtOneGiB) {
   PublisherOptions po;
   po.model = "gpu-gib";
@@ -531,8 +588,12 @@ TEST(Gpu, ThroughTheNodeAtOneGiB) {
   auto gp = GpuPublisher::Start(pub->get());
   ASSERT_TRUE(gp.ok()) << gp.status().ToString();
   SubscriberProcess copy((*pub)->address(), "gpu-gib", false), in_place((*pub)->address(), "gpu-gib", true);
+  SubscriberProcess early_copy((*pub)->address(), "gpu-gib", false, true),
+      early_in_place((*pub)->address(), "gpu-gib", true, true);
   ASSERT_EQ(copy.Line(), "READY");
   ASSERT_EQ(in_place.Line(), "READY");
+  ASSERT_EQ(early_copy.Line(), "READY");
+  ASSERT_EQ(early_in_place.Line(), "READY");
   auto s = Stream::Create(0);
   ASSERT_TRUE(s.ok());
   const uint64_t bytes = 1ull << 30;
@@ -552,8 +613,18 @@ TEST(Gpu, ThroughTheNodeAtOneGiB) {
     DeviceTensor t{TensorSpec{"w", DType::kU8, {int64_t(bytes)}}, src->ptr()};
     auto version = (*gp)->PublishDevice({t}, *s, PublishInfo{});
     ASSERT_TRUE(version.ok()) << version.status().ToString();
+    // The early consumers first: each answers once its version is live (the others meanwhile
+    // receive it too; their times are stamped when they go live, not when asked).
+    std::string ec = early_copy.Command("W " + std::to_string(*version));
+    std::string ei = early_in_place.Command("W " + std::to_string(*version));
     std::string rc = copy.Command("W " + std::to_string(*version));
     std::string ri = in_place.Command("W " + std::to_string(*version));
+    EXPECT_EQ(ec.rfind("OK " + std::to_string(*version) + " 0 ", 0), 0u) << ec;
+    EXPECT_EQ(ei.rfind("OK " + std::to_string(*version) + " 1 ", 0), 0u) << ei;
+    EXPECT_EQ(Field(ec, 5), "device-only") << ec;
+    EXPECT_EQ(Field(ei, 5), "device-only") << ei;
+    std::printf("GPU-NODE-EARLY 1GiB rep %d: one device copy %.3f ms; publish->live copied: %s us; in place: %s us\n", rep,
+                copy_ms.ok() ? *copy_ms : -1.0f, Field(ec, 4).c_str(), Field(ei, 4).c_str());
     EXPECT_EQ(rc.rfind("OK " + std::to_string(*version) + " 0 ", 0), 0u) << rc;
     EXPECT_EQ(ri.rfind("OK " + std::to_string(*version) + " 1 ", 0), 0u) << ri;
     std::printf("GPU-NODE 1GiB rep %d: one device copy %.3f ms; publish->live copied: %s us; in place: %s us\n", rep,
@@ -561,6 +632,9 @@ TEST(Gpu, ThroughTheNodeAtOneGiB) {
     std::fflush(stdout);
     EXPECT_EQ(copy.Command("D " + std::to_string(*version)), "DROPPED " + std::to_string(*version));
     EXPECT_EQ(in_place.Command("D " + std::to_string(*version)), "DROPPED " + std::to_string(*version));
+    EXPECT_EQ(early_copy.Command("D " + std::to_string(*version)), "DROPPED " + std::to_string(*version));
+    EXPECT_EQ(early_in_place.Command("D " + std::to_string(*version)), "DROPPED " + std::to_string(*version));
+    ASSERT_TRUE((*gp)->WaitHost(*version, 60s).ok());
   }
 }
 

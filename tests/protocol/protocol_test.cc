@@ -157,8 +157,12 @@ TEST(Protocol, UnknownEnumValues) {
   EXPECT_NE(DecodeStatus(frame).message().find("unknown replica kind 9"), std::string::npos);
 
   auto subscribe = Encode(Subscribe{"m", 0});
-  subscribe.back() = std::byte{6};  // flags: only kSubscribeIncoming (1) is defined
+  subscribe.back() = std::byte{6};  // flags: only kSubscribeIncoming (1) and kSubscribeDevice (2) are defined
   EXPECT_NE(DecodeStatus(subscribe).message().find("unknown subscribe flags 6"), std::string::npos);
+  subscribe.back() = std::byte{3};
+  auto both = Decode(subscribe);
+  ASSERT_TRUE(both.ok()) << both.status().ToString();
+  EXPECT_EQ(std::get<Subscribe>(*both).flags, kSubscribeIncoming | kSubscribeDevice);
 }
 
 TEST(Protocol, DuplicateCounterName) {

@@ -65,3 +65,37 @@ def test_a_cpu_consumer_keeps_the_host_path(pub):
         assert offsets["weight"][1] == 16 * 4 * 4 and offsets["bias"][1] == 4 * 4
         sub.load_into(consumer)
         assert torch.equal(consumer.weight, producer.weight) and torch.equal(consumer.bias, producer.bias)
+
+
+def test_gpu_early_needs_a_device(pub):
+    with pytest.raises(ValueError, match="gpu_early needs gpu_device >= 0"):
+        viper.Subscriber("m", connect=pub.address, gpu_early=True)
+
+
+def test_only_cuda_tensors_on_one_device_take_the_gpu_publish_path():
+    from viper import _tensors
+    assert _tensors.cuda_entries({"w": torch.zeros(3)}) is None  # CPU tensors: the host path
+    assert _tensors.cuda_entries({}) is None
+    import numpy as np
+    assert _tensors.cuda_entries({"w": np.zeros(3, dtype=np.float32)}) is None
+
+
+def test_publishing_cuda_tensors_without_a_driver_is_a_clear_unavailable_error():
+    # The extension's GPU publish (what Publisher.publish calls for CUDA tensors), in a child
+    # process without a driver: GpuPublisher cannot start, nothing is published.
+    code = (
+        "import viper\n"
+        "from viper import _viper\n"
+        "p = viper.Publisher('m', listen='127.0.0.1:0')\n"
+        "try:\n"
+        "    p._live().publish_device([('w', 'F32', [4], 4096)], 0, 0, 1, None)\n"
+        "except viper.ViperIOError as e:\n"
+        "    print('REFUSED', e)\n"
+        "print('ANNOUNCED', p.announced_version)\n"
+        "p.close()\n")
+    env = dict(os.environ, VIPER_CUDA_LIBRARY="/nonexistent/libcuda.so.1")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "REFUSED Unavailable: GPU: " in out.stdout, out.stdout
+    assert "/nonexistent/libcuda.so.1" in out.stdout, out.stdout
+    assert "ANNOUNCED 0" in out.stdout, out.stdout

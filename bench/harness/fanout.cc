@@ -22,6 +22,7 @@
 #include "harness/measure.h"
 #include "harness/peer.h"
 #include "viper/node.h"
+#include "viper/relay.h"
 #include "viper/units.h"
 
 namespace viper::bench {

@@ -1,6 +1,7 @@
 // Node: a Viper server. Owns a host tier (shared-memory segments), an optional file tier, a UCX
 // engine with a listener, and the embedded registry (catalog of models, versions and replicas,
-// plus pub/sub). Runs embedded in a Publisher or standalone (`viper serve`).
+// plus pub/sub). Runs embedded in a Publisher or standalone (`viper serve`); a Relay
+// (include/viper/relay.h) feeds one from another node.
 //
 // Announce after complete: a version is registered and NOTIFY goes to subscribers only after every
 // byte is in the host tier and its checksum is computed. Subscribers are sent each new version as
@@ -25,6 +26,7 @@
 #include <string_view>
 #include <vector>
 
+#include "viper/delta_policy.h"
 #include "viper/host_tier_stats.h"
 #include "viper/metrics.h"
 #include "viper/registry.h"
@@ -38,24 +40,7 @@ namespace viper {
 class FileTier;
 class HostTier;
 class WriteLease;
-
-// When a node answers a FETCH that offers a base with a delta (docs/ARCHITECTURE.md "Delta updates").
-enum class DeltaMode {
-  kOff,     // never: always the full snapshot
-  kAuto,    // when the delta is smaller and predicted to arrive sooner than the full snapshot
-  kAlways,  // whenever it keeps the base, whatever the prediction (tests, benchmarks)
-};
-Result<DeltaMode> ParseDeltaMode(std::string_view name);  // "off" | "auto" | "always"
-std::string_view delta_mode_name(DeltaMode mode);
-
-// Testing: one part of a delta, just encoded (NodeOptions::delta_part_hook).
-struct DeltaPartEvent {
-  std::string model;
-  uint64_t base = 0;
-  uint64_t target = 0;
-  uint32_t index = 0;
-  std::vector<std::byte>* bytes = nullptr;  // the part as it will be sent (a test may change it)
-};
+struct NodeTestHooks;
 
 struct NodeOptions {
   std::string listen = "127.0.0.1:0";  // loopback unless told otherwise; port 0 = any free port
@@ -94,9 +79,8 @@ struct NodeOptions {
   DeltaMode delta = DeltaMode::kAuto;
   size_t delta_bases = 1;
   size_t delta_threads = 2;  // encoder threads (the parts of one delta are encoded side by side)
-  // Testing: called on the node's encoder thread after each part of a delta is encoded, before
-  // it is handed to the senders; the encoder waits for it. Leave empty.
-  std::function<void(const DeltaPartEvent&)> delta_part_hook;
+  // Testing only (src/api/test_hooks.h): calls into the node's internals. Leave null.
+  std::shared_ptr<const NodeTestHooks> test_hooks;
   // Shared registry the node registers its versions in (include/viper/registry.h): "" = none (the
   // node's own catalog only, served to consumers that connect by address), "embedded" (this
   // process), or "redis://HOST:PORT[/DB]". An unreachable registry is a warning, not an error:
@@ -117,28 +101,6 @@ struct NodeOptions {
 std::string LocalHostKey();
 // CLOCK_REALTIME in nanoseconds: comparable across processes on one host.
 int64_t WallClockNs();
-
-// The delta a node encoded for a version against the version before it (eagerly, after the
-// commit, while remote subscribers exist): what Publisher reports in PublishResult::delta.
-struct PreparedDelta {
-  bool prepared = false;        // a delta against base_version was encoded
-  uint64_t base_version = 0;
-  uint64_t bytes = 0;           // the delta stream's size
-  uint64_t snapshot_bytes = 0;  // the version's size
-  int64_t encode_ns = 0;        // wall time of the encode, first part taken to last part done
-  std::string why_not;          // when not prepared: why (no remote subscriber, no previous version, ...)
-};
-
-struct DeltaStats {
-  uint64_t encoded = 0;          // deltas encoded to the end
-  uint64_t encoded_bytes = 0;    // their size
-  uint64_t target_bytes = 0;     // the size of the versions they encode
-  uint64_t cancelled = 0;        // encodes stopped (base evicted, not smaller)
-  uint64_t skipped = 0;          // eager encodes not started: the model's deltas did not pay
-  uint64_t sent = 0;             // delta streams sent to consumers
-  uint64_t sent_bytes = 0;
-  uint64_t declined = 0;         // FETCHes that offered a base and got the full snapshot
-};
 
 // A relay's link to its upstream, summed over the models it relays (zero on a node that relays
 // nothing): what `viper stats` shows of a relay that waits for its upstream or sits on an alternate.
@@ -313,72 +275,6 @@ class IncomingVersion {
   explicit IncomingVersion(std::shared_ptr<State> state);
   std::shared_ptr<State> state_;
   bool committed_ = false;
-};
-
-// Relay: makes a Node a replica holder of another node's models (`viper serve --upstream`).
-// For each model it subscribes to the upstream node and fetches every new version: over UCX
-// (another host) straight into a segment of this node (Node::Receive), forwarding each chunk to
-// downstream relays and remote consumers as it lands, then commits it under the same version number
-// once verified; versions loaded otherwise (map, copy, file) are copied into a segment. Consumers
-// on this host map it locally; the catalog lists the upstream's replicas after this node's own;
-// the relay announces itself to the upstream (REPLICA), which lists it among the version's
-// replicas while the relay stays connected. Relays naming each other as upstreams form a chain or
-// tree (fan-out). Design: docs/ARCHITECTURE.md "Replicas across nodes" and "Fan-out".
-//
-// Thread-safety: Start and the destructor from one thread. The Relay must be destroyed before
-// the Node it feeds.
-// Children a relay takes in a registry-placed tree by default (RelayOptions::max_children):
-// docs/BENCHMARKS.md "Fan-out placed by the registry" measures the choice.
-inline constexpr uint32_t kDefaultRelayChildren = 1;
-
-struct RelayOptions {
-  std::string upstream;             // the upstream node's "host:port" (REQUIRED unless `registry`)
-  // Placement (docs/ARCHITECTURE.md "Placement and healing"): with no `upstream`, the shared
-  // registry ("redis://HOST:PORT[/DB]") picks this relay's parent for each model among the model's
-  // holders and relays, atomically (bounded children, this host first, then the shallowest, least
-  // loaded node), and another one within about one heartbeat when the parent dies.
-  std::string registry;
-  std::string registry_password;    // Redis AUTH password of `registry`; empty = none
-  uint32_t max_children = kDefaultRelayChildren;  // children this relay takes in the tree (1-1024)
-  RegistryHeartbeat heartbeat;      // the tree membership's TTL and its refresh
-  // Nodes to relay from, in order, while `upstream` is unreachable (e.g. the upstream's own
-  // upstream: a chain that loses a relay re-attaches past it; SubscriberOptions::alternates). The
-  // relay returns to `upstream` when it answers again (SubscriberOptions::preferred_probe).
-  std::vector<std::string> alternates;
-  std::vector<std::string> models;  // REQUIRED: models to replicate
-  std::string token;                // HELLO token for the upstream
-  std::filesystem::path file_dir;   // the upstream's file tier as seen from here (fallback)
-  // Fetch over UCX (received in place, forwarded while it lands) even from an upstream on this
-  // host, which would otherwise be mapped and copied: for tests and measurements on one host.
-  bool always_remote = false;
-  // Receive versions the upstream is itself still receiving, as they land (INCOMING): per-hop
-  // pipelining. false: store and forward (only complete versions), for comparison.
-  bool pipelined = true;
-};
-
-struct RelayStats {
-  uint64_t versions_relayed = 0;
-  uint64_t versions_received_in_place = 0;  // ...that landed straight in this node's segment (no copy)
-  uint64_t failures = 0;
-  UpstreamStats upstream;  // as the node's STATS show it
-};
-
-class Relay {
- public:
-  // Subscribes to the upstream. An upstream (and alternates) not up yet is waited for: the relay
-  // retries with a bounded backoff (SubscriberOptions::wait_for_node), logs once per change, and
-  // NodeStats::upstream shows it. While on an alternate it probes the upstream every second and
-  // moves back to it between two versions once it answers.
-  static Result<std::unique_ptr<Relay>> Start(Node& node, const RelayOptions& options);
-  ~Relay();
-  Relay(const Relay&) = delete;
-  Relay& operator=(const Relay&) = delete;
-  RelayStats stats() const;
-
- private:
-  struct Impl;
-  explicit Relay(std::shared_ptr<Impl> impl);
-  std::shared_ptr<Impl> impl_;
 };
 
 }  // namespace viper

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "test_hooks.h"
 #include "viper/log.h"
 
 namespace viper {
@@ -170,8 +171,9 @@ void DeltaStore::Encode(const std::shared_ptr<DeltaJob>& job, size_t worker) {
     const size_t first = static_cast<size_t>(p) * kBlocksPerPart;
     const size_t last = std::min(first + kBlocksPerPart, enc.blocks());
     for (size_t i = first; i < last; ++i) enc.EncodeBlock(i, scratch, part.get());
-    if (options_.delta_part_hook)
-      options_.delta_part_hook(DeltaPartEvent{job->model, job->base_version, job->target_version, p, part.get()});
+    if (options_.test_hooks && options_.test_hooks->delta_part) {
+      options_.test_hooks->delta_part(DeltaPartEvent{job->model, job->base_version, job->target_version, p, part.get()});
+    }
     {
       std::lock_guard<std::mutex> lock(job->mu);
       job->slots[p] = std::move(part);

@@ -6,8 +6,8 @@
 #include <mutex>
 
 #include "core/memory.h"
+#include "core/names.h"
 #include "hash_follower.h"
-#include "store/file_tier.h"  // ValidateModelName
 #include "store/host_tier.h"
 #include "task_queue.h"
 #include "viper/log.h"

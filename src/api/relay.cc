@@ -13,6 +13,7 @@
 #include "store/host_tier.h"
 #include "viper/log.h"
 #include "viper/node.h"
+#include "viper/relay.h"
 #include "viper/subscriber.h"
 
 namespace viper {

@@ -51,6 +51,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/names.h"
 #include "viper/status.h"
 
 namespace viper::net {
@@ -166,8 +167,8 @@ class Engine {
   std::unique_ptr<Impl> impl_;
 };
 
-// Parses "HOST:PORT" (IPv4 literal, name, or [IPv6]; port 0-65535). Errors name the bad part.
-Result<std::pair<std::string, uint16_t>> ParseHostPort(const std::string& host_port);
+// "HOST:PORT" syntax (core/names.h), shared with the layers that only record addresses.
+using viper::ParseHostPort;
 // True if the address a listener on "HOST:PORT" binds (HOST resolved as the listener resolves it)
 // is a loopback address (127.0.0.0/8, ::1): only processes of this host can reach it. "0.0.0.0"
 // and "::" (every interface) are not. Errors as ParseHostPort, NotFound for an unknown host.

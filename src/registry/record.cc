@@ -12,10 +12,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/names.h"
 #include "core/snapshot_internal.h"
-#include "net/engine.h"
 #include "registry_internal.h"
-#include "store/file_tier.h"
 #include "viper/snapshot.h"
 
 namespace viper {
@@ -119,7 +118,7 @@ class Fields {
 };
 
 void CheckHostPort(const std::string& where, const std::string& address) {
-  auto parsed = net::ParseHostPort(address);
+  auto parsed = ParseHostPort(address);
   if (!parsed.ok()) Fail(where + ": " + parsed.status().message());
   if (parsed->second == 0) Fail(where + " " + Quote(address) + " has port 0");
 }

@@ -3,8 +3,8 @@
 
 #include <fmt/format.h>
 
+#include "core/names.h"
 #include "core/snapshot_internal.h"
-#include "store/file_tier.h"
 
 namespace viper::registry_internal {
 namespace {

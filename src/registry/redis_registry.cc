@@ -19,10 +19,10 @@
 
 #include <fmt/format.h>
 
+#include "core/names.h"
 #include "core/snapshot_internal.h"
 #include "redis_connection.h"
 #include "redis_placement.h"
-#include "store/file_tier.h"
 
 namespace viper::registry_internal {
 namespace {

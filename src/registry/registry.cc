@@ -1,8 +1,8 @@
 // OpenRegistry: picks the backend from the URL; the URL parser and the Redis key layout.
 #include <fmt/format.h>
 
+#include "core/names.h"
 #include "core/snapshot_internal.h"
-#include "net/engine.h"
 #include "registry_internal.h"
 
 namespace viper {
@@ -27,7 +27,7 @@ Result<RedisEndpoint> ParseRedisUrl(const std::string& url) {
   if (rest.find('@') != std::string::npos) return bad("credentials in the URL are not supported");
   bool has_port = !rest.empty() && (rest.back() != ']' && rest.find(':') != std::string::npos);
   if (!has_port) rest += ":6379";
-  auto parsed = net::ParseHostPort(rest);
+  auto parsed = ParseHostPort(rest);
   if (!parsed.ok()) return bad(parsed.status().message());
   if (parsed->second == 0) return bad("port 0");
   ep.host = parsed->first;

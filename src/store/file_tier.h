@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "core/names.h"
 #include "viper/snapshot.h"
 #include "viper/status.h"
 
@@ -80,9 +81,6 @@ class FileTier {
   std::shared_ptr<Impl> impl_;
 };
 
-// Model names are path and segment components: 1-128 chars of [A-Za-z0-9._-], not starting with '.'.
-Status ValidateModelName(const std::string& model);
-// Versions are 1..2^64-1; 0 is reserved ("none" / "latest" in the protocol).
-Status ValidateVersion(uint64_t version);
+// ValidateModelName, ValidateVersion: core/names.h.
 
 }  // namespace viper

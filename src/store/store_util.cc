@@ -8,37 +8,10 @@
 
 #include <fmt/format.h>
 
+#include "core/names.h"
 #include "store/file_tier.h"
 
 namespace viper {
-
-Status ValidateModelName(const std::string& model) {
-  if (model.empty() || model.size() > 128) {
-    return Status::InvalidArgument(fmt::format(
-        "model name '{}' must be 1-128 characters of [A-Za-z0-9._-] (it has {})", model, model.size()));
-  }
-  if (model.front() == '.') {
-    return Status::InvalidArgument(fmt::format("model name '{}' must not start with '.'", model));
-  }
-  for (char c : model) {
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-              c == '_' || c == '-';
-    if (!ok) {
-      std::string shown = (c > 0x20 && c < 0x7f) ? fmt::format("'{}'", c)
-                                                 : fmt::format("byte 0x{:02x}", static_cast<unsigned char>(c));
-      return Status::InvalidArgument(
-          fmt::format("model name '{}' contains {}; only [A-Za-z0-9._-] are allowed", model, shown));
-    }
-  }
-  return Status::OK();
-}
-
-Status ValidateVersion(uint64_t version) {
-  if (version == 0) {
-    return Status::InvalidArgument("version 0 is not a valid version (versions start at 1; 0 means 'none' or 'latest')");
-  }
-  return Status::OK();
-}
 
 namespace store_internal {
 

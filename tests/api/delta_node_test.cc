@@ -14,6 +14,7 @@
 
 #include "api/client.h"
 #include "delta_model.h"
+#include "api/test_hooks.h"
 #include "process.h"
 #include "viper/publisher.h"
 
@@ -34,7 +35,11 @@ std::unique_ptr<Publisher> StartPublisher(size_t bases, std::function<void(const
   options.mode = PublishMode::kSync;
   options.node.delta = DeltaMode::kAlways;
   options.node.delta_bases = bases;
-  options.node.delta_part_hook = std::move(hook);
+  if (hook) {
+    auto hooks = std::make_shared<NodeTestHooks>();
+    hooks->delta_part = std::move(hook);
+    options.node.test_hooks = std::move(hooks);
+  }
   auto pub = Publisher::Start(options);
   EXPECT_TRUE(pub.ok()) << pub.status().ToString();
   return pub.ok() ? std::move(pub).value() : nullptr;

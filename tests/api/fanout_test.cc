@@ -13,6 +13,7 @@
 #include "process.h"
 #include "store/host_tier.h"
 #include "viper/node.h"
+#include "viper/relay.h"
 #include "viper/snapshot.h"
 #include "viper/subscriber.h"
 

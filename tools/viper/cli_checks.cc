@@ -11,7 +11,7 @@
 
 #include <fmt/format.h>
 
-#include "store/file_tier.h"
+#include "core/names.h"
 
 namespace viper::cli {
 namespace {

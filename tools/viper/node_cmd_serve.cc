@@ -11,6 +11,7 @@
 #include "temp_file.h"
 #include "viper/log.h"
 #include "viper/node.h"
+#include "viper/relay.h"
 
 namespace viper::cli {
 namespace {

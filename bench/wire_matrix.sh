@@ -7,7 +7,7 @@
 set -uo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-HOSTS=$HERE/../../scripts/hosts.sh
+HOSTS=$HERE/../scripts/hosts.sh
 WIRE=${1:?usage: wire_matrix.sh PATH/TO/viper_wire_baseline [ROUNDS] [SECTIONS]}
 ROUNDS=${2:-3}
 SECTIONS=${3:-loopback veth ucx}

@@ -211,7 +211,7 @@ void Node::Impl::FetchIncoming(net::PeerId peer, const proto::Fetch& m) {
 bool Node::Impl::NextChunkReady(const std::shared_ptr<BulkSend>& send) {
   if (send->waiting) return false;
   IncomingVersion::State& st = *send->incoming;
-  uint64_t end = std::min<uint64_t>(send->bytes.size(), (static_cast<uint64_t>(send->next) + 1) * send->chunk);
+  uint64_t end = std::min<uint64_t>(send->bytes.size(), send->offset + (static_cast<uint64_t>(send->next) + 1) * send->chunk);
   std::lock_guard<std::mutex> lock(st.mu);
   if (st.aborted) return false;  // AbortSends (posted) fails it and tells the peer
   if (st.landed >= end) {

@@ -40,7 +40,8 @@ inline uint32_t ClampChunk(uint32_t asked, uint32_t fallback) {
 // version it forwards). Fields are touched on the progress thread only.
 struct BulkSend {
   std::shared_ptr<const void> hold;
-  std::span<const std::byte> bytes;
+  std::span<const std::byte> bytes;  // the whole snapshot
+  uint64_t offset = 0;               // a resumed transfer sends bytes [offset, size) (FETCH offset)
   std::shared_ptr<IncomingVersion::State> incoming;  // set while forwarding a version still arriving
   net::PeerId peer = 0;
   uint64_t request_id = 0;

@@ -121,9 +121,10 @@ class Client {
   // the node's ERROR if it gave up the delta (e.g. NotFound: the base was evicted meanwhile).
   // resume: if set (and empty: landed 0), a full answer that breaks leaves its prefix there, as
   // FetchSend's does (a delta's parts land in this client's memory: nothing to resume).
+  // answered_with_delta: if set, says before `provide` runs whether the node answered with a delta.
   Result<DeltaFetch> FetchSendWithBase(const std::string& model, uint64_t version, const DeltaBase& base,
                                        const BufferProvider& provide, const ProgressFn& progress = {},
-                                       TransferPrefix* resume = nullptr);
+                                       TransferPrefix* resume = nullptr, bool* answered_with_delta = nullptr);
   void Ack(const std::string& model, uint64_t version);
   Result<std::vector<proto::VersionInfo>> List();
   // The node's counters (NodeStats by name: "bytes_sent", ...).

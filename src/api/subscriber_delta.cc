@@ -21,11 +21,12 @@ std::optional<Subscriber::Impl::DeltaAttempt> Subscriber::Impl::LoadRemoteDelta(
   DeltaBase offered{base->version(), base->info.checksum, base->snapshot.bytes()};
   internal::BufferPool::Lease buffer;
   ProgressFn landed;  // a landing zone (relay) forwards the decoded prefix as it grows
-  auto provide = [&](const proto::VersionInfo& actual) { return ReceiveBuffer(actual, &buffer, &landed); };
+  bool as_delta = false;  // set by the client from FETCH_OK before it asks for the buffer
+  auto provide = [&](const proto::VersionInfo& actual) { return ReceiveBuffer(actual, &buffer, &landed, as_delta); };
   TransferPrefix prefix;
   auto fetched = client.FetchSendWithBase(info.model, info.version, offered, provide,
                                           [&](uint64_t done, uint64_t total) { if (landed) landed(done, total); },
-                                          &prefix);
+                                          &prefix, &as_delta);
   if (!fetched.ok()) {
     // A full answer that broke after some chunks landed is finished by the next holder (resume).
     StatusCode code = fetched.status().code();

@@ -211,9 +211,11 @@ Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::LoadLeased(FetchPath pat
 }
 
 Result<std::span<std::byte>> Subscriber::Impl::ReceiveBuffer(const proto::VersionInfo& actual,
-                                                               internal::BufferPool::Lease* buffer, ProgressFn* landed) {
+                                                               internal::BufferPool::Lease* buffer, ProgressFn* landed,
+                                                               bool delta) {
   if (options.landing) {  // e.g. a relay: straight into its node's segment, forwarded as it lands
-    VIPER_ASSIGN_OR_RETURN(LandingZone::Landing landing, options.landing->Land(actual));
+    VIPER_ASSIGN_OR_RETURN(LandingZone::Landing landing,
+                           delta ? options.landing->LandDelta(actual) : options.landing->Land(actual));
     if (landing.bytes.size() != actual.size) return Status::Internal("landing zone of the wrong size");
     *buffer = {std::move(landing.owner), landing.bytes};
     if (landing.landed) *landed = [fn = std::move(landing.landed)](uint64_t done, uint64_t) { fn(done); };

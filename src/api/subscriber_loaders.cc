@@ -139,10 +139,7 @@ Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::LoadFromOtherNode(const 
   {
     auto other = Client::Connect(ClientOptionsFor(node));
     loaded = other.ok() ? LoadRemote(info, **other) : Result<std::shared_ptr<ModelVersion>>(other.status());
-    // A partial it left stays valid: this connection's engine, the only one that could still
-    // receive into it, closes here.
-
-  }
+  }  // a partial this transfer left is safe to resume into: the engine that posted its receives is gone
   poisoned_buffer = std::move(earlier_poisoned);
   return loaded;
 }

@@ -68,6 +68,9 @@ EXTRA = {
     "06_fetch_device": (6, u64(5) + s("nt3") + u64(7) + u8(3) + u64(0) + u32(0) + u64(0) + u64(0)),
     "07_fetch_ok_device": (7, u64(5) + u8(3) + version_info() + u32(len(GPU_VERSION)) + GPU_VERSION + u32(0) + u32(0)
                            + u8(1) + u64(0) + s("")),
+    # A resumed SEND (FETCH with the optional trailing offset: the transfer continues at byte 12 MiB).
+    "06_fetch_resume": (6, u64(6) + s("nt3") + u64(7) + u8(2) + u64(1 << 24) + u32(4 << 20) + u64(0) + u64(0)
+                        + u64(12 << 20)),
     "05_notify_device": (5, version_info(replicas=REPLICAS + [(5, "boot:ns:mnt", "cuda:0")])),
 }
 

@@ -206,7 +206,10 @@ class Node {
   // version, size, checksum, ...); a Receive of a version already arriving replaces (aborts) the
   // earlier one. Errors: InvalidArgument (bad model, version 0, size < 8), FailedPrecondition
   // (this node already holds the version or a newer one), ResourceExhausted (no segment).
-  Result<std::unique_ptr<IncomingVersion>> Receive(proto::VersionInfo info);
+  // by_delta: the bytes are decoded from a delta as they arrive; a peer that offers a base this
+  // node holds then waits for the commit and gets a delta (or the full version, as the delta
+  // decision says) instead of the full bytes as they land.
+  Result<std::unique_ptr<IncomingVersion>> Receive(proto::VersionInfo info, bool by_delta = false);
 
   // Registers `source` as the device copy of `model` (nullptr removes it; the peers' leases on the
   // old source are released as they end). One source per model.

@@ -51,6 +51,10 @@ class LandingZone {
   };
   // Called on the loader thread when a remote transfer of `info` starts.
   virtual Result<Landing> Land(const proto::VersionInfo& info) = 0;
+  // Instead of Land when the transfer is a delta decoded as it arrives (e.g. a relay then answers
+  // its own peers that offer a base with a delta once the version is complete, not the full
+  // bytes as they land). Default: Land.
+  virtual Result<Landing> LandDelta(const proto::VersionInfo& info) { return Land(info); }
 };
 
 struct SubscriberStats;

@@ -189,6 +189,8 @@ Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options, Cl
   return client;
 }
 
+const std::string& Client::address() const { return impl_->options.connect; }
+
 bool Client::same_host() const { return node_.host_key == impl_->host_key; }
 
 bool Client::connected() const {
@@ -267,7 +269,8 @@ void Client::Impl::ForgetTransfer(uint64_t id) {
 }
 
 Result<proto::FetchOk> Client::FetchSend(const std::string& model, uint64_t version, const BufferProvider& provide,
-                                         const ProgressFn& progress, std::optional<uint64_t>* data_checksum) {
+                                         const ProgressFn& progress, std::optional<uint64_t>* data_checksum,
+                                         TransferPrefix* resume) {
   uint64_t tag = impl_->next_tag.fetch_add(1ull << 24);
   uint64_t id = 0;
   std::shared_ptr<Arrivals> state;
@@ -278,33 +281,54 @@ Result<proto::FetchOk> Client::FetchSend(const std::string& model, uint64_t vers
       if (id != 0) impl->ForgetTransfer(id);
     }
   } forget{impl_.get(), id};
+  proto::Fetch fetch{0, model, version, proto::FetchMode::kSend, tag, 0, 0, 0};
+  const bool resuming = resume != nullptr && resume->landed > 0;
+  if (resuming) fetch.offset = resume->landed;
   VIPER_ASSIGN_OR_RETURN(proto::FetchOk ok,
-                         impl_->RequestSend(proto::Fetch{0, model, version, proto::FetchMode::kSend, tag, 0, 0, 0},
-                                            [&](uint64_t rid) { id = rid, state = impl_->TrackTransfer(rid); }));
+                         impl_->RequestSend(fetch, [&](uint64_t rid) { id = rid, state = impl_->TrackTransfer(rid); }));
   if (ok.encoding != proto::Encoding::kFull) return Status::Internal("node sent a delta that was not asked for");
-  return impl_->ReceiveChunks(std::move(ok), tag, state, provide, progress, data_checksum);
+  if (resuming && (ok.info.version != resume->info.version || ok.info.size != resume->info.size ||
+                   ok.info.checksum != resume->info.checksum)) {
+    // Nothing was posted; the node's sends fail when this connection closes.
+    return Status::FailedPrecondition("node " + impl_->options.connect + " holds " + model + " version " +
+                                      std::to_string(ok.info.version) + " (checksum " + checksum_hex(ok.info.checksum) +
+                                      "), not the version " + std::to_string(resume->info.version) + " (checksum " +
+                                      checksum_hex(resume->info.checksum) + ") whose prefix landed");
+  }
+  return impl_->ReceiveChunks(std::move(ok), tag, state, provide, progress, data_checksum, resume);
 }
 
-// Posts one receive per chunk into the provided buffer, then waits for all of them; the prefix of
-// chunks complete is reported (progress) and hashed (data_checksum) as it grows.
+// Posts one receive per chunk into the provided buffer (or, resuming, into the prefix's buffer
+// after the prefix), then waits for all of them; the prefix of chunks complete is reported
+// (progress) and hashed (data_checksum) as it grows. A transfer that breaks leaves the prefix
+// in *resume.
 Result<proto::FetchOk> Client::Impl::ReceiveChunks(proto::FetchOk ok, uint64_t tag, const std::shared_ptr<Arrivals>& state,
                                                    const BufferProvider& provide, const ProgressFn& progress,
-                                                   std::optional<uint64_t>* data_checksum) {
+                                                   std::optional<uint64_t>* data_checksum, TransferPrefix* resume) {
   const std::string& model = ok.info.model;
   const uint64_t size = ok.info.size;
-  if (ok.chunk_bytes == 0 || ok.chunks != (size + ok.chunk_bytes - 1) / ok.chunk_bytes || ok.chunks >= (1u << 24))
+  const uint64_t offset = resume != nullptr ? resume->landed : 0;  // FetchSend asked for [offset, size)
+  if (ok.chunk_bytes == 0 || offset >= std::max<uint64_t>(size, 1) ||
+      ok.chunks != (size - offset + ok.chunk_bytes - 1) / ok.chunk_bytes || ok.chunks >= (1u << 24))
     return Status::InvalidArgument("node announced an inconsistent transfer (" + std::to_string(ok.chunks) +
-                                   " chunks of " + std::to_string(ok.chunk_bytes) + " for " + std::to_string(size) + " bytes)");
-  auto buffer = provide(ok.info);
-  if (!buffer.ok()) return buffer.status();  // the node's sends fail when we disconnect or time out
-  if (buffer->size() < size) return Status::Internal("receive buffer smaller than the version");
+                                   " chunks of " + std::to_string(ok.chunk_bytes) + " for " + std::to_string(size) +
+                                   " bytes from byte " + std::to_string(offset) + ")");
+  std::span<std::byte> buffer;
+  if (offset > 0) {
+    buffer = resume->buffer;
+  } else {
+    auto provided = provide(ok.info);
+    if (!provided.ok()) return provided.status();  // the node's sends fail when we disconnect or time out
+    buffer = *provided;
+  }
+  if (buffer.size() < size) return Status::Internal("receive buffer smaller than the version");
 
   state->remaining = ok.chunks;
   state->done.assign(ok.chunks, 0);
   for (uint32_t i = 0; i < ok.chunks; ++i) {
-    uint64_t begin = static_cast<uint64_t>(i) * ok.chunk_bytes;
+    uint64_t begin = offset + static_cast<uint64_t>(i) * ok.chunk_bytes;
     uint64_t len = std::min<uint64_t>(ok.chunk_bytes, size - begin);
-    engine->RecvBulk(node, tag + i, buffer->subspan(begin, len), [state, len, i](const Status& st) {
+    engine->RecvBulk(node, tag + i, buffer.subspan(begin, len), [state, len, i](const Status& st) {
       std::lock_guard<std::mutex> lock(state->mu);
       if (!st.ok() && state->first_error.ok()) state->first_error = st;
       state->received += st.ok() ? len : 0;
@@ -315,31 +339,40 @@ Result<proto::FetchOk> Client::Impl::ReceiveChunks(proto::FetchOk ok, uint64_t t
   }
   // Reports and hashes the data region [8 + N, size) as its chunks complete in order; N is the
   // header length in the first 8 bytes (a hostile value just means nothing is hashed: the parse
-  // rejects it).
-  std::optional<Checksum64Stream> stream;
-  uint64_t data_begin = 0, prefix_chunks = 0;
+  // rejects it). A resumed transfer continues the prefix's hash.
+  std::shared_ptr<internal::PrefixHash> hash = offset > 0 ? resume->hash : nullptr;
+  uint64_t prefix_chunks = 0;
   if (data_checksum != nullptr) data_checksum->reset();
+  auto landed_bytes = [&] { return std::min(offset + prefix_chunks * ok.chunk_bytes, size); };
   auto advance = [&](std::unique_lock<std::mutex>& held) {
     uint64_t first = prefix_chunks, last = prefix_chunks;
     while (last < ok.chunks && state->done[last]) ++last;
     if (last == first) return;
     held.unlock();
-    uint64_t from_byte = first * ok.chunk_bytes, to_byte = std::min(last * ok.chunk_bytes, size);
+    uint64_t from_byte = offset + first * ok.chunk_bytes, to_byte = std::min(offset + last * ok.chunk_bytes, size);
     if (progress) progress(to_byte, size);
-    if (data_checksum != nullptr && first == 0) {
+    if (data_checksum != nullptr && from_byte == 0) {
       uint64_t n = 0;
-      std::memcpy(&n, buffer->data(), std::min<uint64_t>(8, size));  // little-endian u64, as the format says
+      std::memcpy(&n, buffer.data(), std::min<uint64_t>(8, size));  // little-endian u64, as the format says
       if (size >= 8 && n <= size - 8) {
-        data_begin = 8 + n;
-        stream.emplace();
+        hash = std::make_shared<internal::PrefixHash>();
+        hash->data_begin = 8 + n;
       }
     }
-    if (stream) {
-      uint64_t from = std::max(from_byte, data_begin);
-      if (to_byte > from) stream->Update(std::span<const std::byte>(buffer->data() + from, to_byte - from));
+    if (hash) {
+      uint64_t from = std::max(from_byte, hash->data_begin);
+      if (to_byte > from) hash->stream.Update(std::span<const std::byte>(buffer.data() + from, to_byte - from));
     }
     held.lock();
     prefix_chunks = last;
+  };
+  // The prefix that landed, for a transfer elsewhere to finish (only if it grew).
+  auto leave_prefix = [&] {
+    if (resume == nullptr || landed_bytes() <= offset) return;
+    resume->info = ok.info;
+    resume->buffer = buffer;
+    resume->landed = landed_bytes();
+    resume->hash = data_checksum != nullptr ? hash : nullptr;
   };
   std::unique_lock<std::mutex> lock(state->mu);
   auto deadline = std::chrono::steady_clock::now() + options.timeout;
@@ -358,18 +391,26 @@ Result<proto::FetchOk> Client::Impl::ReceiveChunks(proto::FetchOk ok, uint64_t t
     if (!woke) {
       // Abandon: receives stay posted into `buffer`, so the buffer must not be reused. The caller
       // treats a timed-out transfer's buffer as poisoned; disconnecting cancels the receives.
+      leave_prefix();
       return Status::Timeout("transfer of " + model + " version " + std::to_string(ok.info.version) + " stalled at " +
-                             std::to_string(state->received) + " of " + std::to_string(size) + " bytes");
+                             std::to_string(offset + state->received) + " of " + std::to_string(size) + " bytes");
     }
     if (state->received != last) {
       deadline = std::chrono::steady_clock::now() + options.timeout;  // progress resets the timer
       last = state->received;
     }
   }
-  if (state->remaining > 0) return state->ended;  // aborted by the node: receives stay posted, as above
-  if (!state->first_error.ok()) return state->first_error.WithContext("transfer of " + model + " failed");
+  if (state->remaining > 0) {  // aborted by the node: receives stay posted, as above
+    advance(lock);
+    leave_prefix();
+    return state->ended;
+  }
   advance(lock);
-  if (stream && prefix_chunks == ok.chunks) *data_checksum = stream->Digest();
+  if (!state->first_error.ok()) {
+    leave_prefix();
+    return state->first_error.WithContext("transfer of " + model + " failed");
+  }
+  if (hash && prefix_chunks == ok.chunks) *data_checksum = hash->stream.Digest();
   return ok;
 }
 

@@ -57,12 +57,29 @@ struct DeltaFetch {
   uint64_t wire_bytes = 0;                 // bytes that crossed: the snapshot, or the delta stream
 };
 
+namespace internal {
+struct PrefixHash;  // src/api/client_impl.h
+}  // namespace internal
+
+// What a full transfer that broke midway left (FetchSend's `resume`): the first `landed` bytes of
+// `info`'s version are in `buffer` (the chunks of a contiguous prefix, each completed without
+// error) and, if the caller asked for the checksum, hashed. Given to FetchSend on another node's
+// Client, it asks only for the rest (FETCH offset) and receives it into the same buffer, so the
+// whole version is still verified against the announced checksum. The caller keeps `buffer` valid.
+struct TransferPrefix {
+  proto::VersionInfo info;
+  std::span<std::byte> buffer;
+  uint64_t landed = 0;
+  std::shared_ptr<internal::PrefixHash> hash;  // the data region's hash state up to `landed`
+};
+
 class Client {
  public:
   static Result<std::unique_ptr<Client>> Connect(const ClientOptions& options, ClientHandlers handlers = {});
   ~Client();
 
   const proto::HelloOk& node() const { return node_; }
+  const std::string& address() const;  // the node's "host:port" (ClientOptions::connect)
   // True if the node runs on this host (its segments can be mapped).
   bool same_host() const;
   bool connected() const;
@@ -86,8 +103,15 @@ class Client {
   // thread while the chunks arrive (each contiguous prefix is hashed as soon as it is complete),
   // so verifying costs little beyond the transfer; nullopt if the header length in the first 8
   // bytes is out of range (the parse that follows reports it).
+  // resume: if set and resume->landed > 0, the transfer continues that prefix (same version,
+  // size and checksum, else FailedPrecondition): the FETCH asks for bytes [landed, size) and
+  // they land in resume->buffer (`provide` is not called); `progress` then starts at `landed`.
+  // If the transfer breaks after more bytes landed, *resume is set to the new prefix (also
+  // for a transfer that started from nothing); a node that predates offsets refuses the FETCH
+  // (InvalidArgument), and the caller fetches from the start.
   Result<proto::FetchOk> FetchSend(const std::string& model, uint64_t version, const BufferProvider& provide,
-                                   const ProgressFn& progress = {}, std::optional<uint64_t>* data_checksum = nullptr);
+                                   const ProgressFn& progress = {}, std::optional<uint64_t>* data_checksum = nullptr,
+                                   TransferPrefix* resume = nullptr);
   // FetchSend that offers `base` for a delta (protocol 2). The node answers with the full
   // snapshot or with a delta against the base, which is decoded into the provided buffer as its
   // parts arrive (src/delta); either way the buffer then holds the whole snapshot of info.size
@@ -95,8 +119,12 @@ class Client {
   // The caller must still compare that checksum with the announced one. Errors: those of
   // FetchSend; Corruption for a delta that does not decode (the caller fetches in full then);
   // the node's ERROR if it gave up the delta (e.g. NotFound: the base was evicted meanwhile).
+  // resume: if set (and empty: landed 0), a full answer that breaks leaves its prefix there, as
+  // FetchSend's does (a delta's parts land in this client's memory: nothing to resume).
+  // answered_with_delta: if set, says before `provide` runs whether the node answered with a delta.
   Result<DeltaFetch> FetchSendWithBase(const std::string& model, uint64_t version, const DeltaBase& base,
-                                       const BufferProvider& provide, const ProgressFn& progress = {});
+                                       const BufferProvider& provide, const ProgressFn& progress = {},
+                                       TransferPrefix* resume = nullptr, bool* answered_with_delta = nullptr);
   void Ack(const std::string& model, uint64_t version);
   Result<std::vector<proto::VersionInfo>> List();
   // The node's counters (NodeStats by name: "bytes_sent", ...).

@@ -127,7 +127,9 @@ void Client::Impl::CloseInbox(uint64_t request_id, const std::shared_ptr<DeltaIn
 }
 
 Result<DeltaFetch> Client::FetchSendWithBase(const std::string& model, uint64_t version, const DeltaBase& base,
-                                             const BufferProvider& provide, const ProgressFn& progress) {
+                                             const BufferProvider& provide, const ProgressFn& progress,
+                                             TransferPrefix* resume, bool* answered_with_delta) {
+  if (resume != nullptr) *resume = TransferPrefix{};  // this transfer starts from the beginning
   uint64_t tag = impl_->next_tag.fetch_add(1ull << 24);
   auto inbox = std::make_shared<DeltaInbox>();
   inbox->tag = tag;
@@ -149,9 +151,10 @@ Result<DeltaFetch> Client::FetchSendWithBase(const std::string& model, uint64_t 
     return answered.status();
   }
   proto::FetchOk ok = std::move(answered).value();
+  if (answered_with_delta != nullptr) *answered_with_delta = ok.encoding == proto::Encoding::kDelta;
   if (ok.encoding == proto::Encoding::kFull) {
     DeltaFetch out;
-    auto received = impl_->ReceiveChunks(std::move(ok), tag, state, provide, progress, &out.data_checksum);
+    auto received = impl_->ReceiveChunks(std::move(ok), tag, state, provide, progress, &out.data_checksum, resume);
     impl_->ForgetTransfer(id);
     if (!received.ok()) return received.status();
     out.ok = std::move(received).value();

@@ -24,6 +24,7 @@
 #include "api/client.h"
 #include "net/engine.h"
 #include "net/protocol.h"
+#include "viper/snapshot.h"
 #include "vector_pool.h"
 #include "viper/node.h"
 
@@ -61,6 +62,14 @@ struct Arrivals {
 
 Status StatusFromError(const proto::Error& e);
 
+namespace internal {
+// The hash of a snapshot's data region [data_begin, size) over the bytes received so far.
+struct PrefixHash {
+  Checksum64Stream stream;
+  uint64_t data_begin = 0;
+};
+}  // namespace internal
+
 struct Client::Impl {
   ClientOptions options;
   ClientHandlers handlers;
@@ -95,10 +104,11 @@ struct Client::Impl {
   Result<proto::FetchOk> RequestSend(proto::Fetch fetch, const std::function<void(uint64_t)>& before_send);
   std::shared_ptr<Arrivals> TrackTransfer(uint64_t request_id);
   void ForgetTransfer(uint64_t request_id);
-  // Receives a full transfer (FETCH_OK encoding full) into the buffer `provide` returns.
+  // Receives a full transfer (FETCH_OK encoding full) into the buffer `provide` returns, or the
+  // rest of `resume`'s prefix into its buffer (FetchSend).
   Result<proto::FetchOk> ReceiveChunks(proto::FetchOk ok, uint64_t tag, const std::shared_ptr<Arrivals>& state,
                                        const BufferProvider& provide, const ProgressFn& progress,
-                                       std::optional<uint64_t>* data_checksum);
+                                       std::optional<uint64_t>* data_checksum, TransferPrefix* resume = nullptr);
 
   // --- delta transfers (client_delta.cc) ---
   void OnDeltaPart(const proto::DeltaPart& part);

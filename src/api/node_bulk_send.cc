@@ -20,8 +20,13 @@ void Node::Impl::StartBulkSend(net::PeerId peer, const proto::Fetch& m, const pr
   send->peer = peer;
   send->request_id = m.request_id;
   send->tag = m.tag;
+  if (m.offset >= send->bytes.size())
+    return SendError(peer, m.request_id, proto::ErrorCode::kBadRequest,
+                     "FETCH offset " + std::to_string(m.offset) + " of " + m.model + " version " +
+                         std::to_string(info.version) + ": must be below its size " + std::to_string(send->bytes.size()));
+  send->offset = m.offset;
   send->chunk = ClampChunk(m.chunk_bytes, options.chunk_bytes);
-  send->chunks = static_cast<uint32_t>((send->bytes.size() + send->chunk - 1) / send->chunk);
+  send->chunks = static_cast<uint32_t>((send->bytes.size() - send->offset + send->chunk - 1) / send->chunk);
   send->started_ns = WallClockNs();
   proto::FetchOk ok;
   ok.request_id = m.request_id;
@@ -40,7 +45,7 @@ void Node::Impl::PumpBulkSend(const std::shared_ptr<BulkSend>& send) {
   while (!send->failed && send->next < send->chunks && send->next - send->done < options.chunks_in_flight) {
     if (send->incoming && !NextChunkReady(send)) return;
     uint32_t index = send->next++;
-    uint64_t begin = static_cast<uint64_t>(index) * send->chunk;
+    uint64_t begin = send->offset + static_cast<uint64_t>(index) * send->chunk;
     auto piece = send->bytes.subspan(begin, std::min<uint64_t>(send->chunk, send->bytes.size() - begin));
     bool early = send->incoming != nullptr;  // the version was not complete here yet
     engine->SendBulk(send->peer, send->tag + index, piece, [this, send, early, n = piece.size()](const Status& st) {
@@ -55,7 +60,7 @@ void Node::Impl::PumpBulkSend(const std::shared_ptr<BulkSend>& send) {
       if (send->done == send->chunks && !send->failed) fetch_send.Record(WallClockNs() - send->started_ns);
       // A whole transfer of bytes that were here times this peer's path for the delta decision.
       if (!early && send->done == send->chunks && !send->failed && deltas)
-        deltas->RecordFullSend(send->peer, send->bytes.size(), WallClockNs() - send->started_ns);
+        deltas->RecordFullSend(send->peer, send->bytes.size() - send->offset, WallClockNs() - send->started_ns);
       PumpBulkSend(send);
     });
   }

@@ -61,7 +61,7 @@ void Node::Impl::QueueSpare(uint64_t size) {
 
 // ---------------------------------------------------------------- receiving
 
-Result<std::unique_ptr<IncomingVersion>> Node::Receive(proto::VersionInfo info) {
+Result<std::unique_ptr<IncomingVersion>> Node::Receive(proto::VersionInfo info, bool by_delta) {
   VIPER_RETURN_IF_ERROR(ValidateModelName(info.model));
   VIPER_RETURN_IF_ERROR(ValidateVersion(info.version));
   if (info.size < 8) return Status::InvalidArgument("a snapshot of " + std::to_string(info.size) + " bytes cannot be received");
@@ -75,6 +75,7 @@ Result<std::unique_ptr<IncomingVersion>> Node::Receive(proto::VersionInfo info) 
   VIPER_ASSIGN_OR_RETURN(WriteLease lease, impl_->host->Allocate(info.size));
   auto state = std::make_shared<IncomingVersion::State>();
   state->node = impl_.get();
+  state->by_delta = by_delta;
   state->bytes = lease.data();
   state->lease = std::move(lease);
   // Peers learn this node first (it forwards the version as it lands), then the upstream's replicas.
@@ -148,16 +149,21 @@ Result<proto::VersionInfo> IncomingVersion::Commit() {
   // recycled until they are done (retention retires only older versions meanwhile).
   auto holding = node->host->Acquire(st.info.model, st.info.version);
   if (!holding.ok()) log(LogLevel::kWarn, kLog, "no hold on just-committed {}: {}", st.info.model, holding.status().message());
+  std::vector<std::pair<net::PeerId, proto::Fetch>> waiters;
   {
     std::lock_guard<std::mutex> lock(st.mu);
     st.committed = true;
     if (holding.ok()) st.holding = *holding;
+    waiters.swap(st.delta_waiters);
   }
   {
     std::lock_guard<std::mutex> lock(node->mu);
     auto it = node->incoming.find({st.info.model, st.info.version});
     if (it != node->incoming.end() && it->second == state_) node->incoming.erase(it);
   }
+  // The FETCHes that waited for it are answered as any FETCH of a committed version now.
+  for (auto& [peer, fetch] : waiters)
+    node->engine->Post([node, peer = peer, fetch = std::move(fetch)] { node->RedoFetch(peer, fetch); });
   node->QueueSpare(st.bytes.size());
   return committed;
 }
@@ -167,13 +173,18 @@ Result<proto::VersionInfo> IncomingVersion::Commit() {
 void Node::Impl::AbortIncoming(const std::shared_ptr<IncomingVersion::State>& state, const std::string& why) {
   IncomingVersion::State& st = *state;
   std::vector<std::shared_ptr<BulkSend>> parked;
+  std::vector<std::pair<net::PeerId, proto::Fetch>> waiters;
   {
     std::lock_guard<std::mutex> lock(st.mu);
     if (st.aborted || st.committed) return;
     st.aborted = true;
     st.abort_reason = why;
     parked.swap(st.waiting);  // breaks the send <-> state cycle even if the Post below never runs
+    waiters.swap(st.delta_waiters);
   }
+  for (const auto& [peer, fetch] : waiters)
+    SendError(peer, fetch.request_id, proto::ErrorCode::kAborted,
+              st.info.model + " version " + std::to_string(st.info.version) + " aborted here: " + why);
   {
     std::lock_guard<std::mutex> lock(mu);
     auto it = incoming.find({st.info.model, st.info.version});
@@ -208,10 +219,30 @@ void Node::Impl::FetchIncoming(net::PeerId peer, const proto::Fetch& m) {
   StartBulkSend(peer, m, state->info, std::move(send));
 }
 
+bool Node::Impl::ParkForDelta(net::PeerId peer, const proto::Fetch& m) {
+  if (m.base_version == 0 || !deltas) return false;
+  auto it = incoming.find({m.model, m.version});
+  if (it == incoming.end() || !it->second->by_delta) return false;
+  auto base = FindLocked(m.model, m.base_version);  // a child without the base gets the full bytes as they land
+  if (!base || base->checksum != m.base_checksum) return false;
+  IncomingVersion::State& st = *it->second;
+  std::lock_guard<std::mutex> lock(st.mu);
+  if (st.aborted || st.committed) return false;
+  st.delta_waiters.emplace_back(peer, m);
+  return true;
+}
+
+void Node::Impl::RedoFetch(net::PeerId peer, const proto::Fetch& m) {
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = peers.find(peer);
+  if (it == peers.end()) return;  // gone meanwhile
+  HandleFetch(peer, it->second, m);
+}
+
 bool Node::Impl::NextChunkReady(const std::shared_ptr<BulkSend>& send) {
   if (send->waiting) return false;
   IncomingVersion::State& st = *send->incoming;
-  uint64_t end = std::min<uint64_t>(send->bytes.size(), (static_cast<uint64_t>(send->next) + 1) * send->chunk);
+  uint64_t end = std::min<uint64_t>(send->bytes.size(), send->offset + (static_cast<uint64_t>(send->next) + 1) * send->chunk);
   std::lock_guard<std::mutex> lock(st.mu);
   if (st.aborted) return false;  // AbortSends (posted) fails it and tells the peer
   if (st.landed >= end) {

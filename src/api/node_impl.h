@@ -40,7 +40,8 @@ inline uint32_t ClampChunk(uint32_t asked, uint32_t fallback) {
 // version it forwards). Fields are touched on the progress thread only.
 struct BulkSend {
   std::shared_ptr<const void> hold;
-  std::span<const std::byte> bytes;
+  std::span<const std::byte> bytes;  // the whole snapshot
+  uint64_t offset = 0;               // a resumed transfer sends bytes [offset, size) (FETCH offset)
   std::shared_ptr<IncomingVersion::State> incoming;  // set while forwarding a version still arriving
   net::PeerId peer = 0;
   uint64_t request_id = 0;
@@ -71,6 +72,9 @@ struct IncomingVersion::State {
   ReadLease holding;  // after Commit: the committed segment, until the last send of it is done
   std::vector<std::shared_ptr<BulkSend>> waiting;  // sends parked until more bytes land
   std::vector<std::weak_ptr<BulkSend>> sends;      // every send of it (told when it aborts)
+  bool by_delta = false;  // decoded from a delta as it arrives (Node::Receive)
+  // FETCHes that offered a base this node holds, answered once it is committed (by_delta only).
+  std::vector<std::pair<net::PeerId, proto::Fetch>> delta_waiters;
 };
 
 struct Node::Impl {
@@ -180,6 +184,10 @@ struct Node::Impl {
   // --- fan-out (node_fanout.cc) ---
   // FETCH (SEND) of a version still arriving here; NotFound if there is none.
   void FetchIncoming(net::PeerId peer, const proto::Fetch& m);
+  // A FETCH offering a base this node holds, for a version arriving as a delta: parked until the
+  // commit (then answered as any FETCH: a delta if it pays). false: serve it as it lands.
+  bool ParkForDelta(net::PeerId peer, const proto::Fetch& m);
+  void RedoFetch(net::PeerId peer, const proto::Fetch& m);  // progress thread, takes mu
   void SendIncomingLocked(net::PeerId peer, const std::string& model);  // to a late joiner, if any
   // False (and `send` parked until more bytes land, or failed if the version aborted) when the
   // next chunk of a send that forwards an incoming version has not landed yet.

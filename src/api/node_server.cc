@@ -148,7 +148,10 @@ Result<ReadLease> Node::Impl::AcquireLocked(const std::string& model, uint64_t v
 void Node::Impl::HandleFetch(net::PeerId peer, PeerState& p, const proto::Fetch& m) {
   if (m.mode == proto::FetchMode::kDevice) return HandleDeviceFetch(peer, p, m);
   auto info = FindLocked(m.model, m.version);
-  if (!info && m.version != 0 && incoming.count({m.model, m.version}) != 0) return FetchIncoming(peer, m);
+  if (!info && m.version != 0 && incoming.count({m.model, m.version}) != 0) {
+    if (ParkForDelta(peer, m)) return;
+    return FetchIncoming(peer, m);
+  }
   if (!info) {
     return SendError(peer, m.request_id, proto::ErrorCode::kNotFound,
                      m.version == 0 ? "model " + m.model + " has no version"

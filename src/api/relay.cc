@@ -57,8 +57,12 @@ class RelayLanding : public LandingZone {
  public:
   using Arrival = std::function<void(const std::shared_ptr<IncomingVersion>&)>;
   RelayLanding(Node* node, Arrival on_arrival) : node_(node), on_arrival_(std::move(on_arrival)) {}
-  Result<Landing> Land(const proto::VersionInfo& info) override {
-    VIPER_ASSIGN_OR_RETURN(std::unique_ptr<IncomingVersion> received, node_->Receive(info));
+  Result<Landing> Land(const proto::VersionInfo& info) override { return Arrive(info, false); }
+  Result<Landing> LandDelta(const proto::VersionInfo& info) override { return Arrive(info, true); }
+
+ private:
+  Result<Landing> Arrive(const proto::VersionInfo& info, bool by_delta) {
+    VIPER_ASSIGN_OR_RETURN(std::unique_ptr<IncomingVersion> received, node_->Receive(info, by_delta));
     std::shared_ptr<IncomingVersion> in(std::move(received));
     on_arrival_(in);
     IncomingVersion* raw = in.get();  // the Landing's owner keeps it alive while bytes land
@@ -77,7 +81,6 @@ class RelayLanding : public LandingZone {
     return landing;
   }
 
- private:
   Node* node_;
   Arrival on_arrival_;
 };

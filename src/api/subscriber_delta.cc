@@ -12,7 +12,8 @@ constexpr std::string_view kLog = "subscriber";
 }  // namespace
 
 std::optional<Subscriber::Impl::DeltaAttempt> Subscriber::Impl::LoadRemoteDelta(const proto::VersionInfo& info,
-                                                                                 Client& client) {
+                                                                                 Client& client,
+                                                                                 const std::shared_ptr<Client>& shared) {
   std::shared_ptr<const ModelVersion> base = live.load();  // held: its bytes are the base while decoding
   if (!options.delta || !base || base->version() >= info.version || base->info.checksum == 0 ||
       base->snapshot.bytes().size() != base->info.size)
@@ -20,13 +21,21 @@ std::optional<Subscriber::Impl::DeltaAttempt> Subscriber::Impl::LoadRemoteDelta(
   DeltaBase offered{base->version(), base->info.checksum, base->snapshot.bytes()};
   internal::BufferPool::Lease buffer;
   ProgressFn landed;  // a landing zone (relay) forwards the decoded prefix as it grows
-  auto provide = [&](const proto::VersionInfo& actual) { return ReceiveBuffer(actual, &buffer, &landed); };
+  bool as_delta = false;  // set by the client from FETCH_OK before it asks for the buffer
+  auto provide = [&](const proto::VersionInfo& actual) { return ReceiveBuffer(actual, &buffer, &landed, as_delta); };
+  TransferPrefix prefix;
   auto fetched = client.FetchSendWithBase(info.model, info.version, offered, provide,
-                                          [&](uint64_t done, uint64_t total) { if (landed) landed(done, total); });
+                                          [&](uint64_t done, uint64_t total) { if (landed) landed(done, total); },
+                                          &prefix, &as_delta);
   if (!fetched.ok()) {
+    // A full answer that broke after some chunks landed is finished by the next holder (resume).
+    StatusCode code = fetched.status().code();
+    if (prefix.landed > 0 && buffer.owner) {
+      KeepPartial(std::move(prefix), std::move(buffer), std::move(landed), client.address(), shared);
+      return DeltaAttempt{fetched.status(), false};
+    }
     // A full answer that stalled or lost its connection may still have receives posted into the
     // buffer (see LoadRemote); a delta's parts land in the client's own memory, never in it.
-    StatusCode code = fetched.status().code();
     if (code == StatusCode::kTimeout || code == StatusCode::kUnavailable) poisoned_buffer = std::move(buffer.owner);
     // A delta that did not decode, or that the node gave up (base evicted), is fetched in full.
     bool retry = code == StatusCode::kCorruption || code == StatusCode::kNotFound;

@@ -75,6 +75,19 @@ struct Subscriber::Impl : std::enable_shared_from_this<Subscriber::Impl> {
   // file tier: a relay holds each version soon after it is announced, often before the NOTIFY we
   // got listed it.
   std::vector<std::string> other_nodes;
+  // Loader thread only: the remote transfer of the version being loaded that broke midway, kept
+  // for the next holder tried to finish from its landed prefix (subscriber_resume.cc).
+  struct Partial {
+    TransferPrefix prefix;
+    internal::BufferPool::Lease buffer;  // owns prefix.buffer: a pooled buffer or the landing zone
+    ProgressFn landed;                   // the landing zone's callback (e.g. a relay forwarding it)
+    std::string from;                    // the node the prefix came from (first) and its size then
+    uint64_t first_landed = 0;
+    // Connections whose engines may still receive into the buffer (a broken transfer's receives
+    // stay posted until its engine is gone): the buffer is reused only after they are closed.
+    std::vector<std::shared_ptr<Client>> posted;
+  };
+  std::optional<Partial> partial;
   bool closing = false;
   // With options.registry (subscriber_registry.cc): the node the registry named (to connect to
   // next), and whether an outage of the registry was reported already.
@@ -140,11 +153,24 @@ struct Subscriber::Impl : std::enable_shared_from_this<Subscriber::Impl> {
   // leases with it, and a segment without a lease may be recycled under the readers.
   Result<std::shared_ptr<ModelVersion>> LoadLeased(FetchPath path, const proto::VersionInfo& info,
                                                    const std::shared_ptr<Client>& client);
-  Result<std::shared_ptr<ModelVersion>> LoadRemote(const proto::VersionInfo& info, Client& client);
+  // `shared`: the owner of `client` if the connection outlives this call (it is then kept with a
+  // buffer its broken transfer may still receive into); null for a connection made for the call.
+  Result<std::shared_ptr<ModelVersion>> LoadRemote(const proto::VersionInfo& info, Client& client,
+                                                   const std::shared_ptr<Client>& shared = nullptr);
+  // --- resume (subscriber_resume.cc) ---
+  // Finishes `partial` (same version) from `client`: FETCH with the landed prefix's offset.
+  Result<std::shared_ptr<ModelVersion>> LoadResumed(const proto::VersionInfo& info, Client& client,
+                                                    const std::shared_ptr<Client>& shared);
+  // Keeps what a broken transfer landed (prefix non-empty) for the next holder to finish.
+  void KeepPartial(TransferPrefix prefix, internal::BufferPool::Lease buffer, ProgressFn landed,
+                   const std::string& from, const std::shared_ptr<Client>& shared);
+  // Drops an unfinished partial: its buffer waits (retired_buffers) for the connections that may
+  // still receive into it.
+  void DropPartial();
   // Where a remote version is received: the landing zone if one is set (with its `landed`
   // callback for the prefix received), else a pooled buffer.
   Result<std::span<std::byte>> ReceiveBuffer(const proto::VersionInfo& actual, internal::BufferPool::Lease* buffer,
-                                             ProgressFn* landed);
+                                             ProgressFn* landed, bool delta = false);
   // subscriber_delta.cc: the remote fetch that offers the live version as a delta base (the node
   // answers with a delta or the full snapshot). nullopt when there is no base to offer (or deltas
   // are off); retry_in_full when a delta failed (did not decode or verify, or the node gave it
@@ -153,7 +179,8 @@ struct Subscriber::Impl : std::enable_shared_from_this<Subscriber::Impl> {
     Result<std::shared_ptr<ModelVersion>> result;
     bool retry_in_full = false;
   };
-  std::optional<DeltaAttempt> LoadRemoteDelta(const proto::VersionInfo& info, Client& client);
+  std::optional<DeltaAttempt> LoadRemoteDelta(const proto::VersionInfo& info, Client& client,
+                                              const std::shared_ptr<Client>& shared);
   // Makes the pool's spare buffer on the spare thread, off the fetch path.
   void KeepSpareLater(uint64_t size);
   Result<std::shared_ptr<ModelVersion>> LoadFromOtherNode(const std::string& node, const proto::VersionInfo& info);

@@ -46,6 +46,11 @@ Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::Load(const proto::Versio
   Status last = Status::Unavailable("no path to " + options.model + " version " + std::to_string(info.version) +
                                     (options.file_dir.empty() ? " (node unreachable and no file_dir)" : ""));
   std::string fallbacks;  // why earlier paths were abandoned, shown in the reason of the one that worked
+  DropPartial();  // one left by an earlier version (none normally: Load drops it before returning)
+  struct DropAtEnd {  // a partial not finished by any path is dropped when Load returns
+    Impl& impl;
+    ~DropAtEnd() { impl.DropPartial(); }
+  } drop_partial{*this};
   auto ranked = RankPaths(info, c.get());
   AddOtherNodeChoices(info, ranked);
   // The file tier is the last resort: if it was tried before a memory path and had nothing yet
@@ -93,7 +98,7 @@ Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::LoadVia(FetchPath path, 
                                                                  const std::shared_ptr<Client>& client) {
   if (path == FetchPath::kFile) return LoadFile(info);
   if (client == nullptr) return Status::Unavailable("not connected to node " + CurrentNode());
-  if (path == FetchPath::kRemote) return LoadRemote(info, *client);
+  if (path == FetchPath::kRemote) return LoadRemote(info, *client, client);
   if (!client->same_host()) return Status::FailedPrecondition("map/copy need the node on this host");
   return LoadLeased(path, info, client);
 }
@@ -134,7 +139,7 @@ Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::LoadFromOtherNode(const 
   {
     auto other = Client::Connect(ClientOptionsFor(node));
     loaded = other.ok() ? LoadRemote(info, **other) : Result<std::shared_ptr<ModelVersion>>(other.status());
-  }
+  }  // a partial this transfer left is safe to resume into: the engine that posted its receives is gone
   poisoned_buffer = std::move(earlier_poisoned);
   return loaded;
 }
@@ -203,9 +208,11 @@ Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::LoadLeased(FetchPath pat
 }
 
 Result<std::span<std::byte>> Subscriber::Impl::ReceiveBuffer(const proto::VersionInfo& actual,
-                                                               internal::BufferPool::Lease* buffer, ProgressFn* landed) {
+                                                               internal::BufferPool::Lease* buffer, ProgressFn* landed,
+                                                               bool delta) {
   if (options.landing) {  // e.g. a relay: straight into its node's segment, forwarded as it lands
-    VIPER_ASSIGN_OR_RETURN(LandingZone::Landing landing, options.landing->Land(actual));
+    VIPER_ASSIGN_OR_RETURN(LandingZone::Landing landing,
+                           delta ? options.landing->LandDelta(actual) : options.landing->Land(actual));
     if (landing.bytes.size() != actual.size) return Status::Internal("landing zone of the wrong size");
     *buffer = {std::move(landing.owner), landing.bytes};
     if (landing.landed) *landed = [fn = std::move(landing.landed)](uint64_t done, uint64_t) { fn(done); };
@@ -215,9 +222,11 @@ Result<std::span<std::byte>> Subscriber::Impl::ReceiveBuffer(const proto::Versio
   return buffer->data;
 }
 
-Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::LoadRemote(const proto::VersionInfo& info, Client& client) {
+Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::LoadRemote(const proto::VersionInfo& info, Client& client,
+                                                                   const std::shared_ptr<Client>& shared) {
+  if (partial) return LoadResumed(info, client, shared);
   std::string delta_failed;
-  if (auto delta = LoadRemoteDelta(info, client)) {
+  if (auto delta = LoadRemoteDelta(info, client, shared)) {
     if (!delta->retry_in_full || !client.connected()) return std::move(delta->result);
     delta_failed = delta->result.status().message();  // the same connection fetches the full snapshot
     {
@@ -231,10 +240,16 @@ Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::LoadRemote(const proto::
   auto provide = [&](const proto::VersionInfo& actual) { return ReceiveBuffer(actual, &buffer, &landed); };
   // The checksum is computed while the chunks arrive (FetchSend), not in a pass after them.
   std::optional<uint64_t> received_checksum;
+  TransferPrefix prefix;
   auto ok = client.FetchSend(
       info.model, info.version, provide, [&](uint64_t done, uint64_t total) { if (landed) landed(done, total); },
-      options.verify_checksum ? &received_checksum : nullptr);
+      options.verify_checksum ? &received_checksum : nullptr, &prefix);
   if (!ok.ok()) {
+    // What landed is finished by the next holder tried (a FETCH with an offset).
+    if (prefix.landed > 0 && buffer.owner) {
+      KeepPartial(std::move(prefix), std::move(buffer), std::move(landed), client.address(), shared);
+      return ok.status();
+    }
     // Receives may still be posted into the buffer: it is only safe to reuse once the client's
     // engine is gone, so Load() keeps it here until it has dropped the client.
     poisoned_buffer = std::move(buffer.owner);

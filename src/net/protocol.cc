@@ -153,6 +153,7 @@ void put_payload(Writer& w, const Notify& m) { put(w, m.info); }
 void put_payload(Writer& w, const Fetch& m) {
   w.u64(m.request_id); w.str(m.model); w.u64(m.version); w.u8(static_cast<uint8_t>(m.mode)); w.u64(m.tag);
   w.u32(m.chunk_bytes); w.u64(m.base_version); w.u64(m.base_checksum);
+  if (m.offset != 0) w.u64(m.offset);  // optional trailing field: absent means 0
 }
 void put_payload(Writer& w, const FetchOk& m) {
   w.u64(m.request_id); w.u8(static_cast<uint8_t>(m.mode)); put(w, m.info); w.str(m.segment); w.u32(m.chunk_bytes);
@@ -206,7 +207,15 @@ Message get_payload(Reader& r, MessageType type) {
     case MessageType::kFetch: {
       Fetch m; m.request_id = r.u64("request_id"); m.model = r.str("model"); m.version = r.u64("version");
       m.mode = get_fetch_mode(r); m.tag = r.u64("tag"); m.chunk_bytes = r.u32("chunk_bytes");
-      m.base_version = r.u64("base_version"); m.base_checksum = r.u64("base_checksum"); return m;
+      m.base_version = r.u64("base_version"); m.base_checksum = r.u64("base_checksum");
+      if (r.ok() && r.remaining() > 0) {
+        m.offset = r.u64("offset");
+        if (r.ok() && m.offset == 0) r.fail("offset", "0 is sent by omitting the field");
+        if (r.ok() && m.mode != FetchMode::kSend)
+          r.fail("offset", "an offset resumes a SEND; fetch mode " + std::to_string(static_cast<int>(m.mode)) + " has none");
+        if (r.ok() && m.base_version != 0) r.fail("offset", "an offset resumes a full transfer; it cannot go with a delta base");
+      }
+      return m;
     }
     case MessageType::kFetchOk: {
       FetchOk m; m.request_id = r.u64("request_id"); m.mode = get_fetch_mode(r); m.info = get_version_info(r);

@@ -95,6 +95,11 @@ struct Fetch {
   // checksum of that version's data region (the node sends a delta only against these bytes).
   uint64_t base_version = 0;
   uint64_t base_checksum = 0;
+  // kSend, full: resume a broken transfer at this byte of the snapshot (0 = from the start). The
+  // node sends only [offset, size): chunk i covers [offset + i * chunk, ...) with tag + i. On the
+  // wire the field follows base_checksum only when nonzero (a node that predates it refuses such a
+  // FETCH as Malformed, and the client fetches from the start); an explicit 0 is Malformed.
+  uint64_t offset = 0;
   bool operator==(const Fetch&) const = default;
 };
 enum class Encoding : uint8_t {

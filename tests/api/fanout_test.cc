@@ -192,7 +192,8 @@ TEST(Fanout, AbortedIncomingEndsItsReceivers) {
 }
 
 // A relay downstream of a node whose incoming version aborts mid-transfer falls back to the other
-// node its INCOMING named (here the producer's node A) and still commits a whole, verified model.
+// node its INCOMING named (here the producer's node A) and still commits a whole, verified model,
+// resuming at the prefix that landed from B.
 TEST(Fanout, RelayFallsBackWhenItsUpstreamAborts) {
   auto a = StartNode();
   auto b = StartNode();
@@ -214,7 +215,9 @@ TEST(Fanout, RelayFallsBackWhenItsUpstreamAborts) {
   ASSERT_TRUE(lease.ok());
   ASSERT_EQ(lease->data().size(), snap.bytes().size());
   EXPECT_TRUE(std::memcmp(lease->data().data(), snap.bytes().data(), snap.bytes().size()) == 0);
-  EXPECT_EQ(a->stats().bytes_sent, snap.bytes().size()) << "C's fallback fetched it from A";
+  // C resumed at the 4 chunks that had landed from B (FETCH with an offset): A sent only the rest.
+  EXPECT_EQ(a->stats().bytes_sent, snap.bytes().size() - 4 * kChunk) << "C's fallback did not resume from its prefix";
+  EXPECT_EQ(c->stats().incoming_aborted, 0u) << "C's own incoming version broke with B's";
   EXPECT_EQ(relay->stats().versions_relayed, 1u);
   relay.reset();
 }
@@ -267,6 +270,69 @@ TEST(Fanout, ChainCostsEachNodeOneCopyPerUpdate) {
   for (auto& r : relays) EXPECT_EQ(r->stats().versions_received_in_place, 3u);
   consumers.clear();
   relays.clear();
+}
+
+// Deltas through the tree: a relay that receives a version as a delta answers a downstream relay
+// that holds the base with a delta as well (once the version is complete here), instead of the
+// full bytes as they land; a consumer behind the last relay gets the delta too.
+TEST(Fanout, DeltasFlowThroughAChain) {
+  NodeOptions no;
+  no.delta = DeltaMode::kAlways;
+  std::vector<std::unique_ptr<Node>> nodes;  // a -> b -> c
+  for (int i = 0; i < 3; ++i) {
+    auto n = Node::Start(no);
+    ASSERT_TRUE(n.ok()) << n.status().ToString();
+    nodes.push_back(std::move(n).value());
+  }
+  Node &a = *nodes[0], &b = *nodes[1], &c = *nodes[2];
+  auto rb = StartRelay(b, a);
+  auto rc = StartRelay(c, b);
+  ASSERT_TRUE(rb && rc);
+  SubscriberOptions so;
+  so.model = "m";
+  so.connect = c.address();
+  so.path = FetchPath::kRemote;
+  auto sub = Subscriber::Start(so);
+  ASSERT_TRUE(sub.ok()) << sub.status().ToString();
+  Snapshot v1 = MakeSnapshot(8 << 20, 1, 21);
+  CommitSnapshot(a, v1, 1);
+  auto first = (*sub)->WaitFor(1, 60s);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  // Version 2 changes one byte in 256 of the tensor: a delta of a few percent of the snapshot.
+  auto w = v1.tensor_data(v1.tensors().at(0));
+  std::vector<std::byte> data(w.begin(), w.end());
+  uint32_t x = 7;
+  for (size_t i = 0; i < data.size(); i += 256) {
+    x = x * 1664525u + 1013904223u;
+    data[i] ^= static_cast<std::byte>((x >> 24) | 1);
+  }
+  VersionStamp stamp;
+  stamp.model = "m";
+  stamp.version = 2;
+  auto v2 = BuildSnapshot({{{"w", DType::kU8, {static_cast<int64_t>(data.size())}}, data}}, stamp);
+  ASSERT_TRUE(v2.ok()) << v2.status().ToString();
+  const uint64_t size = v2->bytes().size();
+  const uint64_t b_full = b.stats().bytes_sent, c_full = c.stats().bytes_sent;
+  CommitSnapshot(a, *v2, 2);
+  auto mv = (*sub)->WaitFor(2, 60s);
+  ASSERT_TRUE(mv.ok()) << mv.status().ToString() << "; last error: " << (*sub)->last_error().ToString();
+  ASSERT_EQ((*mv)->snapshot.bytes().size(), size);
+  EXPECT_TRUE(std::memcmp((*mv)->snapshot.bytes().data(), v2->bytes().data(), size) == 0);
+  EXPECT_EQ((*mv)->delta_base, 1u) << (*mv)->reason;
+  NodeStats bs = b.stats(), cs = c.stats();
+  std::printf("v2 of %llu bytes: the consumer received %llu bytes; b and c sent %llu and %llu delta bytes\n",
+              static_cast<unsigned long long>(size), static_cast<unsigned long long>((*mv)->wire_bytes),
+              static_cast<unsigned long long>(bs.delta.sent_bytes), static_cast<unsigned long long>(cs.delta.sent_bytes));
+  EXPECT_LT((*mv)->wire_bytes, size / 10) << "the last hop carried more than a delta";
+  // bytes_sent counts every version byte sent, the delta streams' included.
+  EXPECT_LT(bs.bytes_sent - b_full, size / 10) << "relay b sent c the full version while it was still receiving the delta";
+  EXPECT_LT(cs.bytes_sent - c_full, size / 10) << "relay c sent the consumer the full version";
+  EXPECT_GE(bs.delta.sent, 1u);
+  EXPECT_GE(cs.delta.sent, 1u);
+  EXPECT_LT(bs.delta.sent_bytes, size / 10);
+  sub->reset();  // before the relays and nodes it talks to
+  rc.reset();
+  rb.reset();
 }
 
 // A relay whose upstream relay goes away re-attaches to its alternate (here the producer's node)

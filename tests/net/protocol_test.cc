@@ -38,6 +38,7 @@ std::vector<Message> AllMessages() {
       Notify{SampleInfo()},
       Fetch{7, "nt3", 42, FetchMode::kSend, 1ull << 40, 4 << 20},
       Fetch{7, "nt3", 42, FetchMode::kSend, 1ull << 40, 4 << 20, 41, 0xfeedfacecafebeefULL},
+      Fetch{7, "nt3", 42, FetchMode::kSend, 1ull << 40, 4 << 20, 0, 0, 123'456'789},
       FetchOk{7, FetchMode::kLease, SampleInfo(), "viper.123.4", 0, 0, Encoding::kFull, 0, ""},
       FetchOk{7, FetchMode::kSend, SampleInfo(), "", 0, 0, Encoding::kDelta, 41, "delta against 41"},
       Release{"nt3", 42},
@@ -163,6 +164,35 @@ TEST(Protocol, UnknownEnumValues) {
   auto both = Decode(subscribe);
   ASSERT_TRUE(both.ok()) << both.status().ToString();
   EXPECT_EQ(std::get<Subscribe>(*both).flags, kSubscribeIncoming | kSubscribeDevice);
+}
+
+// FETCH's offset (resume a broken SEND) is an optional trailing field: absent means 0, so a FETCH
+// without one is byte for byte the older frame; an explicit 0, an offset on a LEASE or with a delta
+// base are refused by name.
+TEST(Protocol, FetchOffsetIsOptionalAndChecked) {
+  Fetch plain{7, "nt3", 42, FetchMode::kSend, 1ull << 40, 4 << 20};
+  Fetch resumed = plain;
+  resumed.offset = 4096;
+  EXPECT_EQ(Encode(resumed).size(), Encode(plain).size() + 8);
+  auto with_offset = [&](Fetch f, uint64_t offset) {  // f's frame with the 8 offset bytes appended
+    auto frame = Encode(f);
+    frame.resize(frame.size() + 8);
+    std::memcpy(frame.data() + frame.size() - 8, &offset, 8);
+    SetLength(frame, static_cast<uint32_t>(frame.size() - kFrameHeaderBytes));
+    return frame;
+  };
+  EXPECT_NE(DecodeStatus(with_offset(plain, 0)).message().find("FETCH offset: 0 is sent by omitting the field"),
+            std::string::npos)
+      << DecodeStatus(with_offset(plain, 0)).message();
+  Fetch lease{7, "nt3", 42, FetchMode::kLease, 0, 0};
+  EXPECT_NE(DecodeStatus(with_offset(lease, 64)).message().find("offset: an offset resumes a SEND"), std::string::npos);
+  Fetch delta = plain;
+  delta.base_version = 41;
+  EXPECT_NE(DecodeStatus(with_offset(delta, 64)).message().find("cannot go with a delta base"), std::string::npos);
+  auto partial = Encode(plain);  // 4 of the 8 offset bytes: truncated, named
+  partial.resize(partial.size() + 4);
+  SetLength(partial, static_cast<uint32_t>(partial.size() - kFrameHeaderBytes));
+  EXPECT_NE(DecodeStatus(partial).message().find("offset: truncated"), std::string::npos);
 }
 
 TEST(Protocol, DuplicateCounterName) {

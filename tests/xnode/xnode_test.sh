@@ -164,9 +164,16 @@ except (socket.timeout, ConnectionResetError) as e:
   stop "$PID_a5"
 }
 
+# a_bytes_sent ADDR: the bytes_sent counter of the node at ADDR on h1 (viper stats).
+a_bytes_sent() {
+  on h1 "$VIPER" stats --connect "$1" --json | $PY -c 'import json,sys; print(json.load(sys.stdin)["bytes_sent"])'
+}
+
 # ---------------------------------------------------------------- 5. relay killed mid-transfer -> the upstream's memory
 # A consumer on h3 is connected to relay node B (h2), whose versions list A's node as the upstream
-# replica. B dies mid-transfer: the consumer takes the version from A's memory, not from a file.
+# replica. B dies mid-transfer: the consumer finishes the version from A's memory, not from a
+# file, resuming at the prefix that landed from B (A sends only the rest).
+
 test_failover() {
   serve h1 a6 --listen $A:7340 --insecure || return
   # The relay lives in h2 (its log says what it relayed); its NOTIFYs carry A's replicas after its own.
@@ -180,9 +187,11 @@ test_failover() {
   wait_for 20 lines "$TMP/fo.json" 1 || { failed "fo v1 never reached h3"; return; }
   # Slow B's outgoing link to ~4 s per version (A -> B stays fast) so that B dies mid-transfer.
   on h2 tc qdisc add dev eth0 root tbf rate 100mbit burst 256kb latency 200ms
+  local sent_before
+  sent_before=$(a_bytes_sent $A:7340)
   on h1 "$VIPER" publish fo "$TMP/mid2.safetensors" --connect $A:7340 >/dev/null || { failed "publish fo v2"; return; }
   wait_for 10 grep -q "relayed fo version 2" "$TMP/b6.log" || { failed "relay never got fo v2"; cat "$TMP/b6.log"; return; }
-  sleep 0.5
+  sleep 1
   kill -KILL "$relay"
   wait "$relay"
   check "relay node B died of SIGKILL" test $? -eq 137
@@ -195,6 +204,18 @@ test_failover() {
   echo "  reason: $reason"
   check "fo v2's reason names A's node as the replica it came from" grep -q "remote from node $A:7340" <<<"$reason"
   check "fo v2's reason says the transfer from B failed" grep -q "after remote failed" <<<"$reason"
+  # Resumed, not restarted: A sent only what had not landed from B (FETCH with an offset); A's own
+  # counter of bytes sent for v2 is one copy (to relay B) plus exactly that remainder.
+  local size wire at sent
+  size=$(field "$TMP/fo.json" 1 bytes)  # the snapshot as the node laid it out (not the file's size)
+  wire=$(field "$TMP/fo.json" 1 wire_bytes)
+  at=$(grep -o "resumed at byte [0-9]* of $size" <<<"$reason" | grep -o "byte [0-9]*" | grep -o "[0-9]*")
+  sent=$(($(a_bytes_sent $A:7340) - sent_before))
+  echo "  fo v2: $((size - ${at:-0})) of $size bytes from A after the resume at byte ${at:-?}; A sent $sent bytes for v2"
+  check "fo v2 resumed from B's landed prefix (reason: resumed at byte N > 0 of $size)" test "${at:-0}" -gt 0
+  check "h3 received from A only the remainder (wire_bytes $wire = $size - ${at:-?})" test "$wire" -eq $((size - ${at:-0}))
+  check "A sent v2 once to B plus the remainder to h3 ($sent = $size + $wire), not a second copy" \
+    test "$sent" -eq $((size + wire))
   local want
   want=$(source_checksum $A 7340 fo 2 "$TMP/mid2.safetensors")
   check "A holds fo v2 as published" test -n "$want"

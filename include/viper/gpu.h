@@ -132,6 +132,9 @@ Status CopyDeviceToHost(void* dst, DevicePtr src, uint64_t bytes, const Stream& 
 Status Memset(int device, DevicePtr dst, uint8_t value, uint64_t bytes);
 // The device ordinal of a device pointer; InvalidArgument if it is not device memory.
 Result<int> PointerDevice(DevicePtr ptr);
+// The end (one past the last byte) of the allocation that holds device pointer `ptr`: one copy
+// must not span two allocations, even when they happen to be adjacent in the address space.
+Result<DevicePtr> AllocationEnd(DevicePtr ptr);
 
 // Another process's device memory opened from its IPC handle; closed on destruction. Move-only.
 class IpcMapping {

@@ -37,6 +37,8 @@ inline constexpr unsigned CU_STREAM_NON_BLOCKING = 0x01;
 inline constexpr unsigned CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 0x01;
 inline constexpr int CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2;
 inline constexpr int CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9;
+inline constexpr int CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11;
+inline constexpr int CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12;
 inline constexpr unsigned CU_MEMORYTYPE_DEVICE = 2;
 inline constexpr int CU_DEVICE_ATTRIBUTE_PCI_BUS_ID = 33;
 

@@ -214,6 +214,16 @@ Result<int> PointerDevice(DevicePtr ptr) {
   return ordinal;
 }
 
+Result<DevicePtr> AllocationEnd(DevicePtr ptr) {
+  VIPER_ASSIGN_OR_RETURN(const cu::Driver* d, cu::Get());
+  DevicePtr start = 0;
+  size_t size = 0;
+  VIPER_CU(*d, cuPointerGetAttribute(&start, cu::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, ptr),
+           "cuPointerGetAttribute(RANGE_START_ADDR)");
+  VIPER_CU(*d, cuPointerGetAttribute(&size, cu::CU_POINTER_ATTRIBUTE_RANGE_SIZE, ptr), "cuPointerGetAttribute(RANGE_SIZE)");
+  return start + size;
+}
+
 // ---- IpcMapping ------------------------------------------------------------------------------
 Result<IpcMapping> IpcMapping::Open(int device, const IpcHandle& handle) {
   VIPER_ASSIGN_OR_RETURN(const cu::Driver* d, On(device));

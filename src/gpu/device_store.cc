@@ -346,7 +346,9 @@ Status DeviceVersionStore::Publish(const std::vector<DeviceTensor>& tensors, con
   // One copy per run of tensors that are contiguous both in the producer's memory and in the
   // layout (a flat parameter buffer is one copy).
   const auto& infos = layout->tensors();
-  DevicePtr run_src = 0, run_dst = 0;
+  // A run never crosses the end of its source allocation: two tensors allocated back to back are
+  // adjacent in the address space but one cuMemcpy may not span both (CUDA_ERROR_INVALID_VALUE).
+  DevicePtr run_src = 0, run_dst = 0, run_src_end = 0;
   uint64_t run_bytes = 0;
   auto flush = [&]() -> Status {
     if (run_bytes == 0) return Status::OK();
@@ -358,7 +360,8 @@ Status DeviceVersionStore::Publish(const std::vector<DeviceTensor>& tensors, con
     const TensorInfo& info = infos[t];
     if (info.nbytes() == 0) continue;
     DevicePtr dst = b.device.ptr() + layout->data_offset() + info.begin;
-    if (run_bytes > 0 && tensors[t].ptr == run_src + run_bytes && dst == run_dst + run_bytes) {
+    if (run_bytes > 0 && tensors[t].ptr == run_src + run_bytes && dst == run_dst + run_bytes &&
+        tensors[t].ptr + info.nbytes() <= run_src_end) {
       run_bytes += info.nbytes();
       continue;
     }
@@ -366,6 +369,9 @@ Status DeviceVersionStore::Publish(const std::vector<DeviceTensor>& tensors, con
     run_src = tensors[t].ptr;
     run_dst = dst;
     run_bytes = info.nbytes();
+    auto end = AllocationEnd(run_src);
+    if (!end.ok()) return fail(end.status().WithContext("tensor \"" + info.name + "\""));
+    run_src_end = *end;
   }
   if (Status st = flush(); !st.ok()) return fail(st);
   if (Status st = b.copied.Record(m.copy_stream); !st.ok()) return fail(st);

@@ -203,6 +203,11 @@ class FileTransport(Transport):
         fetched_ns = time.time_ns()
         into.load_state_dict(payload["state_dict"])
         meta = payload["meta"]
+        # The kernel stamps mtime from its coarse clock (one scheduler tick, up to 4-10 ms behind the
+        # time read by time.time_ns()): a small file written within a tick of publish() can carry an
+        # mtime before the publish began. The write completed no earlier than either.
+        if meta.get("publish_ns"):
+            completed_ns = max(completed_ns, int(meta["publish_ns"]))
         # The same milestones as Viper's timings: complete (the file's last write), the consumer
         # told (its poll found the file), the bytes in the consumer (torch.load done).
         return Update(version=version, step=int(meta["step"]), detected_ns=detected_ns,

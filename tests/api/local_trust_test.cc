@@ -231,7 +231,9 @@ TEST(LocalTrust, SquattedSegmentNamesDoNotStopANode) {
   for (int i = 1; i <= 65; ++i) {
     std::filesystem::path p = fmt::format("/dev/shm/{}.{}.{}", prefix, serve.pid(), i);
     EXPECT_EQ(OwnerOf(p), other.uid()) << p;  // still the other user's
-    if (i <= 64) EXPECT_EQ(std::filesystem::file_size(p), 0u) << p;
+    if (i <= 64) {
+      EXPECT_EQ(std::filesystem::file_size(p), 0u) << p;
+    }
     ::unlink(p.c_str());
   }
   EXPECT_EQ(ReadFile(dir / "victim"), std::string(16, 'v'));

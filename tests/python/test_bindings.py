@@ -22,16 +22,6 @@ TORCH_DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16, tor
                 torch.int8, torch.uint8, torch.bool]
 
 
-@pytest.fixture
-def pair():
-    """A publisher (embedded node on a free loopback port) and a subscriber connected to it."""
-    pub = viper.Publisher("m", listen="127.0.0.1:0", mode="sync")
-    sub = viper.Subscriber("m", connect=pub.address)
-    yield pub, sub
-    sub.close()
-    pub.close()
-
-
 def numpy_sample(dtype, shape, seed):
     rng = np.random.default_rng(seed)
     if dtype == "bool":

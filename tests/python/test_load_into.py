@@ -17,15 +17,6 @@ import torch
 import viper
 
 
-@pytest.fixture
-def pair():
-    pub = viper.Publisher("m", listen="127.0.0.1:0", mode="sync")
-    sub = viper.Subscriber("m", connect=pub.address)
-    yield pub, sub
-    sub.close()
-    pub.close()
-
-
 def test_plain_and_converting_targets_get_the_same_values_in_place(pair):
     pub, sub = pair
     torch.manual_seed(3)

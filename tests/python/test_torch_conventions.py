@@ -14,15 +14,6 @@ import viper
 import viper.data
 
 
-@pytest.fixture
-def pair():
-    pub = viper.Publisher("m", listen="127.0.0.1:0", mode="sync")
-    sub = viper.Subscriber("m", connect=pub.address)
-    yield pub, sub
-    sub.close()
-    pub.close()
-
-
 class Net(torch.nn.Module):
     """Parameters and buffers of several dtypes, bf16 included."""
 

@@ -24,8 +24,32 @@ for s in "${stages[@]}"; do
 done
 
 stage_start=0
-begin() { stage_start=$SECONDS; echo; echo "=== test.sh: $1"; }
-end() { echo "=== test.sh: $1 passed in $((SECONDS - stage_start)) s"; }
+stage_marker=$(mktemp)
+trap 'sweep_leaked_segments; rm -f "$stage_marker"' EXIT
+begin() { stage_start=$SECONDS; touch "$stage_marker"; echo; echo "=== test.sh: $1"; }
+end() { sweep_leaked_segments; echo "=== test.sh: $1 passed in $((SECONDS - stage_start)) s"; }
+
+# Shared memory the stage's processes created and left behind when they died: Viper segments
+# (<prefix>.<pid>.<seq>) whose pid is gone and UCX's ucx_shm_posix_* files no process maps. The
+# tests clean up after the processes they kill; this names what still leaked (so it shows) and
+# removes it, so that one run cannot fill /dev/shm for the next stage or the next run. Only files
+# of this user, created since the stage began.
+sweep_leaked_segments() {
+  local leaked=() f name pid
+  while IFS= read -r f; do
+    name=${f##*/}
+    if [[ $name == ucx_shm_posix_* ]]; then
+      grep -qsF "$f" /proc/[0-9]*/maps || leaked+=("$f")
+    else
+      pid=${name%.*}; pid=${pid##*.}
+      [[ $pid =~ ^[0-9]+$ ]] && ! kill -0 "$pid" 2>/dev/null && leaked+=("$f")
+    fi
+  done < <(find /dev/shm -maxdepth 1 -type f -user "$(id -u)" -newer "$stage_marker" \( -name 'ucx_shm_posix_*' -o -name '*.*.*' \))
+  ((${#leaked[@]} == 0)) && return 0
+  echo "=== test.sh: ${#leaked[@]} shared-memory files ($(du -ch "${leaked[@]}" | tail -1 | cut -f1)) left by dead processes, removed:" \
+    "$(printf '%s ' "${leaked[@]:0:8}")$( ((${#leaked[@]} > 8)) && echo ...)"
+  rm -f -- "${leaked[@]}"
+}
 
 # Sanitizer builds: -O1 and -g1 (line tables for the sanitizers' stack traces, not full debug
 # info). Measured on tools/viper-bench/cmd_bench.cc: ASan+UBSan 42.9 s at -O2 -g, 21.7 s at -O1 -g1;

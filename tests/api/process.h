@@ -2,17 +2,23 @@
 #pragma once
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -57,6 +63,62 @@ class TempDir {
   std::filesystem::path path_;
 };
 
+// A node killed with SIGKILL leaves its shared-memory segments (/dev/shm/<prefix>.<pid>.<seq>)
+// for a restart on the same store to recover. Tests kill nodes on stores in temp dirs that nobody
+// restarts afterwards, so those segments would stay until reboot (a suite run left ~1 GB, and
+// repeated runs filled /dev/shm until the OOM killer took tests). Every pid a test spawns is
+// remembered; when the test binary exits, the segments of those that are dead go. Nothing is
+// removed while the binary runs, so a test that restarts a killed node still finds them.
+class SpawnedSegments {
+ public:
+  static void Remember(pid_t pid) {
+    // The list and the mutex exist before Sweep is registered, so they outlive it at exit.
+    std::vector<pid_t>& pids = Pids();
+    std::lock_guard<std::mutex> lock(Mu());
+    static const bool registered = (std::atexit(Sweep), true);
+    (void)registered;
+    pids.push_back(pid);
+  }
+  // Unlinks /dev/shm/<prefix>.<pid>.<seq> owned by this user for every remembered pid that is
+  // no longer running (a recycled pid that now runs another program keeps its files).
+  static void Sweep() {
+    std::vector<pid_t> dead;
+    {
+      std::lock_guard<std::mutex> lock(Mu());
+      for (pid_t pid : Pids())
+        if (::kill(pid, 0) != 0 && errno == ESRCH) dead.push_back(pid);
+    }
+    if (dead.empty()) return;
+    DIR* dir = ::opendir("/dev/shm");
+    if (dir == nullptr) return;
+    while (dirent* e = ::readdir(dir)) {
+      std::string name = e->d_name;
+      auto last = name.rfind('.');
+      if (last == std::string::npos || last == 0) continue;
+      auto before = name.rfind('.', last - 1);
+      if (before == std::string::npos) continue;
+      std::string pid_text = name.substr(before + 1, last - before - 1);
+      if (pid_text.empty() || pid_text.find_first_not_of("0123456789") != std::string::npos) continue;
+      pid_t pid = static_cast<pid_t>(std::stol(pid_text));
+      if (std::find(dead.begin(), dead.end(), pid) == dead.end()) continue;
+      struct stat st {};
+      std::string path = "/dev/shm/" + name;
+      if (::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::geteuid()) ::unlink(path.c_str());
+    }
+    ::closedir(dir);
+  }
+
+ private:
+  static std::mutex& Mu() {
+    static std::mutex mu;
+    return mu;
+  }
+  static std::vector<pid_t>& Pids() {
+    static std::vector<pid_t> pids;
+    return pids;
+  }
+};
+
 class Process {
  public:
   // Starts argv[0] with stdout and stderr appended to `log`.
@@ -70,6 +132,7 @@ class Process {
     args.push_back(nullptr);
     if (posix_spawn(&pid_, args[0], &actions, nullptr, args.data(), environ) != 0) pid_ = -1;
     posix_spawn_file_actions_destroy(&actions);
+    if (pid_ > 0) SpawnedSegments::Remember(pid_);
   }
   ~Process() {
     if (running()) Kill(SIGKILL);

@@ -12,14 +12,18 @@
 #   neardata    storage hosts (network namespaces; root) relabel their shards when a new version
 #               comes and extract features for fine-tuning: the bytes moved beside the baseline's
 #               (raw samples to the compute host); about 20 s.
-# About 2.5-3 minutes on 2 cores after the build (the first three stages: 2 min 23 s on a quiet machine
-# on 2026-11-25 06:30 UTC, 3 min 10 s at load average 6-7 earlier that day).
+# About 2.5 minutes on 2 cores after the build on a quiet machine, 3 on a loaded one.
 #
 #   scripts/demo.sh [demo.py options]    e.g. --stages policies --workdir /tmp/d --json out.json
 #                                         --transports-args "--model-mb 600 --duration 30"
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+if [[ " $* " == *" --help "* || " $* " == *" -h "* ]]; then  # help without installing or building
+  sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+  echo "demo.py's options: /usr/bin/python3 examples/cl_demo/demo.py --help (after a build)"
+  exit 0
+fi
 "$root/scripts/install-deps.sh"
 "$root/scripts/build.sh"
 PYTHONPATH="$root/build/python${PYTHONPATH:+:$PYTHONPATH}" \

@@ -25,7 +25,7 @@
 namespace viper {
 
 // Children a relay takes in a registry-placed tree by default (RelayOptions::max_children):
-// docs/BENCHMARKS.md "Fan-out placed by the registry" measures the choice.
+// docs/ARCHITECTURE.md "Placement and healing" measures the choice.
 inline constexpr uint32_t kDefaultRelayChildren = 1;
 
 struct RelayOptions {

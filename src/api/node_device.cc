@@ -1,6 +1,6 @@
 // Node: GPU-resident copies of a model's versions (DeviceReplicaSource): the kDevice replica in
 // NOTIFY, device-only NOTIFYs ahead of the host commit, FETCH in kDevice mode and its leases
-// (docs/PROTOCOL.md "FETCH kDevice").
+// (docs/PROTOCOL.md, the DEVICE mode of the FETCH row).
 #include <string>
 #include <vector>
 

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -57,6 +58,10 @@ struct RelayStats {
   uint64_t versions_relayed = 0;
   uint64_t versions_received_in_place = 0;  // ...that landed straight in this node's segment (no copy)
   uint64_t failures = 0;
+  // Registry-placed relays (RelayOptions::registry): places taken in the relay trees, the first
+  // join of each model and then one per re-attachment after a parent was lost.
+  uint64_t joins = 0;
+  std::map<std::string, std::string> connected_to;  // model -> the node relayed from now ("" = none)
   UpstreamStats upstream;  // as the node's STATS show it
 };
 

@@ -80,8 +80,9 @@ Result<Redis> StartRedis(const std::string& ip, const std::string& log_path) {
 // --------------------------------------------------------------------------- the placed tree
 
 // Consumers of h1 map the producer's node; every other host runs a node whose relay names only the
-// registry (the relays start one after another, before the first version: they join as it
-// appears, racing for the slots), with its host's consumers mapping it.
+// registry, with its host's consumers mapping it. The relays start one after another and the
+// producer holds versions already (the single row's): each joins as it starts. (Joins that race
+// for one slot are tests/registry/placement_test's.)
 Result<std::vector<Reporter>> StartPlacedHosts(const FanoutRun& run, const std::string& registry) {
   std::vector<Reporter> reporters;
   for (int i = 0; i < run.per_host; ++i) {

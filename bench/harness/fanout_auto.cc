@@ -333,7 +333,9 @@ Status RunFanoutAuto(FanoutConfig config, const std::string& json_path) {
   VIPER_ASSIGN_OR_RETURN(Row placed, RunRow(run, "placed", reporters));
   json tree = Tree(run, reporters);
   VIPER_ASSIGN_OR_RETURN(Heal heal, RunHeal(run, reporters, placed, run.config.base.warmup + run.config.base.reps));
-  for (auto& r : reporters) r.child->Stop();
+  // In the reverse of their start order (a chain placed as they started: leaves first), so that
+  // no stopped relay's child re-joins on the way out.
+  for (auto it = reporters.rbegin(); it != reporters.rend(); ++it) it->child->Stop();
   if (!run.config.base.quick) MeasureWire(run, "", w);
   redis.child->Stop(milliseconds(200));
 

@@ -26,7 +26,8 @@
 namespace viper {
 
 // Children a relay takes in a registry-placed tree by default (RelayOptions::max_children):
-// docs/ARCHITECTURE.md "Placement and healing" measures the choice.
+// docs/BENCHMARKS.md "Fan-out placed by the registry" measures the choice (a chain against a
+// binary tree); docs/ARCHITECTURE.md "A chain unless told otherwise" gives the reasons.
 inline constexpr uint32_t kDefaultRelayChildren = 1;
 
 struct RelayOptions {

@@ -19,6 +19,7 @@
 
 #include "api/client.h"
 #include "harness/bench.h"
+#include "harness/fanout_run.h"
 #include "harness/measure.h"
 #include "harness/peer.h"
 #include "viper/node.h"
@@ -26,55 +27,35 @@
 #include "viper/units.h"
 
 namespace viper::bench {
-namespace {
 
 using nlohmann::json;
 using std::chrono::milliseconds;
 
-struct Row {
-  std::string name;
-  int consumers = 0;
-  Samples first, last;  // publish -> the first / the last consumer live
-  double egress = 0;    // producer node's bytes sent per timed update, in snapshot sizes
-  double cpu_s = 0;     // CPU seconds (user + system) per timed update of every process of the row
-  std::vector<double> relay_egress;  // the same for each relay of the row, in chain order
-  std::set<std::string> paths;       // how the consumers loaded
-};
-
-// A process that reports when its consumers went live: `bench-peer subscribe` (one consumer:
-// "live_ns" a number, "path") or `bench-peer fanout-host` ("live_ns" and "paths" arrays).
-struct Reporter {
-  std::unique_ptr<LineChild> child;
-  std::string address;  // fanout-host: its node
-};
-
-// The run's fixed parts: hosts, producer, model, where children log.
-struct FanoutRun {
-  FanoutConfig config;
-  std::string script;
-  std::vector<std::string> ip;  // ip[k] = address of hk (ip[0] unused)
-  std::unique_ptr<Publisher> pub;
-  SourceModel model;
-  uint64_t bytes = 0;  // snapshot size
-  int per_host = 0;
-
-  std::vector<std::string> In(int host) const {  // prefix that runs a command in host k (none for h1)
-    if (host == 1) return {};
-    return {script, "exec", "h" + std::to_string(host), "--"};
-  }
-};
+std::vector<std::string> FanoutRun::In(int host) const {
+  if (host == 1) return {};
+  return {script, "exec", "h" + std::to_string(host), "--"};
+}
 
 Result<Reporter> StartReporter(const FanoutRun& run, int host, std::vector<std::string> args) {
   Config c = run.config.base;
   c.consumer_prefix = run.In(host);
   json ready;
   VIPER_ASSIGN_OR_RETURN(auto child, StartPeer(c, std::move(args), &ready));
-  return Reporter{std::move(child), ready.value("address", "")};
+  Reporter r;
+  r.child = std::move(child);
+  r.address = ready.value("address", "");
+  r.host = host;
+  r.pid = ready.value("pid", 0);
+  return r;
 }
 
 Result<Reporter> SubscribePeer(const FanoutRun& run, int host, const std::string& connect, const std::string& path) {
-  return StartReporter(run, host, {"subscribe", "--connect", connect, "--model", "fan", "--path", path});
+  std::vector<std::string> args = {"subscribe", "--connect", connect, "--model", "fan", "--path", path};
+  if (run.config.verify) args.push_back("--verify-local");
+  return StartReporter(run, host, std::move(args));
 }
+
+namespace {
 
 // A fanout-host peer on `host` whose node relays from `upstream`, with its share of consumers.
 Result<Reporter> RelayHost(const FanoutRun& run, int host, const std::string& upstream, bool pipelined) {
@@ -84,18 +65,34 @@ Result<Reporter> RelayHost(const FanoutRun& run, int host, const std::string& up
   return StartReporter(run, host, std::move(args));
 }
 
-// The live_ns of every consumer behind `r` for version v.
-Status CollectLive(Reporter& r, uint64_t v, std::vector<int64_t>& live, std::set<std::string>& paths, milliseconds timeout) {
-  VIPER_ASSIGN_OR_RETURN(json j, WaitVersion(*r.child, v, timeout));
+}  // namespace
+
+Status CollectLive(Reporter& r, uint64_t v, uint64_t checksum, std::vector<int64_t>& live, Row& row, milliseconds timeout) {
+  auto moved = [&r](const json& e) {
+    if (e.value("event", "") != "upstream") return;
+    r.upstream = e.value("upstream", "");
+    r.upstream_ns = e.value("t_ns", int64_t{0});
+    r.joins = e.value("joins", uint64_t{0});
+  };
+  VIPER_ASSIGN_OR_RETURN(json j, WaitVersion(*r.child, v, timeout, moved));
+  std::vector<uint64_t> sums;
   if (j["live_ns"].is_array()) {
     for (const auto& t : j["live_ns"]) live.push_back(t.get<int64_t>());
-    for (const auto& p : j["paths"]) paths.insert(p.get<std::string>());
+    for (const auto& p : j["paths"]) row.paths.insert(p.get<std::string>());
+    for (const auto& c : j.value("checksums", json::array())) sums.push_back(c.get<uint64_t>());
   } else {
     live.push_back(j["live_ns"].get<int64_t>());
-    paths.insert(j.value("path", ""));
+    row.paths.insert(j.value("path", ""));
+    if (j.contains("checksum")) sums.push_back(j["checksum"].get<uint64_t>());
+  }
+  for (uint64_t sum : sums) {
+    row.checksums_checked++;
+    row.checksums_wrong += sum != checksum;
   }
   return Status::OK();
 }
+
+namespace {
 
 // CPU seconds (user + system) used so far by process `pid` and every live descendant: the producer
 // (this process), its consumers and the hosts' relays and consumers are all below this process.
@@ -118,7 +115,8 @@ double TreeCpuSeconds(pid_t pid) {
   return seconds;
 }
 
-// Bytes a node sent so far (STATS), -1 if it cannot be asked.
+}  // namespace
+
 double BytesSent(const std::string& address) {
   ClientOptions co;
   co.connect = address;
@@ -142,8 +140,12 @@ uint64_t SettledBytesSent(Publisher& pub) {
   return last;
 }
 
-// Warm-up then timed publishes; every reporter's consumers must have each version before the next.
-Result<Row> RunRow(FanoutRun& run, std::string name, std::vector<Reporter> reporters) {
+uint64_t LatestChecksum(FanoutRun& run) {
+  auto latest = run.pub->node().Latest("fan");
+  return latest ? latest->checksum : 0;
+}
+
+Result<Row> RunRow(FanoutRun& run, std::string name, std::vector<Reporter>& reporters) {
   Row row;
   row.name = std::move(name);
   const Config& c = run.config.base;
@@ -160,12 +162,20 @@ Result<Row> RunRow(FanoutRun& run, std::string name, std::vector<Reporter> repor
     int64_t t0 = WallClockNs();
     VIPER_ASSIGN_OR_RETURN(PublishResult pr, run.pub->Publish(run.model.tensors, AtStep(i)));
     if (pr.bytes != run.bytes) return Status::Internal("published " + std::to_string(pr.bytes) + " bytes, expected " + std::to_string(run.bytes));
+    const uint64_t checksum = LatestChecksum(run);
     std::vector<int64_t> live;
-    for (auto& r : reporters) VIPER_RETURN_IF_ERROR(CollectLive(r, pr.version, live, row.paths, TransferTimeout(pr.bytes)));
+    std::vector<int> hosts;
+    for (auto& r : reporters) {
+      VIPER_RETURN_IF_ERROR(CollectLive(r, pr.version, checksum, live, row, TransferTimeout(pr.bytes)));
+      hosts.resize(live.size(), r.host);
+    }
     row.consumers = static_cast<int>(live.size());
+    row.consumer_host = hosts;
     if (i < c.warmup) continue;
     row.first.Add(Sec(t0, *std::min_element(live.begin(), live.end())));
     row.last.Add(Sec(t0, *std::max_element(live.begin(), live.end())));
+    row.published_ns.push_back(t0);
+    row.live_ns.push_back(std::move(live));
   }
   row.cpu_s = (TreeCpuSeconds(::getpid()) - cpu_before) / c.reps;
   double updates = static_cast<double>(c.reps) * static_cast<double>(run.bytes);
@@ -176,16 +186,25 @@ Result<Row> RunRow(FanoutRun& run, std::string name, std::vector<Reporter> repor
     double now = BytesSent(r.address), then = relays_before[k++];
     row.relay_egress.push_back(now < 0 || then < 0 ? -1 : (now - then) / updates);
   }
+  return row;
+}
+
+namespace {
+Result<Row> RunRowAndStop(FanoutRun& run, std::string name, std::vector<Reporter> reporters) {
+  auto row = RunRow(run, std::move(name), reporters);
   for (auto& r : reporters) r.child->Stop();
   return row;
 }
+}  // namespace
 
 Result<Row> SingleRow(FanoutRun& run) {
   std::vector<Reporter> reporters;
   VIPER_ASSIGN_OR_RETURN(Reporter r, SubscribePeer(run, 2, run.pub->address(), "remote"));
   reporters.push_back(std::move(r));
-  return RunRow(run, "single", std::move(reporters));
+  return RunRowAndStop(run, "single", std::move(reporters));
 }
+
+namespace {
 
 // Every consumer on the producer's node: h1's map its segments, the others fetch remote.
 Result<Row> DirectRow(FanoutRun& run) {
@@ -195,7 +214,7 @@ Result<Row> DirectRow(FanoutRun& run) {
       VIPER_ASSIGN_OR_RETURN(Reporter r, SubscribePeer(run, host, run.pub->address(), host == 1 ? "map" : "remote"));
       reporters.push_back(std::move(r));
     }
-  return RunRow(run, "direct", std::move(reporters));
+  return RunRowAndStop(run, "direct", std::move(reporters));
 }
 
 // h1's consumers map the producer's node; h2 relays from h1, h3 from h2, ...
@@ -211,31 +230,38 @@ Result<Row> ChainRow(FanoutRun& run, bool pipelined) {
     upstream = r.address;
     reporters.push_back(std::move(r));
   }
-  return RunRow(run, pipelined ? "chain" : "chain,saf", std::move(reporters));
+  return RunRowAndStop(run, pipelined ? "chain" : "chain,saf", std::move(reporters));
 }
 
 // --------------------------------------------------------------------------- the wire
 
-struct Wire {
-  std::vector<double> single, chain;                // GB/s: h1 -> h2 alone; each hop's median, all at once
-  std::vector<double> single_verify, chain_verify;  // the same into a model-sized buffer, hashed
-  std::string error;
-  double SingleS(uint64_t bytes, bool verify) const { return Seconds(bytes, Median(verify ? single_verify : single)); }
-  // The slowest hop of the streams run at once (all must arrive for a chain).
-  double ChainS(uint64_t bytes, bool verify) const {
-    const auto& v = verify ? chain_verify : chain;
-    return v.empty() ? 0 : Seconds(bytes, *std::min_element(v.begin(), v.end()));
-  }
-  static double Seconds(uint64_t bytes, double gbps) { return gbps > 0 ? static_cast<double>(bytes) / gbps / 1e9 : 0; }
-};
+}  // namespace
+
+double Wire::ChainS(uint64_t bytes, bool verify) const {
+  const auto& v = verify ? chain_verify : chain;
+  return v.empty() ? 0 : Seconds(bytes, *std::min_element(v.begin(), v.end()));
+}
+
+json Wire::Json(uint64_t bytes) const {
+  return {{"single_gbps", single}, {"chain_gbps", chain}, {"single_verify_gbps", single_verify},
+          {"chain_verify_gbps", chain_verify}, {"single_s", SingleS(bytes, false)}, {"chain_s", ChainS(bytes, false)},
+          {"single_verify_s", SingleS(bytes, true)}, {"chain_verify_s", ChainS(bytes, true)}, {"error", error}};
+}
+
+namespace {
 
 TcpEnds Hop(const FanoutRun& run, int from) {
   const Config& c = run.config.base;
   return TcpEnds{c.wire_bin, c.log_path, run.In(from + 1), run.ip[from + 1], run.In(from)};
 }
 
-void MeasureWire(const FanoutRun& run, const std::string& sink, std::vector<double>& single, std::vector<double>& chain,
-                 std::string& error) {
+}  // namespace
+
+void MeasureWire(const FanoutRun& run, const std::string& sink, Wire& w) {
+  const bool verify = !sink.empty();
+  std::vector<double>& single = verify ? w.single_verify : w.single;
+  std::vector<double>& chain = verify ? w.chain_verify : w.chain;
+  std::string& error = w.error;
   int reps = std::max(run.config.base.reps, 3);
   if (Status st = MeasureTcpStream(Hop(run, 1), run.bytes, reps, sink, single); !st.ok()) error += st.message() + "; ";
   std::vector<std::future<std::pair<Status, std::vector<double>>>> hops;
@@ -255,6 +281,8 @@ void MeasureWire(const FanoutRun& run, const std::string& sink, std::vector<doub
 // --------------------------------------------------------------------------- report
 
 std::string Ms(double s) { return fmt::format("{:.0f}", s * 1e3); }
+
+namespace {
 
 void PrintRows(const FanoutRun& run, const std::vector<Row>& rows, const Wire& w) {
   const auto& cfg = run.config;
@@ -287,11 +315,14 @@ void PrintRows(const FanoutRun& run, const std::vector<Row>& rows, const Wire& w
               cfg.base.reps, cfg.base.warmup, cpus);
 }
 
+}  // namespace
+
 json RowJson(const Row& r) {
   return {{"name", r.name}, {"consumers", r.consumers}, {"first_s", r.first.Json()}, {"last_s", r.last.Json()},
           {"cpu_s_per_update", r.cpu_s},
           {"producer_egress_sizes", r.egress}, {"relay_egress_sizes", r.relay_egress},
-          {"paths", std::vector<std::string>(r.paths.begin(), r.paths.end())}};
+          {"paths", std::vector<std::string>(r.paths.begin(), r.paths.end())},
+          {"checksums_checked", r.checksums_checked}, {"checksums_wrong", r.checksums_wrong}};
 }
 
 Status Setup(FanoutRun& run) {
@@ -310,19 +341,19 @@ Status Setup(FanoutRun& run) {
   VIPER_ASSIGN_OR_RETURN(run.model, MakeNt3(cfg.base.sizes.front().second));
   VIPER_ASSIGN_OR_RETURN(SnapshotLayout layout, SnapshotLayout::Make(run.model.specs));
   run.bytes = layout.total_bytes();  // what each publish sends (checked against PublishResult below)
-  VIPER_ASSIGN_OR_RETURN(run.pub, StartPublisher(cfg.base, "fan", PublishMode::kSync, DeltaMode::kOff));
+  PublisherOptions po = BenchPublisherOptions(cfg.base, "fan", PublishMode::kSync, DeltaMode::kOff);
+  po.node.registry = cfg.registry;  // "": none (the configured rows)
+  VIPER_ASSIGN_OR_RETURN(run.pub, Publisher::Start(po));
   return Status::OK();
 }
-
-}  // namespace
 
 Status RunFanout(FanoutConfig config, const std::string& json_path) {
   FanoutRun run;
   run.config = std::move(config);
   VIPER_RETURN_IF_ERROR(Setup(run));
   Wire w;
-  MeasureWire(run, "", w.single, w.chain, w.error);
-  MeasureWire(run, "--verify", w.single_verify, w.chain_verify, w.error);
+  MeasureWire(run, "", w);
+  MeasureWire(run, "--verify", w);
   std::vector<Row> rows;
   std::function<Result<Row>(FanoutRun&)> parts[] = {SingleRow, DirectRow, [](FanoutRun& r) { return ChainRow(r, false); },
                                               [](FanoutRun& r) { return ChainRow(r, true); }};
@@ -332,8 +363,8 @@ Status RunFanout(FanoutConfig config, const std::string& json_path) {
   }
   // The wire again after the rows (not with --quick): drift of the shared machine lands in the medians.
   if (!run.config.base.quick) {
-    MeasureWire(run, "", w.single, w.chain, w.error);
-    MeasureWire(run, "--verify", w.single_verify, w.chain_verify, w.error);
+    MeasureWire(run, "", w);
+    MeasureWire(run, "--verify", w);
   }
   PrintRows(run, rows, w);
   Report report;
@@ -349,11 +380,7 @@ Status RunFanout(FanoutConfig config, const std::string& json_path) {
                {{"bytes", run.bytes}, {"hosts", run.config.hosts}, {"consumers", run.config.consumers},
                 {"link_rate", run.config.link_rate},
                 {"rows", rows_json},
-                {"wire",
-                 {{"single_gbps", w.single}, {"chain_gbps", w.chain}, {"single_verify_gbps", w.single_verify},
-                  {"chain_verify_gbps", w.chain_verify}, {"single_s", w.SingleS(run.bytes, false)},
-                  {"chain_s", w.ChainS(run.bytes, false)}, {"single_verify_s", w.SingleS(run.bytes, true)},
-                  {"chain_verify_s", w.ChainS(run.bytes, true)}, {"error", w.error}}},
+                {"wire", w.Json(run.bytes)},
                 {"targets", targets}}}};
   std::ofstream(json_path) << out.dump(2) << "\n";
   return Status::OK();
@@ -367,12 +394,12 @@ namespace {
 struct Gather {
   std::mutex mu;
   std::condition_variable cv;
-  std::map<uint64_t, std::vector<json>> by_version;
+  std::map<uint64_t, std::map<int, json>> by_version;  // version -> consumer index -> its line
   bool stop = false;
   Status error;
 };
 
-void ReadConsumer(LineChild& child, Gather& g) {
+void ReadConsumer(LineChild& child, int index, Gather& g) {
   for (;;) {
     {
       std::lock_guard<std::mutex> lock(g.mu);
@@ -386,10 +413,36 @@ void ReadConsumer(LineChild& child, Gather& g) {
       if (g.error.ok()) g.error = line.ok() ? Status::Corruption("consumer printed: " + *line) : line.status();
       g.stop = true;
     } else {
-      g.by_version[j.value("version", uint64_t{0})].push_back(std::move(j));
+      uint64_t version = j.value("version", uint64_t{0});  // before the move below: `=` evaluates its right side first
+      g.by_version[version][index] = std::move(j);
     }
     g.cv.notify_all();
   }
+}
+
+// A registry-placed relay's moves, as events on stdout: polled, so a move is seen within 5 ms.
+void WatchUpstream(const Relay& relay, const std::string& model, Gather& g) {
+  std::string upstream;
+  uint64_t joins = 0;
+  std::unique_lock<std::mutex> lock(g.mu);
+  while (!g.cv.wait_for(lock, milliseconds(5), [&g] { return g.stop; })) {
+    RelayStats stats = relay.stats();
+    std::string now = stats.connected_to[model];
+    if (now == upstream && stats.joins == joins) continue;
+    upstream = now, joins = stats.joins;
+    PrintLine({{"event", "upstream"}, {"upstream", upstream}, {"joins", joins}, {"t_ns", WallClockNs()}});
+  }
+}
+
+Result<std::unique_ptr<Relay>> StartRelay(Node& node, const FanoutHostOptions& o) {
+  RelayOptions ro;
+  ro.upstream = o.upstream;
+  ro.registry = o.registry;
+  ro.max_children = static_cast<uint32_t>(o.max_children);
+  ro.heartbeat = node.options().registry_heartbeat;
+  ro.models = {o.model};
+  ro.pipelined = o.pipelined;
+  return Relay::Start(node, ro);
 }
 
 }  // namespace
@@ -401,34 +454,35 @@ Status RunFanoutHost(const FanoutHostOptions& o) {
   no.insecure = true;          // a namespace address, reachable only inside the bench's own namespaces
   no.delta = DeltaMode::kOff;  // full copies: see RunFanout
   no.segment_prefix = "viperfan" + std::to_string(::getpid());
+  no.registry = o.registry;
   VIPER_ASSIGN_OR_RETURN(auto node, Node::Start(no));
   std::unique_ptr<Relay> relay;
-  if (!o.upstream.empty()) {
-    RelayOptions ro;
-    ro.upstream = o.upstream;
-    ro.models = {o.model};
-    ro.pipelined = o.pipelined;
-    VIPER_ASSIGN_OR_RETURN(relay, Relay::Start(*node, ro));
+  if (!o.upstream.empty() || !o.registry.empty()) {
+    VIPER_ASSIGN_OR_RETURN(relay, StartRelay(*node, o));
   }
-  const std::string connect = o.upstream.empty() ? o.connect : node->address();
+  const std::string connect = relay ? node->address() : o.connect;
   std::vector<std::unique_ptr<LineChild>> consumers;
   for (int i = 0; i < o.consumers; ++i) {  // our children: they share this host's mount namespace
-    VIPER_ASSIGN_OR_RETURN(auto child, LineChild::Start({SelfExe(), "bench-peer", "subscribe", "--connect", connect,
-                                                          "--model", o.model, "--path", o.path}));
+    std::vector<std::string> argv = {SelfExe(), "bench-peer", "subscribe", "--connect", connect, "--model", o.model, "--path", o.path};
+    if (o.verify_local) argv.push_back("--verify-local");
+    VIPER_ASSIGN_OR_RETURN(auto child, LineChild::Start(argv));
     VIPER_ASSIGN_OR_RETURN(std::string ready, child->ReadLine(milliseconds(30000)));
     if (ready.find("\"ready\":true") == std::string::npos) return Status::Internal("consumer did not report ready: " + ready);
     consumers.push_back(std::move(child));
   }
   Gather g;
   std::vector<std::thread> readers;
-  for (auto& c : consumers) readers.emplace_back([&g, &c] { ReadConsumer(*c, g); });
+  for (size_t i = 0; i < consumers.size(); ++i)
+    readers.emplace_back([&g, &consumers, i] { ReadConsumer(*consumers[i], static_cast<int>(i), g); });
   std::thread stdin_watch([&g] {
     StdinClosed(-1);
     std::lock_guard<std::mutex> lock(g.mu);
     g.stop = true;
     g.cv.notify_all();
   });
-  PrintLine({{"ready", true}, {"address", node->address()}, {"host_key", LocalHostKey()}});
+  PrintLine({{"ready", true}, {"address", node->address()}, {"host_key", LocalHostKey()}, {"pid", ::getpid()}});
+  std::thread upstream_watch;
+  if (relay && !o.registry.empty()) upstream_watch = std::thread([&] { WatchUpstream(*relay, o.model, g); });
   {
     std::unique_lock<std::mutex> lock(g.mu);
     while (!g.stop) {
@@ -438,14 +492,18 @@ Status RunFanoutHost(const FanoutHostOptions& o) {
           ++it;
           continue;
         }
-        json live = json::array(), paths = json::array();
-        for (const auto& j : it->second) live.push_back(j["live_ns"]), paths.push_back(j.value("path", ""));
-        PrintLine({{"version", it->first}, {"live_ns", live}, {"paths", paths}});
+        json live = json::array(), paths = json::array(), sums = json::array();
+        for (const auto& [index, j] : it->second) {
+          live.push_back(j["live_ns"]), paths.push_back(j.value("path", ""));
+          if (j.contains("checksum")) sums.push_back(j["checksum"]);
+        }
+        PrintLine({{"version", it->first}, {"live_ns", live}, {"paths", paths}, {"checksums", sums}});
         it = g.by_version.erase(it);
       }
     }
   }
   stdin_watch.join();  // stop was set by it, or by a reader's error (then stdin closes with the bench)
+  if (upstream_watch.joinable()) upstream_watch.join();
   for (auto& t : readers) t.join();
   consumers.clear();
   relay.reset();

@@ -37,11 +37,25 @@ struct FanoutConfig {
   // Each host's egress shaped to this rate (tc tbf, e.g. "2gbit"): links slower than the CPUs, as
   // between real hosts, instead of veths that only the shared CPUs limit. Empty: unshaped.
   std::string link_rate;
+  // Every consumer also hashes what it maps and checks it against the announced checksum
+  // (SubscriberOptions::verify_local), and reports that checksum: bit-exact, at one xxh3 pass each.
+  bool verify = false;
+  std::string registry;   // the producer's node registers here ("": no registry; RunFanoutAuto sets it)
+  int max_children = 1;   // RunFanoutAuto: RelayOptions::max_children of every relay
 };
 
 // Inside h1 (after ExecInHosts): measures every row and the wire, prints them and the targets,
 // writes JSON to `json_path` unless empty.
 Status RunFanout(FanoutConfig config, const std::string& json_path);
+
+// `viper bench --fanout --auto` (fanout_auto.cc): the same hosts, but no upstream is written down:
+// a redis-server in h1 is the registry, the producer's node registers in it, and every other host's
+// relay (`RelayOptions::registry`, no upstream) is placed by it. Measured against the single
+// consumer and the wire of the same run: the producer's egress per update, each consumer's receive
+// rate against its link, the last consumer live against one consumer alone, and the heal after a
+// relay with a child is killed (kill -9) while a version is on its way: its children re-attached
+// through the registry and every surviving consumer live again.
+Status RunFanoutAuto(FanoutConfig config, const std::string& json_path);
 
 struct FanoutHostOptions {
   std::string listen;    // this host's address, port 0
@@ -51,11 +65,18 @@ struct FanoutHostOptions {
   std::string path = "map";  // the consumers' fetch path
   int consumers = 2;
   bool pipelined = true;
+  // Instead of `upstream`: the relay is placed by this registry (redis://), and the node registers
+  // in it. The peer then prints {"event":"upstream","upstream":ADDR,"joins":N,"t_ns":T} each time its
+  // relay moves to another node ("" while it has none).
+  std::string registry;
+  int max_children = 1;
+  bool verify_local = false;  // consumers: SubscriberOptions::verify_local
 };
 
-// `viper bench-peer fanout-host`: prints {"ready":true,"address":...} once its consumers are
-// ready, then one line per version once every consumer has it live: {"version", "live_ns": [..],
-// "paths": [..]}; exits when stdin closes.
+// `viper bench-peer fanout-host`: prints {"ready":true,"address":...,"pid":...} once its consumers
+// are ready, then one line per version once every consumer has it live: {"version", "live_ns": [..],
+// "paths": [..], "checksums": [..]} (consumer by consumer, in the order they were started); exits
+// when stdin closes.
 Status RunFanoutHost(const FanoutHostOptions& options);
 
 }  // namespace viper::bench

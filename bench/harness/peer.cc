@@ -81,7 +81,8 @@ Status RunSubscriberPeer(const SubscriberOptions& options) {
     PrintLine({{"version", mv->info.version}, {"bytes", mv->info.size}, {"path", std::string(fetch_path_name(mv->path))},
                {"publish_ns", t.publish_ns}, {"completed_ns", t.completed_ns}, {"notified_ns", t.notified_ns},
                {"fetched_ns", t.fetched_ns}, {"verified_ns", t.verified_ns}, {"live_ns", t.live_ns},
-               {"delta_base", mv->delta_base}, {"wire_bytes", mv->wire_bytes}, {"reason", mv->reason}});
+               {"delta_base", mv->delta_base}, {"wire_bytes", mv->wire_bytes}, {"reason", mv->reason},
+               {"checksum", mv->info.checksum}});
   });
   StdinClosed(-1);
   sub->Close();

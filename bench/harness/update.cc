@@ -84,10 +84,11 @@ Result<SourceModel> MakeNt3(uint64_t bytes) {
   return m;
 }
 
-Result<json> WaitVersion(LineChild& child, uint64_t v, milliseconds timeout) {
+Result<json> WaitVersion(LineChild& child, uint64_t v, milliseconds timeout, const std::function<void(const json&)>& other) {
   for (;;) {
     VIPER_ASSIGN_OR_RETURN(json j, ReadJsonLine(child, timeout));
     uint64_t got = j.value("version", uint64_t{0});
+    if (got == 0 && other) other(j);
     if (got == v) return j;
     if (got > v) return Status::Internal("consumer went from below version " + std::to_string(v) + " to " + std::to_string(got));
   }

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -72,8 +73,10 @@ PublisherOptions BenchPublisherOptions(const Config& config, const std::string& 
 Result<std::unique_ptr<LineChild>> StartPeer(const Config& config, std::vector<std::string> args,
                                              nlohmann::json* ready_line = nullptr);
 
-// Reads the peer's JSON lines until version `v` is live; returns that line.
-Result<nlohmann::json> WaitVersion(LineChild& peer, uint64_t v, std::chrono::milliseconds timeout);
+// Reads the peer's JSON lines until version `v` is live; returns that line. Lines of no version
+// (events, e.g. a fan-out host's relay moving) go to `other` if given.
+Result<nlohmann::json> WaitVersion(LineChild& peer, uint64_t v, std::chrono::milliseconds timeout,
+                                   const std::function<void(const nlohmann::json&)>& other = {});
 
 // One row: a consumer on `path` (with "--<variant>" if not empty), config.warmup untimed then
 // config.reps timed publishes of `m`, each after the previous one is live.

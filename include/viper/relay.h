@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,7 +26,8 @@
 namespace viper {
 
 // Children a relay takes in a registry-placed tree by default (RelayOptions::max_children):
-// docs/ARCHITECTURE.md "Placement and healing" measures the choice.
+// docs/BENCHMARKS.md "Fan-out placed by the registry" measures the choice (a chain against a
+// binary tree); docs/ARCHITECTURE.md "A chain unless told otherwise" gives the reasons.
 inline constexpr uint32_t kDefaultRelayChildren = 1;
 
 struct RelayOptions {
@@ -57,6 +59,10 @@ struct RelayStats {
   uint64_t versions_relayed = 0;
   uint64_t versions_received_in_place = 0;  // ...that landed straight in this node's segment (no copy)
   uint64_t failures = 0;
+  // Registry-placed relays (RelayOptions::registry): places taken in the relay trees, the first
+  // join of each model and then one per re-attachment after a parent was lost.
+  uint64_t joins = 0;
+  std::map<std::string, std::string> connected_to;  // model -> the node relayed from now ("" = none)
   UpstreamStats upstream;  // as the node's STATS show it
 };
 

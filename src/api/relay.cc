@@ -244,7 +244,10 @@ Result<std::unique_ptr<Relay>> Relay::Start(Node& node, const RelayOptions& opti
 
 RelayStats Relay::stats() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  return impl_->stats;
+  RelayStats out = impl_->stats;
+  for (const auto& p : impl_->placements) out.joins += p->joins();
+  for (const auto& [model, link] : impl_->links) out.connected_to[model] = link.node;
+  return out;
 }
 
 }  // namespace viper

@@ -268,6 +268,12 @@ TEST(Fanout, ChainCostsEachNodeOneCopyPerUpdate) {
   EXPECT_EQ(nodes[1]->stats().bytes_sent, total);
   EXPECT_EQ(nodes[2]->stats().bytes_sent, 0u) << "its consumers map its segments";
   for (auto& r : relays) EXPECT_EQ(r->stats().versions_received_in_place, 3u);
+  // Each relay says which node it relays from; a configured one never joins a registry's tree.
+  for (size_t i = 0; i < relays.size(); ++i) {
+    RelayStats stats = relays[i]->stats();
+    EXPECT_EQ(stats.connected_to["m"], i == 0 ? a->address() : nodes[i - 1]->address());
+    EXPECT_EQ(stats.joins, 0u);
+  }
   consumers.clear();
   relays.clear();
 }

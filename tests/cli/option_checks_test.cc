@@ -271,6 +271,7 @@ const std::vector<Option>& Table() {
       {"bench", "--fanout-hosts", Kind::kInteger, 2, 64},
       {"bench", "--consumers", Kind::kInteger, 1, 4096},
       {"bench", "--link-rate", Kind::kText, 0, 32},
+      {"bench", "--max-children", Kind::kInteger, 1, 1024},
       {"bench", "--only", Kind::kChoice},
       {"bench", "--delta-bytes", Kind::kText, 0, 32},
       {"bench", "--delta-threads", Kind::kInteger, 1, 256},
@@ -287,6 +288,8 @@ const std::vector<Option>& Table() {
       {"bench-peer fanout-host", "--model", Kind::kModel},
       {"bench-peer fanout-host", "--path", Kind::kChoice},
       {"bench-peer fanout-host", "--consumers", Kind::kInteger, 1, 4096},
+      {"bench-peer fanout-host", "--registry", Kind::kRegistry},
+      {"bench-peer fanout-host", "--max-children", Kind::kInteger, 1, 1024},
   };
   static const std::vector<Option> with_log_level = [] {
     std::vector<Option> all = table;
@@ -310,9 +313,9 @@ const std::map<std::string, std::set<std::string>>& Flags() {
       {"stats", {"--json", "--prometheus"}},
       {"inspect", {"--json", "--verify"}},
       {"schedule", {"--json", "--robust"}},
-      {"bench", {"--quick", "--no-diagnostic-rows", "--fanout", "--gpu"}},
+      {"bench", {"--quick", "--no-diagnostic-rows", "--fanout", "--gpu", "--auto", "--fanout-verify"}},
       {"bench-peer subscribe", {"--no-verify", "--verify-local"}},
-      {"bench-peer fanout-host", {"--no-pipeline"}},
+      {"bench-peer fanout-host", {"--no-pipeline", "--verify-local"}},
   };
   return flags;
 }

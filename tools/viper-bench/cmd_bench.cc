@@ -13,6 +13,7 @@
 #include "harness/fanout.h"
 #include "harness/gpu.h"
 #include "harness/child.h"
+#include "viper/relay.h"
 #include "viper/units.h"
 
 namespace viper::cli {
@@ -35,6 +36,9 @@ struct BenchFlags {
   bool fanout = false;  // --fanout: only the fan-out benchmark (bench/harness/fanout.h)
   int fanout_hosts = 4, consumers = 8;
   std::string link_rate;
+  bool auto_place = false;     // --auto: the relays are placed by a registry (bench/harness/fanout.h)
+  int max_children = static_cast<int>(kDefaultRelayChildren);
+  bool fanout_verify = false;  // --fanout-verify: consumers hash what they map
   int subscribers = 0;  // > 0: only the load benchmark (bench/harness/load.cc)
   std::vector<std::string> only;
   std::string delta_bytes = "256Mi";
@@ -110,6 +114,8 @@ std::vector<std::string> FanoutInnerArgs(const BenchFlags& f) {
   if (!f.json_path.empty()) a.insert(a.end(), {"--json", std::filesystem::absolute(f.json_path).string()});
   if (!f.hosts_script.empty()) a.insert(a.end(), {"--hosts-script", f.hosts_script});
   if (!f.link_rate.empty()) a.insert(a.end(), {"--link-rate", f.link_rate});
+  if (f.auto_place) a.insert(a.end(), {"--auto", "--max-children", std::to_string(f.max_children)});
+  if (f.fanout_verify) a.push_back("--fanout-verify");
   return a;
 }
 
@@ -134,7 +140,9 @@ int RunFanoutBench(const BenchFlags& f) {
   fc.consumers = f.consumers;
   fc.hosts_script = f.hosts_script;
   fc.link_rate = f.link_rate;
-  Status st = bench::RunFanout(fc, f.json_path);
+  fc.verify = f.fanout_verify;
+  fc.max_children = f.max_children;
+  Status st = f.auto_place ? bench::RunFanoutAuto(fc, f.json_path) : bench::RunFanout(fc, f.json_path);
   return st.ok() ? 0 : Fail("bench", st);
 }
 
@@ -162,6 +170,10 @@ int RunBench(const BenchFlags& f) {
   }
   if (f.fanout && f.subscribers != 0) return Fail("bench", Status::InvalidArgument("--fanout and --subscribers are two benchmarks: give one"));
   if (Status st = CheckLinkRate(f); !st.ok()) return Fail("bench", st);
+  if ((f.auto_place || f.fanout_verify || f.app->count("--max-children")) && !f.fanout)
+    return Fail("bench", Status::InvalidArgument("--auto, --max-children and --fanout-verify belong to --fanout: give it"));
+  if (f.app->count("--max-children") && !f.auto_place)
+    return Fail("bench", Status::InvalidArgument("--max-children bounds the tree the registry places: give --auto"));
   if (f.fanout) return RunFanoutBench(f);
   if (f.hosts != 1 && f.hosts != 2) return Fail("bench", Status::InvalidArgument("--hosts must be 1 or 2"));
   if (f.subscribers != 0 && f.hosts != 1)
@@ -225,6 +237,15 @@ ViperCommand bench_command(
       app.add_option("--fanout-hosts", f->fanout_hosts, "--fanout: hosts (the producer's is h1)")
           ->capture_default_str()
           ->check(IntegerIn(2, 64));
+      app.add_flag("--auto", f->auto_place,
+                   "--fanout: no upstream written down: a redis-server in h1 is the registry, every relay is placed by it "
+                   "(viper serve --registry --relay-model); then a relay with a child is killed mid-transfer (heal)");
+      app.add_option("--max-children", f->max_children, "--fanout --auto: children each relay takes in the tree")
+          ->capture_default_str()
+          ->check(IntegerIn(1, 1024));
+      app.add_flag("--fanout-verify", f->fanout_verify,
+                   "--fanout: every consumer also hashes the version it maps and reports its checksum (bit-exact; one "
+                   "xxh3 pass each)");
       app.add_option("--consumers", f->consumers, "--fanout: consumers, a multiple of --fanout-hosts")
           ->capture_default_str()
           ->check(IntegerIn(1, 4096));

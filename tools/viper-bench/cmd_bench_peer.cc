@@ -3,8 +3,10 @@
 //
 //   bench-peer subscribe --connect ADDR --model M --path map|copy|remote|auto [--no-verify] [--verify-local]
 //   bench-peer poll --dir D --interval S
-//   bench-peer fanout-host --listen IP:0 [--upstream ADDR | --connect ADDR] --consumers N [--no-pipeline]
+//   bench-peer fanout-host --listen IP:0 [--upstream ADDR | --registry URL [--max-children K] | --connect ADDR]
+//                          --consumers N [--no-pipeline] [--verify-local]
 //   bench-peer wake
+#include "cli_checks.h"
 #include "command.h"
 #include "harness/fanout.h"
 #include "harness/peer.h"
@@ -71,6 +73,11 @@ ViperCommand bench_peer_command(
       host->add_option("--path", f->host.path, "The consumers' fetch path")->check(OneOf({"auto", "map", "copy", "remote", "file"}));
       host->add_option("--consumers", f->host.consumers, "Consumer processes")->check(IntegerIn(1, 4096));
       host->add_flag("--no-pipeline", f->no_pipeline, "Relay complete versions only");
+      host->add_option("--registry", f->host.registry, "Instead of --upstream: placed by this registry (redis://)")
+          ->check(RegistryUrl());
+      host->add_option("--max-children", f->host.max_children, "With --registry: children this relay takes")
+          ->check(IntegerIn(1, 1024));
+      host->add_flag("--verify-local", f->host.verify_local, "Consumers hash what they map (SubscriberOptions::verify_local)");
       auto* wake = app.add_subcommand("wake", "Fan-out baseline: one line per line read on stdin");
       app.require_subcommand(1);
       return [f, sub, host, wake] {

@@ -3,6 +3,7 @@
 // operations are in flight in every state, many rounds, with real peer processes.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <random>
@@ -169,6 +170,24 @@ TEST_F(EngineTest, StopWithOperationsInEveryStateCompletesEachOnceManyRounds) {
     dialer->Wait(5s);
   }
   std::printf("%d rounds; slowest stop %.3f s\n", rounds, slowest);
+}
+
+// A helper SIGKILLed while UCX creates its worker leaves its shared-memory file behind; the
+// harness gives each child its own UCX_POSIX_DIR and removes it once the child is reaped.
+TEST_F(EngineTest, HelperKilledDuringStartLeavesNoUcxFileBehind) {
+  int removed = 0;
+  for (int i = 0; i < 20; ++i) {
+    auto child = ChildProcess::Start({HelperPath(), "--listen", "127.0.0.1:0"});
+    ASSERT_TRUE(child);
+    const std::string dir = child->ucx_dir();
+    ASSERT_EQ(dir.rfind("/dev/shm/", 0), 0u) << "no private UCX_POSIX_DIR: " << dir;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5 * i));  // through UCX's start-up
+    child->Kill(SIGKILL);
+    ASSERT_NE(child->Wait(10s), -1);
+    EXPECT_NE(access(dir.c_str(), F_OK), 0) << dir << " is still there";
+    removed += child->ucx_files_removed();
+  }
+  std::printf("20 helpers killed 0-95 ms after their start: %d UCX shared-memory files left behind, removed\n", removed);
 }
 
 }  // namespace

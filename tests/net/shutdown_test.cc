@@ -150,8 +150,9 @@ TEST_F(EngineTest, StopWithOperationsInEveryStateCompletesEachOnceManyRounds) {
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     connector.join();
     slowest = std::max(slowest, seconds);
-    // close_timeout for the sends that never finish, then forced; the hard deadline is 2 s later.
-    EXPECT_LT(seconds, std::chrono::duration<double>(kCloseTimeout).count() + 1.5) << "Stop() reached its hard deadline";
+    // close_timeout for the sends that never finish, then forced; the hard deadline, after which
+    // Stop() gives up on requests that never completed, is 2 s later.
+    EXPECT_LT(seconds, std::chrono::duration<double>(kCloseTimeout).count() + 1.9) << "Stop() reached its hard deadline";
     EXPECT_EQ(engine->stats().requests_pending, 0u) << "Stop() returned with UCX requests pending";
     ASSERT_TRUE(connected.has_value());
     size_t ok = 0, failed = 0;

@@ -333,12 +333,33 @@ void Engine::Impl::Shutdown() {
     if (peers.empty() && outstanding == 0 && queue_empty && deferred.empty()) break;
     if (now >= hard_deadline) {
       log(LogLevel::kWarn, kLog, "shutdown: {} UCX requests and {} endpoints still pending after {} ms; releasing",
-          outstanding, peers.size(), options.close_timeout.count() + 2000);
+          outstanding.load(), peers.size(), options.close_timeout.count() + 2000);
       break;
     }
     if (!active) WaitForEvents(now, 10);
   }
   ReleaseUcx();
+  CompleteAbandonedOps();
+}
+
+// After the hard deadline: the worker is gone, so no callback will ever run for what peers still
+// list; UCX no longer touches their buffers either. Each such op completes here, once, with the
+// reason stamped on it (or Cancelled), as the contract promises.
+void Engine::Impl::CompleteAbandonedOps() {
+  for (auto& [id, peer] : peers) {
+    std::unordered_map<void*, detail::Op*> ops;
+    ops.swap(peer->ops);
+    for (auto& [request, op] : ops) {
+      op->request = nullptr;  // released with the worker; Untrack has nothing to do
+      if (op->is_recv) {
+        OnRecvDone(static_cast<detail::RecvOp*>(op), UCS_ERR_CANCELED, 0);
+      } else {
+        OnSendDone(static_cast<detail::SendOp*>(op), UCS_ERR_CANCELED);
+      }
+    }
+  }
+  peers.clear();
+  by_ep.clear();
 }
 
 void Engine::Impl::ReleaseUcx() {
@@ -480,6 +501,7 @@ Engine::Stats Engine::stats() const {
   s.messages_in = impl_->messages_in.load(std::memory_order_relaxed);
   s.messages_out = impl_->messages_out.load(std::memory_order_relaxed);
   s.peers = impl_->peer_count.load(std::memory_order_relaxed);
+  s.requests_pending = impl_->outstanding.load(std::memory_order_relaxed);
   if (const auto& c = impl_->acceptor_counters) {
     s.handshakes_refused_token = c->auth.load(std::memory_order_relaxed);
     s.handshakes_timed_out = c->timed_out.load(std::memory_order_relaxed);

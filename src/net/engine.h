@@ -150,6 +150,9 @@ class Engine {
     uint64_t messages_in = 0;
     uint64_t messages_out = 0;
     uint64_t peers = 0;           // currently connected
+    // UCX requests started and not yet completed (sends, receives, flushes, closes): 0 once every
+    // operation has completed and no peer is closing.
+    uint64_t requests_pending = 0;
     // Connections to the listener closed before the handshake admitted them (bootstrap.h), all
     // causes, then by cause.
     uint64_t handshakes_refused = 0;

@@ -36,15 +36,34 @@ namespace detail {
 // connection manager.
 enum AmId : unsigned { kControlAm = 1, kPingAm = 2, kPongAm = 3, kByeAm = 4 };
 
-// user_data of UCX requests; each is deleted by its completion callback. Ops that belong to a
-// peer are listed in Peer::ops so that closing the peer can stamp the reason on them (and cancel
-// the receives, which UCX would otherwise keep matching forever).
+// user_data of UCX requests. Ops that belong to a peer are listed in Peer::ops so that closing
+// the peer can stamp the reason on them (and cancel the receives, which UCX would otherwise keep
+// matching forever).
+//
+// Ownership (the invariant FailOps, Shutdown and the callbacks rely on): an op has exactly one
+// owner at a time.
+//   1. The code that submits it (DoSendBulk, DoRecvBulk, SendAm, FetchRendezvous) while `submitting`
+//      is set, i.e. for the duration of the ucp_*_nbx call. UCX 1.13 may run the completion
+//      callback INSIDE that call and still return the (already released) request: a tag receive
+//      that matches an unexpected multi-fragment eager message, a rendezvous message larger than
+//      the buffer, or a rendezvous from an endpoint already closed. A callback that finds
+//      `submitting` set only records `inline_status`/`inline_length` and releases the request; it
+//      never deletes the op. The submitter then completes it (Track, FetchRendezvous).
+//   2. Otherwise, while its request is pending: the peer's `ops` map (keyed by that live request)
+//      and UCX, until the callback runs. Only such ops are ever listed in Peer::ops, so FailOps
+//      and the shutdown never see a request that UCX already released.
+//   3. The completion (OnSendDone, OnRecvDone, OnAmData), which unlists it and deletes it after
+//      calling `done`: nothing refers to it afterwards.
 struct Op {
   Engine::Impl* impl = nullptr;
   PeerId peer = 0;
-  void* request = nullptr;  // the UCX request while it is pending
+  void* request = nullptr;  // the UCX request while it is pending (owner 2)
   Status reason;            // why the peer closed, if it did before completion
   bool is_recv = false;
+  bool submitting = true;   // owner 1: a callback now only records its result
+  bool ended_inline = false;
+  ucs_status_t inline_status = UCS_OK;
+  size_t inline_length = 0;
 };
 struct SendOp : Op {
   std::shared_ptr<const std::vector<std::byte>> copy;  // control messages are copied
@@ -64,10 +83,13 @@ struct Inbound {
   size_t size = 0;
   bool ready = false;
 };
-struct AmDataOp {
+struct AmDataOp {  // owned as an Op is (submitting, then UCX, then OnAmData); never in Peer::ops
   Engine::Impl* impl = nullptr;
   PeerId peer = 0;
   std::shared_ptr<Inbound> message;
+  bool submitting = true;
+  bool ended_inline = false;
+  ucs_status_t inline_status = UCS_OK;
 };
 struct RndvPending {  // rendezvous control message to fetch once ucp_worker_progress returns
   PeerId peer;
@@ -125,6 +147,8 @@ struct Engine::Impl {
   mutable std::mutex live_mu;
   std::unordered_set<PeerId> live;  // guarded by live_mu: open peers, for Send's fast check
   std::atomic<uint64_t> wakeups{0}, messages_in{0}, messages_out{0}, peer_count{0};
+  // UCX requests whose callback has not run yet (written by the progress thread only).
+  std::atomic<uint64_t> outstanding{0};
 
   void Post(std::function<void()> fn);
   void Wake();
@@ -145,7 +169,6 @@ struct Engine::Impl {
   std::vector<std::function<void()>> deferred;  // run after ucp_worker_progress returns
   std::vector<detail::RndvPending> rndv_pending;
   size_t closing = 0;     // peers in a graceful close
-  uint64_t outstanding = 0;  // UCX requests whose callback has not run yet
   bool stopping = false;
 
   // engine.cc: lifecycle and loop
@@ -157,6 +180,7 @@ struct Engine::Impl {
   int EpollTimeoutMs(Clock::time_point now) const;
   void CheckDeadlines(Clock::time_point now);
   void Shutdown();
+  void CompleteAbandonedOps();
   void ReleaseUcx();
 
   // engine_peers.cc: endpoints

@@ -33,25 +33,44 @@ ucs_status_t PongAmCb(void* arg, const void* header, size_t header_length, void*
   return UCS_OK;
 }
 
+// The completion callbacks release the request and hand the op to its completion, except while
+// the op is still being submitted: UCX 1.13 may call them inside the ucp_*_nbx call, and then the
+// submitter owns the op and completes it (engine_impl.h, Op).
 void SendCb(void* request, ucs_status_t status, void* user_data) {
   auto* op = static_cast<detail::SendOp*>(user_data);
-  op->impl->outstanding--;
   ucp_request_free(request);
+  if (op->submitting) {
+    op->ended_inline = true;
+    op->inline_status = status;
+    return;
+  }
+  op->impl->outstanding--;
   op->impl->OnSendDone(op, status);
 }
 
 void TagRecvCb(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user_data) {
   auto* op = static_cast<detail::RecvOp*>(user_data);
-  op->impl->outstanding--;
   size_t length = (status == UCS_OK && info != nullptr) ? info->length : 0;
   ucp_request_free(request);
+  if (op->submitting) {
+    op->ended_inline = true;
+    op->inline_status = status;
+    op->inline_length = length;
+    return;
+  }
+  op->impl->outstanding--;
   op->impl->OnRecvDone(op, status, length);
 }
 
 void AmDataCb(void* request, ucs_status_t status, size_t length, void* user_data) {
   auto* op = static_cast<detail::AmDataOp*>(user_data);
-  op->impl->outstanding--;
   ucp_request_free(request);
+  if (op->submitting) {
+    op->ended_inline = true;
+    op->inline_status = status;
+    return;
+  }
+  op->impl->outstanding--;
   op->impl->OnAmData(op, status);
 }
 
@@ -136,7 +155,10 @@ void Engine::Impl::FetchRendezvous() {
     param.cb.recv_am = AmDataCb;
     ucs_status_ptr_t request =
         ucp_am_recv_data_nbx(worker, item.descriptor, item.message->data.get(), item.message->size, &param);
-    if (request == nullptr) {
+    op->submitting = false;
+    if (op->ended_inline) {  // the callback ran inside the call: `request` is already released
+      OnAmData(op, op->inline_status);
+    } else if (request == nullptr) {
       OnAmData(op, UCS_OK);
     } else if (UCS_PTR_IS_ERR(request)) {
       OnAmData(op, UCS_PTR_STATUS(request));
@@ -216,18 +238,23 @@ void Engine::Impl::SendAm(detail::Peer& peer, unsigned id, std::shared_ptr<const
   Track(peer, op, request);
 }
 
-// Registers a just-started request with its peer, or completes the op if UCX already did.
+// Ends the submission of `op` (engine_impl.h, Op): registers its pending request with the peer,
+// or completes the op if UCX already did, inside the call (its callback recorded the result and
+// `request` is already released) or immediately (NULL or an error). Receives are posted with
+// UCP_OP_ATTR_FLAG_NO_IMM_CMPL, so they always end through the callback, with the real length.
 void Engine::Impl::Track(detail::Peer& peer, detail::Op* op, ucs_status_ptr_t request) {
-  if (request != nullptr && !UCS_PTR_IS_ERR(request)) {
+  op->submitting = false;
+  if (!op->ended_inline && request != nullptr && !UCS_PTR_IS_ERR(request)) {
     outstanding++;
     op->request = request;
     peer.ops[request] = op;
     return;
   }
-  ucs_status_t status = request == nullptr ? UCS_OK : UCS_PTR_STATUS(request);
+  ucs_status_t status = op->ended_inline ? op->inline_status : request == nullptr ? UCS_OK : UCS_PTR_STATUS(request);
   if (op->is_recv) {
     auto* recv = static_cast<detail::RecvOp*>(op);
-    OnRecvDone(recv, status, status == UCS_OK ? recv->expected : 0);
+    // (NULL cannot come back for a receive posted with NO_IMM_CMPL; were it to, it is complete.)
+    OnRecvDone(recv, status, op->ended_inline ? op->inline_length : request == nullptr ? recv->expected : 0);
   } else {
     OnSendDone(static_cast<detail::SendOp*>(op), status);
   }
@@ -271,6 +298,7 @@ void Engine::Impl::DoRecvBulk(PeerId id, uint64_t tag, std::span<std::byte> buff
   op->expected = buffer.size();
   op->done = std::move(done);
   ucp_request_param_t param = CallbackParam(op);
+  param.op_attr_mask |= UCP_OP_ATTR_FLAG_NO_IMM_CMPL;  // the callback reports the length (1.13 ignores recv_info)
   param.cb.recv = TagRecvCb;
   Track(*peer, op, ucp_tag_recv_nbx(worker, buffer.data(), buffer.size(), tag, ~ucp_tag_t{0}, &param));
 }
@@ -278,7 +306,8 @@ void Engine::Impl::DoRecvBulk(PeerId id, uint64_t tag, std::span<std::byte> buff
 // Stamps `reason` on the peer's pending operations and cancels its receives (UCX matches tags
 // per worker, so nothing else would ever end them; a receive already matched to a message in
 // flight cannot be cancelled and ends with it). Sends end by themselves or when the endpoint is
-// closed.
+// closed. Every op listed in peer.ops is alive and its request pending (engine_impl.h, Op); a
+// cancel runs the receive's callback at once, which unlists and deletes it: hence the copy.
 void Engine::Impl::FailOps(detail::Peer& peer, const Status& reason) {
   std::vector<void*> receives;
   for (auto& [request, op] : peer.ops) {

@@ -1,14 +1,18 @@
 #include "net/net_test_util.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -86,12 +90,26 @@ std::optional<ChildProcess> ChildProcess::Start(const std::vector<std::string>& 
   std::vector<std::string> env_strings;
   for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
   for (const std::string& e : env) env_strings.push_back(e);
+  std::string ucx_dir;
+  auto sets_posix_dir = [](const std::string& e) { return e.rfind("UCX_POSIX_DIR=", 0) == 0; };
+  if (std::none_of(env_strings.begin(), env_strings.end(), sets_posix_dir)) {
+    static std::atomic<int> children{0};
+    ucx_dir = "/dev/shm/viper-test-ucx." + std::to_string(getpid()) + "." + std::to_string(children++);
+    if (mkdir(ucx_dir.c_str(), 0700) == 0) {
+      env_strings.push_back("UCX_POSIX_DIR=" + ucx_dir);
+    } else {
+      ucx_dir.clear();  // e.g. no /dev/shm: UCX then fails or uses its default, as without us
+    }
+  }
   std::vector<char*> envp;
   for (std::string& e : env_strings) envp.push_back(e.data());
   envp.push_back(nullptr);
   pid_t parent = getpid();
   pid_t pid = fork();
-  if (pid < 0) return std::nullopt;
+  if (pid < 0) {
+    if (!ucx_dir.empty()) rmdir(ucx_dir.c_str());
+    return std::nullopt;
+  }
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(127);
@@ -106,15 +124,18 @@ std::optional<ChildProcess> ChildProcess::Start(const std::vector<std::string>& 
   child.pid_ = pid;
   child.stdin_fd_ = in_pipe[1];
   child.stdout_fd_ = out_pipe[0];
+  child.ucx_dir_ = std::move(ucx_dir);
   return child;
 }
 
 ChildProcess::ChildProcess(ChildProcess&& other) noexcept
     : pid_(other.pid_), stdin_fd_(other.stdin_fd_), stdout_fd_(other.stdout_fd_),
-      buffer_(std::move(other.buffer_)), reaped_(other.reaped_) {
+      buffer_(std::move(other.buffer_)), reaped_(other.reaped_), ucx_dir_(std::move(other.ucx_dir_)),
+      ucx_files_removed_(other.ucx_files_removed_) {
   other.pid_ = -1;
   other.stdin_fd_ = -1;
   other.stdout_fd_ = -1;
+  other.ucx_dir_.clear();
 }
 
 ChildProcess::~ChildProcess() {
@@ -124,6 +145,22 @@ ChildProcess::~ChildProcess() {
     Wait(std::chrono::seconds(5));
   }
   if (stdout_fd_ >= 0) close(stdout_fd_);
+  RemoveUcxDir();  // (if the child could not be reaped, what it may still use goes with it)
+}
+
+// Only once the child is dead: a live one's files are unlinked by UCX itself right after creation.
+void ChildProcess::RemoveUcxDir() {
+  if (ucx_dir_.empty()) return;
+  if (DIR* dir = opendir(ucx_dir_.c_str())) {
+    while (dirent* entry = readdir(dir)) {
+      std::string name = entry->d_name;
+      if (name == "." || name == "..") continue;
+      if (unlink((ucx_dir_ + "/" + name).c_str()) == 0) ++ucx_files_removed_;
+    }
+    closedir(dir);
+  }
+  rmdir(ucx_dir_.c_str());
+  ucx_dir_.clear();
 }
 
 std::optional<std::string> ChildProcess::ReadLine(std::chrono::milliseconds timeout) {
@@ -167,6 +204,7 @@ int ChildProcess::Wait(std::chrono::milliseconds timeout) {
     pid_t r = waitpid(pid_, &status, WNOHANG);
     if (r == pid_) {
       reaped_ = true;
+      RemoveUcxDir();
       return status;
     }
     if (r < 0 || std::chrono::steady_clock::now() >= deadline) return -1;

@@ -34,6 +34,13 @@ std::string HelperPath(const char* name = "viper_net_test_peer");
 // A child process started with fork+exec; its stdout is a pipe read line by line, its stdin a
 // pipe whose closing tells a well-behaved helper to exit. Killed (SIGKILL) on destruction if it
 // does not exit within a few seconds.
+//
+// UCX's shared-memory file: UCX creates /dev/shm/ucx_shm_posix_<random> when it creates a worker
+// and unlinks it at once (peers map it through /proc/PID/fd), so a child SIGKILLed in between
+// leaves it behind (3 of 40 helpers killed 0-99 ms after their start). Each child therefore gets
+// its own UCX_POSIX_DIR, a directory under /dev/shm (the same memory) that is removed with what it
+// holds once the child is reaped: whatever is left there is that child's and nobody else's. Not
+// done when the environment already sets UCX_POSIX_DIR.
 class ChildProcess {
  public:
   static std::optional<ChildProcess> Start(const std::vector<std::string>& argv, const std::vector<std::string>& env = {});
@@ -49,6 +56,9 @@ class ChildProcess {
   // Waits for exit; returns the raw wait status or -1 on timeout.
   int Wait(std::chrono::milliseconds timeout);
   pid_t pid() const { return pid_; }
+  // The child's UCX_POSIX_DIR (empty if none), and how many files it had left there when reaped.
+  const std::string& ucx_dir() const { return ucx_dir_; }
+  int ucx_files_removed() const { return ucx_files_removed_; }
   // User+system CPU seconds of the child so far (from /proc/<pid>/stat).
   double CpuSeconds() const;
 
@@ -57,8 +67,12 @@ class ChildProcess {
   pid_t pid_ = -1;
   int stdin_fd_ = -1;
   int stdout_fd_ = -1;
+  void RemoveUcxDir();
+
   std::string buffer_;
   bool reaped_ = false;
+  std::string ucx_dir_;
+  int ucx_files_removed_ = 0;
 };
 
 // Records engine events; hands out EngineHandlers that feed it.

@@ -33,7 +33,8 @@ end() { sweep_leaked_segments; echo "=== test.sh: $1 passed in $((SECONDS - stag
 # (<prefix>.<pid>.<seq>) whose pid is gone and UCX's ucx_shm_posix_* files no process maps. The
 # tests clean up after the processes they kill; this names what still leaked (so it shows) and
 # removes it, so that one run cannot fill /dev/shm for the next stage or the next run. Only files
-# of this user, created since the stage began.
+# of this user, created since the stage began and untouched for 10 s (a process that is making one
+# has not mapped it yet).
 sweep_leaked_segments() {
   local leaked=() f name pid
   while IFS= read -r f; do
@@ -44,7 +45,7 @@ sweep_leaked_segments() {
       pid=${name%.*}; pid=${pid##*.}
       [[ $pid =~ ^[0-9]+$ ]] && ! kill -0 "$pid" 2>/dev/null && leaked+=("$f")
     fi
-  done < <(find /dev/shm -maxdepth 1 -type f -user "$(id -u)" -newer "$stage_marker" \( -name 'ucx_shm_posix_*' -o -name '*.*.*' \))
+  done < <(find /dev/shm -maxdepth 1 -type f -user "$(id -u)" -newer "$stage_marker" ! -newermt "-10 seconds" \( -name 'ucx_shm_posix_*' -o -name '*.*.*' \))
   ((${#leaked[@]} == 0)) && return 0
   echo "=== test.sh: ${#leaked[@]} shared-memory files ($(du -ch "${leaked[@]}" | tail -1 | cut -f1)) left by dead processes, removed:" \
     "$(printf '%s ' "${leaked[@]:0:8}")$( ((${#leaked[@]} > 8)) && echo ...)"

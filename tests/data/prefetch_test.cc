@@ -270,6 +270,30 @@ TEST(PrefetchTest, MemoryCapHolds) {
   EXPECT_EQ(p->stats().peak_buffered_bytes, 10000u);
 }
 
+// A data service's per-job budget changed at run time: fewer readers at once, the byte cap for every
+// read claimed after it (what was read ahead before drains), bad budgets refused.
+TEST(PrefetchTest, SetLimitsMovesReadersAndTheByteCap) {
+  TempDir dir;
+  auto src = Tree(dir, 1, 200, 10000);
+  auto p = StartOrDie(src, {.epochs = 0, .readers = 4, .buffer_samples = 64, .autotune = false,
+                            .max_readers = 4, .max_buffer_bytes = 400000});
+  auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (p->stats().buffered_bytes < 300000 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(2ms);
+  EXPECT_GE(p->stats().buffered_bytes, 300000u) << "the readers read ahead up to the cap";
+  ASSERT_TRUE(p->SetLimits(1, 50000).ok());
+  EXPECT_EQ(p->stats().readers, 1u);
+  EXPECT_EQ(p->stats().max_readers, 1u);
+  EXPECT_EQ(p->stats().max_buffer_bytes, 50000u);
+  for (int i = 0; i < 60; ++i) ASSERT_TRUE(p->Next().ok());  // take what was read ahead under the old cap
+  std::this_thread::sleep_for(50ms);
+  EXPECT_LE(p->stats().buffered_bytes, 50000u);
+  ASSERT_TRUE(p->SetLimits(3, 1 << 20).ok());
+  EXPECT_EQ(p->stats().readers, 3u) << "without the tuner the reader count is the budget";
+  for (int i = 0; i < 200; ++i) ASSERT_TRUE(p->Next().ok());
+  EXPECT_EQ(p->SetLimits(0, 1000).message(), "max_readers must be in [1, 1024], got 0");
+  EXPECT_EQ(p->SetLimits(1, 0).code(), StatusCode::kInvalidArgument);
+}
+
 TEST(PrefetchTest, NextBatchStopsAtTheEpoch) {
   TempDir dir;
   auto src = Tree(dir, 1, 10, 64);

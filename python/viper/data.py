@@ -29,6 +29,15 @@ reading the source again:
                            cache_nodes=["10.0.0.1:7500", "10.0.0.2:7500", ...], cache_token=token)
     loader.stats()["source_bytes"], loader.stats()["epoch_samples"], loader.stats()["cache"]
 
+The processes of one host (ranks, or the jobs of a hyper-parameter search on one data set) can
+share one data service: one cache in shared memory and one set of readers, each process receiving
+its samples mapped from that memory, each job within a reader and memory budget changed at run
+time (`viper data set-budget`, or ServiceControl):
+
+    svc = vd.DataService("/pfs/train", "127.0.0.1:7600")      # or: python3 -m viper.data_service serve
+    loader = vd.DataLoader(None, batch_size=64, seed=3, service="127.0.0.1:7600", service_job="lr-0.1")
+    vd.ServiceControl("127.0.0.1:7600").set_budget("lr-0.1", readers=2, memory=64 << 20)
+
 Sample bytes reach Python without a copy: each sample is a uint8 numpy array over the prefetcher's
 own buffer (torch.from_numpy shares it); a stacked batch costs one memcpy per sample, made in C++
 without the GIL. The reader threads, the buffer and the tuner are C++ (include/viper/prefetch.h);
@@ -531,7 +540,17 @@ class DataLoader:
     cache (viper.data.SampleCache): this process starts node cache_nodes[cache_node] (default:
     cache_nodes[rank]); cache_token is the nodes' shared secret and cache_options the other
     SampleCache keywords (name, insecure, max_bytes, timeout, retry_down, start_node: False when
-    another process on this host runs the node, e.g. several ranks or jobs per host)."""
+    another process on this host runs the node, e.g. several ranks or jobs per host).
+
+    service="HOST:PORT" attaches to the node's data service (viper.data.DataService) instead: the
+    service reads (source may be None; a Source given is checked against the service's sample
+    count), caches every sample once in its shared memory for every process of the host, and
+    hands out each sample mapped from there. service_job names this loader's job (default
+    "pid-<pid>"; the ranks of one job on this host share its budget), service_token is the
+    service's secret. With service the keywords are seed, shuffle, ordered, rank, world_size,
+    epochs, on_error, autotune, readers, buffer_samples and tune_interval: the job's budget at the
+    service sets the readers' and memory caps. Per-sample arrays (transform/collate_fn) are
+    read-only views of the service's memory, valid until the loader is closed."""
 
     def __init__(self, source, batch_size: int = 1, *, shuffle: bool = True, drop_last: bool = False,
                  transform: Optional[Callable] = None, collate_fn: Optional[Callable] = None,

@@ -123,8 +123,19 @@ struct DataFlags {
   AuthFlags auth;
 };
 
-// Connects, authenticates, sends `request` and prints the reply's `field` as JSON.
+int CallUnchecked(const std::string& command, const DataFlags& f, json request, const char* field);
+
+// Connects, authenticates, sends `request` and prints the reply's `field` as JSON. A reply of the
+// wrong shape (a field of the wrong type) is the service's fault: one line, exit 1.
 int Call(const std::string& command, const DataFlags& f, json request, const char* field) {
+  try {
+    return CallUnchecked(command, f, std::move(request), field);
+  } catch (const json::exception& e) {
+    return Fail(command, Status::Corruption("--node " + f.node + ": a malformed reply: " + e.what()));
+  }
+}
+
+int CallUnchecked(const std::string& command, const DataFlags& f, json request, const char* field) {
   auto token = f.auth.Resolve();
   if (!token.ok()) return Fail(command, token.status());
   ServiceConnection c;
@@ -147,7 +158,7 @@ int Call(const std::string& command, const DataFlags& f, json request, const cha
       std::string why = (*reply)["error"].is_string() ? (*reply)["error"].get<std::string>() : (*reply)["error"].dump();
       return Fail(command, Status::InvalidArgument("the data service at " + f.node + " refused: " + why));
     }
-    if (req["op"] != "hello") std::cout << (*reply)[field].dump(1) << std::endl;
+    if (req["op"] != "hello") std::cout << reply->at(field).dump(1) << std::endl;
   }
   return 0;
 }

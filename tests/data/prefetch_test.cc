@@ -337,6 +337,30 @@ TEST(PrefetchTest, TunerAddsReadersWithinTheCap) {
   EXPECT_GE(st.readers, 3u) << st.tuner.back().reason;
 }
 
+// A budget changed under a starving consumer: the tuner climbs only to the new cap, and past the old
+// one once the cap is raised (a data service job's readers, set at run time).
+TEST(PrefetchTest, TunerWorksWithinABudgetChangedAtRunTime) {
+  TempDir dir;
+  auto slow = std::make_shared<SlowSource>(Tree(dir, 1, 400, 256), 10ms);
+  auto p = StartOrDie(slow, {.epochs = 0, .readers = 1, .buffer_samples = 2, .max_readers = 8,
+                             .max_buffer_samples = 64, .tune_interval = 50ms});
+  ASSERT_TRUE(p->SetLimits(2, 1 << 20).ok());
+  auto t0 = std::chrono::steady_clock::now();
+  size_t most = 0;
+  while (std::chrono::steady_clock::now() - t0 < 1500ms) {
+    ASSERT_TRUE(p->Next().ok());
+    most = std::max(most, p->stats().readers);
+  }
+  EXPECT_EQ(most, 2u) << "the starving consumer makes the tuner climb, to the budget and no further";
+  size_t events = p->stats().tuner.size();
+  ASSERT_TRUE(p->SetLimits(6, 1 << 20).ok());
+  t0 = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - t0 < 2s) ASSERT_TRUE(p->Next().ok());
+  auto st = p->stats();
+  EXPECT_GE(st.readers, 3u) << "a raised budget lets it climb on";
+  for (size_t i = events; i < st.tuner.size(); ++i) EXPECT_LE(st.tuner[i].readers, 6u) << st.tuner[i].reason;
+}
+
 // Fast storage and a slow consumer: the tuner gives readers and buffer slots back.
 TEST(PrefetchTest, TunerGivesBackWhatTheConsumerDoesNotNeed) {
   TempDir dir;

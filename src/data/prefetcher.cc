@@ -244,9 +244,9 @@ void Prefetcher::Impl::SpawnReaders(size_t n) {
 }
 
 void Prefetcher::Impl::TunerLoop() {
+  std::unique_lock<std::mutex> lk(mu);  // SetLimits writes the setting and the caps under it
   data_internal::AutoTuner tuner({target_readers, buffer_samples},
                                  {opt.max_readers, opt.max_buffer_samples, opt.max_buffer_bytes});
-  std::unique_lock<std::mutex> lk(mu);
   Clock::time_point t0 = Clock::now();
   uint64_t delivered0 = delivered, completed0 = completed, bytes0 = completed_bytes;
   Clock::duration wait0 = consumer_wait.Total(t0), blocked0 = reader_blocked.Total(t0);

@@ -456,15 +456,15 @@ class DataService:
         self._server.server_close()
         self._server = None
         with self._mu:
-            streams = [s for j in self._jobs.values() for s in j.streams.values()]
             conns = dict(self._conns)
-        for s in streams:  # a request waiting for samples returns (Cancelled)
-            s.prefetcher.close()
-        for sock, thread in conns.items():  # each connection drops its pins and streams
+        # Each connection's thread drops its pins and closes its streams' prefetchers itself (never
+        # another thread: one may be inside its prefetcher's next_batch), once its socket fails.
+        for sock in conns:
             try:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+        for thread in conns.values():
             thread.join(timeout=10)
         self.cache.close()
 

@@ -392,15 +392,19 @@ class DataService:
         return s
 
     def _detach(self, s: _Stream) -> None:
+        # Out of the job, its counters into the job's, under the lock (jobs() and stats() read every
+        # listed stream's prefetcher), and only then its prefetcher closed.
         try:
-            st = s.prefetcher.stats()
-        except _viper.Error:  # closed by close()
-            st = {"consumer_wait_seconds": 0.0, "peak_buffered_bytes": 0}
-        s.prefetcher.close()
+            self._retire(s)
+        finally:
+            s.prefetcher.close()
+
+    def _retire(self, s: _Stream) -> None:
         with self._mu:
             j = s.job
             if j.streams.pop(s.id, None) is None:
                 return
+            st = s.prefetcher.stats()
             c = j.closed
             c["delivered"] += s.delivered
             c["delivered_bytes"] += s.delivered_bytes

@@ -8,10 +8,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include <fmt/format.h>
@@ -101,6 +103,11 @@ struct SampleCache::Impl {
   void PutRemote(size_t owner, uint64_t id, std::span<const std::byte> bytes) const;
   bool CopyOut(const Snapshot& snap, uint64_t id, std::span<std::byte> dst) const;
   Status Read(uint64_t id, std::span<std::byte> dst, SampleCacheJobCounters* job) const;
+
+  // Samples being read from the source for this process's node now (Read merges reads of one).
+  mutable std::mutex inflight_mu;
+  mutable std::condition_variable inflight_cv;
+  mutable std::set<uint64_t> inflight;
 };
 
 std::vector<bool> SampleCache::Impl::Live() const {
@@ -392,6 +399,43 @@ Status SampleCache::Impl::Read(uint64_t id, std::span<std::byte> dst, SampleCach
     size_t next = m.OwnerOf(id);
     if (next == owner) break;  // reachable, but it does not hold the sample
     owner = next;
+  }
+  // A sample this process's node owns that another reader here is reading from the source now
+  // (another job's prefetcher in a data service): wait for that read and its put, then take it
+  // from the node, so that reads of one sample are merged.
+  struct InFlight {
+    const Impl* m = nullptr;
+    uint64_t id = 0;
+    ~InFlight() {
+      if (m == nullptr) return;
+      {
+        std::lock_guard<std::mutex> lk(m->inflight_mu);
+        m->inflight.erase(id);
+      }
+      m->inflight_cv.notify_all();
+    }
+  } in_flight;
+  if (owner == self && m.node) {
+    std::unique_lock<std::mutex> lk(m.inflight_mu);
+    while (m.inflight.count(id) != 0) {
+      m.inflight_cv.wait(lk);
+      if (m.inflight.count(id) != 0) continue;
+      lk.unlock();
+      if (m.ReadLocal(id, dst)) {
+        m.local_hits++;
+        m.local_bytes += dst.size();
+        return hit();
+      }
+      lk.lock();  // its put was refused: read it here
+    }
+    m.inflight.insert(id);
+    in_flight.m = this, in_flight.id = id;
+    lk.unlock();
+    if (m.ReadLocal(id, dst)) {  // a read of it finished between the first look and now
+      m.local_hits++;
+      m.local_bytes += dst.size();
+      return hit();
+    }
   }
   if (owner == self) m.misses++;
   VIPER_RETURN_IF_ERROR(m.source->ReadInto(id, dst));

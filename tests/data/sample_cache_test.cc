@@ -347,6 +347,45 @@ TEST(SampleCacheTest, CountedViewsAddUpAndPinsNameTheSegment) {
   EXPECT_EQ((*attached)->Pin(7).status().code(), StatusCode::kFailedPrecondition);
 }
 
+// Readers of one process (the jobs of a data service) asking for one uncached sample at the same
+// moment: one reads the source, the others wait for its put and take the cached copy.
+TEST(SampleCacheTest, ConcurrentReadsOfOneSampleAreMerged) {
+  TempDir dir;
+  auto counting = Tree(dir);
+  class Slow : public SampleSource {
+   public:
+    explicit Slow(std::shared_ptr<const SampleSource> base) : base_(std::move(base)) {}
+    uint64_t size() const override { return base_->size(); }
+    uint64_t bytes(uint64_t id) const override { return base_->bytes(id); }
+    int64_t label(uint64_t id) const override { return base_->label(id); }
+    std::string Describe(uint64_t id) const override { return base_->Describe(id); }
+    Status ReadInto(uint64_t id, std::span<std::byte> dst) const override {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      return base_->ReadInto(id, dst);
+    }
+
+   private:
+    std::shared_ptr<const SampleSource> base_;
+  };
+  SampleCacheOptions co;
+  co.nodes = LoopbackNodes(1);
+  co.name = "merged";
+  auto c = SampleCache::Open(std::make_shared<Slow>(counting), co);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  std::vector<std::thread> readers;
+  std::atomic<int> good{0};
+  for (int t = 0; t < 4; ++t) {
+    readers.emplace_back([&] {
+      std::vector<std::byte> buf(kBytes);
+      if ((*c)->ReadInto(9, buf).ok() && buf == SampleBytes(9, kBytes)) good++;
+    });
+  }
+  for (auto& t : readers) t.join();
+  EXPECT_EQ(good, 4);
+  EXPECT_EQ(counting->reads, 1u) << "one source read for four readers of one sample";
+  EXPECT_EQ((*c)->stats().local_hits, 3u);
+}
+
 TEST(SampleCacheTest, BudgetRefusesPutsAndTheSourceServesTheRest) {
   TempDir dir;
   auto src = Tree(dir);

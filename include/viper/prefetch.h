@@ -119,6 +119,8 @@ struct PrefetchStats {
   double consumer_wait_seconds = 0; // time Next spent waiting for a sample
   size_t readers = 0;               // current setting
   size_t buffer_samples = 0;
+  size_t max_readers = 0;           // the budget now (SetLimits)
+  uint64_t max_buffer_bytes = 0;
   size_t ready = 0;                 // samples waiting for the consumer now
   uint64_t buffered_bytes = 0;      // bytes of the samples read ahead now (ready + being read)
   uint64_t peak_buffered_bytes = 0;
@@ -144,6 +146,11 @@ class Prefetcher {
   // (as Next's nullopt). Waits for all n (or the epoch's end). A failure after some samples were
   // taken returns the failure (the samples taken are dropped).
   Result<std::vector<Sample>> NextBatch(size_t n);
+  // Changes the budget at run time (a data service's per-job budget): the tuner's caps on readers
+  // and on the bytes read ahead. Readers above the new cap stop after their current read; bytes
+  // already read ahead beyond the cap drain as the consumer takes them (no new read is claimed
+  // until they fit). InvalidArgument for max_readers outside [1, 1024] or max_buffer_bytes 0.
+  Status SetLimits(size_t max_readers, uint64_t max_buffer_bytes);
   void Close();
   bool finished() const;
   PrefetchStats stats() const;

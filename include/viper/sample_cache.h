@@ -29,6 +29,7 @@
 // Thread-safety: every method may be called from many threads at once (the Prefetcher's readers).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -72,6 +73,23 @@ struct SampleCacheStats {
   std::vector<std::string> down;  // nodes left out now (unreachable)
 };
 
+// A cached sample pinned in this process's node (SampleCache::Pin): its bytes are `nbytes` at
+// `offset` in the shared-memory segment `segment` (/dev/shm/<segment>), which another process of
+// this host may map read-only; they stay as they are (the segment is not recycled) until `hold`
+// is dropped.
+struct PinnedSample {
+  std::string segment;
+  uint64_t offset = 0, nbytes = 0;
+  std::shared_ptr<const void> hold;
+};
+
+// Reads of one consumer of a shared cache (a job of a data service), counted apart from the
+// others' (SampleCache::CountedView).
+struct SampleCacheJobCounters {
+  std::atomic<uint64_t> source_reads{0}, source_bytes{0};  // read from the source for this job
+  std::atomic<uint64_t> hits{0}, hit_bytes{0};             // taken from a node's cache
+};
+
 // The owner of `id` among `members` (rendezvous hashing; independent of the members' order).
 // REQUIRES: members is not empty. Returns an index into members.
 size_t SampleOwner(uint64_t id, const std::vector<std::string>& members);
@@ -93,6 +111,16 @@ class SampleCache : public SampleSource {
   // source's; a failing cache never fails a read (it falls back to the source).
   Status ReadInto(uint64_t id, std::span<std::byte> dst) const override;
   std::vector<std::string> class_names() const override;
+
+  // The sample pinned in this process's node (start_node), for another process of this host to
+  // map (a data service hands samples to its clients this way). NotFound if the node does not
+  // hold it; FailedPrecondition when attached (start_node=false).
+  Result<PinnedSample> Pin(uint64_t id) const;
+  // A source that reads through this cache as ReadInto does and also counts its reads into
+  // `counters`: one per job of a data service, so that each job's hits and source bytes add up to
+  // the cache's.
+  static std::shared_ptr<const SampleSource> CountedView(std::shared_ptr<const SampleCache> cache,
+                                                         std::shared_ptr<SampleCacheJobCounters> counters);
 
   // The owner node's index in options().nodes as this rank sees it now (down nodes left out).
   size_t OwnerOf(uint64_t id) const;

@@ -191,6 +191,8 @@ py::dict StatsDict(const viper::PrefetchStats& s) {
   d["ready"] = s.ready;
   d["buffered_bytes"] = s.buffered_bytes;
   d["peak_buffered_bytes"] = s.peak_buffered_bytes;
+  d["max_readers"] = s.max_readers;
+  d["max_buffer_bytes"] = s.max_buffer_bytes;
   py::list tuner;
   for (const auto& e : s.tuner) {
     py::dict t;
@@ -314,6 +316,10 @@ struct SampleCacheHandle {
   }
 };
 
+struct JobCountersHandle {
+  std::shared_ptr<viper::SampleCacheJobCounters> c;
+};
+
 py::dict CacheStatsDict(const viper::SampleCacheStats& s) {
   py::dict d;
   d["source_reads"] = s.source_reads;
@@ -337,6 +343,14 @@ void BindSampleCache(py::module_& m) {
   m.def("_sample_owner", [](uint64_t id, const std::vector<std::string>& members) {
     if (members.empty()) Raise(Status::InvalidArgument("sample_owner: members is empty"));
     return viper::SampleOwner(id, members);
+  });
+  py::class_<JobCountersHandle>(m, "_CacheJobCounters").def("stats", [](const JobCountersHandle& h) {
+    py::dict d;
+    d["source_reads"] = h.c->source_reads.load();
+    d["source_bytes"] = h.c->source_bytes.load();
+    d["cache_hits"] = h.c->hits.load();
+    d["cache_hit_bytes"] = h.c->hit_bytes.load();
+    return d;
   });
   py::class_<SampleCacheHandle>(m, "_SampleCache")
       .def(py::init([](const SourceHandle& src, std::vector<std::string> nodes, size_t self, std::string name,
@@ -368,6 +382,24 @@ void BindSampleCache(py::module_& m) {
       .def_property_readonly("address", [](const SampleCacheHandle& h) { return h.live().address(); })
       .def("owner", [](const SampleCacheHandle& h, uint64_t id) { return h.live().OwnerOf(id); })
       .def("stats", [](const SampleCacheHandle& h) { return CacheStatsDict(h.live().stats()); })
+      // (segment, offset, nbytes, hold) of a sample cached in this process's node, None if not
+      // cached; the bytes stay put until `hold` (a capsule) is garbage-collected.
+      .def("pin", [](const SampleCacheHandle& h, uint64_t id) -> py::object {
+        viper::SampleCache& c = h.live();
+        if (id >= c.size()) Raise(Status::InvalidArgument("pin: sample id " + std::to_string(id) + " out of range"));
+        viper::Result<viper::PinnedSample> r = c.Pin(id);
+        if (!r.ok() && r.status().code() == viper::StatusCode::kNotFound) return py::none();
+        viper::PinnedSample p = Unwrap(std::move(r));
+        auto* hold = new std::shared_ptr<const void>(std::move(p.hold));
+        py::capsule cap(hold, [](void* q) { delete static_cast<std::shared_ptr<const void>*>(q); });
+        return py::make_tuple(p.segment, p.offset, p.nbytes, cap);
+      }, py::arg("id"))
+      // (source, counters): a source reading through this cache that counts one job's reads.
+      .def("job_view", [](const SampleCacheHandle& h) {
+        auto counters = std::make_shared<viper::SampleCacheJobCounters>();
+        auto view = (h.live(), viper::SampleCache::CountedView(h.cache, counters));
+        return py::make_tuple(SourceHandle{std::move(view)}, JobCountersHandle{std::move(counters)});
+      })
       .def("close", [](SampleCacheHandle& h) {
         std::shared_ptr<viper::SampleCache> c = std::move(h.cache);
         py::gil_scoped_release release;
@@ -396,6 +428,15 @@ void BindPrefetcher(py::module_& m) {
         return out;
       }, py::arg("n"), py::arg("stack") = true)
       .def("stats", [](PrefetcherHandle& h) { return StatsDict(h.live().stats()); })
+      .def("set_limits", [](PrefetcherHandle& h, size_t max_readers, uint64_t max_buffer_bytes) {
+        viper::Prefetcher& p = h.live();
+        Status st;
+        {
+          py::gil_scoped_release release;
+          st = p.SetLimits(max_readers, max_buffer_bytes);
+        }
+        ThrowIfError(st);
+      }, py::arg("max_readers"), py::arg("max_buffer_bytes"))
       .def_property_readonly("finished", [](PrefetcherHandle& h) { return h.live().finished(); })
       .def_property_readonly("epoch_size", [](PrefetcherHandle& h) { return h.live().epoch_size(); })
       .def("close", [](PrefetcherHandle& h) {

@@ -29,6 +29,15 @@ reading the source again:
                            cache_nodes=["10.0.0.1:7500", "10.0.0.2:7500", ...], cache_token=token)
     loader.stats()["source_bytes"], loader.stats()["epoch_samples"], loader.stats()["cache"]
 
+The processes of one host (ranks, or the jobs of a hyper-parameter search on one data set) can
+share one data service: one cache in shared memory and one set of readers, each process receiving
+its samples mapped from that memory, each job within a reader and memory budget changed at run
+time (`viper data set-budget`, or ServiceControl):
+
+    svc = vd.DataService("/pfs/train", "127.0.0.1:7600")      # or: python3 -m viper.data_service serve
+    loader = vd.DataLoader(None, batch_size=64, seed=3, service="127.0.0.1:7600", service_job="lr-0.1")
+    vd.ServiceControl("127.0.0.1:7600").set_budget("lr-0.1", readers=2, memory=64 << 20)
+
 Sample bytes reach Python without a copy: each sample is a uint8 numpy array over the prefetcher's
 own buffer (torch.from_numpy shares it); a stacked batch costs one memcpy per sample, made in C++
 without the GIL. The reader threads, the buffer and the tuner are C++ (include/viper/prefetch.h);
@@ -410,6 +419,59 @@ class _EpochFeed:
         self._prefetcher = None
 
 
+class _ServiceFeed:
+    """The _EpochFeed of DataLoader(service=...): one stream from the node's data service (opened
+    at the first epoch, in the process that iterates), endless, each iteration taking one epoch."""
+
+    _SERVICE_OPTIONS = ("seed", "shuffle", "ordered", "rank", "world_size", "epochs", "on_error", "autotune",
+                        "readers", "buffer_samples", "tune_interval")
+
+    def __init__(self, address: str, job: str, token: str, ids, options):
+        self._address, self._job, self._token = address, job, token
+        self._ids = None if ids is None else [int(i) for i in ids]
+        self._options = dict(options)
+        self._stream = None
+        self._pid = None
+        self._in_epoch = False
+        self._restarts = 0
+        self._epochs_begun = 0
+        self._seed = int(self._options.get("seed", 0))
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_stream"], state["_pid"] = None, None
+        return state
+
+    def prefetcher(self):
+        if self._stream is None or self._pid != os.getpid():
+            from ._data_service import ServiceStream
+            self._stream = None
+            self._stream = ServiceStream(self._address, job=self._job, token=self._token, ids=self._ids,
+                                         **self._options)
+            self._pid = os.getpid()
+        return self._stream
+
+    def begin_epoch(self):
+        if self._in_epoch:  # an epoch left unfinished: a new stream, as _EpochFeed reopens its prefetcher
+            self.close()
+            self._restarts += 1
+            if int(self._options.get("world_size", 1)) > 1:
+                self._options["seed"] = (self._seed + self._epochs_begun * _EpochFeed._SEED_STEP) % (1 << 64)
+            else:
+                self._options["seed"] = self._seed + 1_000_003 * self._restarts
+        self._in_epoch = True
+        self._epochs_begun += 1
+        return self.prefetcher()
+
+    def end_epoch(self) -> None:
+        self._in_epoch = False
+
+    def close(self) -> None:
+        if self._stream is not None and self._pid == os.getpid():
+            self._stream.close()
+        self._stream = None
+
+
 def _default_transform(array: np.ndarray, label: int):
     return _tensor(array), label
 
@@ -478,14 +540,25 @@ class DataLoader:
     cache (viper.data.SampleCache): this process starts node cache_nodes[cache_node] (default:
     cache_nodes[rank]); cache_token is the nodes' shared secret and cache_options the other
     SampleCache keywords (name, insecure, max_bytes, timeout, retry_down, start_node: False when
-    another process on this host runs the node, e.g. several ranks or jobs per host)."""
+    another process on this host runs the node, e.g. several ranks or jobs per host).
+
+    service="HOST:PORT" attaches to the node's data service (viper.data.DataService) instead: the
+    service reads (source may be None; a Source given is checked against the service's sample
+    count), caches every sample once in its shared memory for every process of the host, and
+    hands out each sample mapped from there. service_job names this loader's job (default
+    "pid-<pid>"; the ranks of one job on this host share its budget), service_token is the
+    service's secret. With service the keywords are seed, shuffle, ordered, rank, world_size,
+    epochs, on_error, autotune, readers, buffer_samples and tune_interval: the job's budget at the
+    service sets the readers' and memory caps. Per-sample arrays (transform/collate_fn) are
+    read-only views of the service's memory, valid until the loader is closed."""
 
     def __init__(self, source, batch_size: int = 1, *, shuffle: bool = True, drop_last: bool = False,
                  transform: Optional[Callable] = None, collate_fn: Optional[Callable] = None,
                  batch_transform: Optional[Callable] = None, ids: Optional[Sequence[int]] = None,
                  rank: int = 0, world_size: int = 1, cache_nodes: Optional[Sequence[str]] = None,
                  cache_node: Optional[int] = None, cache_token: str = "",
-                 cache_options: Optional[Mapping[str, Any]] = None, **options):
+                 cache_options: Optional[Mapping[str, Any]] = None, service: Optional[str] = None,
+                 service_job: Optional[str] = None, service_token: str = "", **options):
         owner = "viper.data.DataLoader()"
         self.batch_size = _check.integer(owner, "batch_size", batch_size, lo=1, hi=1 << 24)
         self.drop_last = _check.boolean(owner, "drop_last", drop_last)
@@ -500,6 +573,32 @@ class DataLoader:
         self._batch_transform = batch_transform
         self._epoch_samples: list = []
         self.cache: Optional[SampleCache] = None
+        self.service: Optional[str] = None
+        if service is not None:
+            self.service = _check.address(owner, "service", service)
+            if cache_nodes is not None or cache_options is not None or cache_node is not None or cache_token:
+                raise TypeError(f"{owner}: service={service!r} and cache_nodes/cache_*: give one (the service runs "
+                                "the cache)")
+            job = f"pid-{os.getpid()}" if service_job is None else _check.text(owner, "service_job", service_job, 128)
+            service_token = _check.text(owner, "service_token", service_token, allow_empty=True)
+            for name in options:
+                if name not in _ServiceFeed._SERVICE_OPTIONS:
+                    raise TypeError(f"{owner}: {name}=... is not an option with service= (the job's budget at the "
+                                    f"service sets readers and memory); options: {', '.join(_ServiceFeed._SERVICE_OPTIONS)}")
+            options = dict(options, shuffle=shuffle)
+            if self.world_size > 1:
+                options.update(rank=self.rank, world_size=self.world_size)
+            self._feed = _ServiceFeed(self.service, job, service_token, ids, options)
+            self.job = job
+            stream = self._feed.prefetcher()  # attach now: a wrong address or a refused job fails here
+            if isinstance(source, Source) and len(source) != stream.samples:
+                self._feed.close()
+                raise _viper.InvalidArgumentError(f"{owner}: source has {len(source)} samples but the service at "
+                                                  f"{service} serves {stream.samples}: another data set")
+            self._samples = stream.samples
+            return
+        elif service_job is not None or service_token:
+            raise TypeError(f"{owner}: service_job and service_token need service")
         if cache_nodes is not None:
             nodes = _nodes(owner, cache_nodes)
             node = self.rank if cache_node is None else cache_node
@@ -551,7 +650,10 @@ class DataLoader:
         return self._batch_transform(out) if self._batch_transform is not None else out
 
     def __len__(self) -> int:
-        n = len(self._feed._ids) if self._feed._ids is not None else len(self._feed._source)
+        if self.service is not None:
+            n = len(self._feed._ids) if self._feed._ids is not None else self._samples
+        else:
+            n = len(self._feed._ids) if self._feed._ids is not None else len(self._feed._source)
         n = (n - self.rank + self.world_size - 1) // self.world_size  # this rank's share
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
@@ -559,7 +661,19 @@ class DataLoader:
         """The prefetcher's stats(), plus source_bytes (bytes read from the source since the
         loader started: with a cache, only what no node held), epoch_samples (samples this rank
         yielded in each epoch begun, oldest first) and, with cache_nodes, cache (the
-        SampleCache's stats())."""
+        SampleCache's stats()). With service: wait_seconds (time this process waited for the
+        service's replies), mapped_samples and inline_samples (samples mapped from the service's
+        shared memory, and sent through the socket), job, epoch_samples, source_bytes (the job's,
+        all its processes together) and service (the job's stats at the service: wait_seconds,
+        cache_hits, source_bytes, readers, budget...)."""
+        if self.service is not None:
+            stream = self._feed.prefetcher()
+            st = stream.stats()
+            st["job"] = self.job
+            st["epoch_samples"] = list(self._epoch_samples)
+            st["service"] = stream.service_stats()["jobs"].get(self.job, {})
+            st["source_bytes"] = st["service"].get("source_bytes", 0)
+            return st
         st = self._feed.prefetcher().stats()
         st["epoch_samples"] = list(self._epoch_samples)
         if self.cache is not None:
@@ -572,7 +686,9 @@ class DataLoader:
     def close(self) -> None:
         """Stops the readers and this rank's cache node (also done when the loader is
         garbage-collected)."""
-        self._feed.close()
+        feed = getattr(self, "_feed", None)
+        if feed is not None:
+            feed.close()
         if self.cache is not None:
             self.cache.close()
 
@@ -770,3 +886,6 @@ class RehearsalBuffer(_Handle):
 
 Prefetcher.__doc__ += "\n\n" + textwrap.indent(_viper._PrefetchOptions.__doc__, "    ")
 RehearsalBuffer.__doc__ += "\n\n" + textwrap.indent(_viper._RehearsalOptions.__doc__, "    ")
+
+
+from ._data_service import DataService, ServiceControl, ServiceError  # noqa: E402 (they use this module)

@@ -8,10 +8,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include <fmt/format.h>
@@ -100,6 +102,12 @@ struct SampleCache::Impl {
   void PutLocal(uint64_t id, std::span<const std::byte> bytes) const;
   void PutRemote(size_t owner, uint64_t id, std::span<const std::byte> bytes) const;
   bool CopyOut(const Snapshot& snap, uint64_t id, std::span<std::byte> dst) const;
+  Status Read(uint64_t id, std::span<std::byte> dst, SampleCacheJobCounters* job) const;
+
+  // Samples being read from the source for this process's node now (Read merges reads of one).
+  mutable std::mutex inflight_mu;
+  mutable std::condition_variable inflight_cv;
+  mutable std::set<uint64_t> inflight;
 };
 
 std::vector<bool> SampleCache::Impl::Live() const {
@@ -363,14 +371,22 @@ std::string SampleCache::address() const { return impl_->node ? impl_->node->add
 const SampleCacheOptions& SampleCache::options() const { return impl_->opt; }
 
 Status SampleCache::ReadInto(uint64_t id, std::span<std::byte> dst) const {
-  Impl& m = *impl_;
+  return impl_->Read(id, dst, nullptr);
+}
+
+Status SampleCache::Impl::Read(uint64_t id, std::span<std::byte> dst, SampleCacheJobCounters* job) const {
+  const Impl& m = *this;
+  auto hit = [&] {
+    if (job != nullptr) job->hits++, job->hit_bytes += dst.size();
+    return Status::OK();
+  };
   const size_t self = m.opt.self;
   // Own node first: it holds what this rank owns, and may hold more (a sample it owned while
   // another node was down).
   if (m.ReadLocal(id, dst)) {
     m.local_hits++;
     m.local_bytes += dst.size();
-    return Status::OK();
+    return hit();
   }
   // Then the owner; an owner found unreachable is left out, and the sample's next owner asked.
   size_t owner = m.OwnerOf(id);
@@ -378,22 +394,112 @@ Status SampleCache::ReadInto(uint64_t id, std::span<std::byte> dst) const {
     if (m.ReadRemote(owner, id, dst)) {
       m.remote_hits++;
       m.remote_bytes += dst.size();
-      return Status::OK();
+      return hit();
     }
     size_t next = m.OwnerOf(id);
     if (next == owner) break;  // reachable, but it does not hold the sample
     owner = next;
   }
+  // A sample this process's node owns that another reader here is reading from the source now
+  // (another job's prefetcher in a data service): wait for that read and its put, then take it
+  // from the node, so that reads of one sample are merged.
+  struct InFlight {
+    const Impl* m = nullptr;
+    uint64_t id = 0;
+    ~InFlight() {
+      if (m == nullptr) return;
+      {
+        std::lock_guard<std::mutex> lk(m->inflight_mu);
+        m->inflight.erase(id);
+      }
+      m->inflight_cv.notify_all();
+    }
+  } in_flight;
+  if (owner == self && m.node) {
+    std::unique_lock<std::mutex> lk(m.inflight_mu);
+    while (m.inflight.count(id) != 0) {
+      m.inflight_cv.wait(lk);
+      if (m.inflight.count(id) != 0) continue;
+      lk.unlock();
+      if (m.ReadLocal(id, dst)) {
+        m.local_hits++;
+        m.local_bytes += dst.size();
+        return hit();
+      }
+      lk.lock();  // its put was refused: read it here
+    }
+    m.inflight.insert(id);
+    in_flight.m = this, in_flight.id = id;
+    lk.unlock();
+    if (m.ReadLocal(id, dst)) {  // a read of it finished between the first look and now
+      m.local_hits++;
+      m.local_bytes += dst.size();
+      return hit();
+    }
+  }
   if (owner == self) m.misses++;
   VIPER_RETURN_IF_ERROR(m.source->ReadInto(id, dst));
   m.source_reads++;
   m.source_bytes += dst.size();
+  if (job != nullptr) job->source_reads++, job->source_bytes += dst.size();
   if (owner == self) {
     m.PutLocal(id, dst);
   } else {
     m.PutRemote(owner, id, dst);
   }
   return Status::OK();
+}
+
+Result<PinnedSample> SampleCache::Pin(uint64_t id) const {
+  const Impl& m = *impl_;
+  if (!m.node) return Status::FailedPrecondition("SampleCache::Pin: the node is another process's (start_node=false)");
+  const std::string model = m.Model(id);
+  std::optional<uint64_t> v = m.node->host_tier().latest(model);
+  if (!v) return Status::NotFound(fmt::format("{} is not cached", m.source->Describe(id)));
+  VIPER_ASSIGN_OR_RETURN(ReadLease lease, m.node->host_tier().Acquire(model, *v));
+  VIPER_ASSIGN_OR_RETURN(Snapshot snap, Snapshot::Parse(lease.data(), lease.hold()));
+  const TensorInfo* x = snap.find("x");
+  if (x == nullptr || x->nbytes() != m.source->bytes(id)) {
+    return Status::NotFound(fmt::format("the cached copy of {} has the wrong shape", m.source->Describe(id)));
+  }
+  std::span<const std::byte> data = snap.tensor_data(*x);
+  PinnedSample p;
+  p.segment = lease.segment_name();
+  p.offset = static_cast<uint64_t>(data.data() - lease.data().data());
+  p.nbytes = data.size();
+  p.hold = std::make_shared<ReadLease>(std::move(lease));
+  return p;
+}
+
+namespace {
+
+class CountedSource : public SampleSource {
+ public:
+  CountedSource(std::shared_ptr<const SampleCache> cache, std::shared_ptr<SampleCacheJobCounters> counters,
+                const SampleCache::Impl* impl)
+      : cache_(std::move(cache)), counters_(std::move(counters)), impl_(impl) {}
+  uint64_t size() const override { return cache_->size(); }
+  uint64_t bytes(uint64_t id) const override { return cache_->bytes(id); }
+  int64_t label(uint64_t id) const override { return cache_->label(id); }
+  std::string Describe(uint64_t id) const override { return cache_->Describe(id); }
+  Status Check(uint64_t id) const override { return cache_->Check(id); }
+  Status ReadInto(uint64_t id, std::span<std::byte> dst) const override {
+    return impl_->Read(id, dst, counters_.get());
+  }
+  std::vector<std::string> class_names() const override { return cache_->class_names(); }
+
+ private:
+  std::shared_ptr<const SampleCache> cache_;
+  std::shared_ptr<SampleCacheJobCounters> counters_;
+  const SampleCache::Impl* impl_;
+};
+
+}  // namespace
+
+std::shared_ptr<const SampleSource> SampleCache::CountedView(std::shared_ptr<const SampleCache> cache,
+                                                             std::shared_ptr<SampleCacheJobCounters> counters) {
+  const Impl* impl = cache->impl_.get();
+  return std::make_shared<CountedSource>(std::move(cache), std::move(counters), impl);
 }
 
 SampleCacheStats SampleCache::stats() const {

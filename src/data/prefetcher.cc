@@ -95,6 +95,7 @@ struct Prefetcher::Impl {
   size_t reserved_samples = 0;  // being read or ready
   uint64_t reserved_bytes = 0, peak_bytes = 0;
   size_t target_readers = 1, buffer_samples = 1;
+  bool limits_changed = false;  // SetLimits: the tuner restarts from the setting within the new caps
 
   // Delivery: per epoch, the finished reads by position.
   std::map<uint64_t, std::map<uint64_t, Item>> ready;
@@ -243,9 +244,9 @@ void Prefetcher::Impl::SpawnReaders(size_t n) {
 }
 
 void Prefetcher::Impl::TunerLoop() {
+  std::unique_lock<std::mutex> lk(mu);  // SetLimits writes the setting and the caps under it
   data_internal::AutoTuner tuner({target_readers, buffer_samples},
                                  {opt.max_readers, opt.max_buffer_samples, opt.max_buffer_bytes});
-  std::unique_lock<std::mutex> lk(mu);
   Clock::time_point t0 = Clock::now();
   uint64_t delivered0 = delivered, completed0 = completed, bytes0 = completed_bytes;
   Clock::duration wait0 = consumer_wait.Total(t0), blocked0 = reader_blocked.Total(t0);
@@ -253,6 +254,10 @@ void Prefetcher::Impl::TunerLoop() {
   std::string reason;
   while (!stopped) {
     tuner_cv.wait_for(lk, opt.tune_interval);
+    if (std::exchange(limits_changed, false)) {
+      tuner = data_internal::AutoTuner({target_readers, buffer_samples},
+                                       {opt.max_readers, opt.max_buffer_samples, opt.max_buffer_bytes});
+    }
     Clock::time_point now = Clock::now();
     Clock::duration elapsed = now - t0;
     if (stopped || elapsed < opt.tune_interval) continue;
@@ -443,6 +448,35 @@ Result<std::vector<Sample>> Prefetcher::NextBatch(size_t n) {
   return batch;
 }
 
+Status Prefetcher::SetLimits(size_t max_readers, uint64_t max_buffer_bytes) {
+  if (max_readers < 1 || max_readers > 1024) {
+    return Status::InvalidArgument(fmt::format("max_readers must be in [1, 1024], got {}", max_readers));
+  }
+  if (max_buffer_bytes < 1) return Status::InvalidArgument("max_buffer_bytes must be >= 1");
+  Impl& i = *impl_;
+  std::unique_lock<std::mutex> lk(i.mu);
+  i.opt.max_readers = max_readers;
+  i.opt.max_buffer_bytes = max_buffer_bytes;
+  i.target_readers = std::min(i.target_readers, max_readers);
+  i.limits_changed = true;
+  // Without the tuner nothing else would start readers up to a raised cap: the setting is the cap.
+  bool spawn = !i.opt.autotune && i.readers.size() < max_readers && !i.stopped;
+  if (!i.opt.autotune) i.target_readers = max_readers;
+  i.readers_cv.notify_all();
+  i.tuner_cv.notify_all();
+  if (spawn) {
+    lk.unlock();
+    std::lock_guard<std::mutex> once(i.close_mu);  // Close joins the readers: not while spawning
+    if (i.joined) return Status::OK();
+    try {
+      i.SpawnReaders(max_readers);
+    } catch (const std::system_error& e) {
+      return Status::ResourceExhausted(fmt::format("prefetcher: cannot start a reader: {}", e.what()));
+    }
+  }
+  return Status::OK();
+}
+
 bool Prefetcher::finished() const {
   std::lock_guard<std::mutex> lk(impl_->mu);
   return impl_->finished;
@@ -462,6 +496,8 @@ PrefetchStats Prefetcher::stats() const {
   s.consumer_wait_seconds = Seconds(i.consumer_wait.total);
   s.readers = i.target_readers;
   s.buffer_samples = i.buffer_samples;
+  s.max_readers = i.opt.max_readers;
+  s.max_buffer_bytes = i.opt.max_buffer_bytes;
   s.ready = i.ready_samples;
   s.buffered_bytes = i.reserved_bytes;
   s.peak_buffered_bytes = i.peak_bytes;

@@ -83,6 +83,8 @@ class OptionChecks : public ::testing::Test {
     if (command == "schedule")
       return {{"--loss-log", log_}, {"--warmup-end", "30"}, {"--end", "100"}, {"--epoch", "10"},
               {"--t-train", "1"}, {"--t-p", "1"}, {"--t-c", "1"}, {"--t-infer", "1"}, {"--requests", "10"}};
+    if (command == "data jobs" || command == "data stats") return {{"--node", "127.0.0.1:1"}};
+    if (command == "data set-budget") return {{"--node", "127.0.0.1:1"}, {"--job", "j"}, {"--readers", "1"}};
     if (command == "bench-peer subscribe") return {{"--connect", "127.0.0.1:1"}};
     if (command == "bench-peer poll") return {{"--dir", dir_->path().string()}};
     if (command == "bench-peer fanout-host") return {{"--listen", "127.0.0.1:0"}};
@@ -276,6 +278,15 @@ const std::vector<Option>& Table() {
       {"bench", "--delta-bytes", Kind::kText, 0, 32},
       {"bench", "--delta-threads", Kind::kInteger, 1, 256},
       {"bench", "--delta-models", Kind::kPath},
+      {"data jobs", "--node", Kind::kHostPort},
+      {"data jobs", "--token-file", Kind::kReadableFile},
+      {"data stats", "--node", Kind::kHostPort},
+      {"data stats", "--token-file", Kind::kReadableFile},
+      {"data set-budget", "--node", Kind::kHostPort},
+      {"data set-budget", "--token-file", Kind::kReadableFile},
+      {"data set-budget", "--job", Kind::kText, 0, 128},
+      {"data set-budget", "--readers", Kind::kInteger, 1, 1024},
+      {"data set-budget", "--memory", Kind::kText, 0, 32},
       {"bench-peer subscribe", "--connect", Kind::kHostPort},
       {"bench-peer subscribe", "--model", Kind::kModel},
       {"bench-peer subscribe", "--path", Kind::kChoice},

@@ -270,6 +270,30 @@ TEST(PrefetchTest, MemoryCapHolds) {
   EXPECT_EQ(p->stats().peak_buffered_bytes, 10000u);
 }
 
+// A data service's per-job budget changed at run time: fewer readers at once, the byte cap for every
+// read claimed after it (what was read ahead before drains), bad budgets refused.
+TEST(PrefetchTest, SetLimitsMovesReadersAndTheByteCap) {
+  TempDir dir;
+  auto src = Tree(dir, 1, 200, 10000);
+  auto p = StartOrDie(src, {.epochs = 0, .readers = 4, .buffer_samples = 64, .autotune = false,
+                            .max_readers = 4, .max_buffer_bytes = 400000});
+  auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (p->stats().buffered_bytes < 300000 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(2ms);
+  EXPECT_GE(p->stats().buffered_bytes, 300000u) << "the readers read ahead up to the cap";
+  ASSERT_TRUE(p->SetLimits(1, 50000).ok());
+  EXPECT_EQ(p->stats().readers, 1u);
+  EXPECT_EQ(p->stats().max_readers, 1u);
+  EXPECT_EQ(p->stats().max_buffer_bytes, 50000u);
+  for (int i = 0; i < 60; ++i) ASSERT_TRUE(p->Next().ok());  // take what was read ahead under the old cap
+  std::this_thread::sleep_for(50ms);
+  EXPECT_LE(p->stats().buffered_bytes, 50000u);
+  ASSERT_TRUE(p->SetLimits(3, 1 << 20).ok());
+  EXPECT_EQ(p->stats().readers, 3u) << "without the tuner the reader count is the budget";
+  for (int i = 0; i < 200; ++i) ASSERT_TRUE(p->Next().ok());
+  EXPECT_EQ(p->SetLimits(0, 1000).message(), "max_readers must be in [1, 1024], got 0");
+  EXPECT_EQ(p->SetLimits(1, 0).code(), StatusCode::kInvalidArgument);
+}
+
 TEST(PrefetchTest, NextBatchStopsAtTheEpoch) {
   TempDir dir;
   auto src = Tree(dir, 1, 10, 64);
@@ -311,6 +335,30 @@ TEST(PrefetchTest, TunerAddsReadersWithinTheCap) {
     EXPECT_LE(e.buffer_samples, 64u) << e.reason;
   }
   EXPECT_GE(st.readers, 3u) << st.tuner.back().reason;
+}
+
+// A budget changed under a starving consumer: the tuner climbs only to the new cap, and past the old
+// one once the cap is raised (a data service job's readers, set at run time).
+TEST(PrefetchTest, TunerWorksWithinABudgetChangedAtRunTime) {
+  TempDir dir;
+  auto slow = std::make_shared<SlowSource>(Tree(dir, 1, 400, 256), 10ms);
+  auto p = StartOrDie(slow, {.epochs = 0, .readers = 1, .buffer_samples = 2, .max_readers = 8,
+                             .max_buffer_samples = 64, .tune_interval = 50ms});
+  ASSERT_TRUE(p->SetLimits(2, 1 << 20).ok());
+  auto t0 = std::chrono::steady_clock::now();
+  size_t most = 0;
+  while (std::chrono::steady_clock::now() - t0 < 1500ms) {
+    ASSERT_TRUE(p->Next().ok());
+    most = std::max(most, p->stats().readers);
+  }
+  EXPECT_EQ(most, 2u) << "the starving consumer makes the tuner climb, to the budget and no further";
+  size_t events = p->stats().tuner.size();
+  ASSERT_TRUE(p->SetLimits(6, 1 << 20).ok());
+  t0 = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - t0 < 2s) ASSERT_TRUE(p->Next().ok());
+  auto st = p->stats();
+  EXPECT_GE(st.readers, 3u) << "a raised budget lets it climb on";
+  for (size_t i = events; i < st.tuner.size(); ++i) EXPECT_LE(st.tuner[i].readers, 6u) << st.tuner[i].reason;
 }
 
 // Fast storage and a slow consumer: the tuner gives readers and buffer slots back.

@@ -5,6 +5,8 @@
 // that joins or leaves; a node that dies costs only its own samples.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -300,6 +302,88 @@ TEST(SampleCacheTest, ProcessesOnOneHostShareOneNode) {
   EXPECT_EQ(so.local_hits, 120u);
   EXPECT_EQ(so.node_samples, 120u);
   EXPECT_EQ(sa.node_samples, 0u) << "an attached cache holds nothing itself";
+}
+
+// A data service's view of the cache: each job's reads counted apart (adding up to the cache's),
+// and a cached sample pinned where another process of the host can map it.
+TEST(SampleCacheTest, CountedViewsAddUpAndPinsNameTheSegment) {
+  TempDir dir;
+  auto src = Tree(dir);
+  SampleCacheOptions co;
+  co.nodes = LoopbackNodes(1);
+  co.name = "service";
+  auto c = SampleCache::Open(src, co);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto ja = std::make_shared<SampleCacheJobCounters>(), jb = std::make_shared<SampleCacheJobCounters>();
+  auto a = SampleCache::CountedView(*c, ja), b = SampleCache::CountedView(*c, jb);
+  EXPECT_EQ((*c)->Pin(7).status().code(), StatusCode::kNotFound) << "not cached yet";
+  std::vector<std::byte> buf(kBytes);
+  for (uint64_t id = 0; id < 60; ++id) ASSERT_TRUE(a->ReadInto(id, buf).ok());
+  for (uint64_t id = 0; id < 120; ++id) {
+    ASSERT_TRUE(b->ReadInto(id, buf).ok());
+    ASSERT_EQ(buf, SampleBytes(id, kBytes));
+  }
+  EXPECT_EQ(ja->source_reads, 60u);
+  EXPECT_EQ(ja->hits, 0u);
+  EXPECT_EQ(jb->source_reads, 60u);
+  EXPECT_EQ(jb->hits, 60u);
+  EXPECT_EQ(jb->source_bytes, 60 * kBytes);
+  SampleCacheStats s = (*c)->stats();
+  EXPECT_EQ(s.source_reads, ja->source_reads + jb->source_reads);
+  EXPECT_EQ(s.local_hits, ja->hits + jb->hits);
+  auto pin = (*c)->Pin(7);
+  ASSERT_TRUE(pin.ok()) << pin.status().ToString();
+  EXPECT_EQ(pin->nbytes, kBytes);
+  EXPECT_TRUE(pin->segment.starts_with("vcache.")) << pin->segment;
+  int fd = ::shm_open(("/" + pin->segment).c_str(), O_RDONLY, 0);
+  ASSERT_GE(fd, 0) << pin->segment;
+  std::vector<std::byte> mapped(kBytes);
+  ASSERT_EQ(::pread(fd, mapped.data(), kBytes, static_cast<off_t>(pin->offset)), static_cast<ssize_t>(kBytes));
+  ::close(fd);
+  EXPECT_EQ(mapped, SampleBytes(7, kBytes)) << "the pinned bytes are the sample's, where the pin says";
+  co.start_node = false;
+  auto attached = SampleCache::Open(src, co);
+  ASSERT_TRUE(attached.ok());
+  EXPECT_EQ((*attached)->Pin(7).status().code(), StatusCode::kFailedPrecondition);
+}
+
+// Readers of one process (the jobs of a data service) asking for one uncached sample at the same
+// moment: one reads the source, the others wait for its put and take the cached copy.
+TEST(SampleCacheTest, ConcurrentReadsOfOneSampleAreMerged) {
+  TempDir dir;
+  auto counting = Tree(dir);
+  class Slow : public SampleSource {
+   public:
+    explicit Slow(std::shared_ptr<const SampleSource> base) : base_(std::move(base)) {}
+    uint64_t size() const override { return base_->size(); }
+    uint64_t bytes(uint64_t id) const override { return base_->bytes(id); }
+    int64_t label(uint64_t id) const override { return base_->label(id); }
+    std::string Describe(uint64_t id) const override { return base_->Describe(id); }
+    Status ReadInto(uint64_t id, std::span<std::byte> dst) const override {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      return base_->ReadInto(id, dst);
+    }
+
+   private:
+    std::shared_ptr<const SampleSource> base_;
+  };
+  SampleCacheOptions co;
+  co.nodes = LoopbackNodes(1);
+  co.name = "merged";
+  auto c = SampleCache::Open(std::make_shared<Slow>(counting), co);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  std::vector<std::thread> readers;
+  std::atomic<int> good{0};
+  for (int t = 0; t < 4; ++t) {
+    readers.emplace_back([&] {
+      std::vector<std::byte> buf(kBytes);
+      if ((*c)->ReadInto(9, buf).ok() && buf == SampleBytes(9, kBytes)) good++;
+    });
+  }
+  for (auto& t : readers) t.join();
+  EXPECT_EQ(good, 4);
+  EXPECT_EQ(counting->reads, 1u) << "one source read for four readers of one sample";
+  EXPECT_EQ((*c)->stats().local_hits, 3u);
 }
 
 TEST(SampleCacheTest, BudgetRefusesPutsAndTheSourceServesTheRest) {

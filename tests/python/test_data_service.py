@@ -1,0 +1,307 @@
+"""The data service of a node (python/viper/_data_service.py; DataLoader(service=...),
+ServiceControl, `viper data`): a real service process (`python3 -m viper.data_service serve`) and
+real training processes attached to it over loopback. Four jobs share one cache (the service's
+shared memory is what one job alone needs), samples arrive mapped from that shared memory, a budget
+changed at run time moves the readers and the bytes read ahead, per-job stats add up to the
+cache's, a job killed mid-epoch leaves the service serving, bad budgets are refused in one line.
+
+Run: PYTHONPATH=<build>/python /usr/bin/python3 -m pytest tests/python/test_data_service.py
+"""
+import glob
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import viper
+import viper.data as vd
+
+N, WIDTH = 192, 8192  # samples of WIDTH float32 values (32 KiB), all equal to the sample's id
+DATA_BYTES = N * WIDTH * 4
+BUILD = os.environ.get("VIPER_BINARY_DIR") or os.path.join(os.path.dirname(vd.__file__), "..", "..")
+VIPER = os.path.join(BUILD, "bin", "viper")
+
+JOB = textwrap.dedent(r"""
+    import json, os, sys, time
+    import numpy as np
+    import viper.data as vd
+    service, job, seed, epochs, workdir = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+    loader = vd.DataLoader(None, batch_size=16, seed=seed, service=service, service_job=job)
+    out = {"epochs": []}
+    for epoch in range(epochs):
+        ids = []
+        for x, y in loader:
+            v = x.numpy().view(np.float32).reshape(len(x), -1)
+            assert (v == v[:, :1]).all(), "a sample's bytes are its id"
+            assert (y.numpy() == v[:, 0].astype(np.int64) % 4).all(), "labels"
+            ids += [int(i) for i in v[:, 0]]
+        out["epochs"].append(ids)
+    st = loader.stats()
+    out["client"] = {k: st[k] for k in ("wait_seconds", "mapped_samples", "inline_samples", "source_bytes")}
+    open(os.path.join(workdir, f"done.{job}"), "w").close()
+    # Stay attached until told, so that the service's memory is measured with every job on it.
+    while not os.path.exists(os.path.join(workdir, "release")):
+        time.sleep(0.01)
+    loader.close()
+    print(json.dumps(out), flush=True)
+""")
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tree")
+    for c in range(4):
+        (root / f"class{c}").mkdir()
+    for i in range(N):
+        np.full(WIDTH, i, dtype=np.float32).tofile(root / f"class{i % 4}" / f"{i:05d}.bin")
+    return root
+
+
+class Service:
+    """`python3 -m viper.data_service serve` in its own process."""
+
+    def __init__(self, tree, *extra):
+        self.address = f"127.0.0.1:{free_port()}"
+        self.proc = subprocess.Popen([sys.executable, "-m", "viper.data_service", "serve", str(tree), "--listen",
+                                      self.address, *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        assert line.startswith("listening on"), (line, self.proc.stderr.read() if self.proc.poll() is not None else "")
+
+    def control(self):
+        return vd.ServiceControl(self.address)
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        out, err = self.proc.communicate(timeout=30)
+        assert self.proc.returncode == 0, err
+        left = glob.glob(f"/dev/shm/vcache.{self.proc.pid}.*")
+        assert left == [], f"the service left segments behind: {left}"
+
+
+def run_jobs(service, tree, tmp_path, jobs, epochs=2):
+    workdir = tmp_path / f"w{jobs}"
+    workdir.mkdir()
+    procs = [subprocess.Popen([sys.executable, "-c", JOB, service.address, f"hp{j}", str(100 + j), str(epochs),
+                               str(workdir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for j in range(jobs)]
+    deadline = time.time() + 120
+    while len(glob.glob(str(workdir / "done.*"))) < jobs:
+        for p in procs:
+            if p.poll() is not None and p.returncode != 0:
+                pytest.fail(f"a job failed: {p.stderr.read()}")
+        assert time.time() < deadline, "jobs did not finish"
+        time.sleep(0.05)
+    with service.control() as ctl:
+        stats = ctl.stats()
+        jobs_now = ctl.jobs()
+    (workdir / "release").touch()
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err
+        outs.append(json.loads(out.strip().splitlines()[-1]))
+    return outs, stats, jobs_now
+
+
+def test_four_jobs_share_one_cache_and_receive_samples_mapped(tree, tmp_path):
+    alone_svc = Service(tree)
+    try:
+        alone, alone_stats, _ = run_jobs(alone_svc, tree, tmp_path, 1)
+    finally:
+        alone_svc.stop()
+    four_svc = Service(tree)
+    try:
+        four, four_stats, jobs_now = run_jobs(four_svc, tree, tmp_path, 4)
+    finally:
+        four_svc.stop()
+    assert len(jobs_now) == 4 and all(len(j["streams"]) == 1 for j in jobs_now)
+    for out in alone + four:
+        for ids in out["epochs"]:
+            assert sorted(ids) == list(range(N)), "every sample once per epoch"
+        # Zero-copy: every sample was mapped from the service's shared memory, none sent inline.
+        assert out["client"]["mapped_samples"] == 2 * N and out["client"]["inline_samples"] == 0, out["client"]
+    one_shm, four_shm = alone_stats["cache"]["node_bytes"], four_stats["cache"]["node_bytes"]
+    one_mem = one_shm + alone_stats["rss_anon_bytes"]
+    four_mem = four_shm + four_stats["rss_anon_bytes"]
+    one_src, four_src = alone_stats["total"]["source_bytes"], four_stats["total"]["source_bytes"]
+    print(f"\nservice memory: one job {one_shm} B shm + {alone_stats['rss_anon_bytes']} B anon; four jobs "
+          f"{four_shm} B shm + {four_stats['rss_anon_bytes']} B anon: {four_mem / one_mem:.3f}x "
+          f"(shm {four_shm / one_shm:.3f}x); source bytes: one job {one_src}, four jobs {four_src} "
+          f"({four_src / DATA_BYTES:.3f}x the data set; four independent loaders read 4x)")
+    assert one_shm >= DATA_BYTES, "the data set is cached once"
+    assert four_shm <= 1.2 * one_shm
+    assert four_mem <= 1.2 * one_mem
+    assert one_src == DATA_BYTES, "one job reads the source once, in its first epoch"
+    assert four_src == DATA_BYTES, "four jobs read the source once between them (reads of one sample merged)"
+
+
+def test_budget_changed_at_run_time_moves_readers_and_memory(tree):
+    svc = Service(tree, "--job-readers", "4", "--job-memory", str(4 << 20))
+    try:
+        loader = vd.DataLoader(None, batch_size=8, service=svc.address, service_job="search-a", autotune=False,
+                               readers=4, buffer_samples=4096)
+        it = iter(loader)
+        next(it)
+        ctl = svc.control()
+
+        def job():
+            (j,) = ctl.jobs()
+            return j
+
+        deadline = time.time() + 20
+        while job()["buffered_bytes"] < (3 << 20) and time.time() < deadline:
+            time.sleep(0.02)  # the readers fill the 4 MiB read-ahead while this consumer sleeps
+        before = job()
+        assert before["readers"] == 4 and before["budget"] == {"readers": 4, "memory": 4 << 20}
+        assert (3 << 20) <= before["buffered_bytes"] <= (4 << 20), before
+        assert ctl.set_budget("search-a", readers=1, memory=1 << 20) == {"job": "search-a", "readers": 1,
+                                                                        "memory": 1 << 20}
+        for _ in range(16):  # take what was read ahead: no new read is claimed beyond 1 MiB
+            next(it)
+        after = job()
+        assert after["readers"] == 1 and after["budget"] == {"readers": 1, "memory": 1 << 20}
+        assert after["buffered_bytes"] <= 1 << 20, after
+        ctl.set_budget("search-a", readers=3)
+        assert job()["readers"] == 3
+        print(f"\nbudget 4 readers / 4 MiB: {before['readers']} readers, {before['buffered_bytes']} B read ahead; "
+              f"1 reader / 1 MiB: {after['readers']} reader, {after['buffered_bytes']} B; then 3 readers: "
+              f"{job()['readers']}")
+        st = loader.stats()
+        assert st["service"]["budget"] == {"readers": 3, "memory": 1 << 20}
+        loader.close()
+        ctl.close()
+    finally:
+        svc.stop()
+
+
+def test_stats_per_job_add_up_to_the_cache(tree):
+    svc = Service(tree)
+    try:
+        a = vd.DataLoader(None, batch_size=32, seed=1, service=svc.address, service_job="a")
+        for _ in range(2):
+            for _ in a:
+                pass
+        b = vd.DataLoader(None, batch_size=32, seed=2, service=svc.address, service_job="b")  # after a filled the cache
+        for _ in range(2):
+            for _ in b:
+                pass
+        with svc.control() as ctl:
+            st = ctl.stats()
+        ja, jb, cache = st["jobs"]["a"], st["jobs"]["b"], st["cache"]
+        for j in (ja, jb):
+            assert j["delivered"] == 2 * N and j["delivered_bytes"] == 2 * DATA_BYTES
+            assert j["wait_seconds"] >= 0 and j["inline_samples"] == 0
+        assert ja["source_bytes"] + jb["source_bytes"] == cache["source_bytes"] == st["total"]["source_bytes"]
+        assert ja["source_reads"] + jb["source_reads"] == cache["source_reads"]
+        assert ja["cache_hits"] + jb["cache_hits"] == cache["local_hits"]
+        assert cache["source_bytes"] == DATA_BYTES, "a read the source in its first epoch, once"
+        assert jb["source_bytes"] == 0 and jb["cache_hits"] >= 2 * N
+        assert a.stats()["source_bytes"] == ja["source_bytes"]
+        a.close()
+        b.close()
+        with svc.control() as ctl:  # jobs that ended still count in the totals
+            st2 = ctl.stats()
+        assert st2["jobs"] == {} and st2["total"]["source_bytes"] == cache["source_bytes"]
+        assert sorted(e["job"] for e in st2["ended_jobs"]) == ["a", "b"]
+    finally:
+        svc.stop()
+
+
+def test_a_job_killed_mid_epoch_does_not_take_the_service_down(tree, tmp_path):
+    svc = Service(tree)
+    try:
+        script = textwrap.dedent(r"""
+            import sys, time
+            import viper.data as vd
+            loader = vd.DataLoader(None, batch_size=4, service=sys.argv[1], service_job="doomed", transform=lambda a, l: (a, l),
+                                   collate_fn=lambda items: items)
+            it = iter(loader)
+            held = [next(it) for _ in range(5)]  # per-sample arrays: views pinned in the service's memory
+            print("holding", flush=True)
+            time.sleep(600)
+        """)
+        p = subprocess.Popen([sys.executable, "-c", script, svc.address], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        assert p.stdout.readline().strip() == "holding", p.stderr.read() if p.poll() is not None else ""
+        with svc.control() as ctl:
+            assert [j["job"] for j in ctl.jobs()] == ["doomed"]
+        p.kill()
+        p.wait()
+        deadline = time.time() + 10
+        with svc.control() as ctl:
+            while ctl.jobs() and time.time() < deadline:
+                time.sleep(0.05)
+            assert ctl.jobs() == [], "the dead job's stream is dropped"
+            assert [e["job"] for e in ctl.stats()["ended_jobs"]] == ["doomed"]
+        loader = vd.DataLoader(None, batch_size=32, service=svc.address, service_job="next")
+        ids = []
+        for x, _ in loader:
+            ids += [int(i) for i in x.numpy().view(np.float32).reshape(len(x), -1)[:, 0]]
+        assert sorted(ids) == list(range(N))
+        loader.close()
+    finally:
+        svc.stop()
+
+
+def test_bad_arguments_and_budgets_are_refused_in_one_line(tree):
+    with pytest.raises(viper.InvalidArgumentError, match=r"DataLoader\(\): service='nowhere': must be 'HOST:PORT'"):
+        vd.DataLoader(None, service="nowhere")
+    with pytest.raises(TypeError, match=r"service='127.0.0.1:1' and cache_nodes"):
+        vd.DataLoader(None, service="127.0.0.1:1", cache_nodes=["127.0.0.1:2"])
+    with pytest.raises(TypeError, match=r"max_readers=... is not an option with service="):
+        vd.DataLoader(None, service="127.0.0.1:1", max_readers=3)
+    with pytest.raises(vd.ServiceError, match=r"service='127.0.0.1:1': cannot connect"):
+        vd.DataLoader(None, service="127.0.0.1:1")
+    with pytest.raises(viper.InvalidArgumentError, match=r"job_readers=0: must be an int from 1 to 1024"):
+        vd.DataService(tree, job_readers=0)
+    svc = Service(tree)
+    try:
+        with svc.control() as ctl:
+            with pytest.raises(viper.InvalidArgumentError, match=r"readers=0: must be an int from 1 to 1024"):
+                ctl.set_budget("j", readers=0)
+            with pytest.raises(viper.InvalidArgumentError, match=r"memory=4096: must be an int from 1048576"):
+                ctl.set_budget("j", memory=4096)
+            with pytest.raises(TypeError, match=r"readers='8': expected an int"):
+                ctl.set_budget("j", readers="8")
+            with pytest.raises(viper.InvalidArgumentError, match=r"give readers, memory or both"):
+                ctl.set_budget("j")
+        # The service checks what arrives over the wire too (a client other than ServiceControl).
+        from viper._data_service import _Connection
+        conn = _Connection("test", svc.address, "", 5)
+        with pytest.raises(vd.ServiceError, match=r"refused: .*readers=-1: must be an int from 1 to 1024"):
+            conn.call({"op": "set_budget", "job": "j", "readers": -1}, "test")
+        with pytest.raises(vd.ServiceError, match=r"refused: .*op='drop_tables': not a request"):
+            conn.call({"op": "drop_tables"}, "test")
+        conn.close()
+        assert os.path.exists(VIPER), f"{VIPER}: `viper data` is tested here"
+        for args, rule in ((["--readers", "0"], "--readers: '0' must be an integer from 1 to 1024"),
+                           (["--memory", "12x"], "--memory '12x'"),
+                           (["--memory", "4096"], "--memory '4096': must be at least 1MiB")):
+            r = subprocess.run([VIPER, "data", "set-budget", "--node", svc.address, "--job", "j", *args],
+                               capture_output=True, text=True, timeout=30)
+            assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1, (args, r.stderr)
+            assert rule in r.stderr, r.stderr
+        r = subprocess.run([VIPER, "data", "set-budget", "--node", svc.address, "--job", "j", "--readers", "2",
+                            "--memory", "2MiB"], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout) == {"job": "j", "readers": 2, "memory": 2 << 20}
+        r = subprocess.run([VIPER, "data", "stats", "--node", svc.address], capture_output=True, text=True,
+                           timeout=30)
+        assert r.returncode == 0 and "cache" in json.loads(r.stdout), r.stderr
+    finally:
+        svc.stop()

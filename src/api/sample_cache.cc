@@ -81,7 +81,9 @@ struct SampleCache::Impl {
 
   mutable std::mutex mu;  // guards the peers' state below
   struct Peer {
-    std::unique_ptr<Client> client;
+    // Shared with the readers using it: MarkDown or a reconnect replaces it while another reader
+    // may still be inside a fetch on the old one, which stays alive until that reader is done.
+    std::shared_ptr<Client> client;
     std::optional<Clock::time_point> down_until;
     bool ever_connected = false;
   };
@@ -94,7 +96,7 @@ struct SampleCache::Impl {
   std::vector<bool> Live() const;
   size_t OwnerOf(uint64_t id) const { return Owner(id, keys, Live()); }
   // The client of node i (connected on first use); nullptr while it is down.
-  Client* PeerClient(size_t i) const;
+  std::shared_ptr<Client> PeerClient(size_t i) const;
   void MarkDown(size_t i, const Status& why) const;
   bool ReadLocal(uint64_t id, std::span<std::byte> dst) const;
   bool ReadAttached(uint64_t id, std::span<std::byte> dst) const;
@@ -122,7 +124,7 @@ std::vector<bool> SampleCache::Impl::Live() const {
 
 void SampleCache::Impl::MarkDown(size_t i, const Status& why) const {
   peer_failures++;
-  std::unique_ptr<Client> gone;
+  std::shared_ptr<Client> gone;  // destroyed outside the lock, by the last reader holding it
   {
     std::lock_guard<std::mutex> lk(mu);
     Peer& p = peers[i];
@@ -134,10 +136,10 @@ void SampleCache::Impl::MarkDown(size_t i, const Status& why) const {
       opt.nodes[i], why.ToString(), opt.retry_down.count());
 }
 
-Client* SampleCache::Impl::PeerClient(size_t i) const {
+std::shared_ptr<Client> SampleCache::Impl::PeerClient(size_t i) const {
   std::unique_lock<std::mutex> lk(mu);
   Peer& p = peers[i];
-  if (p.client && p.client->connected()) return p.client.get();
+  if (p.client && p.client->connected()) return p.client;
   if (p.down_until && *p.down_until > Clock::now()) return nullptr;
   // Connecting holds the lock: it happens once per node, and two readers must not connect twice.
   ClientOptions co;
@@ -160,7 +162,7 @@ Client* SampleCache::Impl::PeerClient(size_t i) const {
   p.down_until.reset();
   p.ever_connected = true;
   p.client = std::move(c).value();
-  return p.client.get();
+  return p.client;
 }
 
 bool SampleCache::Impl::CopyOut(const Snapshot& snap, uint64_t id, std::span<std::byte> dst) const {
@@ -190,7 +192,7 @@ bool SampleCache::Impl::ReadLocal(uint64_t id, std::span<std::byte> dst) const {
 // This host's node run by another process: a lease on the sample's segment, mapped read-only
 // (same host), copied out, released.
 bool SampleCache::Impl::ReadAttached(uint64_t id, std::span<std::byte> dst) const {
-  Client* c = PeerClient(opt.self);
+  std::shared_ptr<Client> c = PeerClient(opt.self);
   if (c == nullptr) return false;
   const std::string model = Model(id);
   auto ok = c->FetchLease(model, 0);
@@ -209,7 +211,7 @@ bool SampleCache::Impl::ReadAttached(uint64_t id, std::span<std::byte> dst) cons
 }
 
 bool SampleCache::Impl::ReadRemote(size_t owner, uint64_t id, std::span<std::byte> dst) const {
-  Client* c = PeerClient(owner);
+  std::shared_ptr<Client> c = PeerClient(owner);
   if (c == nullptr) return false;
   std::vector<std::byte> buf;
   auto provide = [&buf](const proto::VersionInfo& info) -> Result<std::span<std::byte>> {
@@ -275,7 +277,7 @@ void SampleCache::Impl::PutLocal(uint64_t id, std::span<const std::byte> bytes) 
 }
 
 void SampleCache::Impl::PutRemote(size_t owner, uint64_t id, std::span<const std::byte> bytes) const {
-  Client* c = PeerClient(owner);
+  std::shared_ptr<Client> c = PeerClient(owner);
   if (c == nullptr) {
     put_failures++;
     return;

@@ -252,7 +252,9 @@ class SampleCache(Source):
         return self._cache.stats()
 
     def close(self) -> None:
-        """Drops this handle's hold on the node (it stops once no prefetcher reads through it)."""
+        """Drops this handle's hold on the node (it stops, and its shared memory goes, once no
+        prefetcher reads through it). The Source part then reads `base` directly."""
+        self._impl = self.base._impl  # the cache as a Source holds the node too
         self._cache.close()
 
 

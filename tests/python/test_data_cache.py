@@ -254,3 +254,17 @@ def test_a_rank_that_breaks_out_of_an_epoch_keeps_the_ranks_common_order(tree):
     assert want[2] != want[1]
     whole.close()
     broken.close()
+
+
+def test_close_frees_the_cache_nodes_shared_memory(tree):
+    def segments():
+        return [f for f in os.listdir("/dev/shm") if f.startswith("vcache") and f".{os.getpid()}." in f]
+
+    loader = vd.DataLoader(tree, batch_size=16, rank=0, world_size=1, seed=3, cache_nodes=["127.0.0.1:0"],
+                           cache_token="t0ken")
+    for _ in loader:
+        pass
+    held = segments()
+    assert len(held) > 0, "the node holds the samples it cached in shared memory"
+    loader.close()
+    assert segments() == [], f"close() stops the node: {len(segments())} of {len(held)} segments left"

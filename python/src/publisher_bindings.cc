@@ -59,7 +59,8 @@ std::unique_ptr<DeviceDraftHandle> BeginDevice(PublisherHandle& h, const py::lis
     spec.shape = t[2].cast<std::vector<int64_t>>();
     specs.push_back(std::move(spec));
   }
-  if (specs.empty()) ThrowIfError(Status::InvalidArgument("Publisher.begin_cuda(): no tensors: a version needs at least one"));
+  if (specs.empty())
+    ThrowIfError(Status::InvalidArgument("Publisher.begin_cuda(): no tensors: a version needs at least one"));
   auto layout = viper::SnapshotLayout::Make(specs, {}, pub.options().alignment);
   if (!layout.ok()) ThrowIfError(layout.status().WithContext("Publisher.begin_cuda()"));
   CheckOneDevice(h, device, "Publisher.begin_cuda()");
@@ -78,9 +79,11 @@ std::unique_ptr<DeviceDraftHandle> BeginDevice(PublisherHandle& h, const py::lis
 viper::PublishResult CommitDevice(PublisherHandle& h, DeviceDraftHandle& d, uintptr_t stream, uint64_t step,
                                   std::optional<double> loss) {
   Open(h.publisher, "Publisher");
-  if (!h.gpu) ThrowIfError(Status(StatusCode::kFailedPrecondition, "Publisher.begin_cuda(): the publisher's GPU path is closed"));
+  if (!h.gpu)
+    ThrowIfError(Status(StatusCode::kFailedPrecondition, "Publisher.begin_cuda(): the publisher's GPU path is closed"));
   if (!d.draft.valid())
-    ThrowIfError(Status(StatusCode::kFailedPrecondition, "Publisher.begin_cuda(): the draft was already committed or aborted"));
+    ThrowIfError(Status(StatusCode::kFailedPrecondition,
+                        "Publisher.begin_cuda(): the draft was already committed or aborted"));
   viper::PublishInfo info;
   info.step = step;
   info.loss = loss;
@@ -89,7 +92,8 @@ viper::PublishResult CommitDevice(PublisherHandle& h, DeviceDraftHandle& d, uint
   const int64_t t0 = viper::WallClockNs();
   {
     py::gil_scoped_release release;
-    version = h.gpu->CommitDevice(std::move(d.draft), viper::gpu::Stream::Borrow(device, reinterpret_cast<void*>(stream)), info);
+    const viper::gpu::Stream producer = viper::gpu::Stream::Borrow(device, reinterpret_cast<void*>(stream));
+    version = h.gpu->CommitDevice(std::move(d.draft), producer, info);
   }
   viper::PublishResult r;
   r.version = Unwrap(std::move(version));

@@ -559,7 +559,8 @@ TEST(Gpu, BeginWaitsForLeasedBuffersAndADraftHoldsItsOwn) {
   auto held = (*store)->Begin(DraftSpecs(2 << 20));
   ASSERT_TRUE(held.ok());
   DevTensor t = Upload(RandomBytes(1000, 5100), *s);
-  auto p = std::async(std::launch::async, [&] { return (*store)->Publish(Specs({&t}), *s, VersionStamp{.version = 4}); });
+  auto p = std::async(std::launch::async,
+                      [&] { return (*store)->Publish(Specs({&t}), *s, VersionStamp{.version = 4}); });
   EXPECT_EQ(p.wait_for(500ms), std::future_status::timeout) << "Publish took a buffer a draft holds";
   *held = DeviceDraft();
   ASSERT_EQ(p.wait_for(10s), std::future_status::ready);
@@ -870,8 +871,10 @@ TEST(Gpu, ADraftCommittedThroughTheNodeReachesOtherProcessesBitExact) {
     std::vector<PinnedBuffer> staging;
     auto want = WriteDraft(*d, 6000 + 10 * round, *s, &staging);
     auto t0 = std::chrono::steady_clock::now();
-    auto version = (*gp)->CommitDevice(std::move(*d), Stream::Borrow(0, s->raw()), PublishInfo{.step = uint64_t(40 + round), .loss = 0.25});
-    auto commit_us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
+    auto version = (*gp)->CommitDevice(std::move(*d), Stream::Borrow(0, s->raw()),
+                                       PublishInfo{.step = uint64_t(40 + round), .loss = 0.25});
+    auto commit_us =
+        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
     ASSERT_TRUE(version.ok()) << version.status().ToString();
     EXPECT_GT(*version, last);
     last = *version;

@@ -401,7 +401,8 @@ class Publisher(_Handle):
         queued on it afterwards waits for them on the device; the call does not wait), consumers
         on this host with Subscriber(device=N) copy it device-to-device, and every other consumer
         gets the same version through host memory once its pinned copy is sealed. Use one kind of
-        publish per model (GPU versions are committed to the host tier in the background)."""
+        publish per model (GPU versions are committed to the host tier in the background).
+        begin_cuda() is the zero-copy form: the tensors written in place in the version's buffer."""
         owner = "Publisher.publish()"
         _check.mapping(owner, "tensors", tensors)
         step = _check.integer(owner, "step", step)

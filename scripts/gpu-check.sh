@@ -17,7 +17,7 @@
 # VIPER_FAIL_ON_SKIP=1: without a GPU that is a failure, not a skip.
 # Sizes: GPU_CHECK_SIZES (default 1.7G,8G); reps: GPU_CHECK_REPS (default 5), torch reps
 # GPU_CHECK_TORCH_REPS (default 2; 0 skips the torch baseline); GPU_CHECK_BENCH=0 skips the bench;
-# GPU_CHECK_TEST_LIMIT: gpu_test's time limit in seconds (default 120).
+# GPU_CHECK_TEST_LIMIT: gpu_test's time limit in seconds (default 180).
 set -uo pipefail
 pack=${1:?usage: gpu-check.sh PACK [TORCH_SCRIPT]}
 pack=$(cd "$pack" && pwd)
@@ -49,7 +49,7 @@ echo "gpu-check: $(date -u +%FT%TZ) on $(hostname)" | tee -a "$log"
 step "machine: nvidia-smi" 30 nvidia-smi
 step "machine: kernel" 5 uname -a
 step "machine: torch" 60 python3 -c 'import torch; print(torch.__version__, torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")'
-step "gpu_test" ${GPU_CHECK_TEST_LIMIT:-120} env VIPER_FAIL_ON_SKIP=1 VIPER_GPU_PEER="$pack/bin/viper_gpu_peer" \
+step "gpu_test" ${GPU_CHECK_TEST_LIMIT:-180} env VIPER_FAIL_ON_SKIP=1 VIPER_GPU_PEER="$pack/bin/viper_gpu_peer" \
   VIPER_GPU_SUBSCRIBER="$pack/bin/viper_gpu_subscriber" "$pack/run" gpu_test
 [ -x "$pack/bin/gpu_node_test" ] && step "gpu_node_test (no-driver path)" 60 env VIPER_CUDA_LIBRARY=/nonexistent/libcuda.so.1 "$pack/run" gpu_node_test
 [ -n "${GPU_CHECK_PYTHON:-}" ] && step "python gpu_cases.py" 300 env VIPER_FAIL_ON_SKIP=1 PYTHONPATH="$GPU_CHECK_PYTHON" \

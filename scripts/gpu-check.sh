@@ -10,11 +10,14 @@
 # what did not, and exits non-zero if any step failed. Steps: the machine (nvidia-smi, kernel,
 # torch), gpu_test (VIPER_FAIL_ON_SKIP=1: no GPU is a failure here), `viper bench --gpu` (JSON to
 # $OUT/gpu-bench.json), the torch.save + polling + torch.load baseline ($OUT/torch-baseline.json);
-# gpu_test's through-the-node lines (GPU-NODE, GPU-NODE-EARLY, GPU-EARLY) are repeated at the end
-# and in $OUT/gpu-node.txt.
+# gpu_test's through-the-node lines (GPU-NODE, GPU-NODE-EARLY, GPU-EARLY, and GPU-DRAFT: zero-copy
+# BeginDevice/CommitDevice) are repeated at the end and in $OUT/gpu-node.txt.
+# GPU_CHECK_PYTHON=DIR (a directory holding the viper package built for this machine's python3,
+# with pytest installed) also runs PACK/gpu_cases.py (Publisher.begin_cuda on the GPU) with
+# VIPER_FAIL_ON_SKIP=1: without a GPU that is a failure, not a skip.
 # Sizes: GPU_CHECK_SIZES (default 1.7G,8G); reps: GPU_CHECK_REPS (default 5), torch reps
 # GPU_CHECK_TORCH_REPS (default 2; 0 skips the torch baseline); GPU_CHECK_BENCH=0 skips the bench;
-# GPU_CHECK_TEST_LIMIT: gpu_test's time limit in seconds (default 120).
+# GPU_CHECK_TEST_LIMIT: gpu_test's time limit in seconds (default 180).
 set -uo pipefail
 pack=${1:?usage: gpu-check.sh PACK [TORCH_SCRIPT]}
 pack=$(cd "$pack" && pwd)
@@ -46,9 +49,11 @@ echo "gpu-check: $(date -u +%FT%TZ) on $(hostname)" | tee -a "$log"
 step "machine: nvidia-smi" 30 nvidia-smi
 step "machine: kernel" 5 uname -a
 step "machine: torch" 60 python3 -c 'import torch; print(torch.__version__, torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")'
-step "gpu_test" ${GPU_CHECK_TEST_LIMIT:-120} env VIPER_FAIL_ON_SKIP=1 VIPER_GPU_PEER="$pack/bin/viper_gpu_peer" \
+step "gpu_test" ${GPU_CHECK_TEST_LIMIT:-180} env VIPER_FAIL_ON_SKIP=1 VIPER_GPU_PEER="$pack/bin/viper_gpu_peer" \
   VIPER_GPU_SUBSCRIBER="$pack/bin/viper_gpu_subscriber" "$pack/run" gpu_test
 [ -x "$pack/bin/gpu_node_test" ] && step "gpu_node_test (no-driver path)" 60 env VIPER_CUDA_LIBRARY=/nonexistent/libcuda.so.1 "$pack/run" gpu_node_test
+[ -n "${GPU_CHECK_PYTHON:-}" ] && step "python gpu_cases.py" 300 env VIPER_FAIL_ON_SKIP=1 PYTHONPATH="$GPU_CHECK_PYTHON" \
+  python3 "$pack/gpu_cases.py"
 [ "${GPU_CHECK_BENCH:-1}" = 1 ] && \
 step "viper bench --gpu" 160 "$pack/run" viper bench --gpu --sizes "$sizes" --reps "$reps" --json "$OUT/gpu-bench.json"
 [ "$treps" -gt 0 ] && step "torch.save + poll + torch.load baseline" 150 env PYTHONUNBUFFERED=1 python3 "$torch_script" --sizes "$sizes" --reps "$treps" --json "$OUT/torch-baseline.json"
@@ -56,7 +61,7 @@ step "viper bench --gpu" 160 "$pack/run" viper bench --gpu --sizes "$sizes" --re
 echo | tee -a "$log"
 # The through-the-node figures gpu_test prints (publish -> live in another process at 1 GiB; early
 # = SubscriberOptions::gpu_early, announced when the device copy completes) and the early test's.
-grep -E '^(GPU-NODE|GPU-EARLY)' "$log" | tee "$OUT/gpu-node.txt"
+grep -E '^(GPU-NODE|GPU-EARLY|GPU-DRAFT)' "$log" | tee "$OUT/gpu-node.txt"
 echo "gpu-check summary:" | tee -a "$log"
 for line in "${summary[@]}"; do echo "  $line" | tee -a "$log"; done
 exit $failed

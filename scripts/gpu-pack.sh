@@ -3,7 +3,8 @@
 # libraries: OUT/bin (viper, viper-bench, viper_gpu_peer, viper_gpu_subscriber, gpu_test, gpu_node_test), OUT/lib (every shared library they load,
 # found by ldd, but the C and C++ runtimes), OUT/ucx (UCX's transport modules, which UCX opens
 # itself), OUT/run (sets LD_LIBRARY_PATH and UCX_MODULE_DIR, then runs a program of OUT/bin),
-# OUT/gpu-check.sh and OUT/gpu_torch_baseline.py. Then, there: `bash OUT/gpu-check.sh OUT`.
+# OUT/gpu-check.sh, OUT/gpu_torch_baseline.py and OUT/gpu_cases.py (run when GPU_CHECK_PYTHON is
+# set). Then, there: `bash OUT/gpu-check.sh OUT`.
 #
 #   scripts/gpu-pack.sh OUT [BUILD]       BUILD defaults to ./build (after scripts/build.sh)
 set -euo pipefail
@@ -36,5 +37,5 @@ prog=$1; shift
 exec "$here/bin/$prog" "$@"
 RUN
 chmod +x "$out/run"
-cp "$root/scripts/gpu-check.sh" "$root/bench/gpu_torch_baseline.py" "$out/"
+cp "$root/scripts/gpu-check.sh" "$root/bench/gpu_torch_baseline.py" "$root/tests/python/gpu_cases.py" "$out/"
 echo "gpu-pack: $(du -sh "$out" | cut -f1) in $out; run there: bash $out/gpu-check.sh $out"

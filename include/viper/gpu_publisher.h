@@ -16,9 +16,12 @@
 // announced device-only (Node::AnnounceDevice) to the same-host subscribers with
 // SubscriberOptions::gpu_early, which go live from the device copy alone.
 //
-// Versions are numbered by the node in PublishDevice call order; use one publishing path per
-// model (PublishDevice, or the Publisher's Publish/Commit). Thread-safety: PublishDevice from one
-// thread at a time; store() as DeviceVersionStore.
+// BeginDevice/CommitDevice is the zero-copy form: the producer writes the tensors in place in the
+// version's device buffer, and CommitDevice then follows PublishDevice's path from its copies on.
+//
+// Versions are numbered by the node in PublishDevice/CommitDevice call order; use one publishing path per
+// model (PublishDevice, or the Publisher's Publish/Commit). Thread-safety: PublishDevice, BeginDevice and
+// CommitDevice from one thread at a time; store() as DeviceVersionStore.
 #pragma once
 
 #include <memory>
@@ -39,6 +42,16 @@ class GpuPublisher {
   // The version number on success. Errors: the node's (ReserveVersion), the store's (Publish).
   Result<uint64_t> PublishDevice(const std::vector<gpu::DeviceTensor>& tensors, const gpu::Stream& producer_stream,
                                  const PublishInfo& info = {});
+  // Zero-copy: a device buffer of the store laid out for `specs` (gpu::DeviceVersionStore::Begin),
+  // for the producer to write each tensor in place (draft.tensor(name): a device pointer) with its
+  // own work on its stream. The version number is taken at CommitDevice. Errors: the store's Begin.
+  Result<gpu::DeviceDraft> BeginDevice(const std::vector<TensorSpec>& specs);
+  // Publishes the draft as PublishDevice publishes its copies: the version number reserved on the
+  // node, the version ordered after producer_stream's queued work (the writes) by an event and
+  // announced when that completes, the host copy sealed and committed in the background. Returns
+  // without waiting for the device. The draft is consumed (abandoned on error).
+  Result<uint64_t> CommitDevice(gpu::DeviceDraft draft, const gpu::Stream& producer_stream,
+                                const PublishInfo& info = {});
   // Blocks until `version` is committed in the host tier (announced to every subscriber), or the
   // first error of the host path.
   Status WaitHost(uint64_t version, std::chrono::milliseconds timeout);
@@ -47,6 +60,10 @@ class GpuPublisher {
  private:
   struct Shared;
   class Replicas;
+  // The version number and stamp for `info` (the number reserved on the node), registered as
+  // pending for the host path; `what` names the caller in errors.
+  Result<VersionStamp> Reserve(const PublishInfo& info, const char* what);
+  void Unreserve(uint64_t version);
   GpuPublisher() = default;
   std::shared_ptr<Shared> shared_;
   std::shared_ptr<Replicas> replicas_;  // the node's device replica of the model

@@ -23,6 +23,13 @@
 // sealed. Publish allocates a new buffer while fewer than max_buffers exist, else it waits for one
 // to free (the only case in which Publish blocks the caller).
 //
+// Zero-copy (Begin/Commit): Begin hands out a buffer laid out for the given specs (a DeviceDraft:
+// each tensor's device pointer at its data offset), the producer writes the tensors in place with
+// its own work on its stream, and Commit queues the version exactly as Publish does after its
+// copies: ordered after the producer's stream by the `ready` event, the header written, announced
+// when `copied` completes, the pinned copy sealed in the background. A draft holds its buffer (not
+// reused) until committed or destroyed; destroyed uncommitted, nothing is announced.
+//
 // DeviceVersionReader (consumer side): opens a GpuVersion's IPC handle (cached per buffer, since
 // buffers are reused) and copies the data region device-to-device into the consumer's memory.
 //
@@ -36,6 +43,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "viper/gpu.h"
@@ -69,6 +77,39 @@ std::string EncodeGpuVersion(const GpuVersion& v);
 // magic or format, data region outside total_bytes, negative device.
 Result<GpuVersion> ParseGpuVersion(std::span<const std::byte> bytes);
 
+class DeviceVersionStore;
+
+// A version being written in place in one of the store's device buffers (DeviceVersionStore::
+// Begin): each tensor is a device pointer into the buffer at its snapshot data offset, to be
+// written by the producer's own work (kernels, copies) on its stream, then committed. Move-only.
+// Destroying it without Commit abandons it: nothing is announced and the buffer is free again, so
+// no work may still be writing the tensors by then (synchronize the stream that wrote them). The
+// pointers are valid until Commit or destruction, and never after the store is destroyed.
+class DeviceDraft {
+ public:
+  DeviceDraft() = default;
+  DeviceDraft(DeviceDraft&& other) noexcept;
+  DeviceDraft& operator=(DeviceDraft&& other) noexcept;
+  ~DeviceDraft();  // abandons the version unless committed
+
+  // Tensor `name`'s place in the buffer (0 if unknown).
+  DevicePtr tensor(std::string_view name) const;
+  // Every tensor (spec and device pointer), in the order Begin was given.
+  const std::vector<DeviceTensor>& tensors() const { return tensors_; }
+  const SnapshotLayout& layout() const { return *layout_; }
+  int device() const { return device_; }
+  bool valid() const { return layout_ != nullptr; }
+
+ private:
+  friend class DeviceVersionStore;
+  void Abandon();
+  std::weak_ptr<void> store_;  // the store's state; expired once the store is destroyed
+  size_t buffer_ = 0;
+  int device_ = 0;
+  std::shared_ptr<const SnapshotLayout> layout_;
+  std::vector<DeviceTensor> tensors_;
+};
+
 class DeviceVersionStore {
  public:
   enum class Announce { kAfterDeviceCopy, kAfterChecksum };
@@ -95,6 +136,18 @@ class DeviceVersionStore {
   // the producer may overwrite them at once. Errors: InvalidArgument (bad specs, tensor on another device,
   // version not above the last), the GPU's errors.
   Status Publish(const std::vector<DeviceTensor>& tensors, const Stream& producer_stream, VersionStamp stamp);
+  // Zero-copy: a buffer laid out for `specs` (the layout Publish would make for them) handed out
+  // for the producer to write the tensors in place (DeviceDraft). Takes a buffer under the rules of
+  // Publish (a free one, a new one below max_buffers, else it waits). A buffer that held another
+  // layout is zeroed first, the host waiting for that. Errors: InvalidArgument (bad specs: the
+  // snapshot layout's message, or no tensor), the GPU's errors.
+  Result<DeviceDraft> Begin(const std::vector<TensorSpec>& specs);
+  // Queues version stamp.version of the draft as Publish queues a version once its copies are
+  // queued: ordered after producer_stream's queued work (the draft's writes) by an event, the
+  // header written, announced when that completes, the pinned host copy sealed in the background.
+  // The draft is consumed (abandoned on error). Errors: InvalidArgument (a draft of another store,
+  // an empty one, stream on another device, version not above the last), the GPU's errors.
+  Status Commit(DeviceDraft draft, const Stream& producer_stream, VersionStamp stamp);
   // Blocks until `version` is live (or sealed, if sealed=true). Timeout / the copy's error.
   Status Wait(uint64_t version, std::chrono::milliseconds timeout, bool sealed = false);
   // Leases the live version (NotFound before the first): its buffer is not reused until Release.
@@ -105,9 +158,10 @@ class DeviceVersionStore {
   size_t buffers() const;
 
  private:
+  friend class DeviceDraft;
   struct Impl;
-  explicit DeviceVersionStore(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+  explicit DeviceVersionStore(std::shared_ptr<Impl> impl);
+  std::shared_ptr<Impl> impl_;  // shared with the drafts (weakly), so a draft may outlive the store
 };
 
 class DeviceVersionReader {

@@ -19,14 +19,96 @@ using viper::StatusCode;
 
 namespace {
 
+// The publisher's GpuPublisher on `device`, started at the first GPU call. REQUIRES: GIL released.
+Status EnsureGpu(PublisherHandle& h, viper::Publisher& pub, int device) {
+  if (h.gpu) return Status::OK();
+  viper::gpu::DeviceVersionStore::Options o;
+  o.device = device;
+  auto g = viper::GpuPublisher::Start(&pub, o);
+  if (!g.ok()) return g.status();
+  h.gpu = std::move(g).value();
+  h.gpu_device = device;
+  return Status::OK();
+}
+
+void CheckOneDevice(const PublisherHandle& h, int device, const char* what) {
+  if (h.gpu && device != h.gpu_device)
+    ThrowIfError(Status::InvalidArgument(std::string(what) + ": CUDA tensors on device " + std::to_string(device) +
+                                         ": this publisher keeps its versions on device " +
+                                         std::to_string(h.gpu_device) + " (one device per publisher)"));
+}
+
+// A version being written in place on the GPU (Publisher.begin_cuda): the C++ draft, or nothing
+// once committed or aborted.
+struct DeviceDraftHandle {
+  viper::gpu::DeviceDraft draft;
+  uint64_t bytes = 0;  // the snapshot's size (PublishResult.bytes)
+};
+
+// Publisher.begin_cuda: [(name, safetensors dtype, shape)] -> a draft on `device`. The specs are
+// checked (the snapshot layout's rules) before any GPU call, so a bad spec is InvalidArgument on
+// every machine.
+std::unique_ptr<DeviceDraftHandle> BeginDevice(PublisherHandle& h, const py::list& items, int device) {
+  viper::Publisher& pub = Open(h.publisher, "Publisher");
+  std::vector<viper::TensorSpec> specs;
+  for (const py::handle& item : items) {
+    auto t = item.cast<py::tuple>();
+    viper::TensorSpec spec;
+    spec.name = t[0].cast<std::string>();
+    spec.dtype = Unwrap(viper::parse_dtype(t[1].cast<std::string>()));
+    spec.shape = t[2].cast<std::vector<int64_t>>();
+    specs.push_back(std::move(spec));
+  }
+  if (specs.empty())
+    ThrowIfError(Status::InvalidArgument("Publisher.begin_cuda(): no tensors: a version needs at least one"));
+  auto layout = viper::SnapshotLayout::Make(specs, {}, pub.options().alignment);
+  if (!layout.ok()) ThrowIfError(layout.status().WithContext("Publisher.begin_cuda()"));
+  CheckOneDevice(h, device, "Publisher.begin_cuda()");
+  auto out = std::make_unique<DeviceDraftHandle>();
+  out->bytes = layout->total_bytes();
+  viper::Result<viper::gpu::DeviceDraft> draft = Status::OK();
+  {
+    py::gil_scoped_release release;
+    Status started = EnsureGpu(h, pub, device);
+    draft = started.ok() ? h.gpu->BeginDevice(specs) : viper::Result<viper::gpu::DeviceDraft>(started);
+  }
+  out->draft = Unwrap(std::move(draft));
+  return out;
+}
+
+viper::PublishResult CommitDevice(PublisherHandle& h, DeviceDraftHandle& d, uintptr_t stream, uint64_t step,
+                                  std::optional<double> loss) {
+  Open(h.publisher, "Publisher");
+  if (!h.gpu)
+    ThrowIfError(Status(StatusCode::kFailedPrecondition, "Publisher.begin_cuda(): the publisher's GPU path is closed"));
+  if (!d.draft.valid())
+    ThrowIfError(Status(StatusCode::kFailedPrecondition,
+                        "Publisher.begin_cuda(): the draft was already committed or aborted"));
+  viper::PublishInfo info;
+  info.step = step;
+  info.loss = loss;
+  const int device = d.draft.device();
+  viper::Result<uint64_t> version = Status::OK();
+  const int64_t t0 = viper::WallClockNs();
+  {
+    py::gil_scoped_release release;
+    const viper::gpu::Stream producer = viper::gpu::Stream::Borrow(device, reinterpret_cast<void*>(stream));
+    version = h.gpu->CommitDevice(std::move(d.draft), producer, info);
+  }
+  viper::PublishResult r;
+  r.version = Unwrap(std::move(version));
+  r.stall_ns = viper::WallClockNs() - t0;
+  r.bytes = d.bytes;
+  h.last_device_version = r.version;
+  h.last_stall_seconds = NsToSeconds(r.stall_ns);
+  return r;
+}
+
 // Publisher.publish of CUDA tensors (python/viper/_tensors.py cuda_entries).
 viper::PublishResult PublishDevice(PublisherHandle& h, const py::list& items, int device, uintptr_t stream,
                                    uint64_t step, std::optional<double> loss) {
   viper::Publisher& pub = Open(h.publisher, "Publisher");
-  if (h.gpu && device != h.gpu_device)
-    ThrowIfError(Status::InvalidArgument("Publisher.publish(): CUDA tensors on device " + std::to_string(device) +
-                                         ": this publisher keeps its versions on device " +
-                                         std::to_string(h.gpu_device) + " (one device per publisher)"));
+  CheckOneDevice(h, device, "Publisher.publish()");
   std::vector<viper::gpu::DeviceTensor> tensors;
   uint64_t bytes = 0;
   for (const py::handle& item : items) {
@@ -48,18 +130,7 @@ viper::PublishResult PublishDevice(PublisherHandle& h, const py::list& items, in
   const int64_t t0 = viper::WallClockNs();
   {
     py::gil_scoped_release release;
-    Status started;
-    if (!h.gpu) {
-      viper::gpu::DeviceVersionStore::Options o;
-      o.device = device;
-      auto g = viper::GpuPublisher::Start(&pub, o);
-      if (g.ok()) {
-        h.gpu = std::move(g).value();
-        h.gpu_device = device;
-      } else {
-        started = g.status();
-      }
-    }
+    Status started = EnsureGpu(h, pub, device);
     version = started.ok() ? h.gpu->PublishDevice(tensors, viper::gpu::Stream::Borrow(device, reinterpret_cast<void*>(stream)), info)
                            : viper::Result<uint64_t>(started);
   }
@@ -111,6 +182,27 @@ void BindPublisher(py::module_& m) {
                std::to_string(NsToSeconds(r.stall_ns)) + ", bytes=" + std::to_string(r.bytes) + ")";
       });
 
+  py::class_<DeviceDraftHandle>(m, "_DeviceDraft")
+      .def_property_readonly("valid", [](const DeviceDraftHandle& d) { return d.draft.valid(); },
+                             "Not yet committed or aborted.")
+      .def_property_readonly("device", [](const DeviceDraftHandle& d) { return d.draft.device(); })
+      .def("tensors", [](const DeviceDraftHandle& d) {
+             py::list out;
+             if (!d.draft.valid()) return out;
+             const auto& infos = d.draft.layout().tensors();  // in the order of the specs
+             for (size_t k = 0; k < d.draft.tensors().size(); ++k) {
+               const viper::gpu::DeviceTensor& t = d.draft.tensors()[k];
+               out.append(py::make_tuple(t.spec.name, std::string(viper::dtype_name(t.spec.dtype)), t.spec.shape,
+                                         static_cast<uint64_t>(t.ptr), infos[k].nbytes()));
+             }
+             return out;
+           },
+           "[(name, safetensors dtype, shape, device pointer, bytes)] of each tensor's place in the "
+           "version's device buffer; empty once committed or aborted.")
+      .def("abort", [](DeviceDraftHandle& d) { d.draft = viper::gpu::DeviceDraft(); },
+           "Abandons the version: nothing is announced and the buffer is free again (no work may still be "
+           "writing it).");
+
   py::class_<PublisherHandle>(m, "_Publisher")
       .def(py::init([](viper::PublisherOptions o, std::shared_ptr<viper::Scheduler> scheduler) {
              o.scheduler = std::move(scheduler);
@@ -151,6 +243,13 @@ void BindPublisher(py::module_& m) {
            "CUDA tensors as (name, safetensors dtype, shape, device pointer) on `device`, written by work on "
            "`stream` (a CUstream handle, 0 = the legacy default stream): the version is kept on the GPU "
            "(GpuPublisher, started at the first call) and reaches host consumers through the host tier.")
+      .def("begin_device", &BeginDevice, py::arg("items"), py::arg("device"),
+           "Zero-copy GPU publish: [(name, safetensors dtype, shape)] -> a _DeviceDraft whose tensors are places "
+           "in one device buffer of the version on `device` (GpuPublisher::BeginDevice).")
+      .def("commit_device", &CommitDevice, py::arg("draft"), py::arg("stream"), py::arg("step"),
+           py::arg("loss").none(true),
+           "Publishes a _DeviceDraft written by work on `stream` (a CUstream handle, 0 = the legacy default "
+           "stream), as publish_device does once its copies are queued (GpuPublisher::CommitDevice).")
       .def("wait", [](PublisherHandle& h, double timeout) {
              viper::Publisher& pub = Open(h.publisher, "Publisher");
              auto ms = SecondsToMs(timeout, "timeout");

@@ -401,7 +401,8 @@ class Publisher(_Handle):
         queued on it afterwards waits for them on the device; the call does not wait), consumers
         on this host with Subscriber(device=N) copy it device-to-device, and every other consumer
         gets the same version through host memory once its pinned copy is sealed. Use one kind of
-        publish per model (GPU versions are committed to the host tier in the background)."""
+        publish per model (GPU versions are committed to the host tier in the background).
+        begin_cuda() is the zero-copy form: the tensors written in place in the version's buffer."""
         owner = "Publisher.publish()"
         _check.mapping(owner, "tensors", tensors)
         step = _check.integer(owner, "step", step)
@@ -415,6 +416,34 @@ class Publisher(_Handle):
             return result
         entries = _tensors.to_entries(tensors)
         return self._live().publish(entries, step, loss, metadata)
+
+    def begin_cuda(self, tensors: Mapping[str, Any], step: int = 0, loss: Optional[float] = None,
+                   device: Any = 0) -> "_tensors.CudaDraft":
+        """Zero-copy GPU publish: a version laid out for `tensors` ({name: (shape, dtype)}, dtype a
+        torch.dtype or a safetensors name such as "F32", or {name: tensor} for its shape and dtype)
+        in one device buffer on `device` (an int, "cuda:N" or a torch.device), to be written in
+        place::
+
+            with pub.begin_cuda({"w": ((4096, 4096), torch.bfloat16)}, step=step) as draft:
+                draft["w"].copy_(model.w)      # or any kernel writing draft["w"], on torch's stream
+            draft.result.version               # committed on leaving the block
+
+        `draft[name]` is a torch CUDA tensor viewing the tensor's place in the buffer (the
+        snapshot's layout: the same offsets as the host copy). Leaving the block commits: the
+        version is ordered after torch's current stream by an event (the call does not wait for
+        the device) and then goes exactly as a GPU publish() (announced when the writes complete,
+        consumers with Subscriber(device=N) on this host copy or map it, everyone else gets it
+        through host memory). An exception in the block aborts (nothing is announced). Until then
+        the buffer is held (not reused); the tensors must not be used after the block.
+        Raises viper.InvalidArgumentError / TypeError for a bad spec (on every machine), and
+        viper.ViperIOError "Unavailable: GPU: ..." where there is no CUDA driver or GPU."""
+        owner = "Publisher.begin_cuda()"
+        step = _check.integer(owner, "step", step)
+        loss = _check.optional_number(owner, "loss", loss)
+        items = _tensors.cuda_specs(owner, tensors)
+        ordinal = _tensors.cuda_ordinal(owner, "device", device)
+        draft = self._live().begin_device(items, ordinal)
+        return _tensors.CudaDraft(self, draft, step, loss)
 
     def prepare(self, tensors: Mapping[str, Any], **metadata: Any) -> None:
         """Makes the shared-memory segment for versions like `tensors` (e.g. model.state_dict())

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import sys
 import warnings
-from typing import Any, Dict, Iterable, List, Mapping, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -187,12 +187,13 @@ def cuda_ordinal(owner: str, name: str, value: Any) -> int:
 
 class _CudaBytes:
     """`nbytes` bytes of device memory at `ptr`, offered to torch through __cuda_array_interface__
-    (no copy); the owner (a ModelVersion) must outlive every tensor made from it."""
+    (no copy); the owner (a ModelVersion, a CudaDraft) must outlive every tensor made from it.
+    "stream": None: torch does not synchronize on making the tensor (the owner orders the work)."""
 
-    def __init__(self, ptr: int, nbytes: int, owner: Any):
+    def __init__(self, ptr: int, nbytes: int, owner: Any, writable: bool = False):
         self._owner = owner
-        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, True), "version": 3,
-                                         "strides": None, "stream": None}
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, not writable),
+                                         "version": 3, "strides": None, "stream": None}
 
 
 _TORCH_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
@@ -292,3 +293,149 @@ def _torch_dtype(torch, dtype_name: str):
         name = _NEWER_TORCH_DTYPES[dtype_name][0]
     return getattr(torch, name, None) if name else None
 
+
+
+def cuda_specs(owner: str, tensors: Mapping[str, Any]) -> List[Tuple[str, str, List[int]]]:
+    """[(name, safetensors dtype, shape)] from {name: (shape, dtype)} (dtype a torch.dtype or a
+    safetensors name such as "F32"; shape a sequence of ints >= 0) or {name: tensor} (its shape and
+    dtype), in the mapping's order. TypeError / viper.InvalidArgumentError naming the tensor."""
+    from . import _checks  # noqa: PLC0415
+    torch = _torch()
+    if not isinstance(tensors, Mapping):
+        raise TypeError(f"{owner}: tensors={_checks.shown(tensors)}: expected a mapping name -> (shape, dtype), "
+                        f"got {type(tensors).__name__}")
+    if not tensors:
+        raise _checks.InvalidArgumentError(f"{owner}: tensors={{}}: must name at least one tensor")
+    items = []
+    for name, value in tensors.items():
+        if not isinstance(name, str):
+            raise TypeError(f"{owner}: tensor names must be str, got {type(name).__name__} ({_checks.shown(name)})")
+        if torch is not None and isinstance(value, torch.Tensor):
+            shape, dtype = tuple(value.shape), value.dtype
+        elif isinstance(value, (tuple, list)) and len(value) == 2:
+            shape, dtype = value
+        else:
+            raise TypeError(f"{owner}: tensor {name!r}: {_checks.shown(value)}: expected (shape, dtype) or a torch "
+                            f"tensor, got {type(value).__name__}")
+        if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
+            raise TypeError(f"{owner}: tensor {name!r}: shape={_checks.shown(shape)}: expected a sequence of ints, "
+                            f"got {type(shape).__name__}")
+        dims = []
+        for d in shape:
+            if isinstance(d, bool) or not isinstance(d, int):
+                raise TypeError(f"{owner}: tensor {name!r}: shape={_checks.shown(shape)}: expected a sequence of "
+                                f"ints, got a {type(d).__name__} in it")
+            if d < 0:
+                raise _checks.InvalidArgumentError(f"{owner}: tensor {name!r}: shape={_checks.shown(shape)}: every "
+                                                   f"dimension must be >= 0")
+            dims.append(int(d))
+        if torch is not None and isinstance(dtype, torch.dtype):
+            st = _TORCH_TO_SAFETENSORS.get(str(dtype).replace("torch.", ""))
+            if st is None:
+                raise TypeError(f"{owner}: tensor {name!r}: torch dtype {dtype} has no safetensors equivalent "
+                                f"Viper supports")
+        elif isinstance(dtype, str) and dtype in _SAFETENSORS_NAMES:
+            st = dtype
+        else:
+            raise _checks.InvalidArgumentError(
+                f"{owner}: tensor {name!r}: dtype={_checks.shown(dtype)}: must be a torch.dtype or one of "
+                f"{', '.join(_SAFETENSORS_NAMES)}")
+        items.append((name, st, dims))
+    return items
+
+
+_SAFETENSORS_NAMES = ("F64", "F32", "F16", "BF16", "I64", "I32", "I16", "I8", "U64", "U32", "U16", "U8", "BOOL",
+                      "F8_E4M3", "F8_E5M2")
+
+
+class CudaDraft:
+    """A version being written in place on the GPU (Publisher.begin_cuda): `draft[name]` is a torch
+    CUDA tensor viewing that tensor's place in the version's device buffer (the snapshot's layout),
+    to be written by work on torch's current stream (copy_, kernels, an optimizer's foreach ops).
+
+    commit() (or leaving the `with` block without an exception) publishes it: ordered after torch's
+    current stream by an event, the call returns without waiting for the device, and the version
+    goes the way of a GPU publish() (announced when the writes are done; host copy in the
+    background). An exception in the block, or abort(), abandons it: torch's current stream is
+    synchronized (no write may still be running into the buffer) and nothing is announced.
+    The tensors must not be used after commit or abort: the buffer then belongs to the version
+    (or to a later one)."""
+
+    def __init__(self, publisher: Any, draft: Any, step: int, loss: Optional[float]):
+        self._publisher = publisher
+        self._draft = draft
+        self.step = step
+        self.loss = loss
+        self.result = None  # the PublishResult once committed
+        self._device = draft.device
+        self._places = {name: (dtype, tuple(shape), ptr, nbytes) for name, dtype, shape, ptr, nbytes in draft.tensors()}
+        self._views: Dict[str, Any] = {}
+
+    def __getitem__(self, name: str):
+        if not self._draft.valid:
+            raise KeyError(f"CudaDraft: {name!r}: the draft is already committed or aborted")
+        view = self._views.get(name)
+        if view is None:
+            if name not in self._places:
+                raise KeyError(f"CudaDraft: no tensor {name!r} (tensors: {', '.join(list(self._places)[:8])})")
+            import torch  # noqa: PLC0415
+            dtype_name, shape, ptr, nbytes = self._places[name]
+            target = _torch_dtype(torch, dtype_name)
+            if target is None:
+                raise TypeError(f"CudaDraft: tensor {name!r}: torch {torch.__version__} has no {dtype_name} tensors")
+            raw = torch.as_tensor(_CudaBytes(ptr, nbytes, self, writable=True), device=f"cuda:{self._device}")
+            view = raw.view(target).reshape(shape)
+            self._views[name] = view
+        return view
+
+    def keys(self):
+        return self._places.keys()
+
+    def __iter__(self):
+        return iter(self._places)
+
+    def __len__(self) -> int:
+        return len(self._places)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._places
+
+    @property
+    def device(self) -> int:
+        """The CUDA device ordinal of the version's buffer."""
+        return self._device
+
+    def commit(self, step: Optional[int] = None, loss: Optional[float] = None):
+        """Publishes the version (step/loss override those given to begin_cuda) and returns its
+        PublishResult. Raises if already committed or aborted."""
+        from . import _checks  # noqa: PLC0415
+        owner = "CudaDraft.commit()"
+        step = self.step if step is None else _checks.integer(owner, "step", step)
+        loss = self.loss if loss is None else _checks.optional_number(owner, "loss", loss)
+        import torch  # noqa: PLC0415
+        stream = torch.cuda.current_stream(self._device).cuda_stream
+        self._views.clear()
+        self.result = self._publisher._live().commit_device(self._draft, stream, step, loss)
+        return self.result
+
+    def abort(self) -> None:
+        """Abandons the version (nothing is announced); synchronizes torch's current stream first so
+        that no queued write still runs into the buffer. Does nothing once committed or aborted."""
+        if not self._draft.valid:
+            return
+        torch = _torch()
+        self._views.clear()
+        try:
+            if torch is not None and torch.cuda.is_available():
+                torch.cuda.current_stream(self._device).synchronize()
+        finally:
+            self._draft.abort()
+
+    def __enter__(self) -> "CudaDraft":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None and self._draft.valid:
+            self.commit()
+        else:
+            self.abort()

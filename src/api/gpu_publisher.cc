@@ -143,11 +143,10 @@ GpuPublisher::~GpuPublisher() {
   store_.reset();  // the store's thread finishes its queue first
 }
 
-Result<uint64_t> GpuPublisher::PublishDevice(const std::vector<gpu::DeviceTensor>& tensors,
-                                             const gpu::Stream& producer_stream, const PublishInfo& info) {
+Result<VersionStamp> GpuPublisher::Reserve(const PublishInfo& info, const char* what) {
   const std::string& model = shared_->publisher->options().model;
   if (!info.metadata.empty())
-    return Status::InvalidArgument("GpuPublisher::PublishDevice: user metadata is not supported on the GPU path (" +
+    return Status::InvalidArgument(std::string(what) + ": user metadata is not supported on the GPU path (" +
                                    std::to_string(info.metadata.size()) + " keys given)");
   VIPER_ASSIGN_OR_RETURN(uint64_t version, shared_->publisher->node().ReserveVersion(model));
   VersionStamp stamp;
@@ -160,10 +159,39 @@ Result<uint64_t> GpuPublisher::PublishDevice(const std::vector<gpu::DeviceTensor
     std::lock_guard lock(shared_->mu);
     shared_->pending[version] = Shared::Pending{info, static_cast<int64_t>(stamp.time_ns)};
   }
-  Status st = store_->Publish(tensors, producer_stream, stamp);
+  return stamp;
+}
+
+void GpuPublisher::Unreserve(uint64_t version) {
+  std::lock_guard lock(shared_->mu);
+  shared_->pending.erase(version);
+}
+
+Result<uint64_t> GpuPublisher::PublishDevice(const std::vector<gpu::DeviceTensor>& tensors,
+                                             const gpu::Stream& producer_stream, const PublishInfo& info) {
+  VIPER_ASSIGN_OR_RETURN(VersionStamp stamp, Reserve(info, "GpuPublisher::PublishDevice"));
+  const uint64_t version = stamp.version;
+  Status st = store_->Publish(tensors, producer_stream, std::move(stamp));
   if (!st.ok()) {
-    std::lock_guard lock(shared_->mu);
-    shared_->pending.erase(version);
+    Unreserve(version);
+    return st;
+  }
+  return version;
+}
+
+Result<gpu::DeviceDraft> GpuPublisher::BeginDevice(const std::vector<TensorSpec>& specs) {
+  return store_->Begin(specs);
+}
+
+Result<uint64_t> GpuPublisher::CommitDevice(gpu::DeviceDraft draft, const gpu::Stream& producer_stream,
+                                            const PublishInfo& info) {
+  if (!draft.valid())
+    return Status::InvalidArgument("GpuPublisher::CommitDevice: the draft is empty (committed or abandoned)");
+  VIPER_ASSIGN_OR_RETURN(VersionStamp stamp, Reserve(info, "GpuPublisher::CommitDevice"));
+  const uint64_t version = stamp.version;
+  Status st = store_->Commit(std::move(draft), producer_stream, std::move(stamp));
+  if (!st.ok()) {
+    Unreserve(version);
     return st;
   }
   return version;

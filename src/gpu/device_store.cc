@@ -243,6 +243,48 @@ struct DeviceVersionStore::Impl {
     }
   }
 
+  // The layout for `specs`: the last one when the specs are the same. REQUIRES: mu held.
+  Result<std::shared_ptr<const SnapshotLayout>> LayoutFor(std::vector<TensorSpec> specs) {
+    bool same = layout && specs.size() == layout_specs.size();
+    for (size_t i = 0; same && i < specs.size(); ++i)
+      same = specs[i].name == layout_specs[i].name && specs[i].dtype == layout_specs[i].dtype &&
+             specs[i].shape == layout_specs[i].shape;
+    if (!same) {
+      VIPER_ASSIGN_OR_RETURN(SnapshotLayout l, SnapshotLayout::Make(specs, {}, options.alignment));
+      layout = std::make_shared<const SnapshotLayout>(std::move(l));
+      layout_specs = std::move(specs);
+    }
+    return layout;
+  }
+
+  // A buffer last filled under another layout may hold old bytes where this one has padding:
+  // zero it, so that the device bytes equal the sealed host bytes (padding included), and stage
+  // this layout's header. REQUIRES: b taken (busy) by the caller.
+  Status PrepareLayout(Buffer& b, const std::shared_ptr<const SnapshotLayout>& l) {
+    if (b.layout == l) return Status::OK();
+    if (b.layout != nullptr) VIPER_RETURN_IF_ERROR(Memset(options.device, b.device.ptr(), 0, b.device.size()));
+    VIPER_ASSIGN_OR_RETURN(b.header, PinnedBuffer::Allocate(options.device, l->data_offset()));
+    b.layout = l;
+    return Status::OK();
+  }
+
+  // Buffer i, taken by the caller, is free again.
+  void Free(size_t i) {
+    {
+      std::lock_guard lock(mu);
+      buffers[i]->busy = false;
+    }
+    cv.notify_all();
+  }
+
+  // What Publish does once the buffer is taken and its layout prepared (and Commit of a draft,
+  // whose tensors the producer wrote in place: `tensors` empty): ordered after producer_stream by
+  // the `ready` event, the header into the buffer, the tensors' copies, `copied`, the producer's
+  // stream waiting for it, the pinned host copy, the job queued. Frees the buffer on error.
+  // REQUIRES: b is buffers[i], taken (busy) by the caller.
+  Status Queue(size_t i, Buffer& b, const std::shared_ptr<const SnapshotLayout>& layout, VersionStamp stamp,
+               const Stream& producer_stream, const std::vector<DeviceTensor>& tensors);
+
   Result<std::unique_ptr<Buffer>> NewBuffer(uint64_t bytes) {
     auto b = std::make_unique<Buffer>();
     VIPER_ASSIGN_OR_RETURN(b->device, DeviceBuffer::Allocate(options.device, bytes));
@@ -258,7 +300,7 @@ struct DeviceVersionStore::Impl {
   }
 };
 
-DeviceVersionStore::DeviceVersionStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+DeviceVersionStore::DeviceVersionStore(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Result<std::unique_ptr<DeviceVersionStore>> DeviceVersionStore::Create(Options options, LiveFn on_live,
                                                                         SealedFn on_sealed) {
@@ -266,7 +308,7 @@ Result<std::unique_ptr<DeviceVersionStore>> DeviceVersionStore::Create(Options o
     return Status::InvalidArgument("DeviceVersionStore: max_buffers " + std::to_string(options.max_buffers) +
                                    ": must be >= 2 (the live version and the next)");
   VIPER_RETURN_IF_ERROR(Available());
-  auto impl = std::make_unique<Impl>();
+  auto impl = std::make_shared<Impl>();
   impl->options = options;
   impl->on_live = std::move(on_live);
   impl->on_sealed = std::move(on_sealed);
@@ -302,41 +344,31 @@ Status DeviceVersionStore::Publish(const std::vector<DeviceTensor>& tensors, con
   if (stamp.version <= m.last_published)
     return Status::InvalidArgument("DeviceVersionStore::Publish: version " + std::to_string(stamp.version) +
                                    ": must be above the last published, " + std::to_string(m.last_published));
-  bool same = m.layout && specs.size() == m.layout_specs.size();
-  for (size_t i = 0; same && i < specs.size(); ++i)
-    same = specs[i].name == m.layout_specs[i].name && specs[i].dtype == m.layout_specs[i].dtype &&
-           specs[i].shape == m.layout_specs[i].shape;
-  if (!same) {
-    VIPER_ASSIGN_OR_RETURN(SnapshotLayout l, SnapshotLayout::Make(specs, {}, m.options.alignment));
-    m.layout = std::make_shared<const SnapshotLayout>(std::move(l));
-    m.layout_specs = std::move(specs);
-  }
-  std::shared_ptr<const SnapshotLayout> layout = m.layout;
+  VIPER_ASSIGN_OR_RETURN(std::shared_ptr<const SnapshotLayout> layout, m.LayoutFor(std::move(specs)));
   VIPER_ASSIGN_OR_RETURN(size_t i, m.TakeBuffer(layout->total_bytes(), lock));
   Impl::Buffer& b = *m.buffers[i];
   b.busy = true;
   b.version = stamp.version;
   m.last_published = stamp.version;
   lock.unlock();
+  if (Status st = m.PrepareLayout(b, layout); !st.ok()) {
+    m.Free(i);
+    return st;
+  }
+  return m.Queue(i, b, layout, std::move(stamp), producer_stream, tensors);
+}
 
+Status DeviceVersionStore::Impl::Queue(size_t i, Buffer& b, const std::shared_ptr<const SnapshotLayout>& layout,
+                                       VersionStamp stamp, const Stream& producer_stream,
+                                       const std::vector<DeviceTensor>& tensors) {
+  Impl& m = *this;  // b is busy: neither replaced nor rewritten by others
   auto fail = [&](Status st) {
-    std::lock_guard relock(m.mu);
-    b.busy = false;
+    m.Free(i);
     return st;
   };
   // The copies start on the device when the producer's queued work is done; the host goes on.
   if (Status st = b.ready.Record(producer_stream); !st.ok()) return fail(st);
   if (Status st = m.copy_stream.WaitEvent(b.ready); !st.ok()) return fail(st);
-  // A buffer last filled under another layout may hold old bytes where this one has padding:
-  // zero it, so that the device bytes equal the sealed host bytes (padding included).
-  if (b.layout != layout) {
-    if (b.layout != nullptr)
-      if (Status st = Memset(m.options.device, b.device.ptr(), 0, b.device.size()); !st.ok()) return fail(st);
-    auto header = PinnedBuffer::Allocate(m.options.device, layout->data_offset());
-    if (!header.ok()) return fail(header.status());
-    b.header = std::move(header).value();
-    b.layout = layout;
-  }
   // The header (this version's stamp, checksum 0) into the buffer's header space: the device copy
   // describes itself. The staging is rewritten only once this buffer is free again (its copy done).
   if (Status st = layout->WriteHeader(std::span<std::byte>(b.header.data(), layout->data_offset()), stamp); !st.ok())
@@ -390,10 +422,66 @@ Status DeviceVersionStore::Publish(const std::vector<DeviceTensor>& tensors, con
   }
   {
     std::lock_guard relock(m.mu);
-    m.jobs.push_back(Impl::Job{i, std::move(stamp), layout});
+    m.jobs.push_back(Job{i, std::move(stamp), layout});
   }
   m.cv.notify_all();
   return Status::OK();
+}
+
+Result<DeviceDraft> DeviceVersionStore::Begin(const std::vector<TensorSpec>& specs) {
+  Impl& m = *impl_;
+  if (specs.empty())
+    return Status::InvalidArgument("DeviceVersionStore::Begin: no tensors: a version needs at least one");
+  std::unique_lock lock(m.mu);
+  auto layout = m.LayoutFor(specs);
+  if (!layout.ok()) return layout.status().WithContext("DeviceVersionStore::Begin");
+  VIPER_ASSIGN_OR_RETURN(size_t i, m.TakeBuffer((*layout)->total_bytes(), lock));
+  Impl::Buffer& b = *m.buffers[i];
+  b.busy = true;
+  lock.unlock();
+  DeviceDraft d;  // from here on, its destruction frees the buffer
+  d.store_ = impl_;
+  d.buffer_ = i;
+  d.device_ = m.options.device;
+  d.layout_ = *layout;
+  const bool fresh = b.layout != d.layout_;
+  VIPER_RETURN_IF_ERROR(m.PrepareLayout(b, d.layout_));
+  // A new buffer and one whose layout changed were zeroed by cuMemsetD8, which runs on the legacy
+  // default stream and may return before it completes: the producer's writes, on a stream of its
+  // own, must not race it.
+  if (fresh) VIPER_RETURN_IF_ERROR(Stream::Borrow(m.options.device, nullptr).Synchronize());
+  const DevicePtr data = b.device.ptr() + d.layout_->data_offset();
+  const auto& infos = d.layout_->tensors();
+  d.tensors_.reserve(specs.size());
+  for (size_t t = 0; t < specs.size(); ++t) d.tensors_.push_back(DeviceTensor{specs[t], data + infos[t].begin});
+  return d;
+}
+
+Status DeviceVersionStore::Commit(DeviceDraft draft, const Stream& producer_stream, VersionStamp stamp) {
+  Impl& m = *impl_;
+  if (!draft.valid() || draft.store_.lock() != impl_)
+    return Status::InvalidArgument("DeviceVersionStore::Commit: the draft is " +
+                                   std::string(draft.valid() ? "of another store" : "empty (committed or abandoned)"));
+  if (producer_stream.device() != m.options.device)
+    return Status::InvalidArgument("DeviceVersionStore::Commit: producer stream on device " +
+                                   std::to_string(producer_stream.device()) + ", store on device " +
+                                   std::to_string(m.options.device));
+  const size_t i = draft.buffer_;
+  std::shared_ptr<const SnapshotLayout> layout = draft.layout_;
+  Impl::Buffer* b = nullptr;
+  {
+    std::lock_guard lock(m.mu);
+    if (stamp.version <= m.last_published)
+      return Status::InvalidArgument("DeviceVersionStore::Commit: version " + std::to_string(stamp.version) +
+                                     ": must be above the last published, " + std::to_string(m.last_published));
+    b = m.buffers[i].get();  // busy (the draft's): neither replaced nor given to anyone else
+    b->version = stamp.version;
+    m.last_published = stamp.version;
+  }
+  draft.store_.reset();  // the buffer passes to Queue (which frees it on error)
+  draft.layout_.reset();
+  draft.tensors_.clear();
+  return m.Queue(i, *b, layout, std::move(stamp), producer_stream, {});
 }
 
 Status DeviceVersionStore::Wait(uint64_t version, std::chrono::milliseconds timeout, bool sealed) {
@@ -435,6 +523,40 @@ uint64_t DeviceVersionStore::live_version() const {
 size_t DeviceVersionStore::buffers() const {
   std::lock_guard lock(impl_->mu);
   return impl_->buffers.size();
+}
+
+// ---- draft -----------------------------------------------------------------------------------
+DeviceDraft::DeviceDraft(DeviceDraft&& other) noexcept { *this = std::move(other); }
+
+DeviceDraft& DeviceDraft::operator=(DeviceDraft&& other) noexcept {
+  if (this != &other) {
+    Abandon();
+    store_ = std::move(other.store_);
+    buffer_ = other.buffer_;
+    device_ = other.device_;
+    layout_ = std::move(other.layout_);
+    tensors_ = std::move(other.tensors_);
+    other.store_.reset();
+    other.layout_.reset();
+    other.tensors_.clear();
+  }
+  return *this;
+}
+
+DeviceDraft::~DeviceDraft() { Abandon(); }
+
+void DeviceDraft::Abandon() {
+  std::shared_ptr<void> store = store_.lock();
+  store_.reset();
+  layout_.reset();
+  tensors_.clear();
+  if (store) static_cast<DeviceVersionStore::Impl*>(store.get())->Free(buffer_);  // nothing announced
+}
+
+DevicePtr DeviceDraft::tensor(std::string_view name) const {
+  for (const DeviceTensor& t : tensors_)
+    if (t.spec.name == name) return t.ptr;
+  return 0;
 }
 
 // ---- reader ----------------------------------------------------------------------------------

@@ -14,6 +14,7 @@
 #include "api/process.h"
 #include "net/protocol.h"
 #include "store/host_tier.h"
+#include "viper/gpu_publisher.h"
 #include "viper/gpu_store.h"
 #include "viper/node.h"
 #include "viper/publisher.h"
@@ -359,6 +360,27 @@ TEST(GpuNode, GpuDeviceWithoutAGpuIsRefusedClearly) {
   sub = Subscriber::Start(so);
   ASSERT_FALSE(sub.ok());
   EXPECT_NE(sub.status().message().find("gpu_early needs gpu_device >= 0"), std::string::npos) << sub.status().message();
+}
+
+TEST(GpuNode, ZeroCopyGpuPublishWithoutAGpuIsUnavailableNamingTheDriver) {
+  // GpuPublisher::BeginDevice needs a started GpuPublisher: without a driver neither it nor its
+  // store starts, and the error names what is missing (VIPER_CUDA_LIBRARY points at nothing).
+  Fixture f;
+  auto gp = GpuPublisher::Start(f.pub.get());
+  ASSERT_FALSE(gp.ok());
+  EXPECT_EQ(gp.status().code(), StatusCode::kUnavailable) << gp.status().ToString();
+  EXPECT_NE(gp.status().message().find("GPU: /nonexistent/libcuda.so.1 not found"), std::string::npos)
+      << gp.status().message();
+  auto store = gpu::DeviceVersionStore::Create({});
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.status().code(), StatusCode::kUnavailable) << store.status().ToString();
+  // A draft that holds no buffer is inert: no tensors, nothing to abandon.
+  gpu::DeviceDraft empty;
+  EXPECT_FALSE(empty.valid());
+  EXPECT_TRUE(empty.tensors().empty());
+  EXPECT_EQ(empty.tensor("w"), 0u);
+  gpu::DeviceDraft moved(std::move(empty));
+  EXPECT_FALSE(moved.valid());
 }
 
 }  // namespace

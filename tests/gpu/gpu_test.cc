@@ -11,12 +11,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <future>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "viper/gpu.h"
@@ -369,6 +372,203 @@ TEST(Gpu, AReusedBufferUnderANewLayoutHasZeroPadding) {
   EXPECT_EQ((*store)->buffers(), 2u);
 }
 
+
+// ---- zero-copy: Begin / Commit ----------------------------------------------------------------
+// The producer writes each tensor in place in the version's device buffer (here: asynchronous
+// uploads from pinned memory on its stream, queued after Begin returned and not synchronized).
+
+std::vector<TensorSpec> DraftSpecs(int64_t big) {
+  return {{"a", DType::kF32, {1000}}, {"b", DType::kU8, {big}}, {"c", DType::kBF16, {3, 7}}};
+}
+
+// Queues on `s` an upload of fresh random bytes into every tensor of `d`; returns them (the pinned
+// sources are kept in `staging` until the caller has waited for the version).
+std::vector<std::vector<std::byte>> WriteDraft(const DeviceDraft& d, uint64_t seed, const Stream& s,
+                                               std::vector<PinnedBuffer>* staging) {
+  std::vector<std::vector<std::byte>> want;
+  for (size_t k = 0; k < d.tensors().size(); ++k) {
+    const uint64_t n = d.layout().tensors()[k].nbytes();
+    want.push_back(RandomBytes(n, seed + k));
+    auto p = PinnedBuffer::Allocate(0, n);
+    EXPECT_TRUE(p.ok()) << p.status().ToString();
+    std::memcpy(p->data(), want.back().data(), n);
+    EXPECT_TRUE(CopyHostToDevice(d.tensors()[k].ptr, p->data(), n, s).ok());
+    staging->push_back(std::move(*p));
+  }
+  return want;
+}
+
+TEST(Gpu, ADraftWrittenInPlaceIsTheVersionBitForBit) {
+  auto s = Stream::Create(0);
+  ASSERT_TRUE(s.ok());
+  std::vector<std::byte> sealed;
+  auto store = DeviceVersionStore::Create({}, {}, [&](const GpuVersion&, std::span<const std::byte> snap) {
+    sealed.assign(snap.begin(), snap.end());
+  });
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  // Bad specs are refused before any buffer is taken.
+  auto none = (*store)->Begin({});
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(none.status().message().find("no tensors"), std::string::npos) << none.status().message();
+  auto dup = (*store)->Begin({{"w", DType::kU8, {4}}, {"w", DType::kU8, {4}}});
+  ASSERT_FALSE(dup.ok());
+  EXPECT_NE(dup.status().message().find("duplicate tensor name"), std::string::npos) << dup.status().message();
+  auto neg = (*store)->Begin({{"w", DType::kF32, {2, -1}}});
+  ASSERT_FALSE(neg.ok());
+  EXPECT_NE(neg.status().message().find("is negative"), std::string::npos) << neg.status().message();
+  EXPECT_EQ((*store)->buffers(), 0u);
+
+  Peer peer(/*verify=*/true);
+  ASSERT_EQ(peer.Line().rfind("READY ", 0), 0u);
+  for (uint64_t version = 1; version <= 4; ++version) {
+    auto d = (*store)->Begin(DraftSpecs(3 << 20));
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    ASSERT_EQ(d->tensors().size(), 3u);
+    EXPECT_EQ(d->tensor("b"), d->tensors()[1].ptr);
+    EXPECT_EQ(d->tensor("nope"), 0u);
+    for (size_t k = 1; k < 3; ++k)  // the snapshot's offsets
+      EXPECT_EQ(d->tensors()[k].ptr - d->tensors()[0].ptr, d->layout().tensors()[k].begin - d->layout().tensors()[0].begin);
+    std::vector<PinnedBuffer> staging;
+    auto want = WriteDraft(*d, 1000 * version, *s, &staging);
+    ASSERT_TRUE((*store)->Commit(std::move(*d), *s, VersionStamp{.model = "m", .version = version}).ok());
+    EXPECT_FALSE(d->valid()) << "Commit consumes the draft";
+    ASSERT_TRUE((*store)->Wait(version, 20s, /*sealed=*/true).ok());
+    // The sealed host copy holds exactly what the producer wrote, checksummed.
+    auto snap = Snapshot::FromBuffer(std::vector<std::byte>(sealed),
+                                     ParseOptions{.verify_checksum = true, .require_checksum = true});
+    ASSERT_TRUE(snap.ok()) << snap.status().ToString();
+    for (size_t k = 0; k < 3; ++k) {
+      auto t = snap->find(std::string(1, char('a' + k)));
+      ASSERT_TRUE(t);
+      auto got = snap->tensor_data(*t);
+      EXPECT_TRUE(std::equal(want[k].begin(), want[k].end(), got.begin(), got.end())) << "version " << version << " tensor " << k;
+    }
+    // Another process reads the device buffer through IPC: the same bytes (same checksum).
+    auto v = (*store)->Acquire();
+    ASSERT_TRUE(v.ok());
+    EXPECT_EQ(v->version, version);
+    EXPECT_EQ(v->data_offset, snap->data_offset());
+    std::string reply = peer.Send(*v);
+    ASSERT_EQ(reply.rfind("OK ", 0), 0u) << reply;
+    EXPECT_EQ(Field(reply, 4), checksum_hex(v->checksum)) << "the device copy differs from the sealed bytes";
+    (*store)->Release(*v);
+  }
+  EXPECT_LE((*store)->buffers(), 3u);
+  // Commit's refusals; the refused draft's buffer is free again (Begin below does not block).
+  auto d = (*store)->Begin(DraftSpecs(3 << 20));
+  ASSERT_TRUE(d.ok());
+  Status st = (*store)->Commit(std::move(*d), *s, VersionStamp{.version = 4});
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("must be above the last published, 4"), std::string::npos) << st.message();
+  st = (*store)->Commit(DeviceDraft(), *s, VersionStamp{.version = 9});
+  EXPECT_NE(st.message().find("the draft is empty"), std::string::npos) << st.message();
+  for (int k = 0; k < 4; ++k) ASSERT_TRUE((*store)->Begin(DraftSpecs(3 << 20)).ok()) << "a refused draft kept its buffer";
+  EXPECT_EQ((*store)->live_version(), 4u);
+}
+
+TEST(Gpu, AnAbandonedDraftLeavesNothing) {
+  auto s = Stream::Create(0);
+  ASSERT_TRUE(s.ok());
+  std::atomic<int> lives{0}, seals{0};
+  DeviceVersionStore::Options o;
+  o.max_buffers = 2;
+  auto store = DeviceVersionStore::Create(o, [&](const GpuVersion&) { lives++; },
+                                          [&](const GpuVersion&, std::span<const std::byte>) { seals++; });
+  ASSERT_TRUE(store.ok());
+  auto d = (*store)->Begin(DraftSpecs(1 << 20));
+  ASSERT_TRUE(d.ok());
+  std::vector<PinnedBuffer> staging;
+  WriteDraft(*d, 2000, *s, &staging);
+  ASSERT_TRUE((*store)->Commit(std::move(*d), *s, VersionStamp{.version = 1}).ok());
+  ASSERT_TRUE((*store)->Wait(1, 20s, true).ok());
+  auto v1 = (*store)->Acquire();
+  ASSERT_TRUE(v1.ok());
+  const uint64_t v1_checksum = v1->checksum;
+  (*store)->Release(*v1);
+  // Two buffers, one live: each Begin below gets the other one only if the draft before it gave
+  // it back when abandoned (else it would wait for ever: run it with a deadline).
+  for (int k = 0; k < 5; ++k) {
+    auto f = std::async(std::launch::async, [&] { return (*store)->Begin(DraftSpecs(1 << 20)); });
+    ASSERT_EQ(f.wait_for(10s), std::future_status::ready) << "an abandoned draft kept its buffer (round " << k << ")";
+    auto a = f.get();
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    WriteDraft(*a, 3000 + 10 * k, *s, &staging);
+    ASSERT_TRUE(s->Synchronize().ok());  // no write may still run into an abandoned buffer
+    if (k % 2 == 0) *a = DeviceDraft();  // abandoned by assignment, or by destruction below
+  }
+  EXPECT_EQ((*store)->live_version(), 1u);
+  EXPECT_EQ((*store)->Wait(2, 300ms).code(), StatusCode::kTimeout) << "an abandoned draft was announced";
+  EXPECT_EQ(lives.load(), 1);
+  EXPECT_EQ(seals.load(), 1);
+  EXPECT_EQ((*store)->buffers(), 2u);
+  // The live version was never touched: another process reads it as sealed.
+  Peer peer(true);
+  ASSERT_EQ(peer.Line().rfind("READY ", 0), 0u);
+  auto held = (*store)->Acquire();
+  ASSERT_TRUE(held.ok());
+  std::string reply = peer.Send(*held);
+  ASSERT_EQ(reply.rfind("OK ", 0), 0u) << reply;
+  EXPECT_EQ(Field(reply, 4), checksum_hex(v1_checksum));
+  (*store)->Release(*held);
+  // The next committed draft is the next version.
+  auto n = (*store)->Begin(DraftSpecs(1 << 20));
+  ASSERT_TRUE(n.ok());
+  WriteDraft(*n, 4000, *s, &staging);
+  ASSERT_TRUE((*store)->Commit(std::move(*n), *s, VersionStamp{.version = 2}).ok());
+  ASSERT_TRUE((*store)->Wait(2, 20s, true).ok());
+  EXPECT_EQ(lives.load(), 2);
+}
+
+TEST(Gpu, BeginWaitsForLeasedBuffersAndADraftHoldsItsOwn) {
+  auto s = Stream::Create(0);
+  ASSERT_TRUE(s.ok());
+  DeviceVersionStore::Options o;
+  o.max_buffers = 2;
+  auto store = DeviceVersionStore::Create(o);
+  ASSERT_TRUE(store.ok());
+  std::vector<PinnedBuffer> staging;
+  auto publish = [&](uint64_t version) {
+    auto d = (*store)->Begin(DraftSpecs(2 << 20));
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    WriteDraft(*d, 5000 + version, *s, &staging);
+    ASSERT_TRUE((*store)->Commit(std::move(*d), *s, VersionStamp{.version = version}).ok());
+    ASSERT_TRUE((*store)->Wait(version, 20s, true).ok());
+  };
+  publish(1);
+  auto lease1 = (*store)->Acquire();  // a consumer holds version 1
+  ASSERT_TRUE(lease1.ok());
+  publish(2);  // live, in the other buffer
+  // Both buffers are in use (one leased, one live): Begin waits, and takes the leased one only
+  // once it is released.
+  auto f = std::async(std::launch::async, [&] { return (*store)->Begin(DraftSpecs(2 << 20)); });
+  EXPECT_EQ(f.wait_for(500ms), std::future_status::timeout) << "Begin took a leased or live buffer";
+  (*store)->Release(*lease1);
+  ASSERT_EQ(f.wait_for(10s), std::future_status::ready);
+  auto d3 = f.get();
+  ASSERT_TRUE(d3.ok()) << d3.status().ToString();
+  WriteDraft(*d3, 5003, *s, &staging);
+  ASSERT_TRUE((*store)->Commit(std::move(*d3), *s, VersionStamp{.version = 3}).ok());
+  ASSERT_TRUE((*store)->Wait(3, 20s, true).ok());
+  auto v3 = (*store)->Acquire();
+  ASSERT_TRUE(v3.ok());
+  EXPECT_EQ(v3->buffer, lease1->buffer) << "version 3 must reuse the released buffer";
+  (*store)->Release(*v3);
+  // A held draft's buffer is not reused either: with version 3 live and a draft in the other
+  // buffer, Publish waits until the draft is abandoned.
+  auto held = (*store)->Begin(DraftSpecs(2 << 20));
+  ASSERT_TRUE(held.ok());
+  DevTensor t = Upload(RandomBytes(1000, 5100), *s);
+  auto p = std::async(std::launch::async,
+                      [&] { return (*store)->Publish(Specs({&t}), *s, VersionStamp{.version = 4}); });
+  EXPECT_EQ(p.wait_for(500ms), std::future_status::timeout) << "Publish took a buffer a draft holds";
+  *held = DeviceDraft();
+  ASSERT_EQ(p.wait_for(10s), std::future_status::ready);
+  EXPECT_TRUE(p.get().ok());
+  ASSERT_TRUE((*store)->Wait(4, 20s, true).ok());
+  EXPECT_EQ((*store)->buffers(), 2u);
+}
+
 #if VIPER_GPU_TEST_API
 TEST(Gpu, AConsumerWithoutAGpuGetsTheVersionsThroughTheHostPath) {
   // A real Publisher (embedded node, UCX on loopback, shared memory) and a Subscriber that loads
@@ -636,6 +836,90 @@ TEST(Gpu, ThroughTheNodeAtOneGiB) {
     EXPECT_EQ(early_in_place.Command("D " + std::to_string(*version)), "DROPPED " + std::to_string(*version));
     ASSERT_TRUE((*gp)->WaitHost(*version, 60s).ok());
   }
+}
+
+// Zero-copy through the node: BeginDevice / CommitDevice, the version read bit for bit by a
+// same-node GPU subscriber (device-to-device, checked against its verified host bytes), an early
+// one (device-only, checked against the sealed checksum) and a CPU subscriber (host bytes against
+// what the producer wrote). Prints GPU-DRAFT lines: CommitDevice's time on the caller and commit ->
+// live in the other processes.
+TEST(Gpu, ADraftCommittedThroughTheNodeReachesOtherProcessesBitExact) {
+  PublisherOptions po;
+  po.model = "gpu-draft";
+  po.node.segment_prefix = "viper-gpu-draft";
+  auto pub = Publisher::Start(po);
+  ASSERT_TRUE(pub.ok()) << pub.status().ToString();
+  auto gp = GpuPublisher::Start(pub->get());
+  ASSERT_TRUE(gp.ok()) << gp.status().ToString();
+  SubscriberProcess copy((*pub)->address(), "gpu-draft", false), early((*pub)->address(), "gpu-draft", false, true);
+  ASSERT_EQ(copy.Line(), "READY");
+  ASSERT_EQ(early.Line(), "READY");
+  SubscriberOptions so;
+  so.model = "gpu-draft";
+  so.connect = (*pub)->address();
+  auto cpu = Subscriber::Start(so);
+  ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
+  auto s = Stream::Create(0);
+  ASSERT_TRUE(s.ok());
+  auto bad = (*gp)->BeginDevice({{"x", DType::kF32, {-3}}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument) << bad.status().ToString();
+  uint64_t last = 0;
+  for (int round = 0; round < 4; ++round) {
+    auto d = (*gp)->BeginDevice(DraftSpecs(64 << 20));
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    std::vector<PinnedBuffer> staging;
+    auto want = WriteDraft(*d, 6000 + 10 * round, *s, &staging);
+    auto t0 = std::chrono::steady_clock::now();
+    auto version = (*gp)->CommitDevice(std::move(*d), Stream::Borrow(0, s->raw()),
+                                       PublishInfo{.step = uint64_t(40 + round), .loss = 0.25});
+    auto commit_us =
+        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_TRUE(version.ok()) << version.status().ToString();
+    EXPECT_GT(*version, last);
+    last = *version;
+    std::string re = early.Command("W " + std::to_string(*version));
+    std::string rc = copy.Command("W " + std::to_string(*version));
+    ASSERT_TRUE((*gp)->WaitHost(*version, 30s).ok());
+    auto committed = (*pub)->node().Latest("gpu-draft");
+    ASSERT_TRUE(committed.has_value());
+    ASSERT_EQ(committed->version, *version);
+    EXPECT_EQ(re.rfind("OK " + std::to_string(*version) + " 0 ", 0), 0u) << re;
+    EXPECT_EQ(Field(re, 5), "device-only") << re;
+    EXPECT_EQ(Field(re, 6), checksum_hex(committed->checksum)) << "device bytes differ from the sealed host copy: " << re;
+    EXPECT_EQ(Field(re, 7), "3") << re;
+    EXPECT_EQ(rc.rfind("OK " + std::to_string(*version) + " 0 ", 0), 0u) << rc;
+    auto got = (*cpu)->WaitFor(*version, 20s);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ((*got)->info.step, uint64_t(40 + round));
+    EXPECT_TRUE((*got)->snapshot.VerifyChecksum().ok());
+    for (size_t k = 0; k < 3; ++k) {
+      auto t = (*got)->snapshot.find(std::string(1, char('a' + k)));
+      ASSERT_TRUE(t);
+      auto bytes = (*got)->snapshot.tensor_data(*t);
+      EXPECT_TRUE(std::equal(want[k].begin(), want[k].end(), bytes.begin(), bytes.end())) << "round " << round << " tensor " << k;
+    }
+    std::printf("GPU-DRAFT 64MiB round %d: CommitDevice %lld us on the caller; commit->live early %s us, copied %s us\n",
+                round, (long long)commit_us, Field(re, 4).c_str(), Field(rc, 4).c_str());
+    std::fflush(stdout);
+    EXPECT_EQ(copy.Command("D " + std::to_string(*version)), "DROPPED " + std::to_string(*version));
+    EXPECT_EQ(early.Command("D " + std::to_string(*version)), "DROPPED " + std::to_string(*version));
+  }
+  // An abandoned draft publishes nothing and takes no version number.
+  {
+    auto d = (*gp)->BeginDevice(DraftSpecs(64 << 20));
+    ASSERT_TRUE(d.ok());
+  }
+  std::this_thread::sleep_for(200ms);
+  EXPECT_EQ((*pub)->node().Latest("gpu-draft")->version, last);
+  auto d = (*gp)->BeginDevice(DraftSpecs(64 << 20));
+  ASSERT_TRUE(d.ok());
+  std::vector<PinnedBuffer> staging;
+  WriteDraft(*d, 7000, *s, &staging);
+  auto next = (*gp)->CommitDevice(std::move(*d), *s, PublishInfo{});
+  ASSERT_TRUE(next.ok()) << next.status().ToString();
+  EXPECT_EQ(*next, last + 1);
+  ASSERT_TRUE((*gp)->WaitHost(*next, 30s).ok());
 }
 
 TEST(Gpu, AGpuSubscriberOfACpuProducerCopiesHostToDevice) {

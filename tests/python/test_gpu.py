@@ -99,3 +99,59 @@ def test_publishing_cuda_tensors_without_a_driver_is_a_clear_unavailable_error()
     assert "REFUSED Unavailable: GPU: " in out.stdout, out.stdout
     assert "/nonexistent/libcuda.so.1" in out.stdout, out.stdout
     assert "ANNOUNCED 0" in out.stdout, out.stdout
+
+
+# ---- zero-copy GPU publish: Publisher.begin_cuda ----------------------------------------------
+
+@pytest.mark.parametrize("tensors, error, match", [
+    ([("w", ((4,), "F32"))], TypeError, r"tensors=.*expected a mapping name -> \(shape, dtype\)"),
+    ({}, viper.InvalidArgumentError, r"tensors=\{\}: must name at least one tensor"),
+    ({1: ((4,), "F32")}, TypeError, "tensor names must be str, got int"),
+    ({"w": (4,)}, TypeError, r"tensor 'w': .*expected \(shape, dtype\) or a torch tensor"),
+    ({"w": (4, "F32")}, TypeError, r"tensor 'w': shape=4: expected a sequence of ints"),
+    ({"w": ((4, 2.5), "F32")}, TypeError, r"tensor 'w': shape=\(4, 2.5\): expected a sequence of ints, got a float"),
+    ({"w": ((4, -1), "F32")}, viper.InvalidArgumentError, r"tensor 'w': shape=\(4, -1\): every dimension must be >= 0"),
+    ({"w": ((4,), "float32")}, viper.InvalidArgumentError, r"tensor 'w': dtype='float32': must be a torch.dtype or one of F64"),
+    ({"w": ((4,), torch.complex64)}, TypeError, r"tensor 'w': torch dtype torch.complex64 has no safetensors equivalent"),
+])
+def test_begin_cuda_refuses_bad_specs_before_any_gpu_call(pub, tensors, error, match):
+    with pytest.raises(error, match=match):
+        pub.begin_cuda(tensors)
+    assert pub.announced_version == 0
+
+
+def test_begin_cuda_checks_step_loss_and_device(pub):
+    spec = {"w": ((4,), torch.float32)}
+    with pytest.raises(ValueError, match=r"Publisher.begin_cuda\(\): device='cpu'"):
+        pub.begin_cuda(spec, device="cpu")
+    with pytest.raises(ValueError, match=r"Publisher.begin_cuda\(\): step=-1"):
+        pub.begin_cuda(spec, step=-1)
+    with pytest.raises(TypeError, match=r"Publisher.begin_cuda\(\): loss='x'"):
+        pub.begin_cuda(spec, loss="x")
+
+
+def test_begin_cuda_without_a_cuda_driver_is_a_clear_unavailable_error():
+    # In a child process without a driver: bad specs are still refused by the extension's layout
+    # check (InvalidArgument, before any GPU call); good ones get Unavailable naming the library.
+    code = (
+        "import viper\n"
+        "p = viper.Publisher('m', listen='127.0.0.1:0')\n"
+        "for items in ([('w', 'F32', [4]), ('w', 'F32', [4])], [('w', 'F32', [-2])], []):\n"
+        "    try:\n"
+        "        p._live().begin_device(items, 0)\n"
+        "    except viper.InvalidArgumentError as e:\n"
+        "        print('BAD', e)\n"
+        "try:\n"
+        "    p.begin_cuda({'w': ((4, 4), 'BF16')}, step=3)\n"
+        "except viper.ViperIOError as e:\n"
+        "    print('REFUSED', e)\n"
+        "print('ANNOUNCED', p.announced_version)\n"
+        "p.close()\n")
+    env = dict(os.environ, VIPER_CUDA_LIBRARY="/nonexistent/libcuda.so.1")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert 'BAD InvalidArgument: Publisher.begin_cuda(): duplicate tensor name "w"' in out.stdout, out.stdout
+    assert "BAD InvalidArgument: Publisher.begin_cuda(): tensor \"w\": shape[0] = -2 is negative" in out.stdout, out.stdout
+    assert "BAD InvalidArgument: Publisher.begin_cuda(): no tensors: a version needs at least one" in out.stdout, out.stdout
+    assert "REFUSED Unavailable: GPU: /nonexistent/libcuda.so.1 not found" in out.stdout, out.stdout
+    assert "ANNOUNCED 0" in out.stdout, out.stdout

@@ -128,7 +128,9 @@ class Stream {
 Status CopyDeviceToDevice(DevicePtr dst, DevicePtr src, uint64_t bytes, const Stream& stream);
 Status CopyHostToDevice(DevicePtr dst, const void* src, uint64_t bytes, const Stream& stream);
 Status CopyDeviceToHost(void* dst, DevicePtr src, uint64_t bytes, const Stream& stream);
-// Synchronous byte fill (for tests and for zeroing a new buffer's padding).
+// Byte fill that returns once the bytes are set (for tests and for zeroing a new buffer's
+// padding): cuMemsetD8 runs on the legacy default stream and may return before it completes,
+// and copies on a non-blocking stream are not ordered after it, so Memset waits for that stream.
 Status Memset(int device, DevicePtr dst, uint8_t value, uint64_t bytes);
 // The device ordinal of a device pointer; InvalidArgument if it is not device memory.
 Result<int> PointerDevice(DevicePtr ptr);

@@ -200,6 +200,7 @@ Status CopyDeviceToHost(void* dst, DevicePtr src, uint64_t bytes, const Stream& 
 Status Memset(int device, DevicePtr dst, uint8_t value, uint64_t bytes) {
   VIPER_ASSIGN_OR_RETURN(const cu::Driver* d, On(device));
   VIPER_CU(*d, cuMemsetD8(dst, value, bytes), "cuMemsetD8");
+  VIPER_CU(*d, cuStreamSynchronize(nullptr), "cuStreamSynchronize");  // see the header
   return Status::OK();
 }
 Result<int> PointerDevice(DevicePtr ptr) {

@@ -444,12 +444,9 @@ Result<DeviceDraft> DeviceVersionStore::Begin(const std::vector<TensorSpec>& spe
   d.buffer_ = i;
   d.device_ = m.options.device;
   d.layout_ = *layout;
-  const bool fresh = b.layout != d.layout_;
+  // A new buffer and one whose layout changed were zeroed by Memset, which returns once the zeros
+  // are written: the producer's writes, on a stream of its own, do not race it.
   VIPER_RETURN_IF_ERROR(m.PrepareLayout(b, d.layout_));
-  // A new buffer and one whose layout changed were zeroed by cuMemsetD8, which runs on the legacy
-  // default stream and may return before it completes: the producer's writes, on a stream of its
-  // own, must not race it.
-  if (fresh) VIPER_RETURN_IF_ERROR(Stream::Borrow(m.options.device, nullptr).Synchronize());
   const DevicePtr data = b.device.ptr() + d.layout_->data_offset();
   const auto& infos = d.layout_->tensors();
   d.tensors_.reserve(specs.size());

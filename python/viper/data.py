@@ -79,8 +79,8 @@ except ImportError:  # pragma: no cover (Debian's torch is installed where the t
     torch = None
     _torch_data = None
 
-__all__ = ["DataLoader", "PrefetchDataset", "Prefetcher", "RehearsalBuffer", "SampleCache", "Source",
-           "callable_source", "open_source", "sample_owner", "write_records"]
+__all__ = ["DataLoader", "DistributedRehearsalBuffer", "PrefetchDataset", "Prefetcher", "RehearsalBuffer",
+           "SampleCache", "Source", "callable_source", "open_source", "sample_owner", "write_records"]
 
 
 class Source:
@@ -230,6 +230,7 @@ class SampleCache(Source):
         self.base = base
         self.nodes = nodes
         self.node = node
+        self.start_node = start_node
         super().__init__(self._cache.source, base._reopen)
 
     def __reduce__(self):
@@ -891,3 +892,4 @@ RehearsalBuffer.__doc__ += "\n\n" + textwrap.indent(_viper._RehearsalOptions.__d
 
 
 from ._data_service import DataService, ServiceControl, ServiceError  # noqa: E402 (they use this module)
+from ._rehearsal_dist import DistributedRehearsalBuffer  # noqa: E402 (it builds on the classes above)

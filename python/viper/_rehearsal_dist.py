@@ -6,7 +6,8 @@ this rank sees, and talks to the others over its collaborative sample cache (the
 and UCX transport: SampleCache.put_object / get_object). No rank coordinates the others:
 
 - after each mix() a rank publishes a *pack* of its shard into its own cache node: up to `pack`
-  samples drawn uniformly from the shard (per class under class_balanced), with the shard's
+  samples drawn uniformly from the shard (under class_balanced split evenly over the classes it
+  holds, each class's a uniform subset of the shard's samples of that class), with the shard's
   counts (samples seen, seen and held per class);
 - a background thread per other shard fetches that shard's latest pack while the training step
   runs (prefetch), so that the next mix() finds it there; mix() waits for a fetch still in flight
@@ -179,8 +180,8 @@ is cache.node, the shards are cache.nodes (one each: a node attached with start_
 share its host's shard and is refused). The shard holds capacity // n samples (one more on the
 first capacity % n shards). mix() draws from every shard's latest pack (see the module's doc):
 the draws are those of one buffer over every rank's stream, reservoir or class-balanced. `pack`:
-samples per shard (per class under class_balanced) published after each mix(), the most one
-mix() takes from one shard without repeating; `max_wait`: seconds mix() waits for a prefetch
+samples per shard published after each mix() (under class_balanced split evenly over its
+classes), the most one mix() takes from one shard (class) without repeating; `max_wait`: seconds mix() waits for a prefetch
 still in flight; `key`: the objects' name in the nodes (two buffers over one cache need two).
 spill_dir: each rank spills its shard to <spill_dir>/shard-<i> and restores it when opened.
 Other keyword options go to the shard (viper.data.RehearsalBuffer)."""
@@ -249,10 +250,11 @@ Other keyword options go to the shard (viper.data.RehearsalBuffer)."""
         n = len(live)
         if self.policy == "reservoir":
             data, labels = live.draw(min(n, self.pack))
-        else:
+        else:  # about `pack` in all, split evenly over the classes held
             held = live.class_counts
-            data, labels = live.draw(min(n, self.pack * max(1, len(held))))
-            keep = np.concatenate([np.flatnonzero(labels == c)[:self.pack] for c in held]) if held else np.zeros(0, int)
+            per_class = -(-self.pack // max(1, len(held)))
+            data, labels = live.draw(min(n, self.pack * 2))
+            keep = np.concatenate([np.flatnonzero(labels == c)[:per_class] for c in held]) if held else np.zeros(0, int)
             keep.sort()
             data, labels = data[keep], labels[keep]
         class_seen = {int(c): int(v) for c, v in live.class_seen.items()}

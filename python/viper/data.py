@@ -29,6 +29,10 @@ reading the source again:
                            cache_nodes=["10.0.0.1:7500", "10.0.0.2:7500", ...], cache_token=token)
     loader.stats()["source_bytes"], loader.stats()["epoch_samples"], loader.stats()["cache"]
 
+    # one rehearsal buffer over the ranks: capacity spread over their shards, draws from all of them
+    buf = vd.DistributedRehearsalBuffer(4000, cache=loader.cache, sample_shape=(1, 512), ratio=0.5)
+    x_mixed, y_mixed = buf.mix(x, y)
+
 The processes of one host (ranks, or the jobs of a hyper-parameter search on one data set) can
 share one data service: one cache in shared memory and one set of readers, each process receiving
 its samples mapped from that memory, each job within a reader and memory budget changed at run

@@ -17,6 +17,10 @@ samples plus --ratio as many rehearsal samples. Runs, each from the same initial
            world_size)) in batches of --batch / n, each with a SampleCache node on loopback and a
            DistributedRehearsalBuffer of --capacity in all (capacity / n per shard, UCX between the
            nodes); mix() draws from the global buffer;
+  replica  the same n ranks with one buffer of --capacity: every rank holds the same buffer (same
+           seed; every rank's batch added, in rank order, through an all-gather), draws n times
+           its share as one buffer would and takes its part: a single buffer in the same
+           data-parallel training;
   local    the same n ranks, each with its own RehearsalBuffer of --capacity / n and local draws
            only: the mix() time without remote draws, in the same setting.
 
@@ -59,7 +63,8 @@ def parse_args(argv=None):
     ap.add_argument("--width", type=int, default=256)
     ap.add_argument("--noise", type=float, default=3.0)
     ap.add_argument("--lr", type=float, default=0.05)
-    ap.add_argument("--modes", default="single,dist,local")
+    ap.add_argument("--pack", type=int, default=64, help="DistributedRehearsalBuffer pack [%(default)s]")
+    ap.add_argument("--modes", default="single,dist,replica,local")
     ap.add_argument("--workdir", default="")
     ap.add_argument("--json", default="")
     ap.add_argument("--_rank", type=int, default=-1, help=argparse.SUPPRESS)  # a rank process
@@ -81,6 +86,25 @@ def free_ports(n):
     return ports
 
 
+def replica_mix(buf, x, y, rank: int, world: int, ratio: float):
+    """One buffer of the whole capacity in data-parallel training: every rank holds the same
+    buffer (same seed, every rank's batch added in rank order), draws world * k samples as one
+    buffer would, and takes its k of them."""
+    import torch  # noqa: PLC0415
+    import torch.distributed as dist  # noqa: PLC0415
+    k = int(round(len(x) * ratio))
+    old_x, old_y = buf.sample(k * world) if len(buf) else (None, None)
+    xs, ys = [torch.empty_like(x) for _ in range(world)], [torch.empty_like(y) for _ in range(world)]
+    dist.all_gather(xs, x.contiguous())
+    dist.all_gather(ys, y.contiguous())
+    for xr, yr in zip(xs, ys):
+        buf.add(xr, yr)
+    if old_x is None:
+        return x, y
+    mine = slice(rank * len(old_y) // world, (rank + 1) * len(old_y) // world)
+    return torch.cat([x, old_x[mine].to(x.dtype)]), torch.cat([y, old_y[mine].to(y.dtype)])
+
+
 def run_rank(args) -> dict:
     """One training process: single (world 1, one buffer), dist or local (a rank of --_world)."""
     import torch  # noqa: PLC0415
@@ -99,12 +123,12 @@ def run_rank(args) -> dict:
         cache = vd.SampleCache(vd.callable_source(lambda i: bytes(8), [8]), args._nodes.split(","), rank,
                                token="bench", timeout=10.0)
         buf = vd.DistributedRehearsalBuffer(args.capacity, cache=cache, sample_shape=(args.width,), dtype="float32",
-                                            ratio=args.ratio, policy=args.policy, seed=seed,
+                                            ratio=args.ratio, policy=args.policy, seed=seed, pack=args.pack,
                                             spill_dir=os.path.join(args.workdir, f"spill-{mode}-{world}-{seed}"))
     else:
-        cap = args.capacity if mode == "single" else args.capacity // world
+        cap = args.capacity // world if mode == "local" else args.capacity
         buf = vd.RehearsalBuffer(cap, sample_shape=(args.width,), dtype="float32", ratio=args.ratio,
-                                 policy=args.policy, seed=seed * 1000003 + rank,
+                                 policy=args.policy, seed=seed * 1000003 + (rank if mode == "local" else 0),
                                  spill_dir=os.path.join(args.workdir, f"spill-{mode}-{world}-{seed}-{rank}"))
     if world > 1:
         dist.barrier()
@@ -120,7 +144,7 @@ def run_rank(args) -> dict:
         while step < args.steps_per_task:
             for x, y in loader:
                 t0 = time.perf_counter()
-                x, y = buf.mix(x, y)
+                x, y = replica_mix(buf, x, y, rank, world, args.ratio) if mode == "replica" else buf.mix(x, y)
                 mix_s += time.perf_counter() - t0
                 opt.zero_grad()
                 loss_fn(model(x), y).backward()
@@ -161,7 +185,7 @@ def launch(args, mode: str, world: int, seed: int) -> list:
     base = [PY, os.path.abspath(__file__), "--workdir", args.workdir, "--_world", str(world), "--_mode", mode,
             "--_seed", str(seed), "--_nodes", nodes, "--_port", str(port)]
     for name in ("tasks", "train_per_class", "test_per_class", "steps_per_task", "batch", "ratio", "capacity",
-                 "policy", "width", "noise", "lr"):
+                 "policy", "width", "noise", "lr", "pack"):
         base += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     procs = [subprocess.Popen(base + ["--_rank", str(r)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for r in range(world)]
@@ -205,7 +229,7 @@ def main(argv=None) -> int:
         if "single" in modes:
             runs += launch(args, "single", 1, seed)
         for n in ranks:
-            for mode in ("dist", "local"):
+            for mode in ("dist", "replica", "local"):
                 if mode in modes:
                     runs += launch(args, mode, n, seed)
         done = [r for r in runs if r["seed"] == seed and r["rank"] == 0]
@@ -222,7 +246,7 @@ def main(argv=None) -> int:
           f"{'remote draws':>14}")
     summary = {}
     single = rows("single", 1)
-    for mode, world in [("single", 1)] + [(m, n) for n in ranks for m in ("dist", "local")]:
+    for mode, world in [("single", 1)] + [(m, n) for n in ranks for m in ("dist", "replica", "local")]:
         rs = rows(mode, world)
         if not rs:
             continue
@@ -233,16 +257,23 @@ def main(argv=None) -> int:
         mix = float(np.mean([r["mix_ms_per_step"] for r in rs]))
         wait = float(np.mean([r["wait_ms_per_step"] for r in rs])) if mode == "dist" else 0.0
         remote = float(np.mean([r["remote_share"] for r in rs])) if mode == "dist" else 0.0
-        label = "single buffer" if mode == "single" else f"{mode} x{world} ranks"
+        label = {"single": "single buffer", "dist": f"distributed x{world}", "replica": f"one buffer x{world}",
+                 "local": f"local x{world}"}[mode]
         print(f"{label:<22}{f:>12.3f}{old:>11.3f}{new:>10.3f}{mix:>13.2f}{wait:>14.2f}{remote:>13.0%}")
         summary[f"{mode}{world}"] = {"forgetting": f, "old_tasks": old, "new_task": new, "mix_ms_per_step": mix,
                                      "wait_ms_per_step": wait, "remote_share": remote,
                                      "forgetting_per_seed": [r["forgetting"] for r in lead]}
-    if single:
-        for n in ranks:
-            if f"dist{n}" in summary:
-                d = summary[f"dist{n}"]["forgetting"] - summary["single1"]["forgetting"]
-                print(f"forgetting, distributed x{n} - single: {d:+.3f} (target: within 0.02)")
+    for n in ranks:
+        for base in ("single1", f"replica{n}"):
+            if f"dist{n}" not in summary or base not in summary:
+                continue
+            per_seed = np.subtract(summary[f"dist{n}"]["forgetting_per_seed"], summary[base]["forgetting_per_seed"])
+            se = float(per_seed.std(ddof=1) / np.sqrt(len(per_seed))) if len(per_seed) > 1 else float("nan")
+            summary[f"dist{n}"][f"minus_{base}"] = float(per_seed.mean())
+            summary[f"dist{n}"][f"minus_{base}_se"] = se
+            name = "one buffer, one process" if base == "single1" else f"one buffer, x{n} ranks"
+            print(f"forgetting, distributed x{n} - {name}: {per_seed.mean():+.3f} (standard error {se:.3f}; "
+                  f"per seed {' '.join(f'{d:+.3f}' for d in per_seed)}; target: within 0.02)")
     out = {"args": {k: v for k, v in vars(args).items() if not k.startswith("_")}, "runs": runs, "summary": summary,
            "wall_s": time.time() - t0}
     if args.json:

@@ -245,7 +245,6 @@ def main(argv=None) -> int:
     print(f"{'run':<22}{'forgetting':>12}{'old tasks':>11}{'new task':>10}{'mix ms/step':>13}{'wait ms/step':>14}"
           f"{'remote draws':>14}")
     summary = {}
-    single = rows("single", 1)
     for mode, world in [("single", 1)] + [(m, n) for n in ranks for m in ("dist", "replica", "local")]:
         rs = rows(mode, world)
         if not rs:

@@ -134,7 +134,8 @@ def water_fill(capacity: int, seen: Mapping[int, int]) -> Dict[int, float]:
     return out
 
 
-def plan_draws(k: int, packs: Mapping[int, dict], policy: str, capacity: int, rng: np.random.Generator) -> Dict[tuple, int]:
+def plan_draws(k: int, packs: Mapping[int, dict], policy: str, capacity: int,
+               rng: np.random.Generator) -> Dict[tuple, int]:
     """How many of k draws come from each (shard, label) (label None under reservoir), given the
     shards' packs (meta: seen, class_seen, class_held; labels). Shards with nothing held get none."""
     keys: List[tuple] = []
@@ -181,8 +182,9 @@ share its host's shard and is refused). The shard holds capacity // n samples (o
 first capacity % n shards). mix() draws from every shard's latest pack (see the module's doc):
 the draws are those of one buffer over every rank's stream, reservoir or class-balanced. `pack`:
 samples per shard published after each mix() (under class_balanced split evenly over its
-classes), the most one mix() takes from one shard (class) without repeating; `max_wait`: seconds mix() waits for a prefetch
-still in flight; `key`: the objects' name in the nodes (two buffers over one cache need two).
+classes), the most one mix() takes from one shard (class) without repeating; `max_wait`: seconds
+mix() waits for a prefetch still in flight; `key`: the objects' name in the nodes (two buffers
+over one cache need two keys and two spill_dirs).
 spill_dir: each rank spills its shard to <spill_dir>/shard-<i> and restores it when opened.
 Other keyword options go to the shard (viper.data.RehearsalBuffer)."""
 
@@ -264,7 +266,8 @@ Other keyword options go to the shard (viper.data.RehearsalBuffer)."""
                 "sample_bytes": self._sample_bytes, "class_seen": class_seen, "class_held": class_held}
         blob = encode_pack(meta, labels, data)
         pack = {"seen": meta["seen"], "seq": self._seq, "class_seen": class_seen, "class_held": class_held,
-                "labels": np.asarray(labels, np.int64), "samples": np.asarray(data, np.uint8).reshape(-1, self._sample_bytes)}
+                "labels": np.asarray(labels, np.int64),
+                "samples": np.asarray(data, np.uint8).reshape(-1, self._sample_bytes)}
         with self._mu:
             self._packs[self.shard] = pack
         self._cache._cache.put_object(self._object(self.shard), blob)

@@ -16,7 +16,6 @@ import struct
 import subprocess
 import sys
 import textwrap
-import time
 
 import numpy as np
 import pytest

@@ -565,7 +565,7 @@ Status SampleCache::PutObject(std::string_view key, std::span<const std::byte> b
     info.publish_ns = WallClockNs();
     return m.node->Commit(std::move(lease), std::move(info)).status();
   }
-  Client* c = m.PeerClient(m.opt.self);  // attached: the node is another process's
+  std::shared_ptr<Client> c = m.PeerClient(m.opt.self);  // attached: the node is another process's
   if (c == nullptr) return Status::Unavailable(fmt::format("cache node {} is unreachable", m.opt.nodes[m.opt.self]));
   VIPER_ASSIGN_OR_RETURN(auto snap, BuildSnapshot({TensorData{spec, bytes}}, stamp));
   return c->Publish(model, snap.bytes(), 0, WallClockNs()).status();
@@ -587,7 +587,7 @@ Result<std::vector<std::byte>> SampleCache::GetObject(size_t node, std::string_v
     VIPER_ASSIGN_OR_RETURN(auto snap, Snapshot::Parse(lease.data(), lease.hold()));
     return TensorX(snap, model);
   }
-  Client* c = m.PeerClient(node);
+  std::shared_ptr<Client> c = m.PeerClient(node);
   if (c == nullptr) return Status::Unavailable(fmt::format("cache node {} is unreachable", m.opt.nodes[node]));
   std::vector<std::byte> buf;
   auto provide = [&buf](const proto::VersionInfo& info) -> Result<std::span<std::byte>> {

@@ -87,11 +87,7 @@ RANK = textwrap.dedent(r"""
     print(json.dumps(out), flush=True)
     barrier("done", world if die_rank < 0 else world - 1)
     buf.close()
-    cache.close()
-    # The source's read() keeps this script's globals, which hold the cache, alive past exit
-    # (a cycle through C++ that the collector cannot see): drop the cache so its node removes
-    # its segments.
-    del buf, cache
+    cache.close()  # the node stops and removes its segments
 """)
 
 

@@ -35,6 +35,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "viper/sample_source.h"
@@ -127,6 +128,20 @@ class SampleCache : public SampleSource {
   std::string address() const;  // this rank's node, as it listens
   const SampleCacheOptions& options() const;
   SampleCacheStats stats() const;
+
+  // Named objects in the cache's nodes: other state the ranks share over the same membership and
+  // transport (the distributed rehearsal buffer's shards, python/viper/_rehearsal_dist.py). An
+  // object is a one-tensor snapshot like a sample, the model "<name>.o.<key>" in the node; a put
+  // replaces the node's earlier version. `key`: 1-48 characters of [A-Za-z0-9_-] (else
+  // InvalidArgument). Objects count against the node's budget as samples do.
+  // Puts `bytes` under `key` into this rank's node (Node::Commit, or Client::Publish when
+  // attached). Errors: the node's refusal (its budget), Unavailable when attached to a node that
+  // cannot be reached.
+  Status PutObject(std::string_view key, std::span<const std::byte> bytes) const;
+  // The latest bytes under `key` in options().nodes[node] (this rank's own node included), checked
+  // against their checksum. NotFound if that node holds none; Unavailable if it cannot be reached
+  // (it is then left out for retry_down, as for samples, and later calls fail at once).
+  Result<std::vector<std::byte>> GetObject(size_t node, std::string_view key) const;
 
   struct Impl;
 

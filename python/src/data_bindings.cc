@@ -400,6 +400,28 @@ void BindSampleCache(py::module_& m) {
         auto view = (h.live(), viper::SampleCache::CountedView(h.cache, counters));
         return py::make_tuple(SourceHandle{std::move(view)}, JobCountersHandle{std::move(counters)});
       })
+      .def("put_object", [](const SampleCacheHandle& h, const std::string& key, py::buffer data) {
+        py::buffer_info info = data.request();
+        std::span<const std::byte> bytes(static_cast<const std::byte*>(info.ptr),
+                                         static_cast<size_t>(info.size * info.itemsize));
+        Status st;
+        {
+          py::gil_scoped_release release;
+          st = h.live().PutObject(key, bytes);
+        }
+        ThrowIfError(st);
+      }, py::arg("key"), py::arg("data"), "Puts bytes under `key` into this rank's node (SampleCache::PutObject).")
+      .def("get_object", [](const SampleCacheHandle& h, size_t node, const std::string& key) -> py::object {
+        viper::Result<std::vector<std::byte>> r = Status::Internal("unset");
+        {
+          py::gil_scoped_release release;
+          r = h.live().GetObject(node, key);
+        }
+        if (!r.ok() && r.status().code() == viper::StatusCode::kNotFound) return py::none();
+        std::vector<std::byte> v = Unwrap(std::move(r));
+        return py::bytes(reinterpret_cast<const char*>(v.data()), v.size());
+      }, py::arg("node"), py::arg("key"),
+         "The latest bytes under `key` in nodes[node], None if it holds none (SampleCache::GetObject).")
       .def("close", [](SampleCacheHandle& h) {
         std::shared_ptr<viper::SampleCache> c = std::move(h.cache);
         py::gil_scoped_release release;

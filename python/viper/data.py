@@ -29,6 +29,10 @@ reading the source again:
                            cache_nodes=["10.0.0.1:7500", "10.0.0.2:7500", ...], cache_token=token)
     loader.stats()["source_bytes"], loader.stats()["epoch_samples"], loader.stats()["cache"]
 
+    # one rehearsal buffer over the ranks: capacity spread over their shards, draws from all of them
+    buf = vd.DistributedRehearsalBuffer(4000, cache=loader.cache, sample_shape=(1, 512), ratio=0.5)
+    x_mixed, y_mixed = buf.mix(x, y)
+
 The processes of one host (ranks, or the jobs of a hyper-parameter search on one data set) can
 share one data service: one cache in shared memory and one set of readers, each process receiving
 its samples mapped from that memory, each job within a reader and memory budget changed at run
@@ -79,8 +83,8 @@ except ImportError:  # pragma: no cover (Debian's torch is installed where the t
     torch = None
     _torch_data = None
 
-__all__ = ["DataLoader", "PrefetchDataset", "Prefetcher", "RehearsalBuffer", "SampleCache", "Source",
-           "callable_source", "open_source", "sample_owner", "write_records"]
+__all__ = ["DataLoader", "DistributedRehearsalBuffer", "PrefetchDataset", "Prefetcher", "RehearsalBuffer",
+           "SampleCache", "Source", "callable_source", "open_source", "sample_owner", "write_records"]
 
 
 class Source:
@@ -230,6 +234,7 @@ class SampleCache(Source):
         self.base = base
         self.nodes = nodes
         self.node = node
+        self.start_node = start_node
         super().__init__(self._cache.source, base._reopen)
 
     def __reduce__(self):
@@ -891,3 +896,4 @@ RehearsalBuffer.__doc__ += "\n\n" + textwrap.indent(_viper._RehearsalOptions.__d
 
 
 from ._data_service import DataService, ServiceControl, ServiceError  # noqa: E402 (they use this module)
+from ._rehearsal_dist import DistributedRehearsalBuffer  # noqa: E402 (it builds on the classes above)

@@ -523,4 +523,87 @@ SampleCacheStats SampleCache::stats() const {
   return s;
 }
 
+// Named objects (include/viper/sample_cache.h): the samples' machinery under another model name.
+namespace {
+
+bool ValidKey(std::string_view key) {
+  if (key.empty() || key.size() > 48) return false;
+  return std::all_of(key.begin(), key.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
+  });
+}
+
+Result<std::vector<std::byte>> TensorX(const Snapshot& snap, const std::string& model) {
+  const TensorInfo* x = snap.find("x");
+  if (x == nullptr) return Status::Corruption(fmt::format("object {}: no tensor 'x'", model));
+  std::span<const std::byte> d = snap.tensor_data(*x);
+  return std::vector<std::byte>(d.begin(), d.end());
+}
+
+}  // namespace
+
+Status SampleCache::PutObject(std::string_view key, std::span<const std::byte> bytes) const {
+  const Impl& m = *impl_;
+  if (!ValidKey(key)) {
+    return Status::InvalidArgument(fmt::format("SampleCache object key='{}' must be 1-48 characters of [A-Za-z0-9_-]", key));
+  }
+  const std::string model = fmt::format("{}.o.{}", m.opt.name, key);
+  VersionStamp stamp{model, 1, 0, static_cast<uint64_t>(WallClockNs()), 0, std::nullopt};
+  TensorSpec spec{"x", DType::kU8, {static_cast<int64_t>(bytes.size())}};
+  if (m.node) {
+    VIPER_ASSIGN_OR_RETURN(SnapshotLayout layout, SnapshotLayout::Make({spec}));
+    VIPER_ASSIGN_OR_RETURN(stamp.version, m.node->ReserveVersion(model));
+    VIPER_ASSIGN_OR_RETURN(WriteLease lease, m.node->Allocate(layout.total_bytes()));
+    std::span<std::byte> out = lease.data();
+    std::memcpy(out.data() + layout.data_offset() + layout.tensors()[0].begin, bytes.data(), bytes.size());
+    VIPER_RETURN_IF_ERROR(layout.Seal(out, &stamp));
+    proto::VersionInfo info;
+    info.model = model;
+    info.version = stamp.version;
+    info.size = layout.total_bytes();
+    info.checksum = stamp.checksum;
+    info.publish_ns = WallClockNs();
+    return m.node->Commit(std::move(lease), std::move(info)).status();
+  }
+  std::shared_ptr<Client> c = m.PeerClient(m.opt.self);  // attached: the node is another process's
+  if (c == nullptr) return Status::Unavailable(fmt::format("cache node {} is unreachable", m.opt.nodes[m.opt.self]));
+  VIPER_ASSIGN_OR_RETURN(auto snap, BuildSnapshot({TensorData{spec, bytes}}, stamp));
+  return c->Publish(model, snap.bytes(), 0, WallClockNs()).status();
+}
+
+Result<std::vector<std::byte>> SampleCache::GetObject(size_t node, std::string_view key) const {
+  const Impl& m = *impl_;
+  if (!ValidKey(key)) {
+    return Status::InvalidArgument(fmt::format("SampleCache object key='{}' must be 1-48 characters of [A-Za-z0-9_-]", key));
+  }
+  if (node >= m.opt.nodes.size()) {
+    return Status::InvalidArgument(fmt::format("SampleCache object node={}: nodes has {} entries", node, m.opt.nodes.size()));
+  }
+  const std::string model = fmt::format("{}.o.{}", m.opt.name, key);
+  if (node == m.opt.self && m.node) {
+    std::optional<uint64_t> v = m.node->host_tier().latest(model);
+    if (!v) return Status::NotFound(fmt::format("object {} is not in this node", model));
+    VIPER_ASSIGN_OR_RETURN(auto lease, m.node->host_tier().Acquire(model, *v));
+    VIPER_ASSIGN_OR_RETURN(auto snap, Snapshot::Parse(lease.data(), lease.hold()));
+    return TensorX(snap, model);
+  }
+  std::shared_ptr<Client> c = m.PeerClient(node);
+  if (c == nullptr) return Status::Unavailable(fmt::format("cache node {} is unreachable", m.opt.nodes[node]));
+  std::vector<std::byte> buf;
+  auto provide = [&buf](const proto::VersionInfo& info) -> Result<std::span<std::byte>> {
+    if (info.size > (1ull << 32)) return Status::InvalidArgument("object too large");
+    buf.resize(info.size);
+    return std::span<std::byte>(buf);
+  };
+  auto ok = c->FetchSend(model, 0, provide);
+  if (!ok.ok()) {
+    if (ok.status().code() != StatusCode::kNotFound) m.MarkDown(node, ok.status());
+    return ok.status();
+  }
+  ParseOptions parse;
+  parse.verify_checksum = true;
+  VIPER_ASSIGN_OR_RETURN(auto snap, Snapshot::FromBuffer(std::move(buf), parse));
+  return TensorX(snap, model);
+}
+
 }  // namespace viper

@@ -410,6 +410,38 @@ TEST(SampleCacheTest, BudgetRefusesPutsAndTheSourceServesTheRest) {
   EXPECT_EQ(s.put_failures, 220u);
 }
 
+// Named objects (the distributed rehearsal buffer's packs) travel over the same nodes: a put
+// replaces the node's earlier one, any rank gets the latest from any node, a node that holds none
+// says NotFound, a dead node Unavailable (and stays left out), a bad key is named.
+TEST(SampleCacheTest, ObjectsGoThroughTheSameNodes) {
+  TempDir dir;
+  auto src = Tree(dir);
+  auto nodes = LoopbackNodes(3);
+  auto ranks = StartRanks(src, nodes, 1);
+  ASSERT_EQ(ranks.size(), 3u);
+  auto bytes = [](std::string_view s) { return std::as_bytes(std::span(s.data(), s.size())); };
+  auto text = [](const std::vector<std::byte>& v) { return std::string(reinterpret_cast<const char*>(v.data()), v.size()); };
+  ASSERT_TRUE(ranks[0].cache->PutObject("pack-0", bytes("first")).ok());
+  ASSERT_TRUE(ranks[0].cache->PutObject("pack-0", bytes("second, longer")).ok());
+  for (size_t r = 0; r < 3; ++r) {
+    auto got = ranks[r].cache->GetObject(0, "pack-0");
+    ASSERT_TRUE(got.ok()) << "rank " << r << ": " << got.status().ToString();
+    EXPECT_EQ(text(*got), "second, longer") << "rank " << r;
+  }
+  EXPECT_EQ(ranks[1].cache->GetObject(0, "pack-1").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(ranks[1].cache->GetObject(1, "pack-1").status().code(), StatusCode::kNotFound);
+  auto bad = ranks[1].cache->PutObject("a.b", bytes("x"));
+  EXPECT_NE(bad.message().find("key='a.b' must be 1-48 characters of [A-Za-z0-9_-]"), std::string::npos) << bad.ToString();
+  EXPECT_NE(ranks[1].cache->GetObject(3, "pack-0").status().message().find("node=3: nodes has 3 entries"),
+            std::string::npos);
+  EXPECT_EQ(ranks[0].cache->GetObject(2, "pack-2").status().code(), StatusCode::kNotFound);  // connected
+  ranks[2].prefetcher.reset();
+  ranks[2].cache.reset();  // node 2 dies
+  EXPECT_FALSE(ranks[0].cache->GetObject(2, "pack-2").ok());
+  EXPECT_EQ(ranks[0].cache->GetObject(2, "pack-2").status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(ranks[0].cache->stats().down, std::vector<std::string>{nodes[2]});
+}
+
 TEST(SampleCacheTest, BadOptionsNamed) {
   TempDir dir;
   auto src = Tree(dir);

@@ -35,6 +35,7 @@ void Node::Impl::StartBulkSend(net::PeerId peer, const proto::Fetch& m, const pr
   ok.chunk_bytes = send->chunk;
   ok.chunks = send->chunks;
   ok.detail = send->detail;
+  if (send->sealed_later) ok.encoding = proto::Encoding::kFullSealedLater;  // SEALED follows (node_early.cc)
   Send(peer, ok);
   PumpBulkSend(send);
 }

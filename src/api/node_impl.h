@@ -52,6 +52,7 @@ struct BulkSend {
   uint32_t done = 0;
   bool failed = false;
   bool waiting = false;  // parked in incoming->waiting until more bytes land
+  bool sealed_later = false;  // FETCH_OK kFullSealedLater: SEALED follows when the version is sealed
   int64_t started_ns = 0;   // its time measures the bandwidth deltas to this peer are weighed against
   std::string detail;       // FETCH_OK's detail (why full when a base was offered)
 };
@@ -72,7 +73,12 @@ struct IncomingVersion::State {
   ReadLease holding;  // after Commit: the committed segment, until the last send of it is done
   std::vector<std::shared_ptr<BulkSend>> waiting;  // sends parked until more bytes land
   std::vector<std::weak_ptr<BulkSend>> sends;      // every send of it (told when it aborts)
+  // Sends answered FETCH_OK kFullSealedLater, kept until Seal sends them SEALED (a send whose
+  // chunks are all done is otherwise gone by then); cleared on abort and at shutdown.
+  std::vector<std::shared_ptr<BulkSend>> awaiting_seal;
   bool by_delta = false;  // decoded from a delta as it arrives (Node::Receive)
+  bool producing = false;  // written by this process (Node::Produce): the producer's cut-through
+  bool sealed = true;      // info.checksum is known (false from Produce, or a relayed unsealed version, until Seal)
   // FETCHes that offered a base this node holds, answered once it is committed (by_delta only).
   std::vector<std::pair<net::PeerId, proto::Fetch>> delta_waiters;
 };
@@ -189,6 +195,8 @@ struct Node::Impl {
   bool ParkForDelta(net::PeerId peer, const proto::Fetch& m);
   void RedoFetch(net::PeerId peer, const proto::Fetch& m);  // progress thread, takes mu
   void SendIncomingLocked(net::PeerId peer, const std::string& model);  // to a late joiner, if any
+  // Registers `state` as arriving and sends INCOMING to the subscribers that asked (Receive, Produce).
+  void AnnounceIncoming(const std::shared_ptr<IncomingVersion::State>& state);
   // False (and `send` parked until more bytes land, or failed if the version aborted) when the
   // next chunk of a send that forwards an incoming version has not landed yet.
   bool NextChunkReady(const std::shared_ptr<BulkSend>& send);

@@ -44,6 +44,11 @@ struct PublisherOptions {
   PublishMode mode = PublishMode::kAsync;
   uint64_t alignment = 64;         // tensor alignment in the snapshot (1 = gap-free safetensors)
   size_t max_in_flight = 2;        // async versions queued before Publish() blocks
+  // Cut-through (docs/ARCHITECTURE.md "Cut-through from the producer"): while a remote reader
+  // (a consumer or relay on another host) is subscribed, Publish() announces each version before
+  // it copies it, and the reader receives chunks as they are copied; the checksum and the final
+  // header follow the copy. false: a version is announced only once committed.
+  bool cut_through = true;
   // Optional checkpoint policy (the online Inference Performance Predictor). When set, Due() and
   // PublishIfDue() ask it, and the publisher feeds it the costs it measures: every publish's
   // stall (t_p), and for every subscriber ACK the time from the end of that publish's stall until

@@ -166,7 +166,8 @@ Result<PublishResult> Publisher::Publish(const std::vector<TensorData>& tensors,
   // Remote readers (consumers and relays on other hosts) start receiving while the copy runs: the
   // version is announced now and each copied chunk advances its landed watermark.
   std::unique_lock<std::mutex> order;
-  if (node_->HasEarlyReaders(options_.model) && layout.data_offset() <= proto::kMaxSealedHeaderBytes) {
+  if (options_.cut_through && layout.data_offset() <= proto::kMaxSealedHeaderBytes &&
+      node_->HasEarlyReaders(options_.model)) {
     order = std::unique_lock<std::mutex>(impl_->order);
     VIPER_RETURN_IF_ERROR(AnnounceEarly(draft, info));
   }

@@ -16,13 +16,6 @@ constexpr std::string_view kLog = "node";
 
 std::string Named(const proto::VersionInfo& info) { return info.model + " version " + std::to_string(info.version); }
 
-// The length of the snapshot header [0, 8 + N) at the start of `bytes`; 0 if it does not fit.
-uint64_t HeaderLength(std::span<const std::byte> bytes) {
-  if (bytes.size() < 8) return 0;
-  uint64_t n = 0;
-  std::memcpy(&n, bytes.data(), 8);  // little-endian u64, as the format says
-  return n <= bytes.size() - 8 ? 8 + n : 0;
-}
 }  // namespace
 
 bool Node::HasEarlyReaders(const std::string& model) const {
@@ -38,7 +31,7 @@ Result<std::unique_ptr<IncomingVersion>> Node::Produce(WriteLease lease, proto::
   if (lease.data().size() != info.size)
     return Status::InvalidArgument(Named(info) + ": a segment of " + std::to_string(lease.data().size()) +
                                    " bytes for a version of " + std::to_string(info.size));
-  const uint64_t header = HeaderLength(lease.data());
+  const uint64_t header = internal::HeaderLength(lease.data());
   if (header == 0 || header > proto::kMaxSealedHeaderBytes)
     return Status::InvalidArgument(Named(info) + ": the segment does not start with a snapshot header of at most " +
                                    std::to_string(proto::kMaxSealedHeaderBytes) + " bytes");
@@ -47,6 +40,8 @@ Result<std::unique_ptr<IncomingVersion>> Node::Produce(WriteLease lease, proto::
   state->producing = true;
   state->sealed = false;
   state->bytes = lease.data();
+  state->provisional_header = std::make_shared<const std::vector<std::byte>>(
+      state->bytes.begin(), state->bytes.begin() + static_cast<std::ptrdiff_t>(header));
   state->lease = std::move(lease);
   info.checksum = 0;  // not known until Seal
   info.completed_ns = 0;
@@ -82,7 +77,7 @@ Status IncomingVersion::Seal(const proto::VersionInfo& final) {
     if (final.model != st.info.model || final.version != st.info.version || final.size != st.info.size)
       return Status::InvalidArgument("seal of " + Named(final) + " (" + std::to_string(final.size) + " bytes) for " +
                                      Named(st.info) + " (" + std::to_string(st.info.size) + " bytes)");
-    const uint64_t header = HeaderLength(st.bytes);
+    const uint64_t header = internal::HeaderLength(st.bytes);
     if (header == 0 || header > proto::kMaxSealedHeaderBytes)
       return Status::InvalidArgument(Named(st.info) + ": no snapshot header of at most " +
                                      std::to_string(proto::kMaxSealedHeaderBytes) + " bytes to seal");

@@ -130,6 +130,13 @@ void IncomingVersion::Landed(uint64_t bytes) {
     std::lock_guard<std::mutex> lock(state_->mu);
     if (bytes <= state_->landed || state_->aborted) return;
     state_->landed = std::min<uint64_t>(bytes, state_->bytes.size());
+    // An unsealed version's header is rewritten at its seal: its sends take this copy instead.
+    if (!state_->sealed && !state_->provisional_header) {
+      uint64_t header = internal::HeaderLength(state_->bytes.first(state_->landed));
+      if (header != 0)
+        state_->provisional_header = std::make_shared<const std::vector<std::byte>>(
+            state_->bytes.begin(), state_->bytes.begin() + static_cast<std::ptrdiff_t>(header));
+    }
     ready.swap(state_->waiting);
   }
   if (ready.empty()) return;
@@ -271,7 +278,10 @@ bool Node::Impl::NextChunkReady(const std::shared_ptr<BulkSend>& send) {
   uint64_t end = std::min<uint64_t>(send->bytes.size(), send->offset + (static_cast<uint64_t>(send->next) + 1) * send->chunk);
   std::lock_guard<std::mutex> lock(st.mu);
   if (st.aborted) return false;  // AbortSends (posted) fails it and tells the peer
-  if (st.landed >= end) {
+  if (send->sealed_later && !send->provisional_header) send->provisional_header = st.provisional_header;
+  // A send sealed later sends the header from its copy: none goes before that copy exists.
+  const bool header_ready = !send->sealed_later || send->provisional_header != nullptr;
+  if (st.landed >= end && header_ready) {
     if (st.landed == send->bytes.size()) send->incoming.reset();  // complete: `hold` keeps the state
     return true;
   }

@@ -31,34 +31,39 @@ drop_segments() { rm -f /dev/shm/viper."$1".*; }
 
 # ---------------------------------------------------------------- 1. received while being copied
 test_received_while_copied() {
-  # 3 versions of 192 MiB (one 192 MiB tensor + small ones), one every 0.5 s; full copies (each
+  # 3 versions of 96 MiB (one 96 MiB tensor + small ones), one every 1.5 s; full copies (each
   # version's byte pattern differs from the last by one XOR constant: a delta would be tiny, and a
   # consumer holding a base would rightly wait for it).
-  produce p1 7400 --versions 3 --tensor-bytes $((192 << 20)) --interval-ms 500 --wait-peers 2 --delta off
+  produce p1 7400 --versions 3 --tensor-bytes $((96 << 20)) --interval-ms 1500 --wait-peers 2 --delta off
   wait_for 20 test -s "$TMP/p1.addr" || { failed "the producer never listened"; return; }
-  on h2 "$VIPER" watch m --connect $A:7400 --path remote --json --count 3 --timeout 90 >"$TMP/w1.json" 2>"$TMP/w1.err" &
+  on h2 "$VIPER" watch m --connect $A:7400 --path remote --json --count 3 --timeout 40 >"$TMP/w1.json" 2>"$TMP/w1.err" &
   local watch=$!
   PIDS+=($watch)
   on h2 "$PEER" consume --model m --connect $A:7400 --until 3 --path remote --result "$TMP/c1.json" \
     --timeout-s 90 >"$TMP/c1.log" 2>&1 &
   local consume=$!
   PIDS+=($consume)
+  # A subscriber loads only the newest announced version: on a loaded machine h2 may skip version 2.
   wait "$watch"
-  check "watch on h2 saw 3 versions (exit 0)" test $? -eq 0
+  local seen
+  seen=$($PY -c 'import json,sys; print(" ".join(str(json.loads(l)["version"]) for l in open(sys.argv[1])))' "$TMP/w1.json")
+  check "watch on h2 made versions live in order, the last one 3 ($seen)" \
+    $PY -c 'import sys; v = [int(x) for x in sys.argv[1:]]; sys.exit(0 if v and v[0] == 1 and v[-1] == 3 and v == sorted(set(v)) else 1)' $seen
   wait "$consume"
   check "consumer on h2 read up to version 3, every read verified (exit 0)" test $? -eq 0
   check "no torn or mixed read on h2" $PY -c 'import json,sys; r = json.load(open(sys.argv[1])); sys.exit(0 if not r.get("errors") else 1)' "$TMP/c1.json"
-  local k reason
-  for k in 1 2 3; do
-    check "v$k on h2: version $k, path remote" test "$(field "$TMP/w1.json" $((k - 1)) version)/$(field "$TMP/w1.json" $((k - 1)) path)" = "$k/remote"
+  local k reason n
+  n=$(wc -l <"$TMP/w1.json")
+  for ((k = 1; k <= n; k++)); do
+    check "update $k on h2: path remote" test "$(field "$TMP/w1.json" $((k - 1)) path)" = remote
     reason=$(field "$TMP/w1.json" $((k - 1)) reason)
     # Version 1 is published once both consumers are connected and idle, so its FETCH always finds
     # it being copied; a later one may find it committed already when h2 is still busy with the
     # last (a loaded 2-vCPU machine), and then comes as any committed version.
     if ((k == 1)); then
-      check "v1 on h2 came through the cut-through ($reason)" grep -q 'cut-through' <<<"$reason"
+      check "version 1 on h2 came through the cut-through ($reason)" grep -q 'cut-through' <<<"$reason"
     else
-      echo "  v$k on h2: $reason"
+      echo "  update $k on h2 (version $(field "$TMP/w1.json" $((k - 1)) version)): $reason"
     fi
   done
   local stats

@@ -57,6 +57,8 @@ MESSAGES = {
     18: ("incoming", version_info(replicas=[(4, "relay", "10.0.0.3:7000")] + REPLICAS)),
     19: ("stats", u64(4)),
     20: ("stats_reply", u64(4) + u32(2) + s("bytes_sent") + u64(600 << 20) + s("peers") + u64(3)),
+    # The end of a cut-through SEND: the sealed version and its final header (8-byte length + JSON).
+    21: ("sealed", u64(1) + version_info(replicas=REPLICAS[:2]) + u32(24) + u64(16) + b'{"__metadata__":{}}'[:16]),
 }
 
 
@@ -72,6 +74,9 @@ EXTRA = {
     "06_fetch_resume": (6, u64(6) + s("nt3") + u64(7) + u8(2) + u64(1 << 24) + u32(4 << 20) + u64(0) + u64(0)
                         + u64(12 << 20)),
     "05_notify_device": (5, version_info(replicas=REPLICAS + [(5, "boot:ns:mnt", "cuda:0")])),
+    # A SEND of a version still being written (FETCH_OK encoding 3: checksum 0, SEALED follows).
+    "07_fetch_ok_sealed_later": (7, u64(1) + u8(2) + version_info() + s("") + u32(4 << 20) + u32(1) + u8(3) + u64(0)
+                                 + s("")),
 }
 
 

@@ -138,7 +138,7 @@ Result<ModeResult> RunMode(const Config& c, Publisher& pub, const SourceModel& m
   r.path = path;
   r.variant = variant;
   std::vector<std::string> args = {"subscribe", "--connect", pub.address(), "--model", "nt3", "--path", path};
-  if (!variant.empty()) args.push_back("--" + variant);
+  if (!variant.empty() && variant != "no-cut-through") args.push_back("--" + variant);  // that one is the producer's
   VIPER_ASSIGN_OR_RETURN(auto peer, StartPeer(c, args));
   for (int i = 0; i < c.warmup + c.reps; ++i) {
     int64_t t0 = WallClockNs();

@@ -135,6 +135,7 @@ struct NodeStats {
   uint64_t bytes_sent_incoming = 0;  // ...of them sent while the version was still arriving here
   uint64_t incoming_versions = 0;    // versions received through Receive (a relay's transfers)
   uint64_t incoming_aborted = 0;     // ...whose transfer broke before Commit (receivers got ERROR Aborted)
+  uint64_t produced_early = 0;       // versions announced while the producer still wrote them (Produce)
   // Versions waiting for the file tier; each pins its segment until written (bounded by bytes,
   // not by count: a slow disk makes it grow).
   uint64_t flushes_queued = 0;
@@ -210,6 +211,21 @@ class Node {
   // node holds then waits for the commit and gets a delta (or the full version, as the delta
   // decision says) instead of the full bytes as they land.
   Result<std::unique_ptr<IncomingVersion>> Receive(proto::VersionInfo info, bool by_delta = false);
+  // A version this process writes into `lease` itself, announced before it is complete: the
+  // producer's cut-through (the embedded Publisher's copy; a GPU staged source's device -> pinned
+  // chunk copies would advance the same watermark). Subscribers that asked (kSubscribeIncoming:
+  // consumers and relays on other hosts) get INCOMING at once with checksum 0; a FETCH (SEND) of it
+  // is answered FETCH_OK kFullSealedLater and served chunk by chunk as IncomingVersion::Landed
+  // passes them; IncomingVersion::Seal then sends the checksum and the final header (SEALED), and
+  // Commit makes it a version of this node like any other. Nothing that maps or lists sees it
+  // before Commit. `info` carries model, version (reserved here), size, step, publish_ns and
+  // metadata; its checksum is ignored. Errors: InvalidArgument (bad model, version 0, a lease of
+  // another size, a header [0, 8 + N) that does not fit or exceeds proto::kMaxSealedHeaderBytes).
+  // REQUIRES: the lease's first 8 + N bytes hold the snapshot's header (provisional: Seal sends
+  // the final one), N as the final header's (SnapshotLayout reserves it), padding zeroed.
+  Result<std::unique_ptr<IncomingVersion>> Produce(WriteLease lease, proto::VersionInfo info);
+  // Whether a version produced now would be read early: a subscriber of `model` asked for INCOMING.
+  bool HasEarlyReaders(const std::string& model) const;
 
   // Registers `source` as the device copy of `model` (nullptr removes it; the peers' leases on the
   // old source are released as they end). One source per model.
@@ -264,11 +280,21 @@ class IncomingVersion {
 
   std::span<std::byte> data() const;       // info.size bytes to fill
   const proto::VersionInfo& info() const;  // as announced in INCOMING (this node listed first)
-  // The first `bytes` bytes are final (monotonic; larger values than before only).
+  // The first `bytes` bytes are final (monotonic; larger values than before only); for a version
+  // not sealed yet, except its header, which Seal sends again.
   void Landed(uint64_t bytes);
+  // Whether the checksum is known (Receive of a complete upstream version; after Seal). A version
+  // from Node::Produce, or relayed from one still being written upstream, is not sealed until Seal.
+  bool sealed() const;
+  // The version is complete and its header [0, 8 + N) final in data(): `final` carries the
+  // checksum, step, publish_ns and metadata to commit. Peers whose transfer started before
+  // (FETCH_OK kFullSealedLater) are sent SEALED with the final header; later FETCHes get the
+  // final info at once. OK and nothing done if already sealed. Errors: FailedPrecondition
+  // (aborted, bytes still missing), InvalidArgument (model, version or size differ from info()).
+  Status Seal(const proto::VersionInfo& final);
   // Registers and announces the version like Node::Commit (upstream's replicas kept after ours).
-  // REQUIRES: every byte landed and the caller verified the checksum. Errors as Node::Commit;
-  // on error the version is aborted.
+  // REQUIRES: every byte landed, sealed, and the caller verified the checksum. Errors as
+  // Node::Commit; on error the version is aborted.
   Result<proto::VersionInfo> Commit();
 
   struct State;  // shared with the node's sends (src/api/node_impl.h)

@@ -21,6 +21,7 @@
 #include <future>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -43,6 +44,11 @@ struct PublisherOptions {
   PublishMode mode = PublishMode::kAsync;
   uint64_t alignment = 64;         // tensor alignment in the snapshot (1 = gap-free safetensors)
   size_t max_in_flight = 2;        // async versions queued before Publish() blocks
+  // Cut-through (docs/ARCHITECTURE.md "Cut-through from the producer"): while a remote reader
+  // (a consumer or relay on another host) is subscribed, Publish() announces each version before
+  // it copies it, and the reader receives chunks as they are copied; the checksum and the final
+  // header follow the copy. false: a version is announced only once committed.
+  bool cut_through = true;
   // Optional checkpoint policy (the online Inference Performance Predictor). When set, Due() and
   // PublishIfDue() ask it, and the publisher feeds it the costs it measures: every publish's
   // stall (t_p), and for every subscriber ACK the time from the end of that publish's stall until
@@ -87,6 +93,10 @@ class Draft {
   friend class Publisher;
   std::shared_ptr<const SnapshotLayout> layout_;
   std::unique_ptr<WriteLease> lease_;  // the segment being written (src/store/host_tier.h)
+  // Publish() with remote readers: the version, announced while it is copied (cut-through), owns
+  // the segment instead of lease_; version_ is then reserved already.
+  std::shared_ptr<IncomingVersion> early_;
+  bool early_recycled_ = false;  // the segment early_ took was recycled
   uint64_t version_ = 0;
   int64_t publish_ns = 0;
   std::shared_future<uint64_t> checksum_;  // valid when Publish hashed the data while copying it
@@ -129,7 +139,12 @@ class Publisher {
   struct Impl;
   Publisher(const PublisherOptions& options, std::unique_ptr<Node> node);
   struct DeltaPromise;
-  Result<PublishResult> Enqueue(Draft draft, const PublishInfo& info, int64_t started_ns, int64_t copy_ns);
+  Status AnnounceEarly(Draft& draft, const PublishInfo& info);
+  proto::VersionInfo VersionInfoOf(const Draft& draft, const PublishInfo& info, uint64_t checksum) const;
+  // `order`: held from the reservation of an early version's number (Publish) until it is queued,
+  // so that versions are sealed in number order; taken here if not held.
+  Result<PublishResult> Enqueue(Draft draft, const PublishInfo& info, int64_t started_ns, int64_t copy_ns,
+                                std::unique_lock<std::mutex> order);
   PublisherOptions options_;
   std::unique_ptr<Node> node_;
   std::unique_ptr<Impl> impl_;

@@ -60,6 +60,8 @@ OptionsTable<viper::PublisherOptions> PublisherOptionsTable() {
              "async: publish() returns after the copy; sync: after the version is announced")
       .Plain("alignment", &O::alignment, "tensor alignment in the snapshot (1 = gap-free safetensors)")
       .Plain("max_in_flight", &O::max_in_flight, "async versions queued before publish() blocks")
+      .Plain("cut_through", &O::cut_through,
+             "announce a version to remote readers while publish() copies it (False: after its commit)")
       .Include(&O::node, NodeOptionsTable());
   return t;
 }

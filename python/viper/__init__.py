@@ -378,7 +378,8 @@ class Publisher(_Handle):
     mode="async" (default): publish() copies the tensors into a (recycled) shared-memory segment
     and returns; sealing, announcing and the file-tier copy run in the background. "sync" returns
     when the version is announced. max_in_flight async versions may be queued before publish()
-    blocks."""
+    blocks. cut_through=True (default): a consumer or relay on another host receives a version
+    while publish() still copies it (docs/ARCHITECTURE.md "Cut-through from the producer")."""
 
     def __init__(self, model: str, listen: str = _NODE_DEFAULTS.listen, *, scheduler: Optional[Scheduler] = None,
                  **options: Any):

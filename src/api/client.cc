@@ -34,6 +34,12 @@ uint64_t RequestIdOf(const proto::Message& m) {
 }
 }  // namespace
 
+void EndTransfer(Arrivals& state, const Status& why) {
+  std::lock_guard<std::mutex> lock(state.mu);
+  if (state.ended.ok()) state.ended = why;
+  state.cv.notify_all();
+}
+
 Status StatusFromError(const proto::Error& e) {
   switch (e.code) {
     case proto::ErrorCode::kNotFound: return Status::NotFound(e.text);
@@ -80,7 +86,12 @@ void Client::Impl::OnMessage(std::span<const std::byte> bytes) {
   uint64_t id = RequestIdOf(*decoded);
   auto it = pending.find(id);
   if (auto t = transfers.find(id); t != transfers.end() && it == pending.end()) {
-    if (auto* e = std::get_if<proto::Error>(&*decoded)) t->second(StatusFromError(*e));
+    if (auto* e = std::get_if<proto::Error>(&*decoded)) EndTransfer(*t->second, StatusFromError(*e));
+    if (auto* sealed = std::get_if<proto::Sealed>(&*decoded)) {
+      std::lock_guard<std::mutex> held(t->second->mu);
+      t->second->sealed = std::move(*sealed);
+      t->second->cv.notify_all();
+    }
     return;
   }
   if (it == pending.end()) {
@@ -101,7 +112,7 @@ void Client::Impl::OnClosed(const Status& reason) {
     pending.clear();
     if (hello_reply) hello_reply->set_value(proto::Error{0, proto::ErrorCode::kInternal, close_reason.message()});
     hello_reply.reset();
-    for (auto& [id, end] : transfers) end(close_reason);
+    for (auto& [id, state] : transfers) EndTransfer(*state, close_reason);
     for (auto& [id, inbox] : inboxes) {
       std::lock_guard<std::mutex> held(inbox->mu);
       if (inbox->error.ok()) inbox->error = close_reason;
@@ -255,11 +266,7 @@ Result<proto::FetchOk> Client::Impl::RequestSend(proto::Fetch fetch, const std::
 std::shared_ptr<Arrivals> Client::Impl::TrackTransfer(uint64_t id) {
   auto state = std::make_shared<Arrivals>();
   std::lock_guard<std::mutex> lock(mu);
-  transfers[id] = [state](const Status& why) {
-    std::lock_guard<std::mutex> l(state->mu);
-    if (state->ended.ok()) state->ended = why;
-    state->cv.notify_all();
-  };
+  transfers[id] = state;
   return state;
 }
 
@@ -286,7 +293,7 @@ Result<proto::FetchOk> Client::FetchSend(const std::string& model, uint64_t vers
   if (resuming) fetch.offset = resume->landed;
   VIPER_ASSIGN_OR_RETURN(proto::FetchOk ok,
                          impl_->RequestSend(fetch, [&](uint64_t rid) { id = rid, state = impl_->TrackTransfer(rid); }));
-  if (ok.encoding != proto::Encoding::kFull) return Status::Internal("node sent a delta that was not asked for");
+  if (ok.encoding == proto::Encoding::kDelta) return Status::Internal("node sent a delta that was not asked for");
   if (resuming && (ok.info.version != resume->info.version || ok.info.size != resume->info.size ||
                    ok.info.checksum != resume->info.checksum)) {
     // Nothing was posted; the node's sends fail when this connection closes.
@@ -367,8 +374,10 @@ Result<proto::FetchOk> Client::Impl::ReceiveChunks(proto::FetchOk ok, uint64_t t
     prefix_chunks = last;
   };
   // The prefix that landed, for a transfer elsewhere to finish (only if it grew).
+  // A version sealed later has a provisional header in its prefix: it is not resumed elsewhere.
+  const bool sealed_later = ok.encoding == proto::Encoding::kFullSealedLater;
   auto leave_prefix = [&] {
-    if (resume == nullptr || landed_bytes() <= offset) return;
+    if (resume == nullptr || landed_bytes() <= offset || sealed_later) return;
     resume->info = ok.info;
     resume->buffer = buffer;
     resume->landed = landed_bytes();
@@ -410,8 +419,44 @@ Result<proto::FetchOk> Client::Impl::ReceiveChunks(proto::FetchOk ok, uint64_t t
     leave_prefix();
     return state->first_error.WithContext("transfer of " + model + " failed");
   }
+  if (sealed_later) {
+    // Every chunk is here; the version's checksum and final header come when the node seals it.
+    bool sealed = state->cv.wait_until(lock, std::chrono::steady_clock::now() + options.timeout,
+                                       [&] { return state->sealed.has_value() || !state->ended.ok(); });
+    if (!state->sealed) {
+      if (!state->ended.ok()) return state->ended;
+      return Status::Timeout("transfer of " + model + " version " + std::to_string(ok.info.version) + ": all " +
+                             std::to_string(size) + " bytes arrived but the node did not seal it within " +
+                             std::to_string(options.timeout.count()) + " ms");
+    }
+    (void)sealed;
+    proto::Sealed final = std::move(*state->sealed);
+    lock.unlock();
+    VIPER_RETURN_IF_ERROR(ApplySealed(final, buffer, &ok));
+  }
   if (hash && prefix_chunks == ok.chunks) *data_checksum = hash->stream.Digest();
   return ok;
+}
+
+// The node's SEALED for a transfer whose every chunk arrived: same version, a header of exactly
+// the received header's length (8 + N, N unchanged), which replaces the provisional one.
+Status ApplySealed(const proto::Sealed& sealed, std::span<std::byte> buffer, proto::FetchOk* ok) {
+  const proto::VersionInfo& sent = ok->info;
+  const proto::VersionInfo& final = sealed.info;
+  auto named = [](const proto::VersionInfo& v) {
+    return v.model + " version " + std::to_string(v.version) + " (" + std::to_string(v.size) + " bytes)";
+  };
+  if (final.model != sent.model || final.version != sent.version || final.size != sent.size)
+    return Status::Corruption("node sealed " + named(final) + ", not " + named(sent) + " that it sent");
+  uint64_t n = 0;
+  if (sent.size >= 8) std::memcpy(&n, buffer.data(), 8);
+  if (sent.size < 8 || n > sent.size - 8 || sealed.header.size() != 8 + n ||
+      std::memcmp(sealed.header.data(), buffer.data(), 8) != 0)
+    return Status::Corruption("node sealed " + named(final) + " with a header of " + std::to_string(sealed.header.size()) +
+                              " bytes, not the " + std::to_string(8 + n) + " it sent");
+  std::memcpy(buffer.data(), sealed.header.data(), sealed.header.size());
+  ok->info = final;  // the encoding stays kFullSealedLater: the caller checks the final seal
+  return Status::OK();
 }
 
 Result<std::map<std::string, uint64_t>> Client::Stats() {

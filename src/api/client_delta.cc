@@ -143,7 +143,7 @@ Result<DeltaFetch> Client::FetchSendWithBase(const std::string& model, uint64_t 
   };
   proto::Fetch fetch{0, model, version, proto::FetchMode::kSend, tag, 0, base.version, base.checksum};
   auto answered = impl_->RequestSend(fetch, registered);
-  if (!answered.ok() || answered->encoding == proto::Encoding::kFull) {
+  if (!answered.ok() || answered->encoding != proto::Encoding::kDelta) {
     if (id != 0) impl_->ForgetInbox(id);
   }
   if (!answered.ok()) {
@@ -152,7 +152,7 @@ Result<DeltaFetch> Client::FetchSendWithBase(const std::string& model, uint64_t 
   }
   proto::FetchOk ok = std::move(answered).value();
   if (answered_with_delta != nullptr) *answered_with_delta = ok.encoding == proto::Encoding::kDelta;
-  if (ok.encoding == proto::Encoding::kFull) {
+  if (ok.encoding != proto::Encoding::kDelta) {  // full, or full and sealed later
     DeltaFetch out;
     auto received = impl_->ReceiveChunks(std::move(ok), tag, state, provide, progress, &out.data_checksum, resume);
     impl_->ForgetTransfer(id);

@@ -58,9 +58,16 @@ struct Arrivals {
   std::vector<uint8_t> done;  // per chunk, set by its completion
   Status first_error;
   Status ended;  // the node aborted the transfer (ERROR for its request) or the connection went
+  std::optional<proto::Sealed> sealed;  // FETCH_OK kFullSealedLater: the node's SEALED, once it came
 };
 
 Status StatusFromError(const proto::Error& e);
+// Applies the node's SEALED to a transfer whose chunks all landed in `buffer` (FETCH_OK
+// kFullSealedLater): checks it names the version sent, writes the final header, and makes `ok`'s
+// info the sealed version's. Corruption if the node's SEALED does not match.
+Status ApplySealed(const proto::Sealed& sealed, std::span<std::byte> buffer, proto::FetchOk* ok);
+// Ends a transfer early: the node aborted it (ERROR for its request) or the connection went.
+void EndTransfer(Arrivals& state, const Status& why);
 
 namespace internal {
 // The hash of a snapshot's data region [data_begin, size) over the bytes received so far.
@@ -86,7 +93,7 @@ struct Client::Impl {
   std::shared_ptr<std::promise<proto::Message>> hello_reply;                  // HELLO has no request id
   // Transfers under way (FETCH answered, chunks arriving), by request id: an ERROR for one (the
   // node aborted it) or the connection's loss ends it.
-  std::map<uint64_t, std::function<void(const Status&)>> transfers;
+  std::map<uint64_t, std::shared_ptr<Arrivals>> transfers;
   std::map<uint64_t, std::shared_ptr<DeltaInbox>> inboxes;                     // request id -> delta parts
   std::atomic<uint64_t> next_tag{0};
   // Delta parts are received into vectors reused across parts and deltas (fresh memory per part

@@ -2,6 +2,7 @@
 #include "viper/node.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "net/engine.h"
 #include "node_impl.h"
@@ -35,6 +36,7 @@ void Node::Impl::StartBulkSend(net::PeerId peer, const proto::Fetch& m, const pr
   ok.chunk_bytes = send->chunk;
   ok.chunks = send->chunks;
   ok.detail = send->detail;
+  if (send->sealed_later) ok.encoding = proto::Encoding::kFullSealedLater;  // SEALED follows (node_early.cc)
   Send(peer, ok);
   PumpBulkSend(send);
 }
@@ -48,7 +50,18 @@ void Node::Impl::PumpBulkSend(const std::shared_ptr<BulkSend>& send) {
     uint64_t begin = send->offset + static_cast<uint64_t>(index) * send->chunk;
     auto piece = send->bytes.subspan(begin, std::min<uint64_t>(send->chunk, send->bytes.size() - begin));
     bool early = send->incoming != nullptr;  // the version was not complete here yet
-    engine->SendBulk(send->peer, send->tag + index, piece, [this, send, early, n = piece.size()](const Status& st) {
+    // A version sealed later: the header its writer rewrites at the seal goes from the copy taken
+    // as it landed, never from the segment (SEALED brings the final one).
+    std::shared_ptr<std::vector<std::byte>> own;
+    if (send->sealed_later && send->provisional_header && begin < send->provisional_header->size()) {
+      const auto& header = *send->provisional_header;
+      const uint64_t from_header = std::min<uint64_t>(header.size() - begin, piece.size());
+      own = std::make_shared<std::vector<std::byte>>(piece.size());
+      std::memcpy(own->data(), header.data() + begin, from_header);
+      std::memcpy(own->data() + from_header, piece.data() + from_header, piece.size() - from_header);
+      piece = std::span<const std::byte>(*own);
+    }
+    engine->SendBulk(send->peer, send->tag + index, piece, [this, send, early, own, n = piece.size()](const Status& st) {
       send->done++;
       if (!st.ok()) {
         if (!send->failed) log(LogLevel::kInfo, kLog, "transfer to peer {} abandoned: {}", send->peer, st.message());

@@ -443,6 +443,20 @@ void DeltaStore::PumpSend(const std::shared_ptr<DeltaSend>& send) {
   }
 }
 
+// A FETCH with a base of a version the producer is still writing waits for the delta (after the
+// commit) instead of taking the full bytes as they land only when this model's deltas are
+// predicted to pay, as the eager encode predicts it; nothing measured yet: the bytes as they land.
+bool DeltaStore::ExpectsDelta(const std::string& model, uint64_t size) const {
+  if (options_.delta == DeltaMode::kOff) return false;
+  if (options_.delta == DeltaMode::kAlways) return true;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto ratio = last_ratio_.find(model);
+  if (ratio == last_ratio_.end() || encode_rate_ <= 0) return false;
+  const double s = static_cast<double>(size), bandwidth = bandwidth_ > 0 ? bandwidth_ : kDefaultBandwidth;
+  const double t = std::max({s / encode_rate_, ratio->second * s / bandwidth, s / kDecodeRate});
+  return ratio->second <= kMaxRatio && t < s / bandwidth;
+}
+
 // The eager encode after a commit is skipped while this model's deltas are predicted not to pay
 // (from its last finished delta, the encoder's rate and the bandwidth), except every 8th version,
 // which keeps those figures fresh. REQUIRES: mu_ held.

@@ -92,6 +92,9 @@ class DeltaStore {
   // A SEND FETCH that offers a base: starts a delta stream and returns true (FETCH_OK sent), or
   // returns false with `why` for the full transfer's FETCH_OK. Progress thread.
   bool TryStart(net::PeerId peer, const proto::Fetch& m, const proto::VersionInfo& info, std::string* why);
+  // Whether a delta of `model` at `size` bytes is predicted to pay (kAlways: yes; kOff, or nothing
+  // measured yet: no), from the last finished delta's ratio, the encoder's rate and the bandwidth.
+  bool ExpectsDelta(const std::string& model, uint64_t size) const;
   // A full transfer of `bytes` to `peer` took `ns`: the bandwidth that peer's deltas are weighed
   // against (the node-wide average for peers not measured yet).
   void RecordFullSend(net::PeerId peer, uint64_t bytes, int64_t ns);

@@ -24,7 +24,8 @@ std::map<std::string, uint64_t> StatsCounters(const NodeStats& s) {
           {"malformed_messages", s.malformed_messages}, {"files_flushed", s.files_flushed},
           {"flush_errors", s.flush_errors},             {"bytes_sent", s.bytes_sent},
           {"bytes_sent_incoming", s.bytes_sent_incoming}, {"incoming_versions", s.incoming_versions},
-          {"incoming_aborted", s.incoming_aborted},     {"delta_encoded", s.delta.encoded},
+          {"incoming_aborted", s.incoming_aborted},     {"produced_early", s.produced_early},
+          {"delta_encoded", s.delta.encoded},
           {"delta_encoded_bytes", s.delta.encoded_bytes}, {"delta_target_bytes", s.delta.target_bytes},
           {"delta_cancelled", s.delta.cancelled},       {"delta_skipped", s.delta.skipped},       {"delta_sent", s.delta.sent},
           {"delta_sent_bytes", s.delta.sent_bytes},     {"delta_declined", s.delta.declined},
@@ -87,21 +88,31 @@ Result<std::unique_ptr<IncomingVersion>> Node::Receive(proto::VersionInfo info, 
   // token (the same fleet key), so that INCOMING carries a seal its consumers can check.
   internal::SealVersion(impl_->options.token, &info);
   state->info = info;
+  // An upstream version still being written (its FETCH_OK said sealed later) is forwarded unsealed
+  // too: this node's peers get SEALED when the relay seals it (IncomingVersion::Seal).
+  state->sealed = info.checksum != 0;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->stats.incoming_versions++;
+  }
+  impl_->AnnounceIncoming(state);
+  return std::unique_ptr<IncomingVersion>(new IncomingVersion(std::move(state)));
+}
 
+void Node::Impl::AnnounceIncoming(const std::shared_ptr<IncomingVersion::State>& state) {
+  const proto::VersionInfo& info = state->info;  // not changed before the caller has the handle
   std::shared_ptr<IncomingVersion::State> replaced;
   std::vector<net::PeerId> followers;
   {
-    std::lock_guard<std::mutex> lock(impl_->mu);
-    auto& slot = impl_->incoming[{info.model, info.version}];
+    std::lock_guard<std::mutex> lock(mu);
+    auto& slot = incoming[{info.model, info.version}];
     replaced = std::exchange(slot, state);
-    impl_->stats.incoming_versions++;
-    for (const auto& [id, p] : impl_->peers)
+    for (const auto& [id, p] : peers)
       if (p.incoming_models.count(info.model) != 0) followers.push_back(id);
   }
-  if (replaced) impl_->AbortIncoming(replaced, "replaced by a new transfer of the same version");
+  if (replaced) AbortIncoming(replaced, "replaced by a new transfer of the same version");
   auto message = proto::Encode(proto::Incoming{info});
-  for (net::PeerId peer : followers) (void)impl_->engine->Send(peer, message);
-  return std::unique_ptr<IncomingVersion>(new IncomingVersion(std::move(state)));
+  for (net::PeerId peer : followers) (void)engine->Send(peer, message);
 }
 
 IncomingVersion::IncomingVersion(std::shared_ptr<State> state) : state_(std::move(state)) {}
@@ -119,6 +130,13 @@ void IncomingVersion::Landed(uint64_t bytes) {
     std::lock_guard<std::mutex> lock(state_->mu);
     if (bytes <= state_->landed || state_->aborted) return;
     state_->landed = std::min<uint64_t>(bytes, state_->bytes.size());
+    // An unsealed version's header is rewritten at its seal: its sends take this copy instead.
+    if (!state_->sealed && !state_->provisional_header) {
+      uint64_t header = internal::HeaderLength(state_->bytes.first(state_->landed));
+      if (header != 0)
+        state_->provisional_header = std::make_shared<const std::vector<std::byte>>(
+            state_->bytes.begin(), state_->bytes.begin() + static_cast<std::ptrdiff_t>(header));
+    }
     ready.swap(state_->waiting);
   }
   if (ready.empty()) return;
@@ -132,6 +150,9 @@ Result<proto::VersionInfo> IncomingVersion::Commit() {
   {
     std::lock_guard<std::mutex> lock(st.mu);
     if (st.aborted) return Status::FailedPrecondition(st.info.model + " version " + std::to_string(st.info.version) + " was aborted");
+    if (!st.sealed)
+      return Status::FailedPrecondition(st.info.model + " version " + std::to_string(st.info.version) +
+                                        ": committed before it was sealed (IncomingVersion::Seal)");
     if (st.landed < st.bytes.size())
       return Status::FailedPrecondition(st.info.model + " version " + std::to_string(st.info.version) + ": only " +
                                         std::to_string(st.landed) + " of " + std::to_string(st.bytes.size()) +
@@ -164,7 +185,7 @@ Result<proto::VersionInfo> IncomingVersion::Commit() {
   // The FETCHes that waited for it are answered as any FETCH of a committed version now.
   for (auto& [peer, fetch] : waiters)
     node->engine->Post([node, peer = peer, fetch = std::move(fetch)] { node->RedoFetch(peer, fetch); });
-  node->QueueSpare(st.bytes.size());
+  if (!st.producing) node->QueueSpare(st.bytes.size());  // a producer makes its own spares
   return committed;
 }
 
@@ -172,7 +193,7 @@ Result<proto::VersionInfo> IncomingVersion::Commit() {
 // pool when the last send reading it is done.
 void Node::Impl::AbortIncoming(const std::shared_ptr<IncomingVersion::State>& state, const std::string& why) {
   IncomingVersion::State& st = *state;
-  std::vector<std::shared_ptr<BulkSend>> parked;
+  std::vector<std::shared_ptr<BulkSend>> parked, unsealed;
   std::vector<std::pair<net::PeerId, proto::Fetch>> waiters;
   {
     std::lock_guard<std::mutex> lock(st.mu);
@@ -180,6 +201,7 @@ void Node::Impl::AbortIncoming(const std::shared_ptr<IncomingVersion::State>& st
     st.aborted = true;
     st.abort_reason = why;
     parked.swap(st.waiting);  // breaks the send <-> state cycle even if the Post below never runs
+    unsealed.swap(st.awaiting_seal);  // alive until AbortSends has told their peers
     waiters.swap(st.delta_waiters);
   }
   for (const auto& [peer, fetch] : waiters)
@@ -193,7 +215,7 @@ void Node::Impl::AbortIncoming(const std::shared_ptr<IncomingVersion::State>& st
   }
   log(LogLevel::kWarn, kLog, "incoming {} version {} aborted after {} of {} bytes: {}", st.info.model, st.info.version,
       st.landed, st.bytes.size(), why);
-  engine->Post([this, state, parked = std::move(parked)] { AbortSends(state); });
+  engine->Post([this, state, parked = std::move(parked), unsealed = std::move(unsealed)] { AbortSends(state); });
 }
 
 // ---------------------------------------------------------------- forwarding
@@ -211,18 +233,29 @@ void Node::Impl::FetchIncoming(net::PeerId peer, const proto::Fetch& m) {
   send->hold = state;
   send->bytes = state->bytes;
   send->incoming = state;
+  if (m.base_version != 0)  // ParkForDelta let it through
+    send->detail = deltas ? "served as it lands (no delta predicted to pay against it)" : "deltas are off on this node";
+  proto::VersionInfo info;
   {
     std::lock_guard<std::mutex> lock(state->mu);
     std::erase_if(state->sends, [](const auto& w) { return w.expired(); });
     state->sends.push_back(send);
+    send->sealed_later = !state->sealed;  // Seal, which sends SEALED to it, takes this lock too
+    if (send->sealed_later) state->awaiting_seal.push_back(send);
+    info = state->info;
   }
-  StartBulkSend(peer, m, state->info, std::move(send));
+  StartBulkSend(peer, m, info, std::move(send));
 }
 
 bool Node::Impl::ParkForDelta(net::PeerId peer, const proto::Fetch& m) {
   if (m.base_version == 0 || !deltas) return false;
   auto it = incoming.find({m.model, m.version});
-  if (it == incoming.end() || !it->second->by_delta) return false;
+  if (it == incoming.end()) return false;
+  // A relay's version decoded from a delta, or the producer's own version while it is written
+  // when its updates have been coded small (the last delta's ratio, as for the eager encode):
+  // such a peer gets the delta after the commit rather than the full bytes as they land.
+  if (!it->second->by_delta && !(it->second->producing && deltas->ExpectsDelta(m.model, it->second->bytes.size())))
+    return false;
   auto base = FindLocked(m.model, m.base_version);  // a child without the base gets the full bytes as they land
   if (!base || base->checksum != m.base_checksum) return false;
   IncomingVersion::State& st = *it->second;
@@ -245,7 +278,10 @@ bool Node::Impl::NextChunkReady(const std::shared_ptr<BulkSend>& send) {
   uint64_t end = std::min<uint64_t>(send->bytes.size(), send->offset + (static_cast<uint64_t>(send->next) + 1) * send->chunk);
   std::lock_guard<std::mutex> lock(st.mu);
   if (st.aborted) return false;  // AbortSends (posted) fails it and tells the peer
-  if (st.landed >= end) {
+  if (send->sealed_later && !send->provisional_header) send->provisional_header = st.provisional_header;
+  // A send sealed later sends the header from its copy: none goes before that copy exists.
+  const bool header_ready = !send->sealed_later || send->provisional_header != nullptr;
+  if (st.landed >= end && header_ready) {
     if (st.landed == send->bytes.size()) send->incoming.reset();  // complete: `hold` keeps the state
     return true;
   }
@@ -271,7 +307,8 @@ void Node::Impl::AbortSends(const std::shared_ptr<IncomingVersion::State>& state
     why = state->abort_reason;
   }
   for (auto& send : live) {
-    if (send->failed || send->done == send->chunks) continue;
+    // A send whose chunks are all done still waits for SEALED if FETCH_OK said so.
+    if (send->failed || (send->done == send->chunks && !send->sealed_later)) continue;
     send->failed = true;
     SendError(send->peer, send->request_id, proto::ErrorCode::kAborted,
               "transfer of " + state->info.model + " version " + std::to_string(state->info.version) +
@@ -283,7 +320,12 @@ void Node::Impl::SendIncomingLocked(net::PeerId peer, const std::string& model) 
   uint64_t latest = host->latest(model).value_or(0);
   for (auto it = incoming.rbegin(); it != incoming.rend(); ++it) {
     if (it->first.first != model || it->first.second <= latest) continue;
-    return Send(peer, proto::Incoming{it->second->info});
+    proto::VersionInfo info;
+    {
+      std::lock_guard<std::mutex> held(it->second->mu);  // Seal may change it
+      info = it->second->info;
+    }
+    return Send(peer, proto::Incoming{std::move(info)});
   }
 }
 
@@ -296,6 +338,7 @@ void Node::Impl::DropIncoming() {
   for (auto& [key, state] : all) {
     std::lock_guard<std::mutex> lock(state->mu);
     state->waiting.clear();
+    state->awaiting_seal.clear();
   }
 }
 

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -52,6 +53,10 @@ struct BulkSend {
   uint32_t done = 0;
   bool failed = false;
   bool waiting = false;  // parked in incoming->waiting until more bytes land
+  bool sealed_later = false;  // FETCH_OK kFullSealedLater: SEALED follows when the version is sealed
+  // sealed_later: the header as it landed, sent instead of the segment's bytes [0, 8 + N), which the
+  // version's writer rewrites when it seals (set by NextChunkReady once the header has landed).
+  std::shared_ptr<const std::vector<std::byte>> provisional_header;
   int64_t started_ns = 0;   // its time measures the bandwidth deltas to this peer are weighed against
   std::string detail;       // FETCH_OK's detail (why full when a base was offered)
 };
@@ -72,7 +77,15 @@ struct IncomingVersion::State {
   ReadLease holding;  // after Commit: the committed segment, until the last send of it is done
   std::vector<std::shared_ptr<BulkSend>> waiting;  // sends parked until more bytes land
   std::vector<std::weak_ptr<BulkSend>> sends;      // every send of it (told when it aborts)
+  // Sends answered FETCH_OK kFullSealedLater, kept until Seal sends them SEALED (a send whose
+  // chunks are all done is otherwise gone by then); cleared on abort and at shutdown.
+  std::vector<std::shared_ptr<BulkSend>> awaiting_seal;
   bool by_delta = false;  // decoded from a delta as it arrives (Node::Receive)
+  bool producing = false;  // written by this process (Node::Produce): the producer's cut-through
+  bool sealed = true;      // info.checksum is known (false from Produce, or a relayed unsealed version, until Seal)
+  // Unsealed: a copy of the header [0, 8 + N) as it landed (taken by the writer's thread in Produce
+  // or Landed, before it can rewrite it), which sealed_later sends send instead of the segment's.
+  std::shared_ptr<const std::vector<std::byte>> provisional_header;
   // FETCHes that offered a base this node holds, answered once it is committed (by_delta only).
   std::vector<std::pair<net::PeerId, proto::Fetch>> delta_waiters;
 };
@@ -189,6 +202,8 @@ struct Node::Impl {
   bool ParkForDelta(net::PeerId peer, const proto::Fetch& m);
   void RedoFetch(net::PeerId peer, const proto::Fetch& m);  // progress thread, takes mu
   void SendIncomingLocked(net::PeerId peer, const std::string& model);  // to a late joiner, if any
+  // Registers `state` as arriving and sends INCOMING to the subscribers that asked (Receive, Produce).
+  void AnnounceIncoming(const std::shared_ptr<IncomingVersion::State>& state);
   // False (and `send` parked until more bytes land, or failed if the version aborted) when the
   // next chunk of a send that forwards an incoming version has not landed yet.
   bool NextChunkReady(const std::shared_ptr<BulkSend>& send);
@@ -231,6 +246,14 @@ struct Node::Impl {
 };
 
 namespace internal {
+// The length of the snapshot header [0, 8 + N) at the start of `bytes`; 0 if it does not fit.
+inline uint64_t HeaderLength(std::span<const std::byte> bytes) {
+  if (bytes.size() < 8) return 0;
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);  // little-endian u64, as the format says
+  return n <= bytes.size() - 8 ? 8 + n : 0;
+}
+
 // Segment prefix of a node: options.segment_prefix, followed by a hash of the store directory
 // when there is one, so that only a node restarted on the same store adopts (and removes) the
 // segments a killed node left (node_adopt.cc).

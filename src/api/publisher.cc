@@ -8,8 +8,10 @@
 #include "core/memory.h"
 #include "core/names.h"
 #include "hash_follower.h"
+#include "net/protocol.h"
 #include "store/host_tier.h"
 #include "task_queue.h"
+#include "test_hooks.h"
 #include "viper/log.h"
 
 namespace viper {
@@ -40,7 +42,8 @@ std::span<std::byte> Draft::tensor(std::string_view name) const {
   if (!layout_) return {};
   const TensorInfo* t = layout_->find(name);
   if (t == nullptr) return {};
-  return lease_->data().subspan(layout_->data_offset() + t->begin, t->nbytes());
+  std::span<std::byte> bytes = early_ ? early_->data() : lease_->data();
+  return bytes.subspan(layout_->data_offset() + t->begin, t->nbytes());
 }
 
 namespace internal {
@@ -75,6 +78,7 @@ struct Publisher::Impl {
   internal::TaskQueue spare{"publisher-spare"};
   std::atomic<bool> preparing{false};  // a Prepare() segment is queued or being made
   std::atomic<bool> closing{false};
+  std::mutex order;  // from a version's number to its place in `background` (Enqueue)
   std::mutex mu;
   Status first_error;  // since the last Wait()
   std::atomic<uint64_t> announced{0};
@@ -157,7 +161,19 @@ Result<PublishResult> Publisher::Publish(const std::vector<TensorData>& tensors,
                                      " bytes given, shape and dtype need " + std::to_string(layout.tensors()[i].nbytes()));
     }
   }
-  std::span<std::byte> data = draft.lease_->data().subspan(layout.data_offset(), layout.data_bytes());
+  std::span<std::byte> whole = draft.lease_->data();
+  std::span<std::byte> data = whole.subspan(layout.data_offset(), layout.data_bytes());
+  // Remote readers (consumers and relays on other hosts) start receiving while the copy runs: the
+  // version is announced now and each copied chunk advances its landed watermark.
+  std::unique_lock<std::mutex> order;
+  if (options_.cut_through && layout.data_offset() <= proto::kMaxSealedHeaderBytes &&
+      node_->HasEarlyReaders(options_.model)) {
+    order = std::unique_lock<std::mutex>(impl_->order);
+    VIPER_RETURN_IF_ERROR(AnnounceEarly(draft, info));
+  }
+  IncomingVersion* early = draft.early_.get();
+  const auto& hooks = node_->options().test_hooks;
+  const auto landed_hook = hooks ? hooks->publish_landed : nullptr;
   // Both modes copy with the hash thread one chunk behind, hashing the source chunk the copy just
   // read while it is still in cache (hash_follower.h): the checksum costs no second pass over
   // memory. Chunks: small enough to stay cached between the two cores, large enough that the
@@ -176,18 +192,49 @@ Result<PublishResult> Publisher::Publish(const std::vector<TensorData>& tensors,
       uint64_t n = std::min(kCopyChunk, t.nbytes() - at);
       StreamingCopy(data.subspan(t.begin + at, n), tensors[i].bytes.subspan(at, n));
       follower->Advance(t.begin + at + n);  // padding before t was zeroed by Begin
+      if (early) {
+        early->Landed(layout.data_offset() + t.begin + at + n);
+        if (landed_hook) landed_hook(options_.model, draft.version_, layout.data_offset() + t.begin + at + n, whole.size());
+      }
     }
   }
+  if (early) early->Landed(whole.size());
   follower->Advance(layout.data_bytes());
   // The caller may change its tensors once Publish returns (async mode): the hash must be done
   // with them. It is one chunk behind, so this waits for about one chunk's hash.
   draft.checksum_.wait();
-  return Enqueue(std::move(draft), info, start, SteadyNs() - copy_start);
+  return Enqueue(std::move(draft), info, start, SteadyNs() - copy_start, std::move(order));
+}
+
+// Reserves the version's number, writes a provisional header (checksum 0) and hands the segment to
+// the node as a version being produced (Node::Produce), which tells remote readers at once.
+Status Publisher::AnnounceEarly(Draft& draft, const PublishInfo& info) {
+  VIPER_ASSIGN_OR_RETURN(draft.version_, node_->ReserveVersion(options_.model));
+  VersionStamp stamp{options_.model, draft.version_, info.step, static_cast<uint64_t>(WallClockNs()), 0, info.loss};
+  VIPER_RETURN_IF_ERROR(draft.layout_->WriteHeader(draft.lease_->data(), stamp));
+  draft.early_recycled_ = draft.lease_->recycled();
+  VIPER_ASSIGN_OR_RETURN(auto produced, node_->Produce(std::move(*draft.lease_), VersionInfoOf(draft, info, 0)));
+  draft.lease_.reset();
+  draft.early_ = std::move(produced);
+  return Status::OK();
+}
+
+proto::VersionInfo Publisher::VersionInfoOf(const Draft& draft, const PublishInfo& info, uint64_t checksum) const {
+  proto::VersionInfo vi;
+  vi.model = options_.model;
+  vi.version = draft.version_;
+  vi.size = draft.layout_->total_bytes();
+  vi.checksum = checksum;
+  vi.step = info.step;
+  vi.publish_ns = draft.publish_ns;
+  vi.metadata = draft.layout_->user_metadata();
+  if (info.loss) vi.metadata[std::string(kMetaLoss)] = std::to_string(*info.loss);
+  return vi;
 }
 
 Result<PublishResult> Publisher::Commit(Draft draft, const PublishInfo& info) {
   if (!draft.layout_ || !draft.lease_ || !*draft.lease_) return Status::InvalidArgument("commit of an empty or already committed draft");
-  return Enqueue(std::move(draft), info, SteadyNs(), 0);
+  return Enqueue(std::move(draft), info, SteadyNs(), 0, {});
 }
 
 // PublishResult::delta's promise, set once: by the node when the delta is encoded (or not made),
@@ -203,7 +250,8 @@ struct Publisher::DeltaPromise {
 
 // Reserves the version number now (versions follow call order), then seals and announces on the
 // background thread (async) or here (sync).
-Result<PublishResult> Publisher::Enqueue(Draft draft, const PublishInfo& info, int64_t started_ns, int64_t copy_ns) {
+Result<PublishResult> Publisher::Enqueue(Draft draft, const PublishInfo& info, int64_t started_ns, int64_t copy_ns,
+                                         std::unique_lock<std::mutex> order) {
   // On failure the draft's segment goes back to the pool: not while the hash thread still reads it.
   auto fail = [&draft](Status why) {
     if (draft.checksum_.valid()) draft.checksum_.wait();
@@ -213,13 +261,17 @@ Result<PublishResult> Publisher::Enqueue(Draft draft, const PublishInfo& info, i
     if (draft.layout_->user_metadata().count(key) == 0 || draft.layout_->user_metadata().at(key) != value)
       return fail(Status::InvalidArgument("metadata key " + key + " must be given to Begin() (the header is laid out there)"));
   }
-  auto reserved = node_->ReserveVersion(options_.model);
-  if (!reserved.ok()) return fail(reserved.status());
-  const uint64_t version = *reserved;
+  if (!order.owns_lock()) order = std::unique_lock<std::mutex>(impl_->order);
+  if (draft.version_ == 0) {
+    auto reserved = node_->ReserveVersion(options_.model);
+    if (!reserved.ok()) return fail(reserved.status());
+    draft.version_ = *reserved;
+  }
+  const uint64_t version = draft.version_;
   PublishResult result;
   result.version = version;
   result.copy_ns = copy_ns;
-  result.recycled = draft.lease_->recycled();
+  result.recycled = draft.early_ ? draft.early_recycled_ : draft.lease_->recycled();
   result.bytes = draft.layout_->total_bytes();
   auto delta = std::make_shared<DeltaPromise>();
   result.delta = delta->future;
@@ -231,23 +283,22 @@ Result<PublishResult> Publisher::Enqueue(Draft draft, const PublishInfo& info, i
     stamp.step = info.step;
     stamp.time_ns = static_cast<uint64_t>(WallClockNs());
     stamp.loss = info.loss;
+    std::span<std::byte> bytes = draft.early_ ? draft.early_->data() : draft.lease_->data();
     if (draft.checksum_.valid()) {
       stamp.checksum = draft.checksum_.get();  // hashed while Publish copied (padding zeroed at Begin)
-      VIPER_RETURN_IF_ERROR(draft.layout_->WriteHeader(draft.lease_->data(), stamp));
+      VIPER_RETURN_IF_ERROR(draft.layout_->WriteHeader(bytes, stamp));
     } else {
-      VIPER_RETURN_IF_ERROR(draft.layout_->Seal(draft.lease_->data(), &stamp));
+      VIPER_RETURN_IF_ERROR(draft.layout_->Seal(bytes, &stamp));
     }
-    proto::VersionInfo vi;
-    vi.model = options_.model;
-    vi.version = version;
-    vi.size = draft.layout_->total_bytes();
-    vi.checksum = stamp.checksum;
-    vi.step = info.step;
-    vi.publish_ns = draft.publish_ns;
-    vi.metadata = draft.layout_->user_metadata();
-    if (info.loss) vi.metadata[std::string(kMetaLoss)] = std::to_string(*info.loss);
+    proto::VersionInfo vi = VersionInfoOf(draft, info, stamp.checksum);
     const uint64_t size = vi.size;
-    VIPER_RETURN_IF_ERROR(node_->Commit(std::move(*draft.lease_), std::move(vi)).status());
+    if (draft.early_) {  // announced while copied: its readers get the checksum and final header now
+      VIPER_RETURN_IF_ERROR(draft.early_->Seal(vi));
+      VIPER_RETURN_IF_ERROR(draft.early_->Commit().status());
+      draft.early_.reset();
+    } else {
+      VIPER_RETURN_IF_ERROR(node_->Commit(std::move(*draft.lease_), std::move(vi)).status());
+    }
     node_->WhenDeltaPrepared(options_.model, version, [delta](const PreparedDelta& d) { delta->Set(d); });
     uint64_t prev = impl_->announced.load();
     while (prev < version && !impl_->announced.compare_exchange_weak(prev, version)) {}

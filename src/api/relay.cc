@@ -113,6 +113,9 @@ Result<proto::VersionInfo> Relay::Impl::CommitArrived(const ModelVersion& mv) {
   if (!in || in->info().version != mv.version() || in->data().data() != mv.snapshot.bytes().data())
     return proto::VersionInfo{};
   arriving.erase(it);
+  // Forwarded while the upstream still wrote it: the checksum and final header came last (SEALED,
+  // already in the segment); this node's own receivers get them now.
+  VIPER_RETURN_IF_ERROR(in->Seal(mv.info));
   VIPER_ASSIGN_OR_RETURN(proto::VersionInfo committed, in->Commit());
   stats.versions_received_in_place++;
   return committed;

@@ -1,6 +1,7 @@
 // Subscriber side of delta transfers: the live version is offered to the node as the base; a
 // delta is decoded into a spare buffer and verified before it goes live (docs/ARCHITECTURE.md
 // "Delta updates").
+#include "seal.h"
 #include "subscriber_impl.h"
 #include "viper/log.h"
 #include "viper/node.h"
@@ -49,6 +50,12 @@ std::optional<Subscriber::Impl::DeltaAttempt> Subscriber::Impl::LoadRemoteDelta(
   mv->delta_base = delta ? fetched->ok.base_version : 0;
   mv->reason = delta ? fetched->ok.detail + " (" + std::to_string(fetched->wire_bytes) + " bytes received)"
                      : "full: " + fetched->ok.detail;
+  if (fetched->ok.encoding == proto::Encoding::kFullSealedLater) {
+    // Received while the node's producer (or upstream) still wrote it: its identity came last.
+    if (Status sealed = internal::CheckSeal(options.token, fetched->ok.info, "node " + client.address()); !sealed.ok())
+      return DeltaAttempt{sealed, false};
+    mv->reason = std::string(kSealedLaterReason) + "; " + mv->reason;
+  }
   mv->timings.fetched_ns = WallClockNs();
   // A decoded delta is always verified: it is made from two inputs and our own decoder.
   Status st = Finish(*mv, buffer.data, buffer.owner, delta || options.verify_checksum, fetched->data_checksum);

@@ -26,6 +26,10 @@
 
 namespace viper {
 
+// The start of ModelVersion::reason for a version received while its node still wrote it (FETCH_OK
+// kFullSealedLater: the producer's cut-through, or a relay forwarding such a version).
+inline constexpr std::string_view kSealedLaterReason = "cut-through (received as the node wrote it, sealed last)";
+
 struct Subscriber::Impl : std::enable_shared_from_this<Subscriber::Impl> {
   SubscriberOptions options;
   std::shared_ptr<internal::BufferPool> pool;

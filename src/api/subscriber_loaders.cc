@@ -15,6 +15,7 @@
 
 #include "store/file_tier.h"
 #include "store/host_tier.h"
+#include "seal.h"
 #include "subscriber_impl.h"
 #include "viper/log.h"
 #include "viper/node.h"
@@ -260,6 +261,11 @@ Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::LoadRemote(const proto::
   mv->path = FetchPath::kRemote;
   mv->wire_bytes = ok->info.size;
   if (!delta_failed.empty()) mv->reason = "full after the delta failed: " + delta_failed;
+  if (ok->encoding == proto::Encoding::kFullSealedLater) {
+    // Received while the node's producer (or upstream) still wrote it: its identity came last.
+    VIPER_RETURN_IF_ERROR(internal::CheckSeal(options.token, ok->info, "node " + client.address()));
+    mv->reason = std::string(kSealedLaterReason) + (mv->reason.empty() ? "" : "; " + mv->reason);
+  }
   mv->timings.fetched_ns = WallClockNs();
   VIPER_RETURN_IF_ERROR(Finish(*mv, buffer.data, buffer.owner, options.verify_checksum, received_checksum));
   return mv;

@@ -23,6 +23,10 @@ struct NodeTestHooks {
   // Called on the node's encoder thread after each part of a delta is encoded, before it is
   // handed to the senders; the encoder waits for it.
   std::function<void(const DeltaPartEvent&)> delta_part;
+  // Called on the publishing thread each time Publisher::Publish has copied a chunk of a version
+  // announced while it is copied (cut-through): the bytes of the snapshot landed so far, of `size`.
+  // The copy waits for it (a test stalls or kills a producer mid-copy this way).
+  std::function<void(const std::string& model, uint64_t version, uint64_t landed, uint64_t size)> publish_landed;
 };
 
 }  // namespace viper

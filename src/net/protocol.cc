@@ -18,6 +18,7 @@ class Writer {
     u32(static_cast<uint32_t>(s.size()));
     raw(s.data(), s.size());
   }
+  void blob(const std::string& s) { str(s); }  // u32 length + bytes, with its own limit on decode
   std::vector<std::byte>& bytes() { return out_; }
 
  private:
@@ -45,6 +46,17 @@ class Reader {
                                                     std::to_string(kMaxStringBytes)), std::string();
     if (n > remaining()) return fail(field, "string of " + std::to_string(n) + " bytes but only " +
                                                 std::to_string(remaining()) + " remain"), std::string();
+    std::string s(reinterpret_cast<const char*>(in_.data() + pos_), n);
+    pos_ += n;
+    return s;
+  }
+  // u32 length + bytes, at most `limit` (beyond kMaxStringBytes: e.g. a snapshot header).
+  std::string blob(const char* field, uint32_t limit) {
+    uint32_t n = u32(field);
+    if (!ok()) return {};
+    if (n > limit) return fail(field, std::to_string(n) + " bytes exceed the limit of " + std::to_string(limit)), std::string();
+    if (n > remaining()) return fail(field, std::to_string(n) + " bytes but only " + std::to_string(remaining()) +
+                                                " remain"), std::string();
     std::string s(reinterpret_cast<const char*>(in_.data() + pos_), n);
     pos_ += n;
     return s;
@@ -135,7 +147,7 @@ VersionInfo get_version_info(Reader& r) {
 }
 Encoding get_encoding(Reader& r) {
   uint8_t e = r.u8("encoding");
-  if (r.ok() && e != 1 && e != 2) r.fail("encoding", "unknown encoding " + std::to_string(e));
+  if (r.ok() && (e < 1 || e > 3)) r.fail("encoding", "unknown encoding " + std::to_string(e));
   return static_cast<Encoding>(e);
 }
 FetchMode get_fetch_mode(Reader& r) {
@@ -178,6 +190,7 @@ void put_payload(Writer& w, const ListReply& m) {
 void put_payload(Writer& w, const ReplicaAnnounce& m) { w.str(m.model); w.u64(m.version); put(w, m.replica); }
 void put_payload(Writer& w, const Incoming& m) { put(w, m.info); }
 void put_payload(Writer& w, const Stats& m) { w.u64(m.request_id); }
+void put_payload(Writer& w, const Sealed& m) { w.u64(m.request_id); put(w, m.info); w.blob(m.header); }
 void put_payload(Writer& w, const StatsReply& m) {
   w.u64(m.request_id);
   w.u32(static_cast<uint32_t>(m.counters.size()));
@@ -221,6 +234,8 @@ Message get_payload(Reader& r, MessageType type) {
       FetchOk m; m.request_id = r.u64("request_id"); m.mode = get_fetch_mode(r); m.info = get_version_info(r);
       m.segment = r.str("segment"); m.chunk_bytes = r.u32("chunk_bytes"); m.chunks = r.u32("chunks");
       m.encoding = get_encoding(r); m.base_version = r.u64("base_version"); m.detail = r.str("detail");
+      if (r.ok() && m.encoding == Encoding::kFullSealedLater && m.mode != FetchMode::kSend)
+        r.fail("encoding", "full, sealed later (3) is a SEND's; fetch mode " + std::to_string(static_cast<int>(m.mode)) + " has none");
       if (r.ok() && m.mode == FetchMode::kDevice && m.segment.size() != kGpuVersionMessageBytes)
         r.fail("segment", "a kDevice FETCH_OK carries the " + std::to_string(kGpuVersionMessageBytes) +
                               "-byte GPU version message, not " + std::to_string(m.segment.size()) + " bytes");
@@ -260,6 +275,14 @@ Message get_payload(Reader& r, MessageType type) {
     }
     case MessageType::kIncoming: return Incoming{get_version_info(r)};
     case MessageType::kStats: return Stats{r.u64("request_id")};
+    case MessageType::kSealed: {
+      Sealed m; m.request_id = r.u64("request_id"); m.info = get_version_info(r);
+      m.header = r.blob("header", kMaxSealedHeaderBytes);
+      if (r.ok() && (m.header.size() < 8 || m.header.size() > m.info.size))
+        r.fail("header", std::to_string(m.header.size()) + " bytes: a snapshot header is at least 8 bytes and within the version's " +
+                             std::to_string(m.info.size));
+      return m;
+    }
     case MessageType::kStatsReply: {
       StatsReply m; m.request_id = r.u64("request_id");
       uint32_t n = r.count("counters", kMaxCounters, 12);
@@ -275,7 +298,7 @@ Message get_payload(Reader& r, MessageType type) {
   return Error{};
 }
 
-bool known_type(uint16_t t) { return t >= 1 && t <= 20; }
+bool known_type(uint16_t t) { return t >= 1 && t <= 21; }
 
 Status malformed(const std::string& why) { return Status::InvalidArgument("malformed message: " + why); }
 
@@ -285,7 +308,7 @@ std::string_view message_type_name(MessageType type) {
   static constexpr std::string_view kNames[] = {
       "?", "HELLO", "HELLO_OK", "SUBSCRIBE", "UNSUBSCRIBE", "NOTIFY", "FETCH", "FETCH_OK", "RELEASE", "ACK",
       "ERROR", "PUBLISH", "PUBLISH_READY", "PUBLISH_OK", "LIST", "LIST_REPLY", "REPLICA", "DELTA_PART",
-      "INCOMING", "STATS", "STATS_REPLY"};
+      "INCOMING", "STATS", "STATS_REPLY", "SEALED"};
   auto i = static_cast<uint16_t>(type);
   return known_type(i) ? kNames[i] : kNames[0];
 }

@@ -36,6 +36,7 @@ enum class MessageType : uint16_t {
   kHello = 1, kHelloOk = 2, kSubscribe = 3, kUnsubscribe = 4, kNotify = 5, kFetch = 6, kFetchOk = 7,
   kRelease = 8, kAck = 9, kError = 10, kPublish = 11, kPublishReady = 12, kPublishOk = 13,
   kList = 14, kListReply = 15, kReplica = 16, kDeltaPart = 17, kIncoming = 18, kStats = 19, kStatsReply = 20,
+  kSealed = 21,
 };
 std::string_view message_type_name(MessageType type);
 
@@ -105,6 +106,11 @@ struct Fetch {
 enum class Encoding : uint8_t {
   kFull = 1,   // the snapshot's bytes in `chunks` tagged chunks
   kDelta = 2,  // a delta stream (include/viper/delta.h) against base_version, in DELTA_PART messages
+  // The snapshot's bytes in `chunks` tagged chunks, of a version still being written at the node
+  // (the producer's cut-through): info.checksum is 0 (not known yet) and the header bytes that
+  // arrive are provisional. A SEALED for the request follows once the version is sealed; the
+  // receiver applies it only after every chunk completed.
+  kFullSealedLater = 3,
 };
 struct FetchOk {
   uint64_t request_id = 0;
@@ -192,6 +198,19 @@ struct ReplicaAnnounce {
   bool operator==(const ReplicaAnnounce&) const = default;
 };
 
+// The end of a FETCH_OK kFullSealedLater transfer: the version is sealed at the node. `info` is
+// the complete version's (its checksum, seal and completion time); `header` is the snapshot's
+// final bytes [0, 8 + N) (its length prefix and JSON header), which replace the provisional ones
+// received. The receiver checks model, version and size against FETCH_OK's and that `header` is
+// exactly as long as the header it received, then verifies the whole against info.checksum.
+inline constexpr uint32_t kMaxSealedHeaderBytes = 32u << 20;
+struct Sealed {
+  uint64_t request_id = 0;
+  VersionInfo info;
+  std::string header;
+  bool operator==(const Sealed&) const = default;
+};
+
 // Counters of a node (NodeStats by name, e.g. "bytes_sent"), for tools and benchmarks.
 struct Stats {
   uint64_t request_id = 0;
@@ -205,7 +224,7 @@ struct StatsReply {
 
 using Message = std::variant<Hello, HelloOk, Subscribe, Unsubscribe, Notify, Fetch, FetchOk, Release,
                              Ack, Error, Publish, PublishReady, PublishOk, List, ListReply, ReplicaAnnounce,
-                             DeltaPart, Incoming, Stats, StatsReply>;
+                             DeltaPart, Incoming, Stats, StatsReply, Sealed>;
 
 MessageType type_of(const Message& message);
 std::vector<std::byte> Encode(const Message& message);

@@ -6,6 +6,9 @@
 //       pattern of its version (pattern.h), then stays up until killed. With --wait-peers N it
 //       starts publishing once N peers are connected. With --hang-in-version V it writes
 //       half of version V in place (zero-copy draft) and hangs there, writing "hanging V" to S.
+//       With --copy each version is copied in by Publish() (the path that announces a version to
+//       remote readers while it copies: cut-through); --hang-in-copy V then stalls that copy half
+//       way through version V, writing "copying V" to S.
 //   consume --model M --connect A --until V [--threads K] [--path map|copy|auto] --result F [--timeout-s T]
 //           [--min-reads R]
 //       Reads the live model from K threads in a loop until every thread has seen version >= V
@@ -30,6 +33,7 @@
 
 #include "pattern.h"
 #include "viper/log.h"
+#include "api/test_hooks.h"
 #include "viper/publisher.h"
 #include "viper/subscriber.h"
 
@@ -81,6 +85,10 @@ int Produce(const std::map<std::string, std::string>& f) {
   options.model = Get(f, "model", "m");
   options.node.listen = Get(f, "listen", "127.0.0.1:0");
   options.node.store_dir = Get(f, "store-dir");
+  options.node.insecure = Get(f, "insecure", "0") == "1";  // a namespace address without a token (tests/xnode)
+  auto delta = ParseDeltaMode(Get(f, "delta", "auto"));
+  if (!delta.ok()) Die("delta", delta.status());
+  options.node.delta = *delta;
   auto mode = ParsePublishMode(Get(f, "mode", "async"));
   if (!mode.ok()) Die("mode", mode.status());
   options.mode = *mode;
@@ -89,6 +97,18 @@ int Produce(const std::map<std::string, std::string>& f) {
   const int interval_ms = std::stoi(Get(f, "interval-ms", "0"));
   const uint64_t hang_in = std::stoull(Get(f, "hang-in-version", "0"));
   const std::string state_file = Get(f, "state-file");
+  const bool copy = Get(f, "copy", "0") == "1";
+  const uint64_t hang_in_copy = std::stoull(Get(f, "hang-in-copy", "0"));
+  if (hang_in_copy != 0) {
+    auto hooks = std::make_shared<NodeTestHooks>();
+    hooks->publish_landed = [hang_in_copy, state_file](const std::string&, uint64_t version, uint64_t landed,
+                                                       uint64_t size) {
+      if (version != hang_in_copy || landed < size / 2) return;
+      WriteFileAtomic(state_file, "copying " + std::to_string(version) + "\n");
+      for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+    };
+    options.node.test_hooks = hooks;
+  }
 
   auto pub = Publisher::Start(options);
   if (!pub.ok()) Die("start", pub.status());
@@ -97,7 +117,28 @@ int Produce(const std::map<std::string, std::string>& f) {
   const uint64_t wait_peers = std::stoull(Get(f, "wait-peers", "0"));
   while ((*pub)->node().stats().peers < wait_peers) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   auto specs = ModelSpecs(tensor_bytes);
-  for (uint64_t v = 1; v <= versions || hang_in != 0; ++v) {
+  std::vector<std::vector<std::byte>> buffers;
+  if (copy) {
+    for (const auto& spec : specs) {
+      uint64_t n = static_cast<uint64_t>(dtype_size(spec.dtype));
+      for (int64_t d : spec.shape) n *= static_cast<uint64_t>(d);
+      buffers.emplace_back(n);
+    }
+  }
+  for (uint64_t v = 1; copy && (v <= versions || hang_in_copy != 0); ++v) {
+    std::vector<TensorData> tensors;
+    for (size_t i = 0; i < specs.size(); ++i) {
+      std::memset(buffers[i].data(), Pattern(v, i), buffers[i].size());
+      tensors.push_back({specs[i], buffers[i]});
+    }
+    PublishInfo info;
+    info.step = v * 100;
+    info.loss = 1.0 / static_cast<double>(v);
+    auto r = (*pub)->Publish(tensors, info);
+    if (!r.ok()) Die("publish", r.status());
+    if (interval_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(interval_ms));
+  }
+  for (uint64_t v = 1; !copy && (v <= versions || hang_in != 0); ++v) {
     auto draft = (*pub)->Begin(specs);
     if (!draft.ok()) Die("begin", draft.status());
     for (size_t i = 0; i < specs.size(); ++i) {

@@ -55,6 +55,8 @@ std::vector<Message> AllMessages() {
       Incoming{SampleInfo()},
       Stats{10},
       StatsReply{10, {{"bytes_sent", 600'000'000}, {"peers", 3}}},
+      FetchOk{7, FetchMode::kSend, SampleInfo(), "", 4 << 20, 143, Encoding::kFullSealedLater, 0, ""},
+      Sealed{7, SampleInfo(), std::string("\x10\0\0\0\0\0\0\0{\"a\":{}}       ", 24)},
   };
 }
 
@@ -166,6 +168,22 @@ TEST(Protocol, UnknownEnumValues) {
   EXPECT_EQ(std::get<Subscribe>(*both).flags, kSubscribeIncoming | kSubscribeDevice);
 }
 
+// SEALED's header is a snapshot header: at least the 8-byte length, within the version's size and
+// the limit; FETCH_OK's "sealed later" encoding belongs to a SEND.
+TEST(Protocol, SealedHeaderAndEncodingAreChecked) {
+  Sealed short_header{7, SampleInfo(), "1234567"};
+  EXPECT_NE(DecodeStatus(Encode(short_header)).message().find("SEALED header: 7 bytes"), std::string::npos);
+  Sealed beyond{7, SampleInfo(), std::string(64, ' ')};
+  beyond.info.size = 32;
+  EXPECT_NE(DecodeStatus(Encode(beyond)).message().find("within the version's 32"), std::string::npos);
+  auto huge = Encode(Sealed{7, SampleInfo(), std::string(16, ' ')});
+  uint32_t lying = kMaxSealedHeaderBytes + 1;
+  std::memcpy(huge.data() + huge.size() - 16 - 4, &lying, 4);
+  EXPECT_NE(DecodeStatus(huge).message().find("exceed the limit of"), std::string::npos);
+  FetchOk lease{7, FetchMode::kLease, SampleInfo(), "viper.1.2", 0, 0, Encoding::kFullSealedLater, 0, ""};
+  EXPECT_NE(DecodeStatus(Encode(lease)).message().find("is a SEND's"), std::string::npos);
+}
+
 // FETCH's offset (resume a broken SEND) is an optional trailing field: absent means 0, so a FETCH
 // without one is byte for byte the older frame; an explicit 0, an offset on a LEASE or with a delta
 // base are refused by name.
@@ -253,7 +271,7 @@ std::vector<std::byte> ReadAll(const std::filesystem::path& path) {
 TEST(ProtocolDocument, HandAssembledFramesDecodeAndReEncodeIdentically) {
   std::filesystem::path dir = std::filesystem::path(VIPER_SOURCE_DIR) / "fuzz" / "corpus" / "protocol";
   int checked = 0;
-  for (int type = 1; type <= 20; ++type) {
+  for (int type = 1; type <= 21; ++type) {
     std::filesystem::path found;
     for (const auto& entry : std::filesystem::directory_iterator(dir))
       if (entry.path().filename().string().rfind((type < 10 ? "0" : "") + std::to_string(type) + "_", 0) == 0)
@@ -266,7 +284,7 @@ TEST(ProtocolDocument, HandAssembledFramesDecodeAndReEncodeIdentically) {
     EXPECT_EQ(Encode(*decoded), bytes) << found;
     ++checked;
   }
-  EXPECT_EQ(checked, 20);
+  EXPECT_EQ(checked, 21);
   auto other = Decode(ReadAll(dir / "99_other_version"));
   ASSERT_FALSE(other.ok());
   EXPECT_EQ(other.status().code(), StatusCode::kFailedPrecondition);

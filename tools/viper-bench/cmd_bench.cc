@@ -216,7 +216,7 @@ ViperCommand bench_command(
           ->capture_default_str()
           ->check(PathText());
       app.add_flag("--no-diagnostic-rows", f->no_diagnostic_rows,
-                   "Skip the diagnostic sync row whose consumer checksum pass is flipped (verify-local on one host, no-verify across hosts)");
+                   "Skip the diagnostic rows: the sync row whose consumer checksum pass is flipped (verify-local on one host, no-verify across hosts) and, across hosts, each mode with the producer's cut-through off");
       app.add_option("--json", f->json_path, "Also write every figure to this JSON file")->check(NewFile());
       app.add_option("--hosts", f->hosts, "1: one host; 2: producer and consumer in two network namespaces (root)")
           ->capture_default_str()

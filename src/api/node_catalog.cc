@@ -65,8 +65,16 @@ Result<proto::VersionInfo> Node::Impl::CommitVersion(WriteLease lease, proto::Ve
         std::find(replicas.begin(), replicas.end(), r) == replicas.end())
       replicas.push_back(std::move(r));
   info.replicas = std::move(replicas);
-  std::vector<net::PeerId> subscribers;
+  // Before the version is listed: a consumer's FETCH must find it among the delta targets, and
+  // with cut-through a consumer told early (INCOMING) may FETCH the moment it is listed, before
+  // any NOTIFY. The delta from the previous version is encoded now, once, for every remote consumer.
   bool remote_subscribers = false;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    remote_subscribers = HasRemoteSubscribersLocked(info.model);
+  }
+  if (deltas) deltas->OnCommit(info, remote_subscribers);
+  std::vector<net::PeerId> subscribers;
   proto::VersionInfo notified;  // info, plus a kDevice replica while the GPU copy is live
   {
     std::lock_guard<std::mutex> lock(mu);
@@ -75,14 +83,10 @@ Result<proto::VersionInfo> Node::Impl::CommitVersion(WriteLease lease, proto::Ve
     state.versions[info.version] = info;
     PruneLocked(info.model);
     subscribers.assign(state.subscribers.begin(), state.subscribers.end());
-    remote_subscribers = HasRemoteSubscribersLocked(info.model);
     stats.versions_committed++;
     stats.notifies_sent += subscribers.size();
     notified = WithDeviceReplicaLocked(info);
   }
-  // Before the NOTIFY: a consumer's FETCH must find the version among the delta targets. The
-  // delta from the previous version is encoded now, once, for every remote consumer.
-  if (deltas) deltas->OnCommit(info, remote_subscribers);
   auto notify = proto::Encode(proto::Notify{notified});
   for (net::PeerId peer : subscribers) (void)engine->Send(peer, notify);
   if (info.publish_ns > 0) publish_live.Record(WallClockNs() - info.publish_ns);

@@ -49,6 +49,7 @@ const std::map<std::string_view, Known>& KnownCounters() {
       {"bytes_sent_incoming", {"Version bytes sent before the version was complete here.", false}},
       {"incoming_versions", {"Versions received from another node (relay transfers).", false}},
       {"incoming_aborted", {"Relay transfers that broke before commit.", false}},
+      {"produced_early", {"Versions announced to remote readers while the producer still wrote them (cut-through).", false}},
       {"delta_encoded", {"Deltas encoded to the end.", false}},
       {"delta_encoded_bytes", {"Bytes of the deltas encoded.", false}},
       {"delta_target_bytes", {"Bytes of the versions the deltas encode.", false}},

@@ -49,6 +49,9 @@ finish() {
   local p
   for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
   wait 2>/dev/null
+  # A node killed here leaves its shared-memory segments (/dev/shm/<prefix>.<pid>.<seq>) for a
+  # restart that never comes: remove those of the processes this test started, now all dead.
+  for p in "${PIDS[@]}"; do kill -0 "$p" 2>/dev/null || rm -f /dev/shm/*."$p".[0-9]*; done
   rm -rf "$TMP"
 }
 

@@ -143,7 +143,9 @@ Result<std::unique_ptr<Node>> Node::Start(const NodeOptions& options) {
 
 Node::~Node() {
   if (!impl_) return;
-  impl_->registry_agent.reset();  // withdraws this node's records while it still holds them
+  // Withdraws this node's records while it still holds them; the agent object stays until the
+  // node's threads are done, since a commit or flush still running reads the pointer.
+  if (impl_->registry_agent) impl_->registry_agent->Stop();
   // The engine is stopped before it is destroyed: the worker may still be replying through it,
   // and resetting the pointer first would let those replies (and the last handlers) see null.
   impl_->engine->Stop();   // no more handlers, no more bulk completions
@@ -161,6 +163,7 @@ Node::~Node() {
   impl_->DropIncoming();
   impl_->deltas.reset();  // stops encoding, drops the bases' leases
   impl_->engine.reset();
+  impl_->registry_agent.reset();
 }
 
 // The versions on the file tier become the catalog; the latest of each model is loaded back into

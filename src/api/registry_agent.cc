@@ -21,7 +21,11 @@ std::unique_ptr<RegistryAgent> RegistryAgent::Start(std::unique_ptr<Registry> re
   return agent;
 }
 
-RegistryAgent::~RegistryAgent() {
+RegistryAgent::~RegistryAgent() { Stop(); }
+
+void RegistryAgent::Stop() {
+  if (stopped_) return;
+  stopped_ = true;
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;

@@ -43,9 +43,11 @@ class RegistryAgent {
   // reached yet is the warning above, not an error).
   static std::unique_ptr<RegistryAgent> Start(std::unique_ptr<Registry> registry, NodeRecord self,
                                               RegistryHeartbeat heartbeat, Catalog catalog);
-  // Removes this node's records (best effort: a registry that is down lets them expire), then
-  // stops the thread.
-  ~RegistryAgent();
+  // Stops the thread, then removes this node's records (best effort: a registry that is down lets
+  // them expire). Idempotent; Announce and CatalogChanged after it do nothing, so the node's other
+  // threads may still call them while the node shuts down.
+  void Stop();
+  ~RegistryAgent();  // Stop()
   RegistryAgent(const RegistryAgent&) = delete;
   RegistryAgent& operator=(const RegistryAgent&) = delete;
 
@@ -62,6 +64,7 @@ class RegistryAgent {
   // One pass; `full` puts every record again, `announce_all` announces the newest of each model.
   Status Sync(bool full, bool announce_all);
   void Withdraw();
+  bool stopped_ = false;  // Stop() ran (its caller's thread only: the node's destructor)
 
   using Key = std::pair<std::string, uint64_t>;
   std::unique_ptr<Registry> registry_;

@@ -251,6 +251,10 @@ void SampleCache::Impl::PutLocal(uint64_t id, std::span<const std::byte> bytes) 
   if (!node) return PutRemote(opt.self, id, bytes);  // attached: the node is another process's
   const std::string model = Model(id);
   auto fail = [&](const Status& st) {
+    // Two puts of one sample can race (a rank's own read and another rank's put of a sample both
+    // read ahead): the later-numbered one commits first and the other is refused as not newer.
+    // The sample is cached all the same: not a failure.
+    if (node->host_tier().latest(model).has_value()) return;
     put_failures++;
     log(LogLevel::kInfo, "sample-cache", "not caching {}: {}", source->Describe(id), st.ToString());
   };
@@ -290,6 +294,10 @@ void SampleCache::Impl::PutRemote(size_t owner, uint64_t id, std::span<const std
     return;
   }
   auto v = c->Publish(Model(id), snap->bytes(), 0, WallClockNs());
+  // A put that raced another put of the same sample into the owner is refused as not newer than
+  // the copy the owner now holds (see PutLocal): the sample is cached, not a failure.
+  if (!v.ok() && v.status().message().find("is not newer than its latest committed version") != std::string::npos)
+    return;
   if (!v.ok()) {
     put_failures++;
     if (v.status().code() == StatusCode::kUnavailable || v.status().code() == StatusCode::kTimeout) {

@@ -359,7 +359,36 @@ def _shard(ids: Optional[Sequence[int]], size: int) -> Optional[list]:
     return base[info.id::info.num_workers]
 
 
-class _EpochFeed:
+class _Epochs:
+    """Epoch bookkeeping shared by the feeds: an epoch left unfinished (a loop that broke out) is
+    not resumed; the reader is reopened, as torch starts a new epoch. Across ranks (world_size > 1)
+    the reopened one continues the ranks' common sequence of epochs (the other ranks' share of this
+    epoch is unaffected); alone, it starts a fresh one. Subclasses set _options, _seed, _in_epoch,
+    _restarts and _epochs_begun (epochs begun in this process) and provide prefetcher() and close()."""
+
+    # The inverse of the prefetcher's seed multiplier (src/data/prefetcher.cc, PlanEpoch: the
+    # order of epoch e is seeded with seed * 0x9E3779B97F4A7C15 + e, mod 2**64): a prefetcher with
+    # seed + k * _SEED_STEP plans, as its epoch 0, epoch k of one with `seed`.
+    _SEED_STEP = 17428512612931826493
+
+    def begin_epoch(self):
+        """The reader, positioned at the start of an epoch."""
+        if self._in_epoch:
+            self.close()
+            self._restarts += 1
+            if int(self._options.get("world_size", 1)) > 1:
+                self._options["seed"] = (self._seed + self._epochs_begun * self._SEED_STEP) % (1 << 64)
+            else:
+                self._options["seed"] = self._seed + 1_000_003 * self._restarts
+        self._in_epoch = True
+        self._epochs_begun += 1
+        return self.prefetcher()
+
+    def end_epoch(self) -> None:
+        self._in_epoch = False
+
+
+class _EpochFeed(_Epochs):
     """One Prefetcher per process (opened at the first epoch, in the process that iterates: a
     DataLoader worker opens its own), endless, each iteration taking one epoch. Reading goes on
     into the next epoch while this one ends, so that an epoch boundary is not a stall."""
@@ -389,30 +418,6 @@ class _EpochFeed:
             self._pid = os.getpid()
         return self._prefetcher
 
-    # The inverse of the prefetcher's seed multiplier (src/data/prefetcher.cc, PlanEpoch: the
-    # order of epoch e is seeded with seed * 0x9E3779B97F4A7C15 + e, mod 2**64): a prefetcher with
-    # seed + k * _SEED_STEP plans, as its epoch 0, epoch k of one with `seed`.
-    _SEED_STEP = 17428512612931826493
-
-    def begin_epoch(self) -> Prefetcher:
-        """The prefetcher, positioned at the start of an epoch. An epoch left unfinished (a loop
-        that broke out) is not resumed: the prefetcher is reopened, as torch starts a new epoch.
-        Across ranks (world_size > 1) the reopened one continues the ranks' common sequence of
-        epochs (the other ranks' share of this epoch is unaffected); alone, it starts a fresh one."""
-        if self._in_epoch:
-            self.close()
-            self._restarts += 1
-            if int(self._options.get("world_size", 1)) > 1:
-                self._options["seed"] = (self._seed + self._epochs_begun * self._SEED_STEP) % (1 << 64)
-            else:
-                self._options["seed"] = self._seed + 1_000_003 * self._restarts
-        self._in_epoch = True
-        self._epochs_begun += 1
-        return self.prefetcher()
-
-    def end_epoch(self) -> None:
-        self._in_epoch = False
-
     def bytes_read(self) -> int:
         """Bytes this process's prefetchers read from their source, all of them together."""
         live = self._prefetcher.stats()["bytes_read"] if self._prefetcher is not None and self._pid == os.getpid() else 0
@@ -426,7 +431,7 @@ class _EpochFeed:
         self._prefetcher = None
 
 
-class _ServiceFeed:
+class _ServiceFeed(_Epochs):
     """The _EpochFeed of DataLoader(service=...): one stream from the node's data service (opened
     at the first epoch, in the process that iterates), endless, each iteration taking one epoch."""
 
@@ -457,21 +462,6 @@ class _ServiceFeed:
                                          **self._options)
             self._pid = os.getpid()
         return self._stream
-
-    def begin_epoch(self):
-        if self._in_epoch:  # an epoch left unfinished: a new stream, as _EpochFeed reopens its prefetcher
-            self.close()
-            self._restarts += 1
-            if int(self._options.get("world_size", 1)) > 1:
-                self._options["seed"] = (self._seed + self._epochs_begun * _EpochFeed._SEED_STEP) % (1 << 64)
-            else:
-                self._options["seed"] = self._seed + 1_000_003 * self._restarts
-        self._in_epoch = True
-        self._epochs_begun += 1
-        return self.prefetcher()
-
-    def end_epoch(self) -> None:
-        self._in_epoch = False
 
     def close(self) -> None:
         if self._stream is not None and self._pid == os.getpid():

@@ -90,6 +90,20 @@ void PrintSize(const SizeResult& s) {
                   m.variant == "no-verify" ? "landed" : "verified", Ratio(fetch_gbps, s.wire.ucx_gbps),
                   Ratio(Gbps(s.bytes, m.e2e.median()), s.wire.tcp_gbps));
     }
+  // Whether the machine's CPUs bound the end to end: the busy CPU-seconds of the whole machine
+  // during an update, spread over every CPU, is the shortest e2e that much work allows.
+  const int cpus = MachineCpus();
+  const double gb = static_cast<double>(s.bytes) / 1e9;
+  if (s.wire.ran) {
+    std::printf("   cpu:   the machine's %d CPUs busy per GB: TCP stream %.0f ms, TCP stream landed + xxh3 %.0f ms\n", cpus,
+                s.wire.tcp_cpu_s_per_gb * 1e3, s.wire.verified_cpu_s_per_gb * 1e3);
+    for (const auto& m : s.modes)
+      std::printf("   %-6s %-13s busy %.0f ms of CPU per update (%.0f ms per GB, %.1fx the TCP stream's): e2e >= %.0f ms on %d CPUs "
+                  "(the e2e is %.2fx that floor; the CPUs were %.0f%% busy)\n",
+                  m.mode.c_str(), RowPath(m).c_str(), m.machine_busy.median() * 1e3, m.machine_busy.median() / gb * 1e3,
+                  Ratio(m.machine_busy.median() / gb, s.wire.tcp_cpu_s_per_gb), m.machine_busy.median() / cpus * 1e3, cpus,
+                  Ratio(m.e2e.median(), m.machine_busy.median() / cpus), 100 * Ratio(m.machine_busy.median(), cpus * m.e2e.median()));
+  }
 }
 
 json ModeJson(const ModeResult& m, const SizeResult& s) {
@@ -99,7 +113,7 @@ json ModeJson(const ModeResult& m, const SizeResult& s) {
           {"fetch_s", m.fetch.Json()}, {"verify_s", m.verify.Json()},
           {"e2e_over_memcpy", Ratio(m.e2e.median(), floor)}, {"stall_over_memcpy", Ratio(m.stall.median(), floor)},
           {"e2e_gbps", Gbps(s.bytes, m.e2e.median())}, {"fetch_gbps", Gbps(s.bytes, m.fetch.median())},
-          {"stall_cpu_s", m.stall_cpu.Json()}, {"stall_cpu_over_memcpy_cpu", Ratio(m.stall_cpu.median(), s.memcpy_cpu_s.median())},
+          {"stall_cpu_s", m.stall_cpu.Json()}, {"machine_busy_cpu_s", m.machine_busy.Json()}, {"stall_cpu_over_memcpy_cpu", Ratio(m.stall_cpu.median(), s.memcpy_cpu_s.median())},
           {"speedup_vs_file_poll", Ratio(s.poll.figure(), m.e2e.median())},
           {"speedup_vs_file_poll_expected", Ratio(s.poll.expected_e2e(), m.e2e.median())},
           {"fresh_segments", m.fresh_segments},
@@ -120,7 +134,8 @@ json SizeJson(const SizeResult& s) {
                            {"expected_e2e_s", s.poll.expected_e2e()}, {"e2e_s_figure", s.poll.figure()},
                            {"e2e_over_memcpy", Ratio(s.poll.figure(), s.memcpy_s.median())}}}};
   if (s.wire.ran)
-    j["wire"] = {{"tcp_gbps", s.wire.tcp_gbps}, {"tcp_best_gbps", s.wire.tcp_best_gbps}, {"tcp_cc", s.wire.tcp_cc},
+    j["wire"] = {{"tcp_gbps", s.wire.tcp_gbps}, {"tcp_best_gbps", s.wire.tcp_best_gbps},
+                 {"tcp_machine_cpu_s_per_gb", s.wire.tcp_cpu_s_per_gb}, {"verified_machine_cpu_s_per_gb", s.wire.verified_cpu_s_per_gb}, {"tcp_cc", s.wire.tcp_cc},
                  {"ucx_tag_bw_gbps", s.wire.ucx_gbps}, {"tcp_all_gbps", s.wire.tcp_all},
                  {"ucx_tag_bw_peer_failure_gbps", s.wire.ucx_peer_gbps}, {"ucx_peer_failure_all_gbps", s.wire.ucx_peer_all},
                  {"landed_gbps", s.wire.landed_gbps}, {"landed_all_gbps", s.wire.landed_all},

@@ -62,6 +62,9 @@ struct ModeResult {
   Samples notify;    // complete -> NOTIFY received
   Samples fetch;     // NOTIFY -> bytes available
   Samples verify;    // bytes -> checksum verified
+  // CPU-seconds the whole machine was busy (every CPU, every process, the kernel) from the publish
+  // call until the consumer reported the version live: with n CPUs, e2e >= machine_busy / n.
+  Samples machine_busy;
   int fresh_segments = 0;  // timed publishes that got a fresh (not recycled) segment: slower
 };
 
@@ -98,6 +101,9 @@ struct WireResult {
   double tcp_gbps = 0;       // median of viper_wire_baseline streams of the snapshot size
   double landed_gbps = 0, verified_gbps = 0;
   double tcp_best_gbps = 0;
+  // The whole machine's busy CPU-seconds per GB moved by the plain stream and by the verifying one
+  // (both ends; from /proc/stat, so process start-up is in it).
+  double tcp_cpu_s_per_gb = 0, verified_cpu_s_per_gb = 0;
   std::string tcp_cc;
   double ucx_gbps = 0;       // ucx_perftest tag_bw, one message of the snapshot size (median of runs)
   // The same with peer-failure handling (`ucx_perftest -e`), as Viper's endpoints must have: over

@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 
@@ -21,6 +23,31 @@ double ThreadCpuSeconds() {
   ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9;
 }
+
+namespace {
+// The aggregate "cpu" line of /proc/stat, in clock ticks: user nice system idle iowait irq softirq steal.
+std::vector<double> ProcStatCpu() {
+  std::FILE* f = std::fopen("/proc/stat", "r");
+  std::vector<double> ticks;
+  if (f == nullptr) return ticks;
+  char line[512];
+  if (std::fgets(line, sizeof line, f) != nullptr && std::strncmp(line, "cpu ", 4) == 0) {
+    char* p = line + 4;
+    for (int i = 0; i < 8; ++i) ticks.push_back(std::strtod(p, &p));
+  }
+  std::fclose(f);
+  return ticks;
+}
+}  // namespace
+
+double MachineBusyCpuSeconds() {
+  std::vector<double> t = ProcStatCpu();
+  if (t.size() < 8) return 0;
+  double busy = t[0] + t[1] + t[2] + t[5] + t[6] + t[7];
+  return busy / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+int MachineCpus() { return static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN))); }
 
 Result<Buffer> Buffer::Make(size_t size, int fill) {
   void* p = ::mmap(nullptr, std::max<size_t>(size, 1), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -142,15 +169,17 @@ Result<ModeResult> RunMode(const Config& c, Publisher& pub, const SourceModel& m
   VIPER_ASSIGN_OR_RETURN(auto peer, StartPeer(c, args));
   for (int i = 0; i < c.warmup + c.reps; ++i) {
     int64_t t0 = WallClockNs();
-    double cpu0 = ThreadCpuSeconds();
+    double cpu0 = ThreadCpuSeconds(), busy0 = MachineBusyCpuSeconds();
     VIPER_ASSIGN_OR_RETURN(PublishResult pr, pub.Publish(m.tensors, AtStep(i)));
     double cpu = ThreadCpuSeconds() - cpu0;
     VIPER_ASSIGN_OR_RETURN(json j, WaitVersion(*peer, pr.version, TransferTimeout(pr.bytes)));
+    double busy = MachineBusyCpuSeconds() - busy0;
     if (j.value("path", "") != path) return Status::Internal("consumer loaded via " + j.value("path", "") + ", not " + path);
     if (i < c.warmup) continue;
     r.e2e.Add(Sec(t0, j["live_ns"]));
     r.stall.Add(pr.stall_ns / 1e9);
     r.stall_cpu.Add(cpu);
+    r.machine_busy.Add(busy);
     r.fresh_segments += pr.recycled ? 0 : 1;
     r.copy.Add(pr.copy_ns / 1e9);
     r.complete.Add(Sec(t0, j["completed_ns"]));

@@ -23,6 +23,10 @@ namespace viper::bench {
 
 // CPU time of the calling thread, seconds.
 double ThreadCpuSeconds();
+// CPU-seconds every CPU of the machine has spent busy since boot (/proc/stat: all but idle and
+// iowait), and the number of CPUs it counts. Namespaces share it: both "hosts" of a bench are in it.
+double MachineBusyCpuSeconds();
+int MachineCpus();
 
 // Seconds between two CLOCK_REALTIME stamps in ns (comparable across processes of one host).
 inline double Sec(int64_t from_ns, int64_t to_ns) { return static_cast<double>(to_ns - from_ns) / 1e9; }

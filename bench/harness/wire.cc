@@ -27,9 +27,12 @@ std::vector<std::string> InPeerHost(const Config& c, std::vector<std::string> ar
   return full;
 }
 
+// Streams one RunTcp moves: the timed ones and one warm-up.
+int TcpStreams(const Config& c) { return std::max(c.reps, 3) + 1; }
+
 Status RunTcp(const Config& c, uint64_t bytes, const std::string& sink, std::vector<double>& gbps_all, std::string* cc) {
   TcpEnds ends{c.wire_bin, c.log_path, c.consumer_prefix, c.peer_ip.empty() ? "127.0.0.1" : c.peer_ip, {}};
-  return MeasureTcpStream(ends, bytes, std::max(c.reps, 3), sink, gbps_all, cc);
+  return MeasureTcpStream(ends, bytes, TcpStreams(c) - 1, sink, gbps_all, cc);
 }
 
 // ucx_perftest prints a "Final:" row: iterations, latency columns, then bandwidth (MB/s = MiB/s)
@@ -143,10 +146,18 @@ double Median(std::vector<double> v) {
 void RunWire(const Config& c, uint64_t bytes, WireResult& w) {
   w.ran = true;
   w.ucx_tls = "tcp";
+  // The machine's busy CPU per GB streamed (every CPU, both ends, both namespaces): what the wire
+  // alone costs, beside what a Viper update costs (ModeResult::machine_busy).
+  double busy0 = MachineBusyCpuSeconds();
+  Status tcp = RunTcp(c, bytes, "", w.tcp_all, &w.tcp_cc);
+  w.tcp_cpu_s_per_gb = (MachineBusyCpuSeconds() - busy0) / (static_cast<double>(TcpStreams(c)) * static_cast<double>(bytes) / 1e9);
+  busy0 = MachineBusyCpuSeconds();
+  Status verified = RunTcp(c, bytes, "--verify", w.verified_all, nullptr);
+  w.verified_cpu_s_per_gb = (MachineBusyCpuSeconds() - busy0) / (static_cast<double>(TcpStreams(c)) * static_cast<double>(bytes) / 1e9);
   const std::pair<const char*, Status> runs[] = {
-      {"tcp stream", RunTcp(c, bytes, "", w.tcp_all, &w.tcp_cc)},
+      {"tcp stream", tcp},
       {"tcp stream --land", RunTcp(c, bytes, "--land", w.landed_all, nullptr)},
-      {"tcp stream --verify", RunTcp(c, bytes, "--verify", w.verified_all, nullptr)},
+      {"tcp stream --verify", verified},
       {"ucx_perftest", RunUcx(c, bytes, /*peer_failure=*/false, w.ucx_all)},
       {"ucx_perftest -e", RunUcx(c, bytes, /*peer_failure=*/true, w.ucx_peer_all)},
   };

@@ -1,6 +1,7 @@
 // Subscriber: versions placed on a GPU (SubscriberOptions::gpu_device): device-to-device from the
 // producer's GPU copy through CUDA IPC under a node lease (FETCH kDevice), or host-to-device.
 #include <algorithm>
+#include <cstring>
 #include <functional>
 
 #include "subscriber_impl.h"
@@ -155,6 +156,94 @@ Status Subscriber::Impl::PlaceFromProducer(ModelVersion& mv, Client& client, con
   }
   mv.device = std::move(dv);
   return Status::OK();
+}
+
+// Copies a remote transfer's data region to this consumer's GPU as it lands: the transfer's
+// landed prefix [0, landed) grows chunk by chunk (on the loader thread, between chunks), and each
+// new piece of the data region [8 + N, size) goes host-to-device on the GPU state's stream at once,
+// into a buffer of the consumer's own that becomes the version's device copy once the bytes
+// verified. Until then nothing reads the buffer; a transfer that fails or does not verify leaves it
+// free again. The receive buffer is pooled, pageable memory: the driver stages each piece through
+// its own pinned memory and returns once it has read it, so the host buffer is free of the GPU when
+// the transfer ends (the destructor waits for the stream all the same).
+class Subscriber::Impl::DeviceStaging {
+ public:
+  DeviceStaging(std::shared_ptr<GpuState> gpu, std::string why) : gpu_(std::move(gpu)), why_(std::move(why)) {}
+  DeviceStaging(const DeviceStaging&) = delete;
+  DeviceStaging& operator=(const DeviceStaging&) = delete;
+  ~DeviceStaging() {
+    if (copied_ > data_begin_) (void)gpu_->stream.Synchronize();
+  }
+
+  void Received(std::span<const std::byte> received, uint64_t landed) {
+    if (!failure_.ok() || landed > received.size()) return;
+    if (buffer_ == nullptr) {
+      if (landed < 8) return;
+      uint64_t n = 0;
+      std::memcpy(&n, received.data(), 8);  // little-endian u64, as the format says
+      if (n > received.size() - 8) {
+        failure_ = Status::Corruption("header length " + std::to_string(n) + " past the transfer's end");  // the parse says more
+        return;
+      }
+      data_begin_ = copied_ = 8 + n;
+      auto taken = gpu_->Take(received.size() - data_begin_);
+      if (!taken.ok()) {
+        failure_ = taken.status();
+        return;
+      }
+      buffer_ = std::move(taken).value();
+    }
+    if (landed <= copied_) return;
+    failure_ = gpu::CopyHostToDevice(buffer_->ptr() + (copied_ - data_begin_), received.data() + copied_, landed - copied_,
+                                     gpu_->stream);
+    copied_ = landed;
+  }
+
+  // mv.device from the staged copy, or why there is none (the caller copies the bytes whole).
+  Status Finish(ModelVersion& mv) {
+    VIPER_RETURN_IF_ERROR(failure_);
+    const uint64_t size = mv.snapshot.bytes().size();
+    if (buffer_ == nullptr || data_begin_ != mv.snapshot.data_offset() || copied_ != size)
+      return Status::FailedPrecondition("staged " + std::to_string(copied_ > data_begin_ ? copied_ - data_begin_ : 0) +
+                                        " of the " + std::to_string(mv.snapshot.data_region().size()) + " data bytes");
+    VIPER_RETURN_IF_ERROR(gpu_->stream.Synchronize());
+    auto dv = std::make_shared<DeviceVersion>();
+    dv->device = gpu_->device;
+    dv->data = buffer_->ptr();
+    dv->bytes = size - data_begin_;
+    dv->how = "host-to-device as its chunks arrived (" + why_ + ")";
+    dv->tensors = mv.snapshot.tensors();
+    dv->hold = std::move(buffer_);
+    mv.device = std::move(dv);
+    return Status::OK();
+  }
+
+ private:
+  std::shared_ptr<GpuState> gpu_;
+  std::string why_;  // why the host path (for DeviceVersion::how)
+  std::shared_ptr<gpu::DeviceBuffer> buffer_;
+  uint64_t data_begin_ = 0, copied_ = 0;  // bytes [data_begin_, copied_) of the transfer are queued
+  Status failure_;
+};
+
+std::shared_ptr<Subscriber::Impl::DeviceStaging> Subscriber::Impl::StageOnDevice(const proto::VersionInfo& announced,
+                                                                                 Client& client) {
+  bool listed = std::any_of(announced.replicas.begin(), announced.replicas.end(),
+                            [](const proto::Replica& r) { return r.kind == proto::ReplicaKind::kDevice; });
+  if (listed && client.same_host()) return nullptr;  // PlaceOnDevice opens the producer's GPU copy instead
+  return std::make_shared<DeviceStaging>(
+      gpu, listed ? "the producer's GPU is on another host" : "the node lists no GPU copy of it (a CPU producer, or a newer version is live on its GPU)");
+}
+
+void Subscriber::Impl::StageReceived(DeviceStaging& staging, std::span<const std::byte> received, uint64_t landed) {
+  staging.Received(received, landed);
+}
+
+void Subscriber::Impl::FinishStaging(DeviceStaging& staging, ModelVersion& mv) {
+  Status st = staging.Finish(mv);
+  if (!st.ok())  // PlaceOnDevice copies it whole
+    log(LogLevel::kWarn, kLog, "{} version {}: not staged on GPU {} as it arrived ({}); copying it whole", options.model,
+        mv.version(), options.gpu_device, st.message());
 }
 
 Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::LoadDeviceOnly(const proto::VersionInfo& info) {

@@ -124,6 +124,16 @@ struct Subscriber::Impl : std::enable_shared_from_this<Subscriber::Impl> {
   Status PlaceFromProducer(ModelVersion& mv, Client& client, const std::shared_ptr<Client>& connection);
   // A version announced device-only (options.gpu_early): live from the producer's GPU copy alone.
   Result<std::shared_ptr<ModelVersion>> LoadDeviceOnly(const proto::VersionInfo& info);
+  // A remote transfer staged on the GPU while it arrives: each landed piece of the data region is
+  // copied host-to-device at once, so the last chunk's copy is all that is left when the bytes are
+  // verified. Null when the version will not be placed from host bytes (no GPU, or a GPU copy on
+  // this host that PlaceOnDevice opens instead).
+  class DeviceStaging;
+  std::shared_ptr<DeviceStaging> StageOnDevice(const proto::VersionInfo& announced, Client& client);
+  static void StageReceived(DeviceStaging& staging, std::span<const std::byte> received, uint64_t landed);
+  // After the transfer's bytes verified into mv: mv.device from the staged copy, if every byte of
+  // mv's data region was staged (else it logs why and PlaceOnDevice copies the region whole).
+  void FinishStaging(DeviceStaging& staging, ModelVersion& mv);
 
   // NOTIFY (complete at the node) or INCOMING (still arriving there: pipelined).
   // A version announced by `holder` (empty: the connected node). With a token, a version whose

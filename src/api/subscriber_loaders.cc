@@ -239,11 +239,17 @@ Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::LoadRemote(const proto::
   internal::BufferPool::Lease buffer;
   ProgressFn landed;
   auto provide = [&](const proto::VersionInfo& actual) { return ReceiveBuffer(actual, &buffer, &landed); };
-  // The checksum is computed while the chunks arrive (FetchSend), not in a pass after them.
+  // The checksum is computed while the chunks arrive (FetchSend), not in a pass after them; so is
+  // the copy to this consumer's GPU, if it has one.
+  std::shared_ptr<DeviceStaging> staging = gpu ? StageOnDevice(info, client) : nullptr;
   std::optional<uint64_t> received_checksum;
   TransferPrefix prefix;
   auto ok = client.FetchSend(
-      info.model, info.version, provide, [&](uint64_t done, uint64_t total) { if (landed) landed(done, total); },
+      info.model, info.version, provide,
+      [&](uint64_t done, uint64_t total) {
+        if (landed) landed(done, total);
+        if (staging) StageReceived(*staging, buffer.data, done);
+      },
       options.verify_checksum ? &received_checksum : nullptr, &prefix);
   if (!ok.ok()) {
     // What landed is finished by the next holder tried (a FETCH with an offset).
@@ -268,6 +274,7 @@ Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::LoadRemote(const proto::
   }
   mv->timings.fetched_ns = WallClockNs();
   VIPER_RETURN_IF_ERROR(Finish(*mv, buffer.data, buffer.owner, options.verify_checksum, received_checksum));
+  if (staging) FinishStaging(*staging, *mv);
   return mv;
 }
 

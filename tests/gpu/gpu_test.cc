@@ -614,7 +614,9 @@ TEST(Gpu, AConsumerWithoutAGpuGetsTheVersionsThroughTheHostPath) {
 // viper_gpu_subscriber (a Subscriber with gpu_device 0) in its own process, over pipes.
 class SubscriberProcess {
  public:
-  SubscriberProcess(const std::string& connect, const std::string& model, bool in_place, bool early = false) {
+  // path: SubscriberOptions::path ("remote" forces the transfer over the network engine).
+  SubscriberProcess(const std::string& connect, const std::string& model, bool in_place, bool early = false,
+                    const std::string& path = "") {
     int in[2], out[2];
     EXPECT_EQ(::pipe2(in, O_CLOEXEC), 0);
     EXPECT_EQ(::pipe2(out, O_CLOEXEC), 0);
@@ -627,6 +629,7 @@ class SubscriberProcess {
     std::vector<std::string> args = {bin, "--connect", connect, "--model", model};
     if (in_place) args.push_back("--in-place");
     if (early) args.push_back("--early");
+    if (!path.empty()) args.insert(args.end(), {"--path", path});
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -937,6 +940,35 @@ TEST(Gpu, AGpuSubscriberOfACpuProducerCopiesHostToDevice) {
   std::string line = sub.Command("W " + std::to_string(r->version));
   EXPECT_EQ(line.rfind("OK " + std::to_string(r->version) + " 0 ", 0), 0u) << line;
   EXPECT_NE(line.find("host-to-device (the node lists no GPU copy"), std::string::npos) << line;
+}
+
+// Item 4's consumer end of the staged path: a version received over the network goes to the GPU
+// chunk by chunk while the transfer runs. Forced onto the remote path here (one machine); the CPU
+// producer's versions list no GPU copy, so the subscriber stages them. The second version is staged
+// while the first is held: it must land in the other device buffer and leave the first intact.
+TEST(Gpu, ARemoteGpuSubscriberStagesTheChunksOnItsGpuAsTheyArrive) {
+  PublisherOptions po;
+  po.model = "staged-model";
+  po.node.segment_prefix = "viper-gpu-staged";
+  auto pub = Publisher::Start(po);
+  ASSERT_TRUE(pub.ok()) << pub.status().ToString();
+  SubscriberProcess sub((*pub)->address(), "staged-model", false, false, "remote");
+  ASSERT_EQ(sub.Line(), "READY");
+  std::vector<uint64_t> versions;
+  for (int i = 0; i < 2; ++i) {
+    auto big = RandomBytes((40 << 20) + 12345, 800 + i);  // ten 4 MiB chunks and a ragged end
+    auto small = RandomBytes(999, 900 + i);
+    auto r = (*pub)->Publish({{{"small", DType::kU8, {static_cast<int64_t>(small.size())}}, small},
+                              {{"big", DType::kU8, {static_cast<int64_t>(big.size())}}, big}});
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_TRUE((*pub)->Wait().ok());
+    versions.push_back(r->version);
+    std::string line = sub.Command("W " + std::to_string(r->version));
+    EXPECT_EQ(line.rfind("OK " + std::to_string(r->version) + " 0 ", 0), 0u) << line;
+    EXPECT_NE(line.find("host-to-device as its chunks arrived (the node lists no GPU copy"), std::string::npos) << line;
+  }
+  std::string first = sub.Command("C " + std::to_string(versions[0]));  // held while the second was staged
+  EXPECT_EQ(first.rfind("OK " + std::to_string(versions[0]) + " 0 ", 0), 0u) << first;
 }
 
 #endif  // VIPER_GPU_TEST_API

@@ -12,9 +12,10 @@
 # $OUT/gpu-bench.json), the torch.save + polling + torch.load baseline ($OUT/torch-baseline.json);
 # gpu_test's through-the-node lines (GPU-NODE, GPU-NODE-EARLY, GPU-EARLY, and GPU-DRAFT: zero-copy
 # BeginDevice/CommitDevice) are repeated at the end and in $OUT/gpu-node.txt.
-# GPU_CHECK_PYTHON=DIR (a directory holding the viper package built for this machine's python3,
-# with pytest installed) also runs PACK/gpu_cases.py (Publisher.begin_cuda on the GPU) with
-# VIPER_FAIL_ON_SKIP=1: without a GPU that is a failure, not a skip.
+# The Python cases: PACK/gpu-python-build.sh builds the viper package for this machine's python3
+# from PACK/python into $OUT/python-site (GPU_CHECK_PYTHON=DIR uses a package built already), then
+# PACK/gpu_cases.py runs (Publisher.publish and begin_cuda of CUDA tensors, GPU subscribers'
+# load_into) with VIPER_FAIL_ON_SKIP=1: without a GPU that is a failure, not a skip.
 # Sizes: GPU_CHECK_SIZES (default 1.7G,8G); reps: GPU_CHECK_REPS (default 5), torch reps
 # GPU_CHECK_TORCH_REPS (default 2; 0 skips the torch baseline); GPU_CHECK_BENCH=0 skips the bench;
 # GPU_CHECK_TEST_LIMIT: gpu_test's time limit in seconds (default 180).
@@ -42,6 +43,7 @@ step() {  # step NAME TIMEOUT CMD...: runs, logs, records the outcome
   if [ "$rc" -eq 0 ]; then summary+=("ok      $name (${took}s)")
   else summary+=("FAILED  $name (exit $rc, ${took}s)"); failed=1; fi
   echo "=== $name: exit $rc after ${took}s" | tee -a "$log"
+  return "$rc"
 }
 
 : >"$log"
@@ -52,8 +54,14 @@ step "machine: torch" 60 python3 -c 'import torch; print(torch.__version__, torc
 step "gpu_test" ${GPU_CHECK_TEST_LIMIT:-180} env VIPER_FAIL_ON_SKIP=1 VIPER_GPU_PEER="$pack/bin/viper_gpu_peer" \
   VIPER_GPU_SUBSCRIBER="$pack/bin/viper_gpu_subscriber" "$pack/run" gpu_test
 [ -x "$pack/bin/gpu_node_test" ] && step "gpu_node_test (no-driver path)" 60 env VIPER_CUDA_LIBRARY=/nonexistent/libcuda.so.1 "$pack/run" gpu_node_test
+# The Python package for this machine's python3, built here from the packed sources unless
+# GPU_CHECK_PYTHON names one already built.
+if [ -z "${GPU_CHECK_PYTHON:-}" ] && [ -f "$pack/gpu-python-build.sh" ] && [ -d "$pack/python" ]; then
+  step "python: build the viper package" 300 bash "$pack/gpu-python-build.sh" "$pack" "$OUT/python-site" \
+    && GPU_CHECK_PYTHON=$OUT/python-site
+fi
 [ -n "${GPU_CHECK_PYTHON:-}" ] && step "python gpu_cases.py" 300 env VIPER_FAIL_ON_SKIP=1 PYTHONPATH="$GPU_CHECK_PYTHON" \
-  python3 "$pack/gpu_cases.py"
+  UCX_MODULE_DIR="$pack/ucx" LD_LIBRARY_PATH="$pack/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" python3 "$pack/gpu_cases.py"
 [ "${GPU_CHECK_BENCH:-1}" = 1 ] && \
 step "viper bench --gpu" 160 "$pack/run" viper bench --gpu --sizes "$sizes" --reps "$reps" --json "$OUT/gpu-bench.json"
 [ "$treps" -gt 0 ] && step "torch.save + poll + torch.load baseline" 150 env PYTHONUNBUFFERED=1 python3 "$torch_script" --sizes "$sizes" --reps "$treps" --json "$OUT/torch-baseline.json"

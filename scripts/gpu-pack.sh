@@ -3,8 +3,9 @@
 # libraries: OUT/bin (viper, viper-bench, viper_gpu_peer, viper_gpu_subscriber, gpu_test, gpu_node_test), OUT/lib (every shared library they load,
 # found by ldd, but the C and C++ runtimes), OUT/ucx (UCX's transport modules, which UCX opens
 # itself), OUT/run (sets LD_LIBRARY_PATH and UCX_MODULE_DIR, then runs a program of OUT/bin),
-# OUT/gpu-check.sh, OUT/gpu_torch_baseline.py and OUT/gpu_cases.py (run when GPU_CHECK_PYTHON is
-# set). Then, there: `bash OUT/gpu-check.sh OUT`.
+# OUT/gpu-check.sh, OUT/gpu_torch_baseline.py, OUT/gpu_cases.py, and OUT/python with
+# OUT/gpu-python-build.sh (the Python package's sources, built there for that machine's python3 by
+# gpu-check.sh). Then, there: `bash OUT/gpu-check.sh OUT`.
 #
 #   scripts/gpu-pack.sh OUT [BUILD]       BUILD defaults to ./build (after scripts/build.sh)
 set -euo pipefail
@@ -37,5 +38,29 @@ prog=$1; shift
 exec "$here/bin/$prog" "$@"
 RUN
 chmod +x "$out/run"
-cp "$root/scripts/gpu-check.sh" "$root/bench/gpu_torch_baseline.py" "$root/tests/python/gpu_cases.py" "$out/"
+# The Python package, built there for that machine's python3 (scripts/gpu-python-build.sh): the
+# bindings' sources and the headers they include, the static libraries they link and the shared
+# libraries those need (into OUT/lib), and the link line in CMake's order.
+py=$out/python
+mkdir -p "$py/src" "$py/include/core" "$py/lib" "$py/viper"
+cp "$root"/python/src/*.cc "$root"/python/src/*.h "$py/src/"
+cp -r "$root/include/viper" "$build/generated/viper" "$py/include/"
+cp "$root/src/core/memory.h" "$py/include/core/"
+cp -r /usr/include/fmt "$py/include/"
+mkdir -p "$py/pybind11-include" && cp -r /usr/include/pybind11 "$py/pybind11-include/"  # used only if that machine's python has none
+cp "$root"/python/viper/*.py "$root"/python/viper/*.pyi "$root"/python/viper/py.typed "$py/viper/" 2>/dev/null || true
+link=$(awk '/^build python\/viper\/_viper/ {f = 1} f && /^  LINK_LIBRARIES = / {sub(/^  LINK_LIBRARIES = /, ""); print; exit}' "$build/build.ninja")
+[ -n "$link" ] || { echo "gpu-pack: no link line for the Python extension in $build/build.ninja (a Ninja build with the Python package)" >&2; exit 1; }
+libs=()
+for l in $link; do
+  case $l in
+    *.a) strip --strip-debug -o "$py/lib/$(basename "$l")" "$build/$l"; libs+=("@PY@/lib/$(basename "$l")") ;;
+    /*.so*) soname=$(objdump -p "$l" | awk '$1 == "SONAME" {print $2}')
+            [ -e "$out/lib/$soname" ] || { cp -L "$l" "$out/lib/$soname"; deps "$l"; }
+            libs+=("@LIB@/$soname") ;;
+    *) libs+=("$l") ;;
+  esac
+done
+echo "${libs[*]}" >"$py/link-libraries"
+cp "$root/scripts/gpu-check.sh" "$root/scripts/gpu-python-build.sh" "$root/bench/gpu_torch_baseline.py" "$root/tests/python/gpu_cases.py" "$out/"
 echo "gpu-pack: $(du -sh "$out" | cut -f1) in $out; run there: bash $out/gpu-check.sh $out"

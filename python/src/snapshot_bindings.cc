@@ -34,7 +34,7 @@ void BindSnapshot(py::module_& m) {
         if (!snap.ok() && snap.status().code() == StatusCode::kNotFound) {
           // A missing file is what Python users catch as FileNotFoundError (errno ENOENT).
           py::object error = py::module_::import("builtins").attr("FileNotFoundError")(ENOENT, snap.status().ToString(), path);
-          PyErr_SetObject(error.get_type().ptr(), error.ptr());
+          PyErr_SetObject(py::type::handle_of(error).ptr(), error.ptr());
           throw py::error_already_set();
         }
         return SnapshotHandle{Unwrap(std::move(snap))};

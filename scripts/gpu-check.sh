@@ -11,7 +11,7 @@
 # torch), gpu_test (VIPER_FAIL_ON_SKIP=1: no GPU is a failure here), `viper bench --gpu` (JSON to
 # $OUT/gpu-bench.json), the torch.save + polling + torch.load baseline ($OUT/torch-baseline.json);
 # gpu_test's through-the-node lines (GPU-NODE, GPU-NODE-EARLY, GPU-EARLY, and GPU-DRAFT: zero-copy
-# BeginDevice/CommitDevice) are repeated at the end and in $OUT/gpu-node.txt.
+# BeginDevice/CommitDevice; GPU-STAGED: the staged path to network readers) are repeated at the end and in $OUT/gpu-node.txt.
 # The Python cases: PACK/gpu-python-build.sh builds the viper package for this machine's python3
 # from PACK/python into $OUT/python-site (GPU_CHECK_PYTHON=DIR uses a package built already), then
 # PACK/gpu_cases.py runs (Publisher.publish and begin_cuda of CUDA tensors, GPU subscribers'
@@ -69,7 +69,7 @@ step "viper bench --gpu" 160 "$pack/run" viper bench --gpu --sizes "$sizes" --re
 echo | tee -a "$log"
 # The through-the-node figures gpu_test prints (publish -> live in another process at 1 GiB; early
 # = SubscriberOptions::gpu_early, announced when the device copy completes) and the early test's.
-grep -E '^(GPU-NODE|GPU-EARLY|GPU-DRAFT)' "$log" | tee "$OUT/gpu-node.txt"
+grep -E '^(GPU-NODE|GPU-EARLY|GPU-DRAFT|GPU-STAGED)' "$log" | tee "$OUT/gpu-node.txt"
 echo "gpu-check summary:" | tee -a "$log"
 for line in "${summary[@]}"; do echo "  $line" | tee -a "$log"; done
 exit $failed

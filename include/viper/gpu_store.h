@@ -123,9 +123,17 @@ class DeviceVersionStore {
   using LiveFn = std::function<void(const GpuVersion&)>;
   // The sealed host snapshot (header + data, checksum in the header); valid during the call.
   using SealedFn = std::function<void(const GpuVersion&, std::span<const std::byte> snapshot)>;
+  // The pinned host copy of a version as it lands, before its checksum is known (host_copy): the
+  // device-to-host copy runs in chunks, and the sealer calls this after each chunk completed, with
+  // the version (checksum 0), its whole host snapshot (a provisional header with checksum 0, then
+  // the data region) and `landed`: bytes [0, landed) are final, but for the header, which the seal
+  // rewrites. Calls for one version come in order, the last with landed == snapshot.size(), then
+  // SealedFn; if the version's host copy fails, one more call with landed == 0 and an empty
+  // snapshot says to drop it. On the sealer thread; the snapshot is valid during the call.
+  using HostProgressFn = std::function<void(const GpuVersion&, std::span<const std::byte> snapshot, uint64_t landed)>;
 
   static Result<std::unique_ptr<DeviceVersionStore>> Create(Options options, LiveFn on_live = {},
-                                                            SealedFn on_sealed = {});
+                                                            SealedFn on_sealed = {}, HostProgressFn on_progress = {});
   ~DeviceVersionStore();  // waits for queued versions
   DeviceVersionStore(const DeviceVersionStore&) = delete;
   DeviceVersionStore& operator=(const DeviceVersionStore&) = delete;

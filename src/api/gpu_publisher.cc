@@ -5,7 +5,9 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <utility>
 
+#include "net/protocol.h"
 #include "store/host_tier.h"
 #include "viper/node.h"
 
@@ -79,7 +81,72 @@ struct GpuPublisher::Shared {
     publisher->node().AnnounceDevice(std::move(vi));
   }
 
-  // On the store's thread: the sealed host snapshot into a segment, committed on the node.
+  // The version whose pinned copy is landing, copied into its host-tier segment chunk by chunk as
+  // the store reports them (the staged path's host stage): announced at once to remote readers
+  // (Node::Produce) when the model has some, so that their transfer overlaps the device-to-host
+  // copy and this one. Store's sealer thread only.
+  struct Streaming {
+    uint64_t version = 0;
+    WriteLease lease;                        // not announced early: committed at the seal
+    std::unique_ptr<IncomingVersion> early;  // announced early: remote readers receive it as it lands
+    uint64_t copied = 0;                     // bytes [0, copied) of the snapshot are in the segment
+    Status failed;                           // then the seal copies the snapshot whole instead
+    std::span<std::byte> data() const { return early ? early->data() : lease.data(); }
+  };
+  Streaming streaming;
+
+  proto::VersionInfo InfoOf(const gpu::GpuVersion& v, const Pending& p, uint64_t checksum) const {
+    proto::VersionInfo vi;
+    vi.model = publisher->options().model;
+    vi.version = v.version;
+    vi.size = v.total_bytes;
+    vi.checksum = checksum;
+    vi.step = p.info.step;
+    vi.publish_ns = p.publish_ns;
+    if (p.info.loss) vi.metadata[std::string(kMetaLoss)] = std::to_string(*p.info.loss);
+    return vi;
+  }
+
+  // On the store's thread, after each chunk of v's pinned copy (HostProgressFn).
+  void Progress(const gpu::GpuVersion& v, std::span<const std::byte> snapshot, uint64_t landed) {
+    if (landed == 0) {  // the host copy failed: an early version's readers are aborted
+      streaming = {};
+      return;
+    }
+    if (streaming.version != v.version) {
+      streaming = {};
+      streaming.version = v.version;
+      streaming.failed = Begin(v, snapshot);
+      if (!streaming.failed.ok()) return;
+    }
+    if (!streaming.failed.ok() || landed <= streaming.copied) return;
+    std::memcpy(streaming.data().data() + streaming.copied, snapshot.data() + streaming.copied, landed - streaming.copied);
+    streaming.copied = landed;
+    if (streaming.early) streaming.early->Landed(landed);
+  }
+
+  // A segment for v with its provisional header, produced early if a remote reader will take it.
+  Status Begin(const gpu::GpuVersion& v, std::span<const std::byte> snapshot) {
+    Node& node = publisher->node();
+    VIPER_ASSIGN_OR_RETURN(WriteLease lease, node.Allocate(snapshot.size()));
+    std::memcpy(lease.data().data(), snapshot.data(), v.data_offset);
+    streaming.copied = v.data_offset;
+    const std::string& model = publisher->options().model;
+    if (!publisher->options().cut_through || v.data_offset > proto::kMaxSealedHeaderBytes || !node.HasEarlyReaders(model)) {
+      streaming.lease = std::move(lease);
+      return Status::OK();
+    }
+    Pending p;
+    {
+      std::lock_guard lock(mu);
+      if (auto it = pending.find(v.version); it != pending.end()) p = it->second;
+    }
+    VIPER_ASSIGN_OR_RETURN(streaming.early, node.Produce(std::move(lease), InfoOf(v, p, 0)));
+    return Status::OK();
+  }
+
+  // On the store's thread: the sealed host snapshot committed on the node: the segment it streamed
+  // into (sealed, if announced early), else one copy of the snapshot into a new segment.
   Status Commit(const gpu::GpuVersion& v, std::span<const std::byte> snapshot) {
     Pending p;
     {
@@ -90,20 +157,21 @@ struct GpuPublisher::Shared {
         pending.erase(it);
       }
     }
-    const PublishInfo& info = p.info;
     Node& node = publisher->node();
+    proto::VersionInfo vi = InfoOf(v, p, v.checksum);
+    Streaming done = std::exchange(streaming, {});
+    if (done.version == v.version && done.failed.ok() && done.copied == snapshot.size()) {
+      std::memcpy(done.data().data(), snapshot.data(), v.data_offset);  // the final header
+      if (done.early) {
+        VIPER_RETURN_IF_ERROR(done.early->Seal(vi));
+        return done.early->Commit().status();
+      }
+      return node.Commit(std::move(done.lease), std::move(vi)).status();
+    }
+    done = {};  // aborts an early version that did not land whole
     VIPER_ASSIGN_OR_RETURN(WriteLease lease, node.Allocate(snapshot.size()));
     std::memcpy(lease.data().data(), snapshot.data(), snapshot.size());
-    proto::VersionInfo vi;
-    vi.model = publisher->options().model;
-    vi.version = v.version;
-    vi.size = snapshot.size();
-    vi.checksum = v.checksum;
-    vi.step = info.step;
-    vi.publish_ns = p.publish_ns;
-    if (info.loss) vi.metadata[std::string(kMetaLoss)] = std::to_string(*info.loss);
-    VIPER_RETURN_IF_ERROR(node.Commit(std::move(lease), std::move(vi)).status());
-    return Status::OK();
+    return node.Commit(std::move(lease), std::move(vi)).status();
   }
 };
 
@@ -129,6 +197,9 @@ Result<std::unique_ptr<GpuPublisher>> GpuPublisher::Start(Publisher* publisher, 
           else if (s->failed.ok()) s->failed = st.WithContext("GPU version " + std::to_string(v.version) + " to the host tier");
         }
         s->cv.notify_all();
+      },
+      [weak](const gpu::GpuVersion& v, std::span<const std::byte> snapshot, uint64_t landed) {
+        if (auto s = weak.lock()) s->Progress(v, snapshot, landed);
       }));
   gp->replicas_ = std::make_shared<Replicas>(gp->store_.get(), options.device);
   publisher->node().SetDeviceReplicas(publisher->options().model, gp->replicas_);
@@ -141,6 +212,7 @@ GpuPublisher::~GpuPublisher() {
     replicas_->Detach();
   }
   store_.reset();  // the store's thread finishes its queue first
+  shared_->streaming = {};  // an early version left unsealed is aborted while its node lives
 }
 
 Result<VersionStamp> GpuPublisher::Reserve(const PublishInfo& info, const char* what) {

@@ -230,9 +230,14 @@ std::shared_ptr<Subscriber::Impl::DeviceStaging> Subscriber::Impl::StageOnDevice
                                                                                  Client& client) {
   bool listed = std::any_of(announced.replicas.begin(), announced.replicas.end(),
                             [](const proto::Replica& r) { return r.kind == proto::ReplicaKind::kDevice; });
-  if (listed && client.same_host()) return nullptr;  // PlaceOnDevice opens the producer's GPU copy instead
-  return std::make_shared<DeviceStaging>(
-      gpu, listed ? "the producer's GPU is on another host" : "the node lists no GPU copy of it (a CPU producer, or a newer version is live on its GPU)");
+  // On the producer's host PlaceOnDevice opens its GPU copy instead, unless the network path is
+  // forced (SubscriberOptions::path kRemote: as from another host).
+  const bool forced = options.path == FetchPath::kRemote;
+  if (listed && client.same_host() && !forced) return nullptr;
+  std::string why = !listed          ? "the node lists no GPU copy of it (a CPU producer, or a newer version is live on its GPU)"
+                    : client.same_host() ? "path remote: the network path, as from another host"
+                                         : "the producer's GPU is on another host";
+  return std::make_shared<DeviceStaging>(gpu, std::move(why));
 }
 
 void Subscriber::Impl::StageReceived(DeviceStaging& staging, std::span<const std::byte> received, uint64_t landed) {

@@ -971,6 +971,55 @@ TEST(Gpu, ARemoteGpuSubscriberStagesTheChunksOnItsGpuAsTheyArrive) {
   EXPECT_EQ(first.rfind("OK " + std::to_string(versions[0]) + " 0 ", 0), 0u) << first;
 }
 
+// The whole staged path of a GPU version to readers on the network (item 4), on one machine: the
+// subscribers take the network path (path remote), as from another host. The store copies the
+// version device-to-host in chunks; GpuPublisher copies each landed chunk into the host segment,
+// announced early (Node::Produce) because remote readers asked for INCOMING, so their transfers run
+// while the pinned copy lands; the GPU subscriber copies each received piece host-to-device while
+// its transfer runs. Every version must reach both bit-exact and verified.
+TEST(Gpu, AGpuVersionStreamsToNetworkReadersAsItsHostCopyLands) {
+  PublisherOptions po;
+  po.model = "gpu-staged";
+  po.node.segment_prefix = "viper-gpu-staged-net";
+  auto pub = Publisher::Start(po);
+  ASSERT_TRUE(pub.ok()) << pub.status().ToString();
+  auto gp = GpuPublisher::Start(pub->get(), {});
+  ASSERT_TRUE(gp.ok()) << gp.status().ToString();
+  SubscriberProcess gpu_sub((*pub)->address(), "gpu-staged", false, false, "remote");
+  ASSERT_EQ(gpu_sub.Line(), "READY");
+  SubscriberOptions so;
+  so.connect = (*pub)->address();
+  so.model = "gpu-staged";
+  so.path = FetchPath::kRemote;
+  auto host_sub = Subscriber::Start(so);
+  ASSERT_TRUE(host_sub.ok()) << host_sub.status().ToString();
+  auto s = Stream::Create(0);
+  ASSERT_TRUE(s.ok());
+  for (uint64_t seed = 1000; seed < 1003; ++seed) {
+    std::vector<DevTensor> keep;
+    keep.push_back(Upload(RandomBytes((48 << 20) + 4321, seed), *s));  // six 8 MiB host chunks and a ragged end
+    keep.push_back(Upload(RandomBytes(999, seed + 100), *s));
+    auto version = (*gp)->PublishDevice(Specs({&keep[0], &keep[1]}), *s, PublishInfo{.step = seed});
+    ASSERT_TRUE(version.ok()) << version.status().ToString();
+    ASSERT_TRUE((*gp)->WaitHost(*version, 20s).ok());
+    auto mv = (*host_sub)->WaitFor(*version, 20s);
+    ASSERT_TRUE(mv.ok()) << mv.status().ToString() << " (last error: " << (*host_sub)->last_error().ToString() << ")";
+    ASSERT_EQ((*mv)->snapshot.tensors().size(), 2u);
+    for (size_t t = 0; t < 2; ++t) {
+      const TensorInfo& info = (*mv)->snapshot.tensors()[t];
+      auto got = (*mv)->snapshot.data_region().subspan(info.begin, info.nbytes());
+      ASSERT_TRUE(std::equal(got.begin(), got.end(), keep[t].host.begin(), keep[t].host.end())) << "tensor " << t;
+    }
+    EXPECT_EQ((*mv)->info.checksum, (*pub)->node().Latest("gpu-staged")->checksum);
+    std::printf("GPU-STAGED host reader, version %llu: %s\n", static_cast<unsigned long long>(*version), (*mv)->reason.c_str());
+    std::string line = gpu_sub.Command("W " + std::to_string(*version));
+    EXPECT_EQ(line.rfind("OK " + std::to_string(*version) + " 0 ", 0), 0u) << line;
+    EXPECT_NE(line.find("host-to-device as its chunks arrived (path remote"), std::string::npos) << line;
+    EXPECT_EQ(gpu_sub.Command("D " + std::to_string(*version)), "DROPPED " + std::to_string(*version));
+  }
+  EXPECT_EQ((*pub)->node().stats().produced_early, 3u) << "each version announced to the network readers as it landed";
+}
+
 #endif  // VIPER_GPU_TEST_API
 
 }  // namespace

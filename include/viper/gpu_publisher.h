@@ -3,11 +3,13 @@
 // PublishDevice(tensors in device memory, the producer's stream, info) reserves the version number
 // on the publisher's node, queues the device copy into a DeviceVersionStore (include/viper/
 // gpu_store.h: device-to-device, ordered after the producer's stream by an event, the version live
-// on the GPU when its copy completes) and returns without waiting for the device. When the store
-// has sealed the version's pinned host copy (same layout, same bytes, checksum and header with this
-// model, version, step, time and loss), the store's thread copies it into a host-tier segment and
-// commits it on the node: subscribers without a GPU, on this host or another, receive the same
-// version through the host path, under the same number and checksum.
+// on the GPU when its copy completes) and returns without waiting for the device. The store's
+// thread copies the version's pinned host copy (same layout, same bytes) into a host-tier segment
+// chunk by chunk as it lands from the device, and commits it on the node once sealed (checksum and
+// header with this model, version, step, time and loss): subscribers without a GPU, on this host or
+// another, receive the same version through the host path, under the same number and checksum.
+// Subscribers on the network that take versions still arriving (kSubscribeIncoming) are told at
+// the first chunk (Node::Produce) and receive it as it lands (with PublisherOptions::cut_through).
 //
 // The node lists the live device version in its NOTIFY (a kDevice replica) and leases it to
 // consumers on this host (FETCH kDevice: the CUDA IPC handle under the node's lease rules), so a

@@ -212,8 +212,8 @@ class Node {
   // decision says) instead of the full bytes as they land.
   Result<std::unique_ptr<IncomingVersion>> Receive(proto::VersionInfo info, bool by_delta = false);
   // A version this process writes into `lease` itself, announced before it is complete: the
-  // producer's cut-through (the embedded Publisher's copy; a GPU staged source's device -> pinned
-  // chunk copies would advance the same watermark). Subscribers that asked (kSubscribeIncoming:
+  // producer's cut-through (the embedded Publisher's copy; GpuPublisher's device -> pinned chunk
+  // copies advance the same watermark). Subscribers that asked (kSubscribeIncoming:
   // consumers and relays on other hosts) get INCOMING at once with checksum 0; a FETCH (SEND) of it
   // is answered FETCH_OK kFullSealedLater and served chunk by chunk as IncomingVersion::Landed
   // passes them; IncomingVersion::Seal then sends the checksum and the final header (SEALED), and

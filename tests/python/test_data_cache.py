@@ -8,17 +8,16 @@ Run: PYTHONPATH=<build>/python /usr/bin/python3 -m pytest tests/python/test_data
 """
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
-import time
 
 import numpy as np
 import pytest
 
 import viper
 import viper.data as vd
+from helpers import free_ports, id_sample_tree
 
 N, WIDTH = 240, 256  # samples of WIDTH float32 values, all equal to the sample's id
 
@@ -58,24 +57,9 @@ RANK = textwrap.dedent(r"""
 """)
 
 
-def free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tree")
-    for c in range(4):
-        (root / f"class{c}").mkdir()
-    for i in range(N):
-        np.full(WIDTH, i, dtype=np.float32).tofile(root / f"class{i % 4}" / f"{i:05d}.bin")
-    return root
+    return id_sample_tree(tmp_path_factory.mktemp("tree"), N, WIDTH)
 
 
 def run_ranks(tree, workdir, world, epochs):

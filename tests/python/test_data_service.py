@@ -11,7 +11,6 @@ import glob
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -22,6 +21,7 @@ import pytest
 
 import viper
 import viper.data as vd
+from helpers import free_port, id_sample_tree
 
 N, WIDTH = 192, 8192  # samples of WIDTH float32 values (32 KiB), all equal to the sample's id
 DATA_BYTES = N * WIDTH * 4
@@ -54,22 +54,9 @@ JOB = textwrap.dedent(r"""
 """)
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tree")
-    for c in range(4):
-        (root / f"class{c}").mkdir()
-    for i in range(N):
-        np.full(WIDTH, i, dtype=np.float32).tofile(root / f"class{i % 4}" / f"{i:05d}.bin")
-    return root
+    return id_sample_tree(tmp_path_factory.mktemp("tree"), N, WIDTH)
 
 
 class Service:

@@ -18,17 +18,12 @@ import threading
 import time
 
 import pytest
+from helpers import free_port
 
 REDIS = "/usr/bin/redis-server"
 BIN = os.path.join(os.environ.get("VIPER_BINARY_DIR", os.path.join(os.path.dirname(__file__), "../../build")),
                    "bin", "viper")
 TOKEN = "fleet-token-0123456789abcdef0123456789abcdef"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def secret_file(directory, name, text, mode=0o600):

@@ -11,14 +11,9 @@ import numpy as np
 import pytest
 
 import viper
+from helpers import free_port
 
 REDIS = "/usr/bin/redis-server"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def redis_answers(port):

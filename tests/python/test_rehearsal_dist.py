@@ -11,7 +11,6 @@ import glob
 import json
 import os
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -23,6 +22,7 @@ import pytest
 import viper
 import viper.data as vd
 from viper import _rehearsal_dist as rd
+from helpers import free_ports
 
 # Chi-square critical values at p = 0.001 (a correct implementation fails one run in a thousand;
 # the seeds are fixed, so a run either passes or fails every time).
@@ -89,16 +89,6 @@ RANK = textwrap.dedent(r"""
     buf.close()
     cache.close()  # the node stops and removes its segments
 """)
-
-
-def free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def run_ranks(workdir, streams, policy, capacity, steps_after, die=(-1, -1)):

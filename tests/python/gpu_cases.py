@@ -81,41 +81,10 @@ def test_begin_cuda_aborts_on_an_exception_and_publishes_nothing(pub):
     assert pub.announced_version == 1
 
 
-def test_begin_cuda_reaches_a_gpu_subscriber_in_another_process(pub):
-    _needs_cuda()
-    # The child subscribes with device=0, loads version 1 into a CUDA module from the GPU copy and
-    # prints a digest of its bytes.
-    code = (
-        "import hashlib, sys, torch, viper\n"
-        "sub = viper.Subscriber('m', connect=sys.argv[1], device=0)\n"
-        "print('READY', flush=True)\n"
-        "v = sub.wait_for(1, timeout=60)\n"
-        "m = torch.nn.Linear(256, 128).cuda()\n"
-        "sub.load_into(m)\n"
-        "h = hashlib.sha256(m.weight.detach().cpu().numpy().tobytes() + m.bias.detach().cpu().numpy().tobytes())\n"
-        "print('DIGEST', h.hexdigest(), v.device['how'], flush=True)\n"
-        "sub.close()\n")
-    child = subprocess.Popen([sys.executable, "-c", code, pub.address], stdout=subprocess.PIPE, text=True)
-    try:
-        assert child.stdout.readline().strip() == "READY"
-        producer = torch.nn.Linear(256, 128).cuda()
-        with pub.begin_cuda(producer.state_dict()) as draft:
-            for name, t in producer.state_dict().items():
-                draft[name].copy_(t)
-        import hashlib
-        want = hashlib.sha256(producer.weight.detach().cpu().numpy().tobytes()
-                              + producer.bias.detach().cpu().numpy().tobytes()).hexdigest()
-        line = child.stdout.readline().strip()
-        assert line.startswith(f"DIGEST {want} "), line
-        print(line)
-    finally:
-        child.wait(timeout=60)
-
-
 def _gpu_child(address, *subscriber_args):
-    """A consumer process: Subscriber(device=0, **kwargs) loads version 1 into a CUDA
-    Linear(256, 128) with load_into and prints a digest of its bytes and how the version reached
-    its GPU."""
+    """A consumer process: Subscriber('m', device=0, <subscriber_args: more keyword arguments, as
+    Python source>) loads version 1 into a CUDA Linear(256, 128) with load_into and prints a digest
+    of its bytes and how the version reached its GPU. Returns it once subscribed."""
     code = (
         "import hashlib, sys, torch, viper\n"
         "sub = viper.Subscriber('m', connect=sys.argv[1], device=0" + "".join(", " + a for a in subscriber_args) + ")\n"
@@ -135,6 +104,23 @@ def _digest(module):
     import hashlib
     return hashlib.sha256(module.weight.detach().cpu().numpy().tobytes()
                           + module.bias.detach().cpu().numpy().tobytes()).hexdigest()
+
+
+def test_begin_cuda_reaches_a_gpu_subscriber_in_another_process(pub):
+    _needs_cuda()
+    # The child subscribes with device=0, loads version 1 into a CUDA module from the GPU copy and
+    # prints a digest of its bytes.
+    child = _gpu_child(pub.address)
+    try:
+        producer = torch.nn.Linear(256, 128).cuda()
+        with pub.begin_cuda(producer.state_dict()) as draft:
+            for name, t in producer.state_dict().items():
+                draft[name].copy_(t)
+        line = child.stdout.readline().strip()
+        assert line.startswith(f"DIGEST {_digest(producer)} "), line
+        print(line)
+    finally:
+        child.wait(timeout=60)
 
 
 def test_publish_of_cuda_tensors_reaches_gpu_and_host_consumers_bit_exact(pub):

@@ -378,7 +378,7 @@ Result<Row> MeasureSize(const GpuConfig& c, uint64_t bytes) {
       SubscriberProcess sub;
       VIPER_RETURN_IF_ERROR(sub.Start(bin, pub->address(), po.model, false, {"--path", "remote"}));
       std::vector<double> lat;
-      for (int r = 0; r < std::max(2, c.reps / 2) + 1; ++r) {  // each rep moves the model through host memory
+      for (int r = 0; r < std::max(3, c.reps / 2) + 1; ++r) {  // each rep moves the model through host memory
         VIPER_ASSIGN_OR_RETURN(uint64_t v, gp->PublishDevice(tensors, train));
         std::string reply = sub.Command("W " + std::to_string(v));
         long long got = 0, ip = 0, nbytes = 0, us = 0;

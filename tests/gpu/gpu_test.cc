@@ -993,6 +993,8 @@ TEST(Gpu, AGpuVersionStreamsToNetworkReadersAsItsHostCopyLands) {
   so.path = FetchPath::kRemote;
   auto host_sub = Subscriber::Start(so);
   ASSERT_TRUE(host_sub.ok()) << host_sub.status().ToString();
+  for (int i = 0; i < 3000 && !(*pub)->node().HasEarlyReaders("gpu-staged"); ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_TRUE((*pub)->node().HasEarlyReaders("gpu-staged")) << "no subscriber asked for versions still arriving";
   auto s = Stream::Create(0);
   ASSERT_TRUE(s.ok());
   for (uint64_t seed = 1000; seed < 1003; ++seed) {

@@ -283,15 +283,12 @@ __all__ = ["Error", "InvalidArgumentError", "ModelVersion", "Node", "NotFoundErr
            "plan_schedules", "set_log_level", "to_state_dict", "__version__"]
 
 
-class _Handle:
-    """close() once (later calls do nothing) and the context-manager protocol."""
-
-    _impl: Any = None
+class _Closable:
+    """The context-manager protocol and a close() on garbage collection, for a class whose close()
+    may be called more than once (later calls do nothing)."""
 
     def close(self) -> None:
-        impl, self._impl = self._impl, None
-        if impl is not None:
-            impl.close()
+        raise NotImplementedError
 
     def __enter__(self):
         return self
@@ -304,6 +301,17 @@ class _Handle:
             self.close()
         except Exception:  # noqa: BLE001 (interpreter shutdown)
             pass
+
+
+class _Handle(_Closable):
+    """A wrapper of one extension object: close() closes it once."""
+
+    _impl: Any = None
+
+    def close(self) -> None:
+        impl, self._impl = self._impl, None
+        if impl is not None:
+            impl.close()
 
     def _live(self):
         if self._impl is None:

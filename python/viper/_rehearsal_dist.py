@@ -39,7 +39,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from . import _viper
+from . import _Closable, _viper
 from . import _checks as _check
 
 _MAGIC = b"VRPK"
@@ -166,7 +166,7 @@ def plan_draws(k: int, packs: Mapping[int, dict], policy: str, capacity: int,
     return {key: int(n) for key, n in zip(keys, counts) if n > 0}
 
 
-class DistributedRehearsalBuffer:
+class DistributedRehearsalBuffer(_Closable):
     """A rehearsal buffer of `capacity` samples spread over the shards of data-parallel ranks,
     one shard per cache node, talking over the ranks' collaborative sample cache.
 
@@ -452,18 +452,6 @@ Other keyword options go to the shard (viper.data.RehearsalBuffer)."""
         self._inflight.clear()
         self._cache = None  # the node stops once its SampleCache is closed and dropped too
         self.local.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 (interpreter shutdown)
-            pass
 
 
 def _torch():

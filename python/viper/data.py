@@ -59,7 +59,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import _Handle, _viper
+from . import _Closable, _Handle, _viper
 from . import _checks as _check
 
 
@@ -512,7 +512,7 @@ class PrefetchDataset(_IterableBase):
         self._feed.close()
 
 
-class DataLoader:
+class DataLoader(_Closable):
     """A drop-in for the reading part of torch.utils.data.DataLoader: iterating yields one epoch
     of batches, read ahead by the auto-tuned C++ prefetcher instead of worker processes.
 
@@ -688,18 +688,6 @@ class DataLoader:
             feed.close()
         if self.cache is not None:
             self.cache.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 (interpreter shutdown)
-            pass
 
 
 def _numpy_dtype(dtype) -> np.dtype:

@@ -120,9 +120,9 @@ class PeerProcess {
 // per command ("W <version>" -> "OK <version> <in_place> <bytes> <publish_to_live_us> ...").
 class SubscriberProcess {
  public:
-  // extra: more viper_gpu_subscriber arguments; the default subscriber asks for gpu_early.
+  // extra: more viper_gpu_subscriber arguments (--early, --path remote).
   Status Start(const std::string& bin, const std::string& connect, const std::string& model, bool in_place,
-               std::vector<std::string> extra = {"--early"}) {
+               std::vector<std::string> extra) {
     int in[2], out[2];
     if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0) return Status::FromErrno("pipe2");
     posix_spawn_file_actions_t fa;
@@ -186,6 +186,47 @@ struct Row {
   std::string staged_how, staged_error;
   std::string live_error;  // why publish -> live in another process was not measured
 };
+
+// Publish -> live in a viper_gpu_subscriber process (a Subscriber with gpu_device, beside
+// viper_gpu_peer; `args` its options), as it stamps it (CLOCK_REALTIME, the producer's publish time
+// from the announcement), through a GpuPublisher of its own with `max_buffers`: the median of
+// `timed` publishes after one warm-up, in ms, and how the last one reached the subscriber's GPU (the
+// rest of its OK line), which must start with `want_how`. The host path runs to completion between
+// publishes, so each starts quiet.
+Result<std::pair<double, std::string>> LiveInSubscriberProcess(const GpuConfig& c, const std::vector<DeviceTensor>& tensors,
+                                                               const Stream& train, const std::string& model,
+                                                               size_t max_buffers, std::vector<std::string> args,
+                                                               bool in_place, int timed, std::string_view want_how) {
+  std::string bin = (std::filesystem::path(c.peer_bin).parent_path() / "viper_gpu_subscriber").string();
+  if (::access(bin.c_str(), X_OK) != 0) return Status::NotFound(bin + " not found (it is built with the tests)");
+  PublisherOptions po;
+  po.model = model;
+  po.node.segment_prefix = "viper-" + model;
+  VIPER_ASSIGN_OR_RETURN(auto pub, Publisher::Start(po));
+  DeviceVersionStore::Options go;
+  go.device = c.device;
+  go.max_buffers = max_buffers;
+  VIPER_ASSIGN_OR_RETURN(auto gp, GpuPublisher::Start(pub.get(), go));
+  SubscriberProcess sub;
+  VIPER_RETURN_IF_ERROR(sub.Start(bin, pub->address(), po.model, in_place, std::move(args)));
+  std::vector<double> lat;
+  std::string how;
+  for (int r = 0; r < timed + 1; ++r) {
+    VIPER_ASSIGN_OR_RETURN(uint64_t v, gp->PublishDevice(tensors, train));
+    std::string reply = sub.Command("W " + std::to_string(v));
+    long long got = 0, ip = 0, nbytes = 0, us = 0;
+    int how_at = 0;
+    if (std::sscanf(reply.c_str(), "OK %lld %lld %lld %lld %n", &got, &ip, &nbytes, &us, &how_at) != 4 ||
+        got != static_cast<long long>(v) || how_at == 0)
+      return Status::Internal("GPU subscriber: " + reply);
+    how = reply.substr(static_cast<size_t>(how_at));
+    if (!how.starts_with(want_how)) return Status::Internal("not delivered as \"" + std::string(want_how) + "\": " + reply);
+    if (r > 0) lat.push_back(us / 1000.0);
+    (void)sub.Command("D " + std::to_string(v));
+    VIPER_RETURN_IF_ERROR(gp->WaitHost(v, std::chrono::seconds(60)));
+  }
+  return std::make_pair(Median(lat), how);
+}
 
 Result<Row> MeasureSize(const GpuConfig& c, uint64_t bytes) {
   const int dev = c.device;
@@ -324,77 +365,26 @@ Result<Row> MeasureSize(const GpuConfig& c, uint64_t bytes) {
   }
 
   // 3c. Through the node, announced device-only when the device copy completes: a Subscriber
-  // with gpu_early in another process (viper_gpu_subscriber, beside viper_gpu_peer), publish ->
-  // live as it stamps it (CLOCK_REALTIME, the producer's publish time from the announcement).
-  {
-    Status st = [&]() -> Status {
-      std::string bin = (std::filesystem::path(c.peer_bin).parent_path() / "viper_gpu_subscriber").string();
-      if (::access(bin.c_str(), X_OK) != 0) return Status::NotFound(bin + " not found (it is built with the tests)");
-      PublisherOptions po;
-      po.model = "gpu-bench-early";
-      po.node.segment_prefix = "viper-gpu-bench-early";
-      VIPER_ASSIGN_OR_RETURN(auto pub, Publisher::Start(po));
-      DeviceVersionStore::Options go;
-      go.device = dev;
-      VIPER_ASSIGN_OR_RETURN(auto gp, GpuPublisher::Start(pub.get(), go));
-      for (bool in_place : {false, true}) {
-        SubscriberProcess sub;
-        VIPER_RETURN_IF_ERROR(sub.Start(bin, pub->address(), po.model, in_place));
-        std::vector<double> lat;
-        for (int r = 0; r < c.reps + 1; ++r) {
-          VIPER_ASSIGN_OR_RETURN(uint64_t v, gp->PublishDevice(tensors, train));
-          std::string reply = sub.Command("W " + std::to_string(v));
-          long long got = 0, ip = 0, nbytes = 0, us = 0;
-          char how[32] = {0};
-          if (std::sscanf(reply.c_str(), "OK %lld %lld %lld %lld %31s", &got, &ip, &nbytes, &us, how) != 5 ||
-              got != static_cast<long long>(v))
-            return Status::Internal("GPU subscriber: " + reply);
-          if (std::string(how) != "device-only") return Status::Internal("not delivered device-only: " + reply);
-          if (r > 0) lat.push_back(us / 1000.0);
-          (void)sub.Command("D " + std::to_string(v));
-          VIPER_RETURN_IF_ERROR(gp->WaitHost(v, std::chrono::seconds(60)));  // the next rep starts quiet
-        }
-        (in_place ? row.node_early_in_place_ms : row.node_early_ms) = Median(lat);
-      }
-      return Status::OK();
-    }();
-    if (!st.ok()) row.node_early_error = st.ToString();
+  // with gpu_early in another process, copying the version or reading it in place.
+  for (bool in_place : {false, true}) {
+    auto ms = LiveInSubscriberProcess(c, tensors, train, "gpu-bench-early", 3, {"--early"}, in_place, c.reps, "device-only");
+    if (!ms.ok()) {
+      row.node_early_error = ms.status().ToString();
+      break;
+    }
+    (in_place ? row.node_early_in_place_ms : row.node_early_ms) = ms->first;
   }
 
-  // 3d. The staged path, as to another host: viper_gpu_subscriber on the network path (path
-  // remote), publish -> live on its GPU (its own stamp), against GPU -> pinned host -> GPU.
-  {
-    Status st = [&]() -> Status {
-      std::string bin = (std::filesystem::path(c.peer_bin).parent_path() / "viper_gpu_subscriber").string();
-      if (::access(bin.c_str(), X_OK) != 0) return Status::NotFound(bin + " not found (it is built with the tests)");
-      PublisherOptions po;
-      po.model = "gpu-bench-staged";
-      po.node.segment_prefix = "viper-gpu-bench-staged";
-      VIPER_ASSIGN_OR_RETURN(auto pub, Publisher::Start(po));
-      DeviceVersionStore::Options go;
-      go.device = dev;
-      go.max_buffers = 2;  // with the subscriber's two device buffers: 4 model sizes of GPU memory here
-      VIPER_ASSIGN_OR_RETURN(auto gp, GpuPublisher::Start(pub.get(), go));
-      SubscriberProcess sub;
-      VIPER_RETURN_IF_ERROR(sub.Start(bin, pub->address(), po.model, false, {"--path", "remote"}));
-      std::vector<double> lat;
-      for (int r = 0; r < std::max(3, c.reps / 2) + 1; ++r) {  // each rep moves the model through host memory
-        VIPER_ASSIGN_OR_RETURN(uint64_t v, gp->PublishDevice(tensors, train));
-        std::string reply = sub.Command("W " + std::to_string(v));
-        long long got = 0, ip = 0, nbytes = 0, us = 0;
-        int how_at = 0;
-        if (std::sscanf(reply.c_str(), "OK %lld %lld %lld %lld %n", &got, &ip, &nbytes, &us, &how_at) != 4 ||
-            got != static_cast<long long>(v) || how_at == 0)
-          return Status::Internal("GPU subscriber on the network path: " + reply);
-        row.staged_how = reply.substr(static_cast<size_t>(how_at));
-        if (r > 0) lat.push_back(us / 1000.0);
-        (void)sub.Command("D " + std::to_string(v));
-        VIPER_RETURN_IF_ERROR(gp->WaitHost(v, std::chrono::seconds(60)));  // the next rep starts quiet
-      }
-      row.staged_ms = Median(lat);
-      return Status::OK();
-    }();
-    if (!st.ok()) row.staged_error = st.ToString();
+  // 3d. The staged path, as to another host: the subscriber on the network path (path remote),
+  // against GPU -> pinned host -> GPU. Two producer buffers: with the subscriber's two, 4 model
+  // sizes of GPU memory; at least 3 timed reps, each moving the model through host memory.
+  if (auto ms = LiveInSubscriberProcess(c, tensors, train, "gpu-bench-staged", 2, {"--path", "remote"}, false,
+                                        std::max(3, c.reps / 2), "host-to-device as its chunks arrived");
+      ms.ok()) {
+    row.staged_ms = ms->first;
+    row.staged_how = ms->second;
+  } else {
+    row.staged_error = ms.status().ToString();
   }
 
   // 4. The training stall: a bandwidth-bound step (4 device copies of a quarter of the model's

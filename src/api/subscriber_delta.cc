@@ -25,8 +25,14 @@ std::optional<Subscriber::Impl::DeltaAttempt> Subscriber::Impl::LoadRemoteDelta(
   bool as_delta = false;  // set by the client from FETCH_OK before it asks for the buffer
   auto provide = [&](const proto::VersionInfo& actual) { return ReceiveBuffer(actual, &buffer, &landed, as_delta); };
   TransferPrefix prefix;
+  // The version's bytes (received, or decoded from the delta) go to this consumer's GPU as their
+  // prefix grows, as in LoadRemote.
+  std::shared_ptr<DeviceStaging> staging = gpu ? StageOnDevice(info, client) : nullptr;
   auto fetched = client.FetchSendWithBase(info.model, info.version, offered, provide,
-                                          [&](uint64_t done, uint64_t total) { if (landed) landed(done, total); },
+                                          [&](uint64_t done, uint64_t total) {
+                                            if (landed) landed(done, total);
+                                            if (staging) StageReceived(*staging, buffer.data, done, total);
+                                          },
                                           &prefix, &as_delta);
   if (!fetched.ok()) {
     // A full answer that broke after some chunks landed is finished by the next holder (resume).
@@ -68,6 +74,7 @@ std::optional<Subscriber::Impl::DeltaAttempt> Subscriber::Impl::LoadRemoteDelta(
   if (delta)
     log(LogLevel::kDebug, kLog, "{} version {}: delta of {} bytes against {}", info.model, info.version,
         fetched->wire_bytes, mv->delta_base);
+  if (staging) FinishStaging(*staging, *mv);
   return DeltaAttempt{std::move(mv), false};
 }
 

@@ -14,6 +14,10 @@ namespace viper {
 
 namespace {
 constexpr std::string_view kLog = "subscriber";
+// Why a version is placed from host bytes when its announcement lists no kDevice replica.
+constexpr std::string_view kNoGpuCopyListed =
+    "the node lists no GPU copy of it (a CPU producer, a version announced while still written, or a newer version "
+    "live on its GPU)";
 }  // namespace
 
 struct Subscriber::Impl::GpuState {
@@ -61,7 +65,7 @@ Status Subscriber::Impl::StartGpu() {
 }
 
 Status Subscriber::Impl::PlaceOnDevice(ModelVersion& mv, const proto::VersionInfo& announced) {
-  std::string why_host = "the node lists no GPU copy of it (a CPU producer, or a newer version is live on its GPU)";
+  std::string why_host = std::string(kNoGpuCopyListed);
   bool listed = std::any_of(announced.replicas.begin(), announced.replicas.end(),
                             [](const proto::Replica& r) { return r.kind == proto::ReplicaKind::kDevice; });
   if (listed) {
@@ -175,8 +179,10 @@ class Subscriber::Impl::DeviceStaging {
     if (copied_ > data_begin_) (void)gpu_->stream.Synchronize();
   }
 
-  void Received(std::span<const std::byte> received, uint64_t landed) {
-    if (!failure_.ok() || landed > received.size()) return;
+  // received: the transfer's buffer; bytes [0, landed) of the version's `total` have landed in it.
+  void Received(std::span<const std::byte> received, uint64_t landed, uint64_t total) {
+    if (!failure_.ok() || total > received.size() || landed > total) return;
+    received = received.first(total);
     if (buffer_ == nullptr) {
       if (landed < 8) return;
       uint64_t n = 0;
@@ -234,14 +240,15 @@ std::shared_ptr<Subscriber::Impl::DeviceStaging> Subscriber::Impl::StageOnDevice
   // forced (SubscriberOptions::path kRemote: as from another host).
   const bool forced = options.path == FetchPath::kRemote;
   if (listed && client.same_host() && !forced) return nullptr;
-  std::string why = !listed          ? "the node lists no GPU copy of it (a CPU producer, or a newer version is live on its GPU)"
+  std::string why = !listed          ? std::string(kNoGpuCopyListed)
                     : client.same_host() ? "path remote: the network path, as from another host"
                                          : "the producer's GPU is on another host";
   return std::make_shared<DeviceStaging>(gpu, std::move(why));
 }
 
-void Subscriber::Impl::StageReceived(DeviceStaging& staging, std::span<const std::byte> received, uint64_t landed) {
-  staging.Received(received, landed);
+void Subscriber::Impl::StageReceived(DeviceStaging& staging, std::span<const std::byte> received, uint64_t landed,
+                                     uint64_t total) {
+  staging.Received(received, landed, total);
 }
 
 void Subscriber::Impl::FinishStaging(DeviceStaging& staging, ModelVersion& mv) {

@@ -130,7 +130,8 @@ struct Subscriber::Impl : std::enable_shared_from_this<Subscriber::Impl> {
   // this host that PlaceOnDevice opens instead).
   class DeviceStaging;
   std::shared_ptr<DeviceStaging> StageOnDevice(const proto::VersionInfo& announced, Client& client);
-  static void StageReceived(DeviceStaging& staging, std::span<const std::byte> received, uint64_t landed);
+  // The transfer's progress: bytes [0, landed) of the version's `total` are in `received`.
+  static void StageReceived(DeviceStaging& staging, std::span<const std::byte> received, uint64_t landed, uint64_t total);
   // After the transfer's bytes verified into mv: mv.device from the staged copy, if every byte of
   // mv's data region was staged (else it logs why and PlaceOnDevice copies the region whole).
   void FinishStaging(DeviceStaging& staging, ModelVersion& mv);

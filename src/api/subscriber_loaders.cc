@@ -248,7 +248,7 @@ Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::LoadRemote(const proto::
       info.model, info.version, provide,
       [&](uint64_t done, uint64_t total) {
         if (landed) landed(done, total);
-        if (staging) StageReceived(*staging, buffer.data, done);
+        if (staging) StageReceived(*staging, buffer.data, done, total);
       },
       options.verify_checksum ? &received_checksum : nullptr, &prefix);
   if (!ok.ok()) {

@@ -62,7 +62,7 @@ configure() {  # configure BUILD_DIR CMAKE_ARGS...
 }
 
 # The concurrent suites get the sanitizer that finds their bugs; the others run under ASan only.
-TSAN_TESTS=(host_tier_test viper_net_engine_test viper_net_failure_test viper_net_shutdown_test node_test subscriber_verify_test subscriber_callback_test publisher_policy_test schedule_scheduler_test copy_hash_test buffer_pool_test publisher_spare_test prefetch_test sample_cache_test rehearsal_test fanout_test cut_through_test delta_node_test subscriber_spare_test registry_conformance_test redis_fleet_test redis_kill_test churn_test)
+TSAN_TESTS=(host_tier_test viper_net_engine_test viper_net_failure_test viper_net_shutdown_test node_test subscriber_verify_test subscriber_callback_test publisher_policy_test schedule_scheduler_test copy_hash_test buffer_pool_test publisher_spare_test prefetch_test sample_cache_test rehearsal_test fanout_test cut_through_test delta_node_test subscriber_spare_test registry_conformance_test redis_fleet_test redis_kill_test churn_test gpu_logic_on_emulator_test)
 
 run_release() {
   begin "release build and full suite"
@@ -91,8 +91,9 @@ run_asan() {
 run_tsan() {
   begin "ThreadSanitizer build and concurrent suites"
   configure build-tsan -DVIPER_TSAN=ON -DVIPER_WITH_UCX=ON -DVIPER_WITH_PYTHON=OFF -DVIPER_BUILD_BENCH=OFF
-  cmake --build "$root/build-tsan" -j"$jobs" --target "${TSAN_TESTS[@]}" viper viper_test_peer viper_delta_peer \
-    viper_fault_peer
+  # Targets are named as their tests, but for the GPU logic on the CUDA emulator (gpu_test's cases).
+  cmake --build "$root/build-tsan" -j"$jobs" --target "${TSAN_TESTS[@]/gpu_logic_on_emulator_test/gpu_test}" viper \
+    viper_test_peer viper_delta_peer viper_fault_peer viper_cuda_emulator viper_gpu_subscriber viper_gpu_peer
   local regex
   regex="^($(IFS='|'; echo "${TSAN_TESTS[*]}"))\$"
   # One case is left to the release and ASan stages: it checks how a run bounded by wall-clock time

@@ -124,15 +124,28 @@ Result<std::unique_ptr<Node>> Node::Start(const NodeOptions& options) {
   engine_options.token = options.token;  // proven by challenge-response in the bootstrap handshake
   net::EngineHandlers handlers;
   Impl* raw = impl.get();  // the engine is destroyed before the Impl
-  handlers.on_message = [raw](net::PeerId peer, std::span<const std::byte> bytes) { raw->OnMessage(peer, bytes); };
-  handlers.on_peer_accepted = [raw](net::PeerId peer, const std::string& addr) { raw->OnPeerAccepted(peer, addr); };
-  handlers.on_peer_closed = [raw](net::PeerId peer, const Status& why) { raw->OnPeerClosed(peer, why); };
+  handlers.on_message = [raw](net::PeerId peer, std::span<const std::byte> bytes) {
+    raw->AwaitStarted();
+    raw->OnMessage(peer, bytes);
+  };
+  handlers.on_peer_accepted = [raw](net::PeerId peer, const std::string& addr) {
+    raw->AwaitStarted();
+    raw->OnPeerAccepted(peer, addr);
+  };
+  handlers.on_peer_closed = [raw](net::PeerId peer, const Status& why) {
+    raw->AwaitStarted();
+    raw->OnPeerClosed(peer, why);
+  };
   auto engine = net::Engine::Start(engine_options, std::move(handlers));
   if (!engine.ok()) return engine.status().WithContext("node: cannot listen on " + engine_options.listen);
   impl->engine = std::move(engine).value();
   impl->address = impl->engine->listen_address();
   if (options.delta_bases > 0 && options.delta != DeltaMode::kOff)
     impl->deltas = std::make_unique<DeltaStore>(impl->options, impl->host.get(), impl->engine.get(), &impl->bytes_sent);
+  // What the handlers use is set: they may run (Recover and the registry run beside them, as they
+  // take the node's locks).
+  impl->started.store(true, std::memory_order_release);
+  impl->started.notify_all();
   VIPER_RETURN_IF_ERROR(impl->Recover());
   VIPER_RETURN_IF_ERROR(impl->StartRegistry());
   node->impl_ = std::move(impl);

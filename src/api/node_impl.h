@@ -102,6 +102,13 @@ struct Node::Impl {
   std::unique_ptr<internal::TaskQueue> spare;    // makes the host tier's next segment (KeepSpare)
   std::unique_ptr<internal::TaskQueue> loader;   // loads file-only versions into segments (LeaseFromFile)
   std::atomic<bool> stopping{false};             // a queued spare is not made any more
+  // Set once Node::Start has stored what the engine's handlers use (the engine itself, the address,
+  // the delta store). The handlers wait for it: a peer may connect the moment the engine listens (a
+  // node restarted on a fixed port), before Start has stored the engine they reply through.
+  std::atomic<bool> started{false};
+  void AwaitStarted() const {
+    while (!started.load(std::memory_order_acquire)) started.wait(false, std::memory_order_acquire);
+  }
   std::unique_ptr<net::Engine> engine;           // declared last: destroyed first
   // With NodeOptions::registry (node_registry.cc). Stopped first in ~Node.
   std::unique_ptr<internal::RegistryAgent> registry_agent;

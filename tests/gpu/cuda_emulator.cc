@@ -29,6 +29,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -45,6 +46,9 @@ int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// A handle is a heap Handle holding the event: work queued on a stream holds the event too, so an
+// event destroyed while a stream still waits for it stays alive until that wait is over (the
+// driver's rule: cuEventDestroy returns at once, the resources go when the device is done).
 struct Event {
   std::mutex mu;
   std::condition_variable cv;
@@ -288,15 +292,15 @@ __attribute__((visibility("default"))) CUresult cuStreamSynchronize(void* s) {
   return kSuccess;
 }
 __attribute__((visibility("default"))) CUresult cuEventCreate(void** out, unsigned) {
-  *out = new Event();
+  *out = new std::shared_ptr<Event>(std::make_shared<Event>());
   return kSuccess;
 }
 __attribute__((visibility("default"))) CUresult cuEventDestroy_v2(void* e) {
-  delete static_cast<Event*>(e);
+  delete static_cast<std::shared_ptr<Event>*>(e);
   return kSuccess;
 }
 __attribute__((visibility("default"))) CUresult cuEventRecord(void* ev, void* stream) {
-  auto* e = static_cast<Event*>(ev);
+  std::shared_ptr<Event> e = *static_cast<std::shared_ptr<Event>*>(ev);
   uint64_t generation = 0;
   {
     std::lock_guard lock(e->mu);
@@ -307,7 +311,7 @@ __attribute__((visibility("default"))) CUresult cuEventRecord(void* ev, void* st
   return kSuccess;
 }
 __attribute__((visibility("default"))) CUresult cuStreamWaitEvent(void* stream, void* ev, unsigned) {
-  auto* e = static_cast<Event*>(ev);
+  std::shared_ptr<Event> e = *static_cast<std::shared_ptr<Event>*>(ev);
   uint64_t generation = 0;
   {
     std::lock_guard lock(e->mu);
@@ -318,7 +322,7 @@ __attribute__((visibility("default"))) CUresult cuStreamWaitEvent(void* stream, 
   return kSuccess;
 }
 __attribute__((visibility("default"))) CUresult cuEventSynchronize(void* ev) {
-  auto* e = static_cast<Event*>(ev);
+  Event* e = static_cast<std::shared_ptr<Event>*>(ev)->get();
   uint64_t generation = 0;
   {
     std::lock_guard lock(e->mu);
@@ -328,13 +332,13 @@ __attribute__((visibility("default"))) CUresult cuEventSynchronize(void* ev) {
   return kSuccess;
 }
 __attribute__((visibility("default"))) CUresult cuEventQuery(void* ev) {
-  auto* e = static_cast<Event*>(ev);
+  Event* e = static_cast<std::shared_ptr<Event>*>(ev)->get();
   std::lock_guard lock(e->mu);
   return e->completed >= e->recorded ? kSuccess : kNotReady;
 }
 __attribute__((visibility("default"))) CUresult cuEventElapsedTime(float* ms, void* a, void* b) {
-  auto* start = static_cast<Event*>(a);
-  auto* end = static_cast<Event*>(b);
+  Event* start = static_cast<std::shared_ptr<Event>*>(a)->get();
+  Event* end = static_cast<std::shared_ptr<Event>*>(b)->get();
   if (cuEventQuery(a) != kSuccess || cuEventQuery(b) != kSuccess) return kNotReady;
   std::scoped_lock lock(start->mu, end->mu);
   *ms = static_cast<float>(static_cast<double>(end->when_ns - start->when_ns) / 1e6);

@@ -457,13 +457,16 @@ Status RunGpu(const GpuConfig& c, const std::string& json_path) {
                 w.live_in_place_ms / w.dtod_ms);
     std::printf("  publish -> live, announced after checksum  %9.2f   %.2f   (sealed at %.2f ms)\n", w.live_sealed_ms,
                 w.live_sealed_ms / w.dtod_ms, w.sealed_ms);
-    if (!w.host_error.empty())
+    if (!w.host_error.empty()) {
       std::printf("  publish -> subscriber without a GPU        NOT MEASURED: %s\n", w.host_error.c_str());
-    else
+      all_ok = false;
+    } else {
       std::printf("  publish -> subscriber without a GPU        %9.2f   %.2f   (host path: seal, segment, commit, map)\n",
                   w.host_live_ms, w.host_live_ms / w.dtod_ms);
+    }
     if (!w.node_early_error.empty()) {
       std::printf("  through the node, gpu_early                NOT MEASURED: %s\n", w.node_early_error.c_str());
+      all_ok = false;
     } else {
       std::printf("  through the node, gpu_early, copied        %9.2f   %.2f   (device-only NOTIFY, Subscriber process)\n",
                   w.node_early_ms, w.node_early_ms / w.dtod_ms);

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <map>
+#include <random>
 #include <set>
 #include <thread>
 
@@ -59,19 +60,27 @@ std::shared_ptr<CountingSource> Tree(const TempDir& dir) {
 }
 
 // Ports the kernel hands out on 127.0.0.1, all held until every one is picked (so they differ).
+// n loopback ports free now, drawn from below the kernel's ephemeral range (32768-60999 here):
+// a port that bind(0) handed out and that was released again can be taken by any process's next
+// outgoing connection before the node listens on it (CI saw "address already in use"); outgoing
+// connections never take a port below that range.
 std::vector<std::string> LoopbackNodes(size_t n) {
   std::vector<int> fds;
   std::vector<std::string> nodes;
-  for (size_t i = 0; i < n; ++i) {
+  std::mt19937 rng(std::random_device{}());
+  while (nodes.size() < n) {
+    const uint16_t port = static_cast<uint16_t>(20000 + rng() % 12000);
     int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof addr;
-    EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-    EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-    nodes.push_back("127.0.0.1:" + std::to_string(ntohs(addr.sin_port)));
-    fds.push_back(fd);
+    addr.sin_port = htons(port);
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {  // taken: draw again
+      ::close(fd);
+      continue;
+    }
+    nodes.push_back("127.0.0.1:" + std::to_string(port));
+    fds.push_back(fd);  // held until all are drawn, so that they differ
   }
   for (int fd : fds) ::close(fd);
   return nodes;

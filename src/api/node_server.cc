@@ -147,6 +147,11 @@ Result<ReadLease> Node::Impl::AcquireLocked(const std::string& model, uint64_t v
 
 void Node::Impl::HandleFetch(net::PeerId peer, PeerState& p, const proto::Fetch& m) {
   if (m.mode == proto::FetchMode::kDevice) return HandleDeviceFetch(peer, p, m);
+  // A peer that asks for bytes (SEND), of a complete version or of one still arriving, takes
+  // deltas: later versions' deltas are encoded eagerly for it (CommitVersion). Set before the
+  // early path too: a consumer whose first version came while still written was not counted, so
+  // the next version's delta was made only on its FETCH and PublishResult::delta said "none".
+  if (m.mode != proto::FetchMode::kLease) p.fetches_bytes = true;
   auto info = FindLocked(m.model, m.version);
   if (!info && m.version != 0 && incoming.count({m.model, m.version}) != 0) {
     if (ParkForDelta(peer, m)) return;
@@ -168,7 +173,6 @@ void Node::Impl::HandleFetch(net::PeerId peer, PeerState& p, const proto::Fetch&
     stats.leases_granted++;
     return Send(peer, ok);
   }
-  p.fetches_bytes = true;
   std::string why_full;  // a FETCH that offered a base says why it gets the full snapshot
   if (m.base_version != 0) {
     if (deltas && deltas->TryStart(peer, m, *info, &why_full)) return;

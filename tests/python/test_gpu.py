@@ -1,7 +1,8 @@
 """viper.Subscriber(device=N) and load_into on machines without a GPU (the GPU path itself is
 tested by tests/gpu/gpu_test.cc on a machine with one): the device argument's checks, the clear
-error when no CUDA driver is there, and a CPU consumer that keeps the host path (version.device is
-None, load_into copies from host memory)."""
+error when no CUDA driver is there, a CPU consumer that keeps the host path (version.device is
+None, load_into copies from host memory), and version.device of a Subscriber(device=0) on the CUDA
+driver emulator of the build tree (host memory, not a GPU)."""
 import os
 import subprocess
 import sys
@@ -155,3 +156,40 @@ def test_begin_cuda_without_a_cuda_driver_is_a_clear_unavailable_error():
     assert "BAD InvalidArgument: Publisher.begin_cuda(): no tensors: a version needs at least one" in out.stdout, out.stdout
     assert "REFUSED Unavailable: GPU: /nonexistent/libcuda.so.1 not found" in out.stdout, out.stdout
     assert "ANNOUNCED 0" in out.stdout, out.stdout
+
+
+def _emulator():
+    """The CUDA driver emulator of this build tree (tests/gpu/cuda_emulator.cc): host memory, not a
+    GPU; it runs the subscriber's GPU bookkeeping where there is no GPU."""
+    build = os.environ.get("VIPER_BINARY_DIR") or os.path.join(os.path.dirname(viper.__file__), "..", "..")
+    path = os.path.join(build, "tests", "gpu", "libviper_cuda_emulator.so")
+    assert os.path.exists(path), f"{path} missing: it is built with the tests"
+    return path
+
+
+@pytest.mark.parametrize("path", ["auto", "remote"])
+def test_version_device_on_the_driver_emulator(path):
+    # In a child process with the emulator as its driver: a Subscriber(device=0) of a CPU producer
+    # places each version on the (emulated) device: host-to-device once it is loaded (auto: mapped
+    # on this host), or piece by piece while it arrives (remote); version.device says which, and
+    # load_into a CPU module still copies from host memory.
+    code = (
+        "import sys, torch, viper\n"
+        "p = viper.Publisher('m', listen='127.0.0.1:0', mode='sync')\n"
+        "sub = viper.Subscriber('m', connect=p.address, device=0, path=sys.argv[1])\n"
+        "src = torch.nn.Linear(64, 32)\n"
+        "p.publish(src.state_dict(), step=1)\n"
+        "v = sub.wait_for(1, timeout=30)\n"
+        "d = v.device\n"
+        "assert d['device'] == 0 and d['ptr'] != 0 and not d['in_place'], d\n"
+        "assert d['bytes'] == (64 * 32 + 32) * 4, d\n"
+        "dst = torch.nn.Linear(64, 32)\n"
+        "sub.load_into(dst)\n"
+        "assert torch.equal(dst.weight, src.weight) and torch.equal(dst.bias, src.bias)\n"
+        "print('HOW', d['how'])\n"
+        "sub.close(); p.close()\n")
+    env = dict(os.environ, VIPER_CUDA_LIBRARY=_emulator())
+    out = subprocess.run([sys.executable, "-c", code, path], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    want = "HOW host-to-device as its chunks arrived (" if path == "remote" else "HOW host-to-device ("
+    assert out.stdout.startswith(want), out.stdout

@@ -119,6 +119,9 @@ class DeviceVersionStore {
     bool host_copy = true;   // pinned copy, checksum and seal of every version
     Announce announce = Announce::kAfterDeviceCopy;
     uint64_t alignment = 64;
+    // Tests: called on the sealer thread with a version's number before its host copy is followed
+    // and sealed; a test that holds it here orders what the host path does after what it checks.
+    std::function<void(uint64_t version)> before_seal;
   };
   using LiveFn = std::function<void(const GpuVersion&)>;
   // The sealed host snapshot (header + data, checksum in the header); valid during the call.

@@ -187,8 +187,8 @@ class Subscriber::Impl::DeviceStaging {
       if (landed < 8) return;
       uint64_t n = 0;
       std::memcpy(&n, received.data(), 8);  // little-endian u64, as the format says
-      if (n > received.size() - 8) {
-        failure_ = Status::Corruption("header length " + std::to_string(n) + " past the transfer's end");  // the parse says more
+      if (n > received.size() - 8) {  // the snapshot's parse refuses it with the whole story
+        failure_ = Status::Corruption("header length " + std::to_string(n) + " past the transfer's end");
         return;
       }
       data_begin_ = copied_ = 8 + n;

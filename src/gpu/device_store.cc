@@ -208,6 +208,7 @@ struct DeviceVersionStore::Impl {
         bp = buffers[job.buffer].get();
       }
       Buffer& b = *bp;
+      if (options.before_seal) options.before_seal(job.stamp.version);
       Status st = SealInChunks(job, b);
       if (st.ok()) {
         GpuVersion v = Describe(job.buffer, b, *job.layout, job.stamp.checksum);

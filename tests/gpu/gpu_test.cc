@@ -13,10 +13,12 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <future>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -731,7 +733,25 @@ TEST(Gpu, AnEarlySubscriberGoesLiveFromTheDeviceCopyBeforeTheHostCommit) {
   po.node.segment_prefix = "viper-gpu-early";
   auto pub = Publisher::Start(po);
   ASSERT_TRUE(pub.ok()) << pub.status().ToString();
-  auto gp = GpuPublisher::Start(pub->get());
+  // The host path of each version waits until the consumers have answered: its NOTIFY, when it
+  // comes first, replaces the device-only one before a consumer's loader takes it (the host path is
+  // fast for 6 MiB), and then the consumer loads it from the host NOTIFY instead.
+  std::mutex gate_mu;
+  std::condition_variable gate_cv;
+  uint64_t released = 0;
+  DeviceVersionStore::Options so;
+  so.before_seal = [&](uint64_t version) {
+    std::unique_lock lock(gate_mu);
+    gate_cv.wait_for(lock, 20s, [&] { return released >= version; });
+  };
+  auto release = [&](uint64_t version) {
+    {
+      std::lock_guard lock(gate_mu);
+      released = std::max(released, version);
+    }
+    gate_cv.notify_all();
+  };
+  auto gp = GpuPublisher::Start(pub->get(), so);
   ASSERT_TRUE(gp.ok()) << gp.status().ToString();
   SubscriberProcess copy((*pub)->address(), "gpu-early", false, true), in_place((*pub)->address(), "gpu-early", true, true);
   ASSERT_EQ(copy.Line(), "READY");
@@ -746,6 +766,7 @@ TEST(Gpu, AnEarlySubscriberGoesLiveFromTheDeviceCopyBeforeTheHostCommit) {
     // Asked at once: the host path may still be sealing and committing the version.
     std::string rc = copy.Command("W " + std::to_string(*version));
     std::string ri = in_place.Command("W " + std::to_string(*version));
+    release(*version);
     ASSERT_TRUE((*gp)->WaitHost(*version, 20s).ok());
     auto committed = (*pub)->node().Latest("gpu-early");
     ASSERT_TRUE(committed.has_value());
@@ -770,6 +791,7 @@ TEST(Gpu, AnEarlySubscriberGoesLiveFromTheDeviceCopyBeforeTheHostCommit) {
   std::string r = copy.Command("W " + std::to_string(*second));
   EXPECT_EQ(r.rfind("OK " + std::to_string(*second) + " 0 ", 0), 0u) << r;
   EXPECT_EQ(Field(r, 5), "device-only") << r;
+  release(*second);
   ASSERT_TRUE((*gp)->WaitHost(*second, 20s).ok());
   auto committed = (*pub)->node().Latest("gpu-early");
   ASSERT_TRUE(committed.has_value());

@@ -284,11 +284,8 @@ __all__ = ["Error", "InvalidArgumentError", "ModelVersion", "Node", "NotFoundErr
 
 
 class _Closable:
-    """The context-manager protocol and a close() on garbage collection, for a class whose close()
-    may be called more than once (later calls do nothing)."""
-
-    def close(self) -> None:
-        raise NotImplementedError
+    """The context-manager protocol and a close() on garbage collection, for a subclass that
+    defines close() and lets it be called more than once (later calls do nothing)."""
 
     def __enter__(self):
         return self

@@ -13,6 +13,19 @@ import torch
 import viper
 
 
+NO_DRIVER = "/nonexistent/libcuda.so.1"
+
+
+def _run_child(code, driver, *args):
+    """Runs `code` in a child process whose CUDA driver library is `driver` (the driver is probed
+    once per process, so a test that needs another one than this process's runs a child); returns
+    its completed process, which must have exited 0."""
+    env = dict(os.environ, VIPER_CUDA_LIBRARY=driver)
+    out = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out
+
+
 @pytest.fixture
 def pub():
     p = viper.Publisher("m", listen="127.0.0.1:0", mode="sync")
@@ -47,9 +60,7 @@ def test_a_device_without_a_cuda_driver_is_a_clear_unavailable_error():
         "except viper.ViperIOError as e:\n"
         "    print('REFUSED', e)\n"
         "p.close()\n")
-    env = dict(os.environ, VIPER_CUDA_LIBRARY="/nonexistent/libcuda.so.1")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
+    out = _run_child(code, NO_DRIVER)
     assert "REFUSED Unavailable: SubscriberOptions::gpu_device 0: GPU: " in out.stdout, out.stdout
     assert "/nonexistent/libcuda.so.1" in out.stdout, out.stdout
 
@@ -94,9 +105,7 @@ def test_publishing_cuda_tensors_without_a_driver_is_a_clear_unavailable_error()
         "    print('REFUSED', e)\n"
         "print('ANNOUNCED', p.announced_version)\n"
         "p.close()\n")
-    env = dict(os.environ, VIPER_CUDA_LIBRARY="/nonexistent/libcuda.so.1")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
+    out = _run_child(code, NO_DRIVER)
     assert "REFUSED Unavailable: GPU: " in out.stdout, out.stdout
     assert "/nonexistent/libcuda.so.1" in out.stdout, out.stdout
     assert "ANNOUNCED 0" in out.stdout, out.stdout
@@ -148,9 +157,7 @@ def test_begin_cuda_without_a_cuda_driver_is_a_clear_unavailable_error():
         "    print('REFUSED', e)\n"
         "print('ANNOUNCED', p.announced_version)\n"
         "p.close()\n")
-    env = dict(os.environ, VIPER_CUDA_LIBRARY="/nonexistent/libcuda.so.1")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
+    out = _run_child(code, NO_DRIVER)
     assert 'BAD InvalidArgument: Publisher.begin_cuda(): duplicate tensor name "w"' in out.stdout, out.stdout
     assert "BAD InvalidArgument: Publisher.begin_cuda(): tensor \"w\": shape[0] = -2 is negative" in out.stdout, out.stdout
     assert "BAD InvalidArgument: Publisher.begin_cuda(): no tensors: a version needs at least one" in out.stdout, out.stdout
@@ -188,8 +195,6 @@ def test_version_device_on_the_driver_emulator(path):
         "assert torch.equal(dst.weight, src.weight) and torch.equal(dst.bias, src.bias)\n"
         "print('HOW', d['how'])\n"
         "sub.close(); p.close()\n")
-    env = dict(os.environ, VIPER_CUDA_LIBRARY=_emulator())
-    out = subprocess.run([sys.executable, "-c", code, path], env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
+    out = _run_child(code, _emulator(), path)
     want = "HOW host-to-device as its chunks arrived (" if path == "remote" else "HOW host-to-device ("
     assert out.stdout.startswith(want), out.stdout

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <utility>
 
@@ -24,27 +23,16 @@ double ThreadCpuSeconds() {
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9;
 }
 
-namespace {
-// The aggregate "cpu" line of /proc/stat, in clock ticks: user nice system idle iowait irq softirq steal.
-std::vector<double> ProcStatCpu() {
-  std::FILE* f = std::fopen("/proc/stat", "r");
-  std::vector<double> ticks;
-  if (f == nullptr) return ticks;
-  char line[512];
-  if (std::fgets(line, sizeof line, f) != nullptr && std::strncmp(line, "cpu ", 4) == 0) {
-    char* p = line + 4;
-    for (int i = 0; i < 8; ++i) ticks.push_back(std::strtod(p, &p));
-  }
-  std::fclose(f);
-  return ticks;
-}
-}  // namespace
-
 double MachineBusyCpuSeconds() {
-  std::vector<double> t = ProcStatCpu();
-  if (t.size() < 8) return 0;
-  double busy = t[0] + t[1] + t[2] + t[5] + t[6] + t[7];
-  return busy / static_cast<double>(::sysconf(_SC_CLK_TCK));
+  // The aggregate "cpu" line, in clock ticks: user nice system idle iowait irq softirq steal.
+  std::FILE* f = std::fopen("/proc/stat", "r");
+  if (f == nullptr) return 0;
+  unsigned long long t[8] = {};
+  const int n = std::fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &t[0], &t[1], &t[2], &t[3], &t[4], &t[5],
+                            &t[6], &t[7]);
+  std::fclose(f);
+  if (n != 8) return 0;
+  return static_cast<double>(t[0] + t[1] + t[2] + t[5] + t[6] + t[7]) / static_cast<double>(::sysconf(_SC_CLK_TCK));
 }
 
 int MachineCpus() { return static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN))); }

@@ -146,18 +146,19 @@ double Median(std::vector<double> v) {
 void RunWire(const Config& c, uint64_t bytes, WireResult& w) {
   w.ran = true;
   w.ucx_tls = "tcp";
-  // The machine's busy CPU per GB streamed (every CPU, both ends, both namespaces): what the wire
-  // alone costs, beside what a Viper update costs (ModeResult::machine_busy).
-  double busy0 = MachineBusyCpuSeconds();
-  Status tcp = RunTcp(c, bytes, "", w.tcp_all, &w.tcp_cc);
-  w.tcp_cpu_s_per_gb = (MachineBusyCpuSeconds() - busy0) / (static_cast<double>(TcpStreams(c)) * static_cast<double>(bytes) / 1e9);
-  busy0 = MachineBusyCpuSeconds();
-  Status verified = RunTcp(c, bytes, "--verify", w.verified_all, nullptr);
-  w.verified_cpu_s_per_gb = (MachineBusyCpuSeconds() - busy0) / (static_cast<double>(TcpStreams(c)) * static_cast<double>(bytes) / 1e9);
-  const std::pair<const char*, Status> runs[] = {
-      {"tcp stream", tcp},
-      {"tcp stream --land", RunTcp(c, bytes, "--land", w.landed_all, nullptr)},
-      {"tcp stream --verify", verified},
+  // Each stream run also gives the machine's busy CPU per GB streamed (every CPU, both ends, both
+  // namespaces): what the wire alone costs, beside what a Viper update costs (ModeResult::machine_busy).
+  auto tcp = [&](const std::string& sink, std::vector<double>& all, std::string* cc, double* cpu_s_per_gb) {
+    const double busy0 = MachineBusyCpuSeconds();
+    Status st = RunTcp(c, bytes, sink, all, cc);
+    if (cpu_s_per_gb != nullptr)
+      *cpu_s_per_gb = (MachineBusyCpuSeconds() - busy0) / (TcpStreams(c) * static_cast<double>(bytes) / 1e9);
+    return st;
+  };
+  const std::pair<const char*, Status> runs[] = {  // run in this order (list-initialization)
+      {"tcp stream", tcp("", w.tcp_all, &w.tcp_cc, &w.tcp_cpu_s_per_gb)},
+      {"tcp stream --land", tcp("--land", w.landed_all, nullptr, nullptr)},
+      {"tcp stream --verify", tcp("--verify", w.verified_all, nullptr, &w.verified_cpu_s_per_gb)},
       {"ucx_perftest", RunUcx(c, bytes, /*peer_failure=*/false, w.ucx_all)},
       {"ucx_perftest -e", RunUcx(c, bytes, /*peer_failure=*/true, w.ucx_peer_all)},
   };

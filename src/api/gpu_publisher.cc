@@ -116,7 +116,7 @@ struct GpuPublisher::Shared {
     if (streaming.version != v.version) {
       streaming = {};
       streaming.version = v.version;
-      streaming.failed = Begin(v, snapshot);
+      streaming.failed = StartSegment(v, snapshot);
       if (!streaming.failed.ok()) return;
     }
     if (!streaming.failed.ok() || landed <= streaming.copied) return;
@@ -126,7 +126,7 @@ struct GpuPublisher::Shared {
   }
 
   // A segment for v with its provisional header, produced early if a remote reader will take it.
-  Status Begin(const gpu::GpuVersion& v, std::span<const std::byte> snapshot) {
+  Status StartSegment(const gpu::GpuVersion& v, std::span<const std::byte> snapshot) {
     Node& node = publisher->node();
     VIPER_ASSIGN_OR_RETURN(WriteLease lease, node.Allocate(snapshot.size()));
     std::memcpy(lease.data().data(), snapshot.data(), v.data_offset);

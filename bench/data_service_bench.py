@@ -27,7 +27,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,8 @@ import textwrap
 import time
 
 import numpy as np
+
+from loopback_ports import free_port
 
 JOB = textwrap.dedent(r"""
     import json, os, sys, time
@@ -64,14 +65,6 @@ JOB = textwrap.dedent(r"""
         time.sleep(0.01)
     loader.close()
 """)
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def anon_bytes(pid: int) -> int:

@@ -34,13 +34,14 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
 import numpy as np
+
+from loopback_ports import free_ports
 
 PY = "/usr/bin/python3"
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -74,16 +75,6 @@ def parse_args(argv=None):
     ap.add_argument("--_nodes", default="", help=argparse.SUPPRESS)
     ap.add_argument("--_port", type=int, default=0, help=argparse.SUPPRESS)
     return ap.parse_args(argv)
-
-
-def free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def replica_mix(buf, x, y, rank: int, world: int, ratio: float):
@@ -180,8 +171,8 @@ def run_rank(args) -> dict:
 
 
 def launch(args, mode: str, world: int, seed: int) -> list:
-    nodes = ",".join(f"127.0.0.1:{p}" for p in free_ports(world))
-    port = free_ports(1)[0]
+    *node_ports, port = free_ports(world + 1)  # the nodes' ports and gloo's, all distinct
+    nodes = ",".join(f"127.0.0.1:{p}" for p in node_ports)
     base = [PY, os.path.abspath(__file__), "--workdir", args.workdir, "--_world", str(world), "--_mode", mode,
             "--_seed", str(seed), "--_nodes", nodes, "--_port", str(port)]
     for name in ("tasks", "train_per_class", "test_per_class", "steps_per_task", "batch", "ratio", "capacity",

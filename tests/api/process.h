@@ -24,6 +24,8 @@
 #include <thread>
 #include <vector>
 
+#include "free_port.h"
+
 extern char** environ;
 
 namespace viper::testing {
@@ -198,22 +200,6 @@ inline std::string WaitForFile(const std::filesystem::path& path, std::chrono::m
       },
       timeout);
   return line;
-}
-
-// A port the kernel just handed out on 127.0.0.1 (free now; a race with other processes is
-// possible, so callers retry when it is taken).
-inline uint16_t PickFreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  uint16_t port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
-    port = ntohs(addr.sin_port);
-  ::close(fd);
-  return port;
 }
 
 }  // namespace viper::testing

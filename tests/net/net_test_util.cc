@@ -18,6 +18,8 @@
 #include <sstream>
 #include <thread>
 
+#include "api/free_port.h"
+
 namespace viper::net::testing {
 namespace {
 
@@ -300,16 +302,6 @@ int CompletionLatch::calls() {
   return state_->calls;
 }
 
-uint16_t UnusedPort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
+uint16_t UnusedPort() { return viper::testing::PickFreePort(); }
 
 }  // namespace viper::net::testing

@@ -116,7 +116,8 @@ class CompletionLatch {
   std::shared_ptr<State> state_;
 };
 
-// A free TCP port on 127.0.0.1 (bound then released; nothing listens on it afterwards).
+// A free TCP port on 127.0.0.1, below the ephemeral range (see testing::PickFreePort in api/free_port.h); nothing
+// listens on it afterwards.
 uint16_t UnusedPort();
 
 }  // namespace viper::net::testing

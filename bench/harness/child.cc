@@ -1,15 +1,19 @@
 // Child-process helpers of `viper bench` (see child.h).
 #include "harness/child.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <climits>
 #include <cstring>
+#include <random>
 #include <thread>
 
 extern char** environ;
@@ -164,6 +168,25 @@ Result<std::string> RunCapture(const std::vector<std::string>& argv, std::chrono
                             (stderr_log.empty() ? "" : " (stderr in " + stderr_log + ")"));
   }
   return out;
+}
+
+Result<uint16_t> FreeTcpPort(const std::string& ip) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  if (::inet_pton(AF_INET, ip.c_str(), &a.sin_addr) != 1) return Status::InvalidArgument("not an IPv4 address: " + ip);
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_int_distribution<int> draw(20000, 31999);
+  for (int attempt = 0; attempt < 1000; ++attempt) {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return Status::FromErrno("socket for a free port");
+    a.sin_port = htons(static_cast<uint16_t>(draw(rng)));
+    const bool free = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    const int err = errno;
+    ::close(fd);
+    if (free) return ntohs(a.sin_port);
+    if (err != EADDRINUSE) return Status::FromErrno("binding a free port on " + ip, err);
+  }
+  return Status::Unavailable("no free port on " + ip + " in 1000 draws from 20000-31999");
 }
 
 }  // namespace viper::bench

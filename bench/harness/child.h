@@ -8,6 +8,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -56,5 +57,11 @@ Result<std::string> RunCapture(const std::vector<std::string>& argv, std::chrono
 
 // Absolute path of the running executable (/proc/self/exe).
 std::string SelfExe();
+
+// A TCP port free on `ip` at the time of the call, for a server child the bench starts a moment
+// later. Drawn at random from below the kernel's ephemeral range (32768-60999 by default): a port
+// that bind(0) hands out and that is released again can be taken by any process's next outgoing
+// connection before the server listens; outgoing connections never take one below that range.
+Result<uint16_t> FreeTcpPort(const std::string& ip = "127.0.0.1");
 
 }  // namespace viper::bench

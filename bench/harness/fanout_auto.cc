@@ -31,22 +31,6 @@ using std::chrono::milliseconds;
 
 // --------------------------------------------------------------------------- the registry
 
-// A free TCP port on `ip` (closed again: the server binds it a moment later).
-Result<uint16_t> FreePort(const std::string& ip) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return Status::FromErrno("socket");
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  ::inet_pton(AF_INET, ip.c_str(), &a.sin_addr);
-  socklen_t len = sizeof(a);
-  bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-            ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
-  Status st = ok ? Status::OK() : Status::FromErrno("bind " + ip + ":0");
-  ::close(fd);
-  VIPER_RETURN_IF_ERROR(st);
-  return ntohs(a.sin_port);
-}
-
 // A redis-server in h1 on h1's address: every host reaches it, nothing outside the hosts does (they
 // have no route out; hence no protected mode, which would refuse them without a password). No
 // persistence; stopped with the run.
@@ -58,7 +42,7 @@ struct Redis {
 Result<Redis> StartRedis(const std::string& ip, const std::string& log_path) {
   Status why = Status::Unavailable("redis-server did not start");
   for (int attempt = 0; attempt < 5; ++attempt) {
-    VIPER_ASSIGN_OR_RETURN(uint16_t port, FreePort(ip));
+    VIPER_ASSIGN_OR_RETURN(uint16_t port, FreeTcpPort(ip));
     Redis r;
     r.url = "redis://" + ip + ":" + std::to_string(port);
     VIPER_ASSIGN_OR_RETURN(r.child, LineChild::Start({"redis-server", "--bind", ip, "--port", std::to_string(port), "--save", "",

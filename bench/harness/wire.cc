@@ -51,22 +51,6 @@ Result<double> ParseUcxFinal(const std::string& out) {
   return Status::Corruption("ucx_perftest printed no Final row: " + out.substr(0, 400));
 }
 
-// A TCP port free on this host now (bound to port 0, then released): ucx_perftest takes a fixed one.
-Result<std::string> FreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return Status::FromErrno("socket for a free port", errno);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-            ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
-  const int err = errno;
-  ::close(fd);
-  if (!ok) return Status::FromErrno("binding a free port on 127.0.0.1", err);
-  return std::to_string(ntohs(a.sin_port));
-}
-
 // peer_failure: both sides with `-e` (endpoints with peer-failure handling).
 Status RunUcx(const Config& c, uint64_t bytes, bool peer_failure, std::vector<double>& gbps_all) {
   UcxRun run;
@@ -111,7 +95,8 @@ Result<double> TcpStreamGbps(const Config& c, uint64_t bytes, const std::string&
 Result<double> UcxTagBw(const Config& c, const UcxRun& run) {
   std::string port = std::to_string(20000 + ::getpid() % 20000 + (run.peer_failure ? 1 : 0));
   if (c.consumer_prefix.empty()) {  // the server runs on this host
-    VIPER_ASSIGN_OR_RETURN(port, FreePort());
+    VIPER_ASSIGN_OR_RETURN(uint16_t free_port, FreeTcpPort());
+    port = std::to_string(free_port);
   }
   auto perftest = [&](std::vector<std::string> args) {
     std::vector<std::string> argv{"env", "UCX_TLS=tcp"};

@@ -23,6 +23,10 @@ fi
 
 finish() {
   local ns
+  # A command this test started (a sleep) outliving its hosts.sh would hold ctest's pipe open.
+  local pid
+  pid=$(cat "$TMP/cmdpid" 2>/dev/null)
+  [[ $pid =~ ^[0-9]+$ && $(cat "/proc/$pid/comm" 2>/dev/null) == sleep ]] && kill -KILL "$pid"
   for ns in $(ip netns list | awk '{print $1}' | grep -E "^${BASE}" || true); do
     ip netns pids "$ns" | xargs -r kill -KILL 2>/dev/null
     ip netns delete "$ns" 2>/dev/null
@@ -42,6 +46,12 @@ not_running() {
   [[ $1 =~ ^[0-9]+$ ]] || { echo "  no pid recorded"; return 1; }
   [[ ! -e /proc/$1 ]] || [[ $(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) == Z ]] ||
     { echo "  pid $1 still runs: $(ps -o stat=,comm= -p "$1")"; return 1; }
+}
+# Waits up to 30 s for the command under test to write its pid to $TMP/cmdpid.
+wait_for_cmdpid() {
+  local _
+  for _ in $(seq 300); do [[ -s $TMP/cmdpid ]] && return 0; sleep 0.1; done
+  echo "  the command wrote no pid in 30 s"; return 1
 }
 namespace_count() { ip netns list | awk '{print $1}' | grep -cE "^$1-(h[0-9]+|br)$"; }
 wait_for_namespaces() {  # wait_for_namespaces PREFIX COUNT: up to 10 s
@@ -139,7 +149,7 @@ test_signal() {
   env --default-signal=INT "$HOSTS" run 2 --prefix "$p" -- sh -c "echo \$\$ > $TMP/cmdpid; exec sleep 300" &
   local pid=$! rc=0
   check "SIG$sig: hosts came up" wait_for_namespaces "$p" 3
-  for _ in $(seq 50); do [[ -s $TMP/cmdpid ]] && break; sleep 0.1; done
+  wait_for_cmdpid
   kill -"$sig" "$pid"
   wait "$pid" || rc=$?
   check "SIG$sig: run exits $code" test "$rc" -eq "$code"
@@ -150,10 +160,11 @@ test_signal() {
 # A run killed with SIGKILL cannot clean up; the next run with the same prefix and gc must.
 test_crash_leftovers() {
   local p=${BASE}k
+  rm -f "$TMP/cmdpid"  # test_signal's pid must not stand for this run's command
   "$HOSTS" run 2 --prefix "$p" -- sh -c "echo \$\$ > $TMP/cmdpid; exec sleep 300" &
   local pid=$!
   wait_for_namespaces "$p" 3
-  for _ in $(seq 50); do [[ -s $TMP/cmdpid ]] && break; sleep 0.1; done
+  wait_for_cmdpid
   kill -KILL "$pid"; wait "$pid" 2>/dev/null
   kill -KILL "$(cat "$TMP/cmdpid")" 2>/dev/null   # our own sleep, now orphaned
   check "SIGKILL leaves the hosts behind (precondition)" test "$(namespace_count "$p")" -eq 3

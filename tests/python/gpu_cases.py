@@ -106,6 +106,14 @@ def _digest(module):
                           + module.bias.detach().cpu().numpy().tobytes()).hexdigest()
 
 
+def _expect_child_loaded(child, producer, how=""):
+    """The child's DIGEST line names producer's bytes (and `how` the version reached its GPU)."""
+    line = child.stdout.readline().strip()
+    assert line.startswith(f"DIGEST {_digest(producer)} "), line
+    assert how in line, line
+    print(line)
+
+
 def test_begin_cuda_reaches_a_gpu_subscriber_in_another_process(pub):
     _needs_cuda()
     # The child subscribes with device=0, loads version 1 into a CUDA module from the GPU copy and
@@ -116,9 +124,7 @@ def test_begin_cuda_reaches_a_gpu_subscriber_in_another_process(pub):
         with pub.begin_cuda(producer.state_dict()) as draft:
             for name, t in producer.state_dict().items():
                 draft[name].copy_(t)
-        line = child.stdout.readline().strip()
-        assert line.startswith(f"DIGEST {_digest(producer)} "), line
-        print(line)
+        _expect_child_loaded(child, producer)
     finally:
         child.wait(timeout=60)
 
@@ -140,10 +146,7 @@ def test_publish_of_cuda_tensors_reaches_gpu_and_host_consumers_bit_exact(pub):
             consumer = torch.nn.Linear(256, 128)
             host.load_into(consumer)
             assert torch.equal(consumer.weight, producer.weight.cpu()) and torch.equal(consumer.bias, producer.bias.cpu())
-        line = child.stdout.readline().strip()
-        assert line.startswith(f"DIGEST {_digest(producer)} "), line
-        assert "device-to-device" in line, line
-        print(line)
+        _expect_child_loaded(child, producer, "device-to-device")
     finally:
         child.wait(timeout=60)
 
@@ -158,10 +161,7 @@ def test_a_gpu_consumer_on_the_network_path_stages_the_chunks_on_its_gpu(pub):
         producer = torch.nn.Linear(256, 128)
         pub.publish(producer.state_dict())
         pub.wait()
-        line = child.stdout.readline().strip()
-        assert line.startswith(f"DIGEST {_digest(producer)} "), line
-        assert "host-to-device as its chunks arrived" in line, line
-        print(line)
+        _expect_child_loaded(child, producer, "host-to-device as its chunks arrived")
     finally:
         child.wait(timeout=60)
 

@@ -124,8 +124,20 @@ TEST(RedisKill, RandomKillsLoseNothingAnnounced) {
   std::lock_guard<std::mutex> lock(mu);
   EXPECT_TRUE(std::adjacent_find(live.begin(), live.end(), std::greater_equal<uint64_t>()) == live.end())
       << "a version was loaded twice or went backwards";
-  std::string log = node.log();
-  EXPECT_EQ(CountLines(log, "is reachable again"), CountLines(log, "is unreachable")) << log;
+  // Every outage the node noticed ends with its reconnection while redis-server is up. The last
+  // one can still be open when the rounds end (once, under TSan in CI: a refused connection
+  // logged after the last round's checks had passed; its cause is not known yet, hence the
+  // redis log below), so this waits for it: the node retries every 500 ms.
+  std::string log;
+  EXPECT_TRUE(WaitUntil(
+      [&] {
+        log = node.log();
+        return CountLines(log, "is reachable again") == CountLines(log, "is unreachable");
+      },
+      10s))
+      << "an outage without a reconnection (redis-server running: " << redis.running() << ")\nnode log:\n"
+      << log << "\nredis log:\n"
+      << redis.log();
   // A fetch can fail when the node's retention dropped the version before this loader got to it
   // (a new version every 0-40 ms, 2 kept in memory): the loader then loads the next one.
   std::printf("redis kill: %llu rounds, %llu versions published, %llu loaded, %llu fetches of versions already "

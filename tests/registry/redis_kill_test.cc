@@ -124,10 +124,10 @@ TEST(RedisKill, RandomKillsLoseNothingAnnounced) {
   std::lock_guard<std::mutex> lock(mu);
   EXPECT_TRUE(std::adjacent_find(live.begin(), live.end(), std::greater_equal<uint64_t>()) == live.end())
       << "a version was loaded twice or went backwards";
-  // Every outage the node noticed ends with its reconnection while redis-server is up. The last
-  // one can still be open when the rounds end (once, under TSan in CI: a refused connection
-  // logged after the last round's checks had passed; its cause is not known yet, hence the
-  // redis log below), so this waits for it: the node retries every 500 ms.
+  // Every outage the node noticed ends with its reconnection while redis-server is up. The node
+  // logs the reconnection when its whole registry pass is done (puts, removals, announcements),
+  // but the round's check sees the records as soon as they are put, so the last round's line can
+  // come after the loop ends (once under TSan in CI): this waits for it.
   std::string log;
   EXPECT_TRUE(WaitUntil(
       [&] {

@@ -1,8 +1,5 @@
 // `viper bench --fanout --auto` (see fanout.h): the fan-out whose tree the registry arranges.
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>

@@ -3,13 +3,9 @@
 // stream landed in a snapshot-sized buffer and landed + hashed (the verified-receive ceiling), and
 // UCX's own tag_bw (ucx_perftest, TCP transport), each for one message of the snapshot size, from
 // this host (h1, the producer's) to the consumer's (h2).
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <sstream>
 #include <thread>
 

@@ -20,6 +20,7 @@
 namespace viper {
 namespace {
 
+using testing::Settled;
 using testing::WaitUntil;
 using namespace std::chrono_literals;
 
@@ -140,7 +141,8 @@ TEST(Fanout, PeersReceiveChunksAsTheyLand) {
   fetch.Start(*client, 1);
   ASSERT_TRUE(fetch.WaitPrefix(half)) << "the receiver never got the landed half";
   EXPECT_EQ(fetch.result.wait_for(0s), std::future_status::timeout) << "the transfer ended before the version was complete";
-  EXPECT_GE(node->stats().bytes_sent_incoming, half);
+  EXPECT_TRUE(WaitUntil([&] { return node->stats().bytes_sent_incoming >= half; }, 10s))
+      << node->stats().bytes_sent_incoming << " bytes sent early";
   EXPECT_FALSE(node->Latest("m").has_value()) << "an incoming version must not be in the catalog";
   auto lease = client->FetchLease("m", 1);
   EXPECT_EQ(lease.status().code(), StatusCode::kNotFound) << "an incoming version must not be leased";
@@ -156,8 +158,8 @@ TEST(Fanout, PeersReceiveChunksAsTheyLand) {
   EXPECT_EQ(*fetch.checksum, snap.compute_checksum());
   ASSERT_TRUE(node->Latest("m").has_value());
   EXPECT_EQ(node->Latest("m")->version, 1u);
+  EXPECT_EQ(Settled([&] { return node->stats().bytes_sent; }), size);
   NodeStats st = node->stats();
-  EXPECT_EQ(st.bytes_sent, size);
   EXPECT_EQ(st.incoming_versions, 1u);
   EXPECT_EQ(st.incoming_aborted, 0u);
   in->reset();
@@ -216,7 +218,7 @@ TEST(Fanout, RelayFallsBackWhenItsUpstreamAborts) {
   ASSERT_EQ(lease->data().size(), snap.bytes().size());
   EXPECT_TRUE(std::memcmp(lease->data().data(), snap.bytes().data(), snap.bytes().size()) == 0);
   // C resumed at the 4 chunks that had landed from B (FETCH with an offset): A sent only the rest.
-  EXPECT_EQ(a->stats().bytes_sent, snap.bytes().size() - 4 * kChunk) << "C's fallback did not resume from its prefix";
+  EXPECT_EQ(Settled([&] { return a->stats().bytes_sent; }), snap.bytes().size() - 4 * kChunk) << "C's fallback did not resume from its prefix";
   EXPECT_EQ(c->stats().incoming_aborted, 0u) << "C's own incoming version broke with B's";
   EXPECT_EQ(relay->stats().versions_relayed, 1u);
   relay.reset();
@@ -263,9 +265,9 @@ TEST(Fanout, ChainCostsEachNodeOneCopyPerUpdate) {
       EXPECT_TRUE(std::memcmp((*mv)->snapshot.bytes().data(), snap.bytes().data(), snap.bytes().size()) == 0);
     }
   }
-  EXPECT_EQ(a->stats().bytes_sent, total) << "the producer's node sent more than one copy per update";
-  EXPECT_EQ(nodes[0]->stats().bytes_sent, total);
-  EXPECT_EQ(nodes[1]->stats().bytes_sent, total);
+  EXPECT_EQ(Settled([&] { return a->stats().bytes_sent; }), total) << "the producer's node sent more than one copy per update";
+  EXPECT_EQ(Settled([&] { return nodes[0]->stats().bytes_sent; }), total);
+  EXPECT_EQ(Settled([&] { return nodes[1]->stats().bytes_sent; }), total);
   EXPECT_EQ(nodes[2]->stats().bytes_sent, 0u) << "its consumers map its segments";
   for (auto& r : relays) EXPECT_EQ(r->stats().versions_received_in_place, 3u);
   // Each relay says which node it relays from; a configured one never joins a registry's tree.
@@ -318,13 +320,15 @@ TEST(Fanout, DeltasFlowThroughAChain) {
   auto v2 = BuildSnapshot({{{"w", DType::kU8, {static_cast<int64_t>(data.size())}}, data}}, stamp);
   ASSERT_TRUE(v2.ok()) << v2.status().ToString();
   const uint64_t size = v2->bytes().size();
-  const uint64_t b_full = b.stats().bytes_sent, c_full = c.stats().bytes_sent;
+  const uint64_t b_full = Settled([&] { return b.stats().bytes_sent; });
+  const uint64_t c_full = Settled([&] { return c.stats().bytes_sent; });
   CommitSnapshot(a, *v2, 2);
   auto mv = (*sub)->WaitFor(2, 60s);
   ASSERT_TRUE(mv.ok()) << mv.status().ToString() << "; last error: " << (*sub)->last_error().ToString();
   ASSERT_EQ((*mv)->snapshot.bytes().size(), size);
   EXPECT_TRUE(std::memcmp((*mv)->snapshot.bytes().data(), v2->bytes().data(), size) == 0);
   EXPECT_EQ((*mv)->delta_base, 1u) << (*mv)->reason;
+  Settled([&] { return b.stats().bytes_sent + c.stats().bytes_sent; });
   NodeStats bs = b.stats(), cs = c.stats();
   std::printf("v2 of %llu bytes: the consumer received %llu bytes; b and c sent %llu and %llu delta bytes\n",
               static_cast<unsigned long long>(size), static_cast<unsigned long long>((*mv)->wire_bytes),
@@ -354,7 +358,7 @@ TEST(Fanout, RelayReattachesPastALostUpstream) {
   ASSERT_TRUE(relay_b && relay_c);
   publish(1);
   ASSERT_TRUE(WaitUntil([&] { return c->Latest("m").has_value(); }, 30s)) << "version 1 never reached C";
-  EXPECT_EQ(a->stats().bytes_sent, a->Latest("m")->size) << "C took version 1 from B, not from A";
+  EXPECT_EQ(Settled([&] { return a->stats().bytes_sent; }), a->Latest("m")->size) << "C took version 1 from B, not from A";
   relay_b.reset();  // B goes away
   b.reset();
   publish(2);

@@ -48,6 +48,22 @@ bool WaitUntil(Pred pred, std::chrono::milliseconds timeout) {
   return true;
 }
 
+// A node counts a chunk in bytes_sent when UCX completes its send, and that completion can reach
+// the sender after the receiver already has the chunk: a test reads a total (or takes a baseline)
+// once the counter has stopped moving, here two reads 200 ms apart that agree (within `timeout`).
+template <typename Read>
+auto Settled(Read read, std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto last = read();
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    auto now = read();
+    if (now == last) break;
+    last = now;
+  }
+  return last;
+}
+
 class TempDir {
  public:
   TempDir() {

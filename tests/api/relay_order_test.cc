@@ -18,6 +18,7 @@ namespace viper {
 namespace {
 
 using testing::Process;
+using testing::Settled;
 using testing::TempDir;
 using testing::WaitUntil;
 using namespace std::chrono_literals;
@@ -82,6 +83,11 @@ uint64_t Counter(const std::string& address, const std::string& name) {
   return stats->at(name);
 }
 
+// The producer's egress once its last sends have completed (testing::Settled says why).
+uint64_t SettledBytesSent(const std::string& address) {
+  return Settled([&] { return Counter(address, "bytes_sent"); });
+}
+
 uint64_t Newest(const std::string& address) {
   auto c = ConnectTo(address);
   if (!c) return 0;
@@ -135,7 +141,7 @@ TEST(RelayOrder, ChainStartedRelaysFirstKeepsItsShape) {
   ASSERT_TRUE(WaitUntil([&] { return Counter(r2.address(), "upstream_on_preferred") == 1; }, 20s)) << r2.log();
   const int versions = 3;
   for (int i = 1; i <= versions; ++i) ASSERT_TRUE(PublishAndAwait(p.address(), i, r2.address())) << r2.log() << r1.log();
-  double copies = static_cast<double>(Counter(p.address(), "bytes_sent")) / (versions * kModelBytes);
+  double copies = static_cast<double>(SettledBytesSent(p.address())) / (versions * kModelBytes);
   EXPECT_GT(copies, 0.9);
   EXPECT_LT(copies, 1.2) << "the producer fed more than one relay: the chain became a star";
   EXPECT_EQ(Counter(r2.address(), "upstream_preferred_returns"), 0u) << "r2 never needed its alternate";
@@ -168,10 +174,10 @@ TEST(RelayOrder, RelayReturnsToItsPreferredUpstream) {
       << "r2 stayed on its alternate\n" << r2.log();
   EXPECT_EQ(Counter(r2.address(), "upstream_preferred_returns"), 1u);
 
-  uint64_t before = Counter(p.address(), "bytes_sent");
+  uint64_t before = SettledBytesSent(p.address());
   const int versions = 3;
   for (int i = 0; i < versions; ++i) ASSERT_TRUE(PublishAndAwait(p.address(), 10 + i, r2.address())) << r2.log();
-  double copies = static_cast<double>(Counter(p.address(), "bytes_sent") - before) / (versions * kModelBytes);
+  double copies = static_cast<double>(SettledBytesSent(p.address()) - before) / (versions * kModelBytes);
   EXPECT_GT(copies, 0.9);
   EXPECT_LT(copies, 1.2) << "the producer still feeds r2 directly";
 }

@@ -77,6 +77,12 @@ def test_relabels_every_version_with_deltas_and_takes_a_version_mid_pass(tmp_pat
             time.sleep(0.01)
         synth.perturb(model, seed=3, scale=0.5)
         v3 = pub.publish(model.state_dict(), step=3).version
+        # The pass stays slow until the store has taken v3 (at its next batch boundary): v3's fetch
+        # must not race the pass's last batches.
+        deadline = time.time() + 30
+        while store.stats()["version"] != v3:
+            assert time.time() < deadline, store.stats()
+            time.sleep(0.01)
         os.environ["VIPER_NDSYNTH_SLEEP"] = "0.0"
         s = store.wait_refreshed(v3, timeout=60)
         assert s["switches"] >= 1, s  # v3 came mid-pass and was taken there

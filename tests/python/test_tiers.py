@@ -97,10 +97,10 @@ def stats(address: str) -> dict:
     return json.loads(must("stats", "--connect", address, "--json"))
 
 
-def wait_files(store: Path, want: int, timeout=60):
+def wait_stored(store: Path, want: list, timeout=60):
     deadline = time.time() + timeout
-    while len(list((store / MODEL).glob("*.safetensors"))) < want:
-        assert time.time() < deadline, f"fewer than {want} files in {store / MODEL} after {timeout} s"
+    while (have := sorted(int(p.stem) for p in (store / MODEL).glob("*.safetensors"))) != want:
+        assert time.time() < deadline, f"files of versions {have} in {store / MODEL} after {timeout} s, not {want}"
         time.sleep(0.05)
 
 
@@ -129,8 +129,11 @@ def test_every_listed_version_is_pulled_on_the_nodes_host_also_after_kill9():
             inputs = {v: make_input(tmp, v, 1 << 20) for v in range(1, 5)}
             for v in range(1, 5):
                 assert f"version {v}" in must("publish", MODEL, str(inputs[v]), "--connect", node.address)
-            wait_files(store, 3)
-            time.sleep(0.2)  # retention of the 4th file
+            wait_stored(store, [2, 3, 4])  # the 4th file written, the 1st retired
+            deadline = time.time() + 30
+            while [v["version"] for v in listed(node.address)] != [2, 3, 4]:  # ...and de-listed
+                assert time.time() < deadline, listed(node.address)
+                time.sleep(0.05)
             versions = check_listed_pull(tmp, node.address, inputs, store)
             assert [v["version"] for v in versions] == [2, 3, 4], versions
             memory = [v["version"] for v in versions if any(r.startswith("shm:") for r in v["replicas"])]
@@ -218,9 +221,11 @@ def test_memory_budget_delists_an_unflushed_version_with_a_warning(capfd):
             with viper.Node(store_dir=str(store), keep_host_versions=1, unflushed_budget_bytes=70_000_000,
                             segment_prefix=f"vbudget{os.getpid()}") as node:
                 inputs = {v: make_input(tmp, v, 30_000_000) for v in range(1, 6)}
+                # Each flush ends (written or failed) before the next version comes: the budget
+                # then meets failed versions only, never a flush still queued.
                 for v in range(1, 6):
                     must("publish", MODEL, str(inputs[v]), "--connect", node.address)
-                node.wait_flushed(60)
+                    node.wait_flushed(60)
                 versions = check_listed_pull(tmp, node.address, inputs, store)
                 numbers = [v["version"] for v in versions]
                 err = capfd.readouterr().err

@@ -147,6 +147,8 @@ except (socket.timeout, ConnectionResetError) as e:
   echo "  garbage client: $(cat "$TMP/garbage.out")"
   check "the garbage client was dropped (closed or reset)" grep -qE "^(closed|reset) by the node$" "$TMP/garbage.out"
   check "the node logged why it dropped it" grep -q "refused connection from .*not a Viper peer" "$TMP/a4.log"
+  # The watcher has v1 before v2 comes (one busy when v2 is announced would skip v1's line).
+  wait_for 20 lines "$TMP/tok.json" 1 || { failed "the consumer on h2 never got tok v1"; return; }
   on h1 "$VIPER" publish tok "$TMP/mid2.safetensors" --connect $A:7330 --token-file "$TMP/token" >/dev/null ||
     failed "publish after the garbage"
   wait "$watch"
@@ -239,7 +241,8 @@ test_failover_to_relay() {
   on h1 "$VIPER" publish fr "$TMP/mid1.safetensors" --connect $A:7350 >/dev/null || { failed "publish fr v1"; return; }
   wait_for 20 lines "$TMP/fr.json" 1 || { failed "fr v1 never reached h3"; return; }
   wait_for 10 grep -q "relayed fr version 1" "$TMP/b7.log" || { failed "relay never got fr v1"; return; }
-  sleep 0.3  # B's REPLICA for v1 reaches A: A now knows B relays fr
+  # B's REPLICA for v1 reaches A (B logs "relayed" before it connects to A to say so).
+  wait_for 10 bash -c "'$VIPER_HOSTS_SCRIPT' exec h1 -- '$VIPER' ls --connect $A:7350 --json | grep -q 'node:$B:7351'"
   on h1 "$VIPER" ls --connect $A:7350 --json >"$TMP/fr1.ls"
   check "A lists B as a node holding fr v1" grep -q "node:$B:7351" "$TMP/fr1.ls"
   # Only the traffic from A to h3 is slowed (~4 s for the 48 MiB version).

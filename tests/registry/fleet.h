@@ -71,19 +71,22 @@ inline std::set<uint64_t> RegisteredFor(Registry& registry, const std::string& m
 }
 
 // `viper serve --registry URL` in its own process, with a file tier, until destroyed (SIGKILL).
+// By default it listens on a loopback port below the ephemeral range (PickFreePort), so that a
+// restart finds its address free of other processes' outgoing connections.
 class ServeProcess {
  public:
   ServeProcess(const TempDir& dir, const std::string& name, const std::string& registry, double ttl_s,
-               const std::string& listen = "127.0.0.1:0", std::vector<std::string> extra = {})
+               const std::string& listen = "", std::vector<std::string> extra = {})
       : dir_(dir), name_(name), registry_(registry), ttl_s_(ttl_s), extra_(std::move(extra)) {
-    Launch(listen);
+    Launch(listen.empty() ? "127.0.0.1:" + std::to_string(PickFreePort()) : listen);
   }
   // kill -9 and start again on the same address and store (retrying while the port is busy).
   void Restart() {
     process_->Kill(SIGKILL);
     std::filesystem::remove(dir_ / (name_ + ".addr"));
+    const std::string address = address_;  // a failed launch clears address_
     for (int attempt = 0; attempt < 20; ++attempt) {
-      Launch(address_);
+      Launch(address);
       if (!address_.empty()) return;
       std::this_thread::sleep_for(std::chrono::milliseconds(250));
     }

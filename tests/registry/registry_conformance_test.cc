@@ -139,17 +139,19 @@ TEST_P(RegistryConformance, RecordsExpireWithoutHeartbeat) {
 }
 
 // The heartbeat refreshes the node, not each record: every record of a node lives while Refresh
-// is called within the TTL, and goes when it is not.
+// is called within the TTL, and goes when it is not. The TTL leaves a loaded machine (TSan, CI)
+// 900 ms of slack between refreshes.
 TEST_P(RegistryConformance, RefreshKeepsEveryRecordOfTheNodeAlive) {
+  constexpr auto kTtl = 1000ms;
   std::vector<HolderRecord> records = {MakeRecord(model, 1, 1), MakeRecord(model, 2, 1), MakeRecord(model, 3, 1)};
-  ASSERT_TRUE(registry->Put(records, 400ms).ok());
-  auto refreshed = registry->Refresh(records[0].node, 400ms);
+  ASSERT_TRUE(registry->Put(records, kTtl).ok());
+  auto refreshed = registry->Refresh(records[0].node, kTtl);
   ASSERT_TRUE(refreshed.ok()) << refreshed.status().ToString();
   EXPECT_TRUE(*refreshed);
-  auto until = std::chrono::steady_clock::now() + 1200ms;  // three TTLs
+  auto until = std::chrono::steady_clock::now() + 2 * kTtl;
   while (std::chrono::steady_clock::now() < until) {
     std::this_thread::sleep_for(100ms);
-    refreshed = registry->Refresh(records[0].node, 400ms);
+    refreshed = registry->Refresh(records[0].node, kTtl);
     ASSERT_TRUE(refreshed.ok());
     ASSERT_TRUE(*refreshed) << "refreshed within its TTL, the node was lost";
   }
@@ -158,7 +160,7 @@ TEST_P(RegistryConformance, RefreshKeepsEveryRecordOfTheNodeAlive) {
   EXPECT_EQ(found->holders.size(), 3u);
   ASSERT_TRUE(WaitUntil([&] { auto f = registry->Lookup(model); return f.ok() && f->holders.empty(); }, 10s))
       << "records outlived their node's TTL";
-  refreshed = registry->Refresh(records[0].node, 400ms);
+  refreshed = registry->Refresh(records[0].node, kTtl);
   ASSERT_TRUE(refreshed.ok());
   EXPECT_FALSE(*refreshed) << "a node whose TTL passed must put its records again";
   auto fresh = registry->Put(records, 30s);
@@ -177,7 +179,7 @@ TEST_P(RegistryConformance, LookupLatestListsTheNewestLiveVersionsHolders) {
   records.push_back(MakeRecord(model, 1, 1));
   ASSERT_TRUE(registry->Put(records, 30s).ok());
   HolderRecord dying = MakeRecord(model, 3, 400);
-  ASSERT_TRUE(registry->Put(std::span(&dying, 1), 300ms).ok());
+  ASSERT_TRUE(registry->Put(std::span(&dying, 1), 1s).ok());  // lives through the next lookup, even under load
   auto latest = registry->LookupLatest(model);
   ASSERT_TRUE(latest.ok()) << latest.status().ToString();
   ASSERT_EQ(latest->holders.size(), 1u);

@@ -184,7 +184,7 @@ int Main(int argc, char** argv) {
   app.add_option("--redis-server", o.server, "the redis-server binary");
   CLI11_PARSE(app, argc, argv);
   if (o.interval_ms >= o.ttl_ms) return fmt::print(stderr, "--interval-ms {} must be < --ttl-ms {}\n", o.interval_ms, o.ttl_ms), 2;
-  if (o.port == 0) o.port = 20000 + getpid() % 20000;
+  if (o.port == 0) o.port = 20000 + getpid() % 12000;  // below the ephemeral range: no outgoing connection holds it
   pid_t server = fork();
   if (server == 0) {
     std::string port = std::to_string(o.port);

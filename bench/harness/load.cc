@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 
 #include "harness/bench.h"
+#include "harness/child.h"
 #include "harness/measure.h"
 
 namespace viper::bench {
@@ -55,7 +56,8 @@ uint64_t SegmentBytes(const std::string& prefix) {
 
 // ucx_perftest tag_lat between two processes of this host: the 50th percentile one-way latency, s.
 Result<double> UcxOneWayLatency(const Config& c) {
-  const std::string port = std::to_string(20000 + ::getpid() % 20000 + 2);
+  VIPER_ASSIGN_OR_RETURN(uint16_t free_port, FreeTcpPort());
+  const std::string port = std::to_string(free_port);
   VIPER_ASSIGN_OR_RETURN(auto server, LineChild::Start({"ucx_perftest", "-p", port}, c.log_path));
   Result<std::string> out = Status::Unavailable("not run");
   for (int attempt = 0; attempt < 20; ++attempt) {  // the server needs a moment to listen

@@ -181,7 +181,7 @@ TEST(CutThrough, RemoteConsumerReceivesWhileTheProducerWrites) {
   EXPECT_NE((*mv)->reason.find(kCutThrough), std::string::npos) << (*mv)->reason;
   EXPECT_EQ((*mv)->path, FetchPath::kRemote);
   EXPECT_EQ(node->stats().produced_early, 1u);
-  EXPECT_EQ(Settled([&] { return node->stats().bytes_sent; }), v.final.size()) << "one copy to the one consumer";
+  EXPECT_EQ(Settled([&] { return node->stats().bytes_sent; }, v.final.size()), v.final.size()) << "one copy to the one consumer";
   EXPECT_EQ(node->Latest("m")->checksum, v.checksum);
   EXPECT_EQ(consumer.LiveUpTo(1), std::vector<uint64_t>{1});
 }
@@ -359,7 +359,7 @@ TEST(CutThrough, RelayForwardsAVersionStillBeingProduced) {
   EXPECT_NE((*mv)->reason.find(kCutThrough), std::string::npos) << (*mv)->reason;
   ASSERT_TRUE(WaitUntil([&] { return b->Latest("m").has_value(); }, 30s));
   EXPECT_EQ(b->Latest("m")->checksum, v1.checksum);
-  EXPECT_EQ(Settled([&] { return a->stats().bytes_sent; }), v1.final.size()) << "the producer's node sent one copy";
+  EXPECT_EQ(Settled([&] { return a->stats().bytes_sent; }, v1.final.size()), v1.final.size()) << "the producer's node sent one copy";
 
   Version v2 = MakeVersion(16 << 20, 2, 32);
   const uint64_t before = Settled([&] { return b->stats().bytes_sent_incoming; });

@@ -158,7 +158,7 @@ TEST(Fanout, PeersReceiveChunksAsTheyLand) {
   EXPECT_EQ(*fetch.checksum, snap.compute_checksum());
   ASSERT_TRUE(node->Latest("m").has_value());
   EXPECT_EQ(node->Latest("m")->version, 1u);
-  EXPECT_EQ(Settled([&] { return node->stats().bytes_sent; }), size);
+  EXPECT_EQ(Settled([&] { return node->stats().bytes_sent; }, size), size);
   NodeStats st = node->stats();
   EXPECT_EQ(st.incoming_versions, 1u);
   EXPECT_EQ(st.incoming_aborted, 0u);
@@ -218,7 +218,8 @@ TEST(Fanout, RelayFallsBackWhenItsUpstreamAborts) {
   ASSERT_EQ(lease->data().size(), snap.bytes().size());
   EXPECT_TRUE(std::memcmp(lease->data().data(), snap.bytes().data(), snap.bytes().size()) == 0);
   // C resumed at the 4 chunks that had landed from B (FETCH with an offset): A sent only the rest.
-  EXPECT_EQ(Settled([&] { return a->stats().bytes_sent; }), snap.bytes().size() - 4 * kChunk) << "C's fallback did not resume from its prefix";
+  const uint64_t rest = snap.bytes().size() - 4 * kChunk;
+  EXPECT_EQ(Settled([&] { return a->stats().bytes_sent; }, rest), rest) << "C's fallback did not resume from its prefix";
   EXPECT_EQ(c->stats().incoming_aborted, 0u) << "C's own incoming version broke with B's";
   EXPECT_EQ(relay->stats().versions_relayed, 1u);
   relay.reset();
@@ -265,9 +266,9 @@ TEST(Fanout, ChainCostsEachNodeOneCopyPerUpdate) {
       EXPECT_TRUE(std::memcmp((*mv)->snapshot.bytes().data(), snap.bytes().data(), snap.bytes().size()) == 0);
     }
   }
-  EXPECT_EQ(Settled([&] { return a->stats().bytes_sent; }), total) << "the producer's node sent more than one copy per update";
-  EXPECT_EQ(Settled([&] { return nodes[0]->stats().bytes_sent; }), total);
-  EXPECT_EQ(Settled([&] { return nodes[1]->stats().bytes_sent; }), total);
+  EXPECT_EQ(Settled([&] { return a->stats().bytes_sent; }, total), total) << "the producer's node sent more than one copy per update";
+  EXPECT_EQ(Settled([&] { return nodes[0]->stats().bytes_sent; }, total), total);
+  EXPECT_EQ(Settled([&] { return nodes[1]->stats().bytes_sent; }, total), total);
   EXPECT_EQ(nodes[2]->stats().bytes_sent, 0u) << "its consumers map its segments";
   for (auto& r : relays) EXPECT_EQ(r->stats().versions_received_in_place, 3u);
   // Each relay says which node it relays from; a configured one never joins a registry's tree.
@@ -358,7 +359,8 @@ TEST(Fanout, RelayReattachesPastALostUpstream) {
   ASSERT_TRUE(relay_b && relay_c);
   publish(1);
   ASSERT_TRUE(WaitUntil([&] { return c->Latest("m").has_value(); }, 30s)) << "version 1 never reached C";
-  EXPECT_EQ(Settled([&] { return a->stats().bytes_sent; }), a->Latest("m")->size) << "C took version 1 from B, not from A";
+  const uint64_t v1_size = a->Latest("m")->size;
+  EXPECT_EQ(Settled([&] { return a->stats().bytes_sent; }, v1_size), v1_size) << "C took version 1 from B, not from A";
   relay_b.reset();  // B goes away
   b.reset();
   publish(2);

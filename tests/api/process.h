@@ -50,11 +50,16 @@ bool WaitUntil(Pred pred, std::chrono::milliseconds timeout) {
 
 // A node counts a chunk in bytes_sent when UCX completes its send, and that completion can reach
 // the sender after the receiver already has the chunk: a test reads a total (or takes a baseline)
-// once the counter has stopped moving, here two reads 200 ms apart that agree (within `timeout`).
+// once the counter has reached `floor` (what the test knows was sent, if it knows) and stopped
+// moving: two reads 200 ms apart that agree (all within `timeout`).
 template <typename Read>
-auto Settled(Read read, std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+uint64_t Settled(Read read, uint64_t floor = 0, std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
-  auto last = read();
+  uint64_t last = read();
+  while (last < floor && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    last = read();
+  }
   while (std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     auto now = read();

@@ -62,6 +62,14 @@ std::unique_ptr<Publisher> StartPublisher(const std::string& store_dir = "") {
   return pub.ok() ? std::move(pub).value() : nullptr;
 }
 
+// A push notification arrives in milliseconds (BENCHMARKS.md); the bound leaves room for a loaded
+// machine and stays below what a 1 s poll would average, also for the slower sanitizer builds.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr double kNotifyBoundMs = 400.0;
+#else
+constexpr double kNotifyBoundMs = 200.0;
+#endif
+
 // A producer process publishes 60 versions as fast as it can; two consumer processes (map and
 // copy) read the live model from three threads each: every read is a whole, verified version,
 // versions never go back, and the last one is reached.
@@ -121,7 +129,7 @@ TEST(SameNode, NotificationsArriveWithoutPolling) {
     if (line.empty() || line[0] != '{') continue;
     auto j = nlohmann::json::parse(line);
     ++updates;
-    EXPECT_LT(j["notify_ms"].get<double>(), 200.0) << line;  // a 1 s poll would average 500 ms
+    EXPECT_LT(j["notify_ms"].get<double>(), kNotifyBoundMs) << line;  // a 1 s poll would average 500 ms
     EXPECT_GT(j["notify_ms"].get<double>(), -1.0) << line;
   }
   EXPECT_EQ(updates, 2) << watch.log();
@@ -172,7 +180,7 @@ TEST(SameNode, KilledProducerLeavesTheLastCompleteVersion) {
   std::string addr = WaitForFile(dir / "addr", 20s);
   ASSERT_FALSE(addr.empty()) << producer.log();
   Process consumer({testing::PeerBinary(), "consume", "--model", "m", "--connect", addr, "--until", "99", "--threads",
-                    "2", "--timeout-s", "6", "--result", dir / "c.json", "--live-file", dir / "c.live"},
+                    "2", "--timeout-s", "15", "--result", dir / "c.json", "--live-file", dir / "c.live"},
                    dir / "c.log");
   ASSERT_EQ(WaitForFile(dir / "producer.state", 20s), "hanging 4") << producer.log();
   // Version 3 must be live before the kill (on a slow machine the consumer may still be loading it).

@@ -53,6 +53,24 @@ consumer() {
 counter() {
   on "$1" "$VIPER" stats --connect "$2" --json | $PY -c 'import json,sys; print(json.load(sys.stdin)[sys.argv[1]])' "$3"
 }
+# settled HOST ADDR NAME [FLOOR]: the counter once it reached FLOOR and stopped moving (two reads
+# 0.3 s apart agree; 10 s at most). A node counts a chunk as sent when UCX completes its send, which
+# can reach it after the receiver already has the chunk.
+settled() {
+  local deadline=$((SECONDS + 10)) last now
+  last=$(counter "$1" "$2" "$3")
+  while ((last < ${4:-0} && SECONDS < deadline)); do
+    sleep 0.05
+    last=$(counter "$1" "$2" "$3")
+  done
+  while ((SECONDS < deadline)); do
+    sleep 0.3
+    now=$(counter "$1" "$2" "$3")
+    [[ $now == "$last" ]] && break
+    last=$now
+  done
+  echo "$last"
+}
 # landed NAME VERSION first|all: when the relay NAME's first or last bytes of VERSION landed (ns).
 landed() {
   grep -o "fan version $2: $3 .*landed at [0-9]*" "$TMP/$1.log" | head -1 | grep -o '[0-9]*$'
@@ -110,14 +128,14 @@ test_chain() {
   for k in 1 2; do bytes=$((bytes + $(field "$TMP/w11.json" $((k - 1)) bytes))); done
   for n in a:h1:$A b:h2:$B c:h3:$C; do
     IFS=: read -r name host addr <<<"$n"
-    sent=$(counter "$host" "$addr" bytes_sent)
+    sent=$(settled "$host" "$addr" bytes_sent "$bytes")
     check "node $name sent exactly one copy per update ($sent of $bytes bytes)" test "$sent" = "$bytes"
   done
   check "node d (end of the chain) sent nothing" test "$(counter h4 $D bytes_sent)" = 0
   local early
   for n in b:h2:$B c:h3:$C; do
     IFS=: read -r name host addr <<<"$n"
-    early=$(counter "$host" "$addr" bytes_sent_incoming)
+    early=$(settled "$host" "$addr" bytes_sent_incoming 1)
     check "relay $name forwarded bytes before it had the whole version ($early bytes)" test "$early" -gt 0
   done
   local sum
@@ -165,7 +183,7 @@ test_relay_killed() {
   sums+=("$(source_checksum ${IP[1]} 7410 fan 1 "$TMP/m1.safetensors")")  # A keeps two versions in memory
   slow h1 ${IP[2]} 100mbit  # A -> B: ~4 s for v2
   local sent_before
-  sent_before=$(counter h1 $A bytes_sent)
+  sent_before=$(settled h1 $A bytes_sent)
   publish $A 2 || { failed "publish v2"; return; }
   wait_for 20 grep -q "fan version 2: first bytes landed" "$TMP/d2.log" ||
     { failed "v2 never reached D through B and C"; return; }
@@ -173,7 +191,7 @@ test_relay_killed() {
   check "relay B was killed while C and D were receiving v2 through it" bash -c "! grep -q 'fan version 2: all' '$TMP/c2.log'"
   wait_for 60 all_lines 2 k2 k3 k4 || { failed "v2 did not reach every consumer after B died"; return; }
   local sent_v2
-  sent_v2=$(($(counter h1 $A bytes_sent) - sent_before))
+  sent_v2=$(($(settled h1 $A bytes_sent) - sent_before))
   unslow h1
   sums+=("$(source_checksum ${IP[1]} 7410 fan 2 "$TMP/m2.safetensors")")
   publish $A 3 || { failed "publish v3"; return; }

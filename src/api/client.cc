@@ -10,6 +10,7 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "client_impl.h"
@@ -150,7 +151,20 @@ Result<proto::Message> Client::Impl::Await(uint64_t id, std::future<proto::Messa
 Client::Client(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Client::~Client() {
-  if (impl_) impl_->engine.reset();  // stops the progress thread: no handler runs after this
+  if (!impl_ || !impl_->engine) return;
+  if (impl_->engine->OnProgressThread()) {
+    // The last owner let go inside one of this connection's own handlers: a handler that holds
+    // its owner (a Subscriber's holds the subscriber, and with it its connections) can be left
+    // the last reference when the owner closes meanwhile. The engine cannot join its own thread
+    // (that aborts): a short-lived thread stops it once the handler has returned, and keeps the
+    // state the handlers use alive until then.
+    std::thread([engine = std::move(impl_->engine), keep = impl_]() mutable {
+      engine.reset();
+      keep.reset();
+    }).detach();
+    return;
+  }
+  impl_->engine.reset();  // stops the progress thread: no handler runs after this
 }
 
 Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options, ClientHandlers handlers) {

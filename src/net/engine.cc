@@ -422,6 +422,8 @@ void Engine::Stop() {
   impl_->thread.join();
 }
 
+bool Engine::OnProgressThread() const { return impl_->OnProgressThread(); }
+
 std::string Engine::listen_address() const { return impl_->listen_address; }
 
 Result<PeerId> Engine::Connect(const std::string& host_port) {

@@ -113,6 +113,9 @@ class Engine {
   // stays valid for other threads (an owner's worker may still call Send, which then fails with
   // NotFound, or Post, whose work never runs). Idempotent. REQUIRES: not called from a handler.
   void Stop();
+  // True when called on this engine's progress thread, i.e. from one of its handlers (where Stop
+  // and the destructor must not be called).
+  bool OnProgressThread() const;
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 

@@ -21,7 +21,7 @@ import pytest
 
 import viper
 import viper.data as vd
-from helpers import free_port, id_sample_tree
+from helpers import free_port, id_sample_tree, wait_until
 
 N, WIDTH = 192, 8192  # samples of WIDTH float32 values (32 KiB), all equal to the sample's id
 DATA_BYTES = N * WIDTH * 4
@@ -86,13 +86,16 @@ def run_jobs(service, tree, tmp_path, jobs, epochs=2):
     procs = [subprocess.Popen([sys.executable, "-c", JOB, service.address, f"hp{j}", str(100 + j), str(epochs),
                                str(workdir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for j in range(jobs)]
-    deadline = time.time() + 120
-    while len(glob.glob(str(workdir / "done.*"))) < jobs:
+
+    def finished():
+        if len(glob.glob(str(workdir / "done.*"))) >= jobs:
+            return True
         for p in procs:
             if p.poll() is not None and p.returncode != 0:
                 pytest.fail(f"a job failed: {p.stderr.read()}")
-        assert time.time() < deadline, "jobs did not finish"
-        time.sleep(0.05)
+        return False
+
+    wait_until(finished, 120, "jobs did not finish", interval=0.05)
     with service.control() as ctl:
         stats = ctl.stats()
         jobs_now = ctl.jobs()
@@ -229,11 +232,9 @@ def test_a_job_killed_mid_epoch_does_not_take_the_service_down(tree, tmp_path):
             assert [j["job"] for j in ctl.jobs()] == ["doomed"]
         p.kill()
         p.wait()
-        deadline = time.time() + 10
         with svc.control() as ctl:
-            while ctl.jobs() and time.time() < deadline:
-                time.sleep(0.05)
-            assert ctl.jobs() == [], "the dead job's stream is dropped"
+            wait_until(lambda: ctl.jobs() == [], 10, lambda: f"the dead job's stream is dropped: jobs {ctl.jobs()}",
+                       interval=0.05)
             assert [e["job"] for e in ctl.stats()["ended_jobs"]] == ["doomed"]
         loader = vd.DataLoader(None, batch_size=32, service=svc.address, service_job="next")
         ids = []

@@ -23,6 +23,7 @@ import viper.neardata as nd
 from viper import _ndsynth as synth
 from viper._labeldb import LabelDB
 from viper._tuner import accuracy
+from helpers import wait_until
 
 PY = "/usr/bin/python3"
 
@@ -71,18 +72,13 @@ def test_relabels_every_version_with_deltas_and_takes_a_version_mid_pass(tmp_pat
         os.environ["VIPER_NDSYNTH_SLEEP"] = "0.1"  # 10 batches left once 100 are done: v3 has >= 1 s to arrive
         synth.perturb(model, seed=2, scale=0.5)
         v2 = pub.publish(model.state_dict(), step=2).version
-        deadline = time.time() + 30
-        while store.stats()["version"] != v2 or store.stats()["done"] < 100:
-            assert time.time() < deadline
-            time.sleep(0.01)
+        wait_until(lambda: store.stats()["version"] == v2 and store.stats()["done"] >= 100, 30,
+                   lambda: f"v2 taken and 100 labels done: {store.stats()}")
         synth.perturb(model, seed=3, scale=0.5)
         v3 = pub.publish(model.state_dict(), step=3).version
         # The pass stays slow until the store has taken v3 (at its next batch boundary): v3's fetch
         # must not race the pass's last batches.
-        deadline = time.time() + 30
-        while store.stats()["version"] != v3:
-            assert time.time() < deadline, store.stats()
-            time.sleep(0.01)
+        wait_until(lambda: store.stats()["version"] == v3, 30, lambda: f"v3 taken: {store.stats()}")
         os.environ["VIPER_NDSYNTH_SLEEP"] = "0.0"
         s = store.wait_refreshed(v3, timeout=60)
         assert s["switches"] >= 1, s  # v3 came mid-pass and was taken there
@@ -165,13 +161,16 @@ def test_kill9_mid_pass_loses_no_committed_label_and_resumes(tmp_path):
     try:
         _events(proc, lambda e: e["event"] == "ready")
         version = pub.publish(model.state_dict()).version
-        deadline = time.time() + 60
-        while True:  # wait until part of the pass is committed, then kill -9 mid-pass
+
+        def part_committed():
             with LabelDB(db, readonly=True) as reader:
                 if reader.count(version) >= 400:
-                    break
-            assert time.time() < deadline and proc.poll() is None
-            time.sleep(0.02)
+                    return True
+            assert proc.poll() is None, f"the store exited with {proc.returncode}"
+            return False
+
+        # Wait until part of the pass is committed, then kill -9 mid-pass.
+        wait_until(part_committed, 60, "400 labels committed", interval=0.02)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
         committed = _rows(db)

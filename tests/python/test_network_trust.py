@@ -18,7 +18,7 @@ import threading
 import time
 
 import pytest
-from helpers import free_port
+from helpers import free_port, wait_until
 
 REDIS = "/usr/bin/redis-server"
 BIN = os.path.join(os.environ.get("VIPER_BINARY_DIR", os.path.join(os.path.dirname(__file__), "../../build")),
@@ -55,14 +55,16 @@ class Serve:
             argv += ["--token-file", token_file]
         self.log = open(os.path.join(work, f"serve-{time.monotonic_ns()}.log"), "w")
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while not os.path.exists(self.address_file):
-            assert self.proc.poll() is None, "viper serve exited"
-            assert time.monotonic() < deadline, "viper serve did not start"
-            time.sleep(0.05)
+        wait_until(self.started, 30, "viper serve did not start", interval=0.05)
         with open(self.address_file) as f:
             self.address = f.read().strip()
         self.port = int(self.address.rsplit(":", 1)[1])
+
+    def started(self):
+        if os.path.exists(self.address_file):
+            return True
+        assert self.proc.poll() is None, "viper serve exited"
+        return False
 
     def stop(self):
         self.proc.terminate()
@@ -318,10 +320,8 @@ def test_redis_auth_from_a_password_file_and_the_next_holder(work, redis_server)
         tiny_safetensors(model_file, 1.5)
         r = viper("publish", "trust", model_file, "--connect", node.address, "--token-file", token_file)
         assert r.returncode == 0, r.stderr
-        deadline = time.monotonic() + 20
-        while "trust" not in viper("ls", "--registry", url, "--registry-password-file", pass_file).stdout:
-            assert time.monotonic() < deadline, "the node did not register"
-            time.sleep(0.2)
+        wait_until(lambda: "trust" in viper("ls", "--registry", url, "--registry-password-file", pass_file).stdout, 20,
+                   "the node did not register", interval=0.2)
 
         # A record of the same version held by a node at a dead port (a node that died: its
         # records linger until their TTL; or a forged record), listed before the real holder (the

@@ -17,13 +17,13 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import viper
+from helpers import wait_until
 
 BUILD = Path(os.environ.get("VIPER_BINARY_DIR", Path(__file__).resolve().parents[2] / "build"))
 VIPER = str(BUILD / "bin" / "viper")
@@ -56,11 +56,14 @@ class Serve:
         self.log_path = self.tmp / f"serve{self.lives}.log"
         self.proc = subprocess.Popen([VIPER, *self.args, "--address-file", str(addr)],
                                      stdout=open(self.log_path, "w"), stderr=subprocess.STDOUT)
-        deadline = time.time() + 30
-        while not addr.exists():
+
+        def listening():
+            if addr.exists():
+                return True
             assert self.proc.poll() is None, self.log()
-            assert time.time() < deadline, "viper serve did not listen in 30 s\n" + self.log()
-            time.sleep(0.05)
+            return False
+
+        wait_until(listening, 30, lambda: "viper serve did not listen\n" + self.log(), interval=0.05)
         self.address = addr.read_text().strip()
 
     def log(self) -> str:
@@ -98,10 +101,11 @@ def stats(address: str) -> dict:
 
 
 def wait_stored(store: Path, want: list, timeout=60):
-    deadline = time.time() + timeout
-    while (have := sorted(int(p.stem) for p in (store / MODEL).glob("*.safetensors"))) != want:
-        assert time.time() < deadline, f"files of versions {have} in {store / MODEL} after {timeout} s, not {want}"
-        time.sleep(0.05)
+    def have():
+        return sorted(int(p.stem) for p in (store / MODEL).glob("*.safetensors"))
+
+    wait_until(lambda: have() == want, timeout, lambda: f"files of versions {have()} in {store / MODEL}, not {want}",
+               interval=0.05)
 
 
 def check_listed_pull(tmp: Path, address: str, inputs: dict, store: Path) -> list:
@@ -130,10 +134,8 @@ def test_every_listed_version_is_pulled_on_the_nodes_host_also_after_kill9():
             for v in range(1, 5):
                 assert f"version {v}" in must("publish", MODEL, str(inputs[v]), "--connect", node.address)
             wait_stored(store, [2, 3, 4])  # the 4th file written, the 1st retired
-            deadline = time.time() + 30
-            while [v["version"] for v in listed(node.address)] != [2, 3, 4]:  # ...and de-listed
-                assert time.time() < deadline, listed(node.address)
-                time.sleep(0.05)
+            wait_until(lambda: [v["version"] for v in listed(node.address)] == [2, 3, 4], 30,  # ...and de-listed
+                       lambda: f"listed {listed(node.address)}, not versions [2, 3, 4]", interval=0.05)
             versions = check_listed_pull(tmp, node.address, inputs, store)
             assert [v["version"] for v in versions] == [2, 3, 4], versions
             memory = [v["version"] for v in versions if any(r.startswith("shm:") for r in v["replicas"])]
@@ -192,10 +194,8 @@ def test_disk_full_keeps_unflushed_versions_listed_and_fetchable():
             inputs = {v: make_input(tmp, v, 30_000_000) for v in range(1, 5)}
             for v in range(1, 5):
                 must("publish", MODEL, str(inputs[v]), "--connect", node.address)
-            deadline = time.time() + 60
-            while node.log().count("to the file tier failed") < 3:
-                assert time.time() < deadline, node.log()
-                time.sleep(0.1)
+            wait_until(lambda: node.log().count("to the file tier failed") >= 3, 60,
+                       lambda: "three failed writes to the file tier, log:\n" + node.log(), interval=0.1)
             assert "No space left on device" in node.log()
             versions = check_listed_pull(tmp, node.address, inputs, store)
             numbers = [v["version"] for v in versions]

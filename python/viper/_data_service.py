@@ -17,6 +17,8 @@ token wants HMAC-SHA256(token, nonce) in hex as the `auth` of the first request.
 """
 from __future__ import annotations
 
+import atexit
+import functools
 import hashlib
 import hmac
 import json
@@ -206,6 +208,11 @@ class DataService:
             raise ServiceError(f"{owner}: listen={listen!r}: cannot listen there: {e.strerror}") from None
         self._thread = threading.Thread(target=self._server.serve_forever, name="viper-data-service", daemon=True)
         self._thread.start()
+        # Closed at exit while its daemon threads still run: left to interpreter shutdown, a loader
+        # of this process waited forever for their answer to its detach, and the cache's segments
+        # stayed in /dev/shm.
+        self._atexit = functools.partial(_close_at_exit, weakref.ref(self))
+        atexit.register(self._atexit)
 
     @property
     def address(self) -> str:
@@ -456,6 +463,7 @@ class DataService:
         """Stops serving (attached loaders get an error at their next request) and the cache node."""
         if getattr(self, "_server", None) is None:
             return
+        atexit.unregister(self._atexit)
         self._server.shutdown()
         self._server.server_close()
         self._server = None
@@ -477,6 +485,12 @@ class DataService:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _close_at_exit(ref: "weakref.ref[DataService]") -> None:
+    service = ref()
+    if service is not None:
+        service.close()
 
 
 # ---------------------------------------------------------------- client side

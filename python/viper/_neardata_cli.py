@@ -135,7 +135,7 @@ def _bench(args) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m viper.neardata", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python3 -m viper.neardata", description=" ".join(__doc__.split()))
     commands = ap.add_subparsers(dest="command", required=True)
     s = commands.add_parser("serve", help="run a PipeStore: relabel the shard on every new version")
     s.add_argument("--model", required=True)

@@ -20,7 +20,7 @@ A store's transform turns a batch of raw records (uint8 [B, nbytes]) into the mo
 (default: a float32 view); the label is the argmax of the output and the score its softmax
 probability unless a postprocess(output) -> (labels, scores) is given.
 
-Command line (python3 -m viper.neardata --help): serve, labels, tune, fileserver, bench.
+Command line (python3 -m viper.neardata --help): serve, labels, fileserver, bench.
 """
 from __future__ import annotations
 

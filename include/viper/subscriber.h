@@ -28,8 +28,9 @@
 namespace viper {
 
 enum class FetchPath {
-  kAuto,    // every usable path ranked by predicted time (live measurements); on failure the next:
-            // same host map, copy, then remote; other host remote; file (needs file_dir) last by default
+  kAuto,    // on the node's host map first; the other usable paths ranked by predicted time (live
+            // measurements); on failure the next: same host map, copy, then remote; other host
+            // remote; file (needs file_dir) last by default
   kMap,     // map the node's segment read-only under a lease (zero copy; same host only)
   kCopy,    // copy from the node's segment into our own reused buffer (same host only)
   kRemote,  // chunked UCX transfer into our own reused buffer

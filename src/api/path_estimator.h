@@ -2,6 +2,12 @@
 // live measurements and ranks them, cheapest first. Each path keeps an exponentially weighted
 // bandwidth and a fixed latency; before the first measurement it uses this machine kind's
 // measured figures (docs/ARCHITECTURE.md, "Facts of the machine").
+//
+// One rule is not measured: on the node's host, map ranks first. It is the floor of every other
+// path from that node (copy is map plus a memcpy; remote is the node reading the same segment onto
+// a wire that the subscriber then lands and verifies), so a map slowed once by a loaded machine (a
+// lease round trip, a cold mapping's faults) must not leave the subscriber on a costlier path, which
+// would then look fast because it reads through the mapping that map left warm.
 // Thread-safe.
 #pragma once
 
@@ -25,7 +31,8 @@ struct PathChoice {
 
 class PathEstimator {
  public:
-  // Candidates in fallback order; returns them sorted by predicted time (stable for ties).
+  // Candidates in fallback order; returns them sorted by predicted time (stable for ties), map first
+  // when `same_host`.
   std::vector<PathChoice> Rank(const std::vector<FetchPath>& candidates, uint64_t bytes, bool same_host,
                                bool connected) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -41,6 +48,9 @@ class PathEstimator {
     std::stable_sort(out.begin(), out.end(), [](const PathChoice& a, const PathChoice& b) {
       return a.predicted_s < b.predicted_s;
     });
+    if (same_host) {
+      std::stable_partition(out.begin(), out.end(), [](const PathChoice& c) { return c.path == FetchPath::kMap; });
+    }
     return out;
   }
 

@@ -107,8 +107,9 @@ test_chain() {
   local consumers=() k n addr
   for k in 1 2 3 4; do
     addr=$(cat "$TMP/$(echo a b c d | cut -d' ' -f$k).addr")
-    # --path map: a consumer on a relay's host maps that relay's segment (issue 14), nothing else.
-    for n in 1 2; do consumer h$k w$k$n "$addr" 2 --path map || return; consumers+=(w$k$n); done
+    # The default path (auto): a consumer on a relay's host maps that relay's segment, nothing else
+    # (checked below by the exact egress and by each update's path).
+    for n in 1 2; do consumer h$k w$k$n "$addr" 2 || return; consumers+=(w$k$n); done
   done
   # Every consumer and downstream relay has subscribed before the first version.
   wait_for 20 peers_at_least h1 $A 3 && wait_for 20 peers_at_least h2 $B 3 && wait_for 20 peers_at_least h3 $C 3 &&

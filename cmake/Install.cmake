@@ -64,8 +64,20 @@ configure_file(${PROJECT_SOURCE_DIR}/cmake/viper.pc.in ${PROJECT_BINARY_DIR}/pac
 install(FILES ${PROJECT_BINARY_DIR}/package/viper.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
 
 # The systemd unit for `viper serve`, with the installed program's path (packaging/systemd/).
+# The build tree's copy (tests/install/test_systemd_unit.py) names the configured prefix; the
+# installed one is configured again at install time, so that `cmake --install --prefix P` names
+# P/bin/viper, not the configured prefix's.
 set(VIPER_INSTALL_FULL_BINDIR ${CMAKE_INSTALL_FULL_BINDIR})
 configure_file(${PROJECT_SOURCE_DIR}/packaging/systemd/viper-serve.service.in
                ${PROJECT_BINARY_DIR}/package/viper-serve.service @ONLY)
-install(FILES ${PROJECT_BINARY_DIR}/package/viper-serve.service ${PROJECT_SOURCE_DIR}/packaging/systemd/viper-serve.env
+if(IS_ABSOLUTE "${CMAKE_INSTALL_BINDIR}")
+  set(viper_unit_bindir "${CMAKE_INSTALL_BINDIR}")
+else()
+  set(viper_unit_bindir "\${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_BINDIR}")
+endif()
+install(CODE "set(VIPER_INSTALL_FULL_BINDIR \"${viper_unit_bindir}\")
+  configure_file(\"${PROJECT_SOURCE_DIR}/packaging/systemd/viper-serve.service.in\"
+                 \"${PROJECT_BINARY_DIR}/package/install/viper-serve.service\" @ONLY)")
+install(FILES ${PROJECT_BINARY_DIR}/package/install/viper-serve.service
+              ${PROJECT_SOURCE_DIR}/packaging/systemd/viper-serve.env
         DESTINATION ${CMAKE_INSTALL_DATADIR}/viper/systemd)

@@ -30,6 +30,11 @@ if [[ -e "$prefix/include/viper/internal" ]]; then
   echo "install_test: include/viper/internal is installed (in-tree headers only)" >&2
   exit 1
 fi
+unit=$prefix/share/viper/systemd/viper-serve.service
+if ! grep -q "^ExecStart=$prefix/bin/viper serve " "$unit"; then
+  echo "install_test: $unit does not start $prefix/bin/viper: $(grep '^ExecStart=' "$unit")" >&2
+  exit 1
+fi
 
 # 1. Each header alone, two at a time.
 start=$SECONDS

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes python/viper/_viper.pyi, the type stubs of the extension viper._viper, from the built
-module's pybind11 signatures (docstrings); tests/install/test_stubs.py checks that the committed
-file is what this prints for the current build.
+module's pybind11 signatures (docstrings); tests/install/test_pip_install.py checks that the
+committed file is what this prints for the current build.
 
     PYTHONPATH=build/python /usr/bin/python3 scripts/gen_stubs.py            # rewrites the file
     PYTHONPATH=build/python /usr/bin/python3 scripts/gen_stubs.py --check    # exit 1 if stale

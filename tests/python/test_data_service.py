@@ -293,3 +293,23 @@ def test_bad_arguments_and_budgets_are_refused_in_one_line(tree):
         assert r.returncode == 0 and "cache" in json.loads(r.stdout), r.stderr
     finally:
         svc.stop()
+
+
+def test_a_process_that_exits_without_closing_its_service_and_loader_ends_cleanly(tree):
+    """One process runs the service and a loader attached to it and exits without closing either
+    (as a short script does): the service is closed at exit, the loader's detach gets its answer,
+    and the cache's segments go. Before, the process hung at exit and left its segments."""
+    script = textwrap.dedent(r"""
+        import sys
+        import viper.data as vd
+        svc = vd.DataService(sys.argv[1], "127.0.0.1:0")
+        loader = vd.DataLoader(None, batch_size=16, seed=1, service=svc.address)
+        print(os.getpid(), sum(len(y) for _, y in loader), flush=True)
+    """)
+    p = subprocess.run([sys.executable, "-c", "import os\n" + script, str(tree)], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    pid, samples = p.stdout.split()
+    assert int(samples) == N, p.stdout
+    left = glob.glob(f"/dev/shm/vcache.{pid}.*")
+    assert left == [], f"segments left behind: {left[:5]}"

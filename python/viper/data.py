@@ -418,9 +418,13 @@ class _EpochFeed(_Epochs):
             self._pid = os.getpid()
         return self._prefetcher
 
-    def bytes_read(self) -> int:
-        """Bytes this process's prefetchers read from their source, all of them together."""
-        live = self._prefetcher.stats()["bytes_read"] if self._prefetcher is not None and self._pid == os.getpid() else 0
+    def bytes_read(self, live: Optional[int] = None) -> int:
+        """Bytes this process's prefetchers read from their source, all of them together. `live`:
+        the open prefetcher's bytes_read from a stats() just taken (one snapshot: its readers may
+        have read more since)."""
+        if live is None:
+            mine = self._prefetcher is not None and self._pid == os.getpid()
+            live = self._prefetcher.stats()["bytes_read"] if mine else 0
         return self._closed_bytes + live
 
     def close(self) -> None:
@@ -677,7 +681,7 @@ class DataLoader(_Closable):
             st["cache"] = self.cache.stats()
             st["source_bytes"] = st["cache"]["source_bytes"]
         else:
-            st["source_bytes"] = self._feed.bytes_read()
+            st["source_bytes"] = self._feed.bytes_read(live=st["bytes_read"])  # the same snapshot
         return st
 
     def close(self) -> None:

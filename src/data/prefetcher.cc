@@ -84,7 +84,10 @@ struct Prefetcher::Impl {
   Clock::time_point start = Clock::now();
 
   mutable std::mutex mu;
-  std::condition_variable readers_cv, consumer_cv, tuner_cv;
+  // Readers wait on readers_cv while they may claim (index < target_readers) and on parked_cv while
+  // they may not: a notify_one for "room to claim" must reach a reader that can use it. Parked
+  // readers are woken (all of them) only when target_readers grows, or at Close.
+  std::condition_variable readers_cv, parked_cv, consumer_cv, tuner_cv;
   bool stopped = false;       // Close(): every thread leaves
   bool stop_claims = false;   // a failure: no new reads
 
@@ -220,8 +223,12 @@ void Prefetcher::Impl::ReaderLoop(size_t index) {
   std::unique_lock<std::mutex> lk(mu);
   while (true) {
     while (!stopped && !(index < target_readers && CanClaim())) {
+      if (index >= target_readers) {
+        parked_cv.wait(lk);
+        continue;
+      }
       // Time an active reader spends held back by a full buffer is what the tuner calls blocked.
-      bool held_back = index < target_readers && !claims_done && !stop_claims;
+      bool held_back = !claims_done && !stop_claims;
       if (held_back) reader_blocked.Enter();
       readers_cv.wait(lk);
       if (held_back) reader_blocked.Leave();
@@ -280,7 +287,8 @@ void Prefetcher::Impl::TunerLoop() {
                           w.consumer_wait_seconds / w.seconds, w.completed / w.seconds, reason});
       }
       log(LogLevel::kDebug, "prefetch", "tuner: {}", reason);
-      readers_cv.notify_all();
+      readers_cv.notify_all();  // readers now above the target park
+      parked_cv.notify_all();   // and those now below it claim
       if (readers.size() < target_readers) {
         lk.unlock();
         std::optional<std::string> failed;
@@ -417,6 +425,7 @@ void Prefetcher::Close() {
     i.closed = true;
   }
   i.readers_cv.notify_all();
+  i.parked_cv.notify_all();
   i.consumer_cv.notify_all();
   i.tuner_cv.notify_all();
   if (i.tuner_thread.joinable()) i.tuner_thread.join();
@@ -462,7 +471,8 @@ Status Prefetcher::SetLimits(size_t max_readers, uint64_t max_buffer_bytes) {
   // Without the tuner nothing else would start readers up to a raised cap: the setting is the cap.
   bool spawn = !i.opt.autotune && i.readers.size() < max_readers && !i.stopped;
   if (!i.opt.autotune) i.target_readers = max_readers;
-  i.readers_cv.notify_all();
+  i.readers_cv.notify_all();  // readers now above the target park
+  i.parked_cv.notify_all();   // and those now below it claim
   i.tuner_cv.notify_all();
   if (spawn) {
     lk.unlock();

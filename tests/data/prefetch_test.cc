@@ -294,6 +294,25 @@ TEST(PrefetchTest, SetLimitsMovesReadersAndTheByteCap) {
   EXPECT_EQ(p->SetLimits(1, 0).code(), StatusCode::kInvalidArgument);
 }
 
+// Readers above the budget park; the one reader left must still be woken for every sample the
+// consumer takes. With a one-sample byte cap it waits after each read, so a wake-up that reached a
+// parked reader instead (lost: that reader goes back to sleep) left the consumer waiting forever,
+// as a data service's job did after its budget went from 4 readers to 1.
+TEST(PrefetchTest, TheReadersLeftAfterABudgetCutAreWokenForEverySample) {
+  TempDir dir;
+  auto src = Tree(dir, 1, 50, 1000);
+  for (int round = 0; round < 10; ++round) {
+    auto p = StartOrDie(src, {.epochs = 0, .readers = 16, .buffer_samples = 64, .autotune = false,
+                              .max_readers = 16, .max_buffer_bytes = 1 << 20});
+    ASSERT_TRUE(p->Next().ok());
+    ASSERT_TRUE(p->SetLimits(1, 1000).ok());  // one reader, one sample read ahead at a time
+    for (int i = 0; i < 200; ++i) {
+      auto s = p->Next(5s);
+      ASSERT_TRUE(s.ok()) << "round " << round << ", sample " << i << ": " << s.status().ToString();
+    }
+  }
+}
+
 TEST(PrefetchTest, NextBatchStopsAtTheEpoch) {
   TempDir dir;
   auto src = Tree(dir, 1, 10, 64);

@@ -68,7 +68,8 @@ void Subscriber::Impl::OnRegistryAnnounce(const HolderRecord& record) {
       if (connected && record.node.address != registry_node) {
         log(LogLevel::kInfo, kLog, "{}: node {} on this host holds it too: switching from {}", options.model,
             record.node.address, registry_node);
-        dropped = std::move(client);  // the next load connects there
+        dropped = std::move(client);
+        cv.notify_all();  // the loader (waiting for a version or a lost connection) connects there now
       }
       registry_node = record.node.address;
       registry_node_host_key = record.node.host_key;

@@ -9,7 +9,9 @@
 #include <thread>
 #include <vector>
 
+#include "viper/node.h"
 #include "viper/publisher.h"
+#include "viper/registry.h"
 #include "viper/subscriber.h"
 
 namespace viper {
@@ -108,6 +110,64 @@ TEST(SubscriberCallback, CallbacksSetDuringPublishingSeeVersionsInOrderOnce) {
     EXPECT_EQ(v.back(), static_cast<uint64_t>(kVersions)) << "callback " << k;
     for (size_t i = 1; i < v.size(); ++i) EXPECT_LT(v[i - 1], v[i]) << "callback " << k << " at " << i;
   }
+}
+
+// on_connection through a registry: a node on this host announcing the version the subscriber
+// already has makes it leave the remote node it reached first (OnRegistryAnnounce drops that
+// connection). The loader must be woken to connect there: it used to sleep until the next version,
+// subscribed to no node meanwhile (a registry outage then cut it off from every announcement).
+TEST(SubscriberCallback, MovesToANodeOnThisHostAnnouncingTheLiveVersion) {
+  const std::string model = "callback-registry-move";
+  PublisherOptions po;
+  po.model = model;
+  po.mode = PublishMode::kSync;
+  po.node.segment_prefix = "viper-callback-test-c";
+  auto pub = Publisher::Start(po);
+  ASSERT_TRUE(pub.ok()) << pub.status().ToString();
+  std::vector<uint8_t> bytes(4096, 7);
+  std::vector<TensorData> tensors = {{{"w", DType::kU8, {4096}}, std::as_bytes(std::span(bytes))}};
+  ASSERT_TRUE((*pub)->Publish(tensors).ok());
+  NodeOptions no;
+  no.segment_prefix = "viper-callback-test-d";
+  auto near = Node::Start(no);
+  ASSERT_TRUE(near.ok()) << near.status().ToString();
+  auto registry = OpenRegistry("embedded");
+  ASSERT_TRUE(registry.ok()) << registry.status().ToString();
+  std::optional<proto::VersionInfo> info = (*pub)->node().Latest(model);
+  ASSERT_TRUE(info.has_value());
+  // The producer's node as if on another host: the subscriber connects there first.
+  HolderRecord far{NodeRecordFor("far", (*pub)->address(), "another-host", 1), *info};
+  ASSERT_TRUE((*registry)->Put(std::span(&far, 1), 60s).ok());
+
+  std::mutex mu;
+  std::vector<std::string> nodes;
+  auto last_node = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return nodes.empty() ? std::string("(none)") : nodes.back();
+  };
+  SubscriberOptions so;
+  so.model = model;
+  so.registry = "embedded";
+  so.on_connection = [&](const std::string& node, bool, const SubscriberStats&) {
+    std::lock_guard<std::mutex> lock(mu);
+    nodes.push_back(node);
+  };
+  auto sub = Subscriber::Start(so);
+  ASSERT_TRUE(sub.ok()) << sub.status().ToString();
+  ASSERT_TRUE((*sub)->WaitFor(1, 10s).ok()) << (*sub)->last_error().ToString();
+  ASSERT_EQ(last_node(), (*pub)->address());
+
+  // A node on this host announces version 1 too.
+  HolderRecord here{NodeRecordFor("here", (*near)->address(), LocalHostKey(), 2), *info};
+  here.info.replicas = {{proto::ReplicaKind::kNode, LocalHostKey(), (*near)->address()}};
+  auto put = (*registry)->Put(std::span(&here, 1), 60s);
+  ASSERT_TRUE(put.ok()) << put.status().ToString();
+  ASSERT_TRUE((*registry)->Announce(here).ok());
+  for (int i = 0; i < 500 && last_node() != (*near)->address(); ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(last_node(), (*near)->address()) << "still not connected to the node on this host 5 s after its announcement";
+  sub->reset();
+  (void)(*registry)->Remove(far.node.id, model, 1);
+  (void)(*registry)->Remove(here.node.id, model, 1);
 }
 
 }  // namespace

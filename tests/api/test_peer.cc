@@ -8,7 +8,8 @@
 //       half of version V in place (zero-copy draft) and hangs there, writing "hanging V" to S.
 //       With --copy each version is copied in by Publish() (the path that announces a version to
 //       remote readers while it copies: cut-through); --hang-in-copy V then stalls that copy half
-//       way through version V, writing "copying V" to S.
+//       way through version V, writing "copying V" to S; --pause-in-copy V pauses it there for
+//       --pause-ms T (default 2000), so that a remote reader's FETCH surely finds V being copied.
 //   consume --model M --connect A --until V [--threads K] [--path map|copy|auto] --result F [--timeout-s T]
 //           [--min-reads R]
 //       Reads the live model from K threads in a loop until every thread has seen version >= V
@@ -99,11 +100,16 @@ int Produce(const std::map<std::string, std::string>& f) {
   const std::string state_file = Get(f, "state-file");
   const bool copy = Get(f, "copy", "0") == "1";
   const uint64_t hang_in_copy = std::stoull(Get(f, "hang-in-copy", "0"));
-  if (hang_in_copy != 0) {
+  const uint64_t pause_in_copy = std::stoull(Get(f, "pause-in-copy", "0"));
+  const auto pause = std::chrono::milliseconds(std::stoi(Get(f, "pause-ms", "2000")));
+  if (hang_in_copy != 0 || pause_in_copy != 0) {
     auto hooks = std::make_shared<NodeTestHooks>();
-    hooks->publish_landed = [hang_in_copy, state_file](const std::string&, uint64_t version, uint64_t landed,
-                                                       uint64_t size) {
-      if (version != hang_in_copy || landed < size / 2) return;
+    auto paused = std::make_shared<std::atomic<bool>>(false);
+    hooks->publish_landed = [hang_in_copy, pause_in_copy, pause, paused, state_file](
+                                const std::string&, uint64_t version, uint64_t landed, uint64_t size) {
+      if (landed < size / 2) return;
+      if (version == pause_in_copy && !paused->exchange(true)) std::this_thread::sleep_for(pause);
+      if (version != hang_in_copy) return;
       WriteFileAtomic(state_file, "copying " + std::to_string(version) + "\n");
       for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
     };

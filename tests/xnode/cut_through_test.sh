@@ -34,7 +34,10 @@ test_received_while_copied() {
   # 3 versions of 96 MiB (one 96 MiB tensor + small ones), one every 1.5 s; full copies (each
   # version's byte pattern differs from the last by one XOR constant: a delta would be tiny, and a
   # consumer holding a base would rightly wait for it).
-  produce p1 7400 --versions 3 --tensor-bytes $((96 << 20)) --interval-ms 1500 --wait-peers 2 --delta off
+  # Version 1's copy pauses 2 s half way, so that h2's FETCH finds it being copied however late a
+  # loaded machine schedules h2 (the copy alone can end before h2 has even read the INCOMING).
+  produce p1 7400 --versions 3 --tensor-bytes $((96 << 20)) --interval-ms 1500 --wait-peers 2 --delta off \
+    --pause-in-copy 1
   wait_for 20 test -s "$TMP/p1.addr" || { failed "the producer never listened"; return; }
   on h2 "$VIPER" watch m --connect $A:7400 --path remote --json --count 3 --timeout 40 >"$TMP/w1.json" 2>"$TMP/w1.err" &
   local watch=$!
@@ -57,9 +60,9 @@ test_received_while_copied() {
   for ((k = 1; k <= n; k++)); do
     check "update $k on h2: path remote" test "$(field "$TMP/w1.json" $((k - 1)) path)" = remote
     reason=$(field "$TMP/w1.json" $((k - 1)) reason)
-    # Version 1 is published once both consumers are connected and idle, so its FETCH always finds
-    # it being copied; a later one may find it committed already when h2 is still busy with the
-    # last (a loaded 2-vCPU machine), and then comes as any committed version.
+    # Version 1 is published once both consumers are connected and idle, and its copy pauses half
+    # way, so its FETCH finds it being copied; a later one may find it committed already when h2 is
+    # still busy with the last (a loaded 2-vCPU machine), and then comes as any committed version.
     if ((k == 1)); then
       check "version 1 on h2 came through the cut-through ($reason)" grep -q 'cut-through' <<<"$reason"
     else

@@ -501,16 +501,18 @@ Result<uint64_t> Client::Publish(const std::string& model, std::span<const std::
   VIPER_ASSIGN_OR_RETURN(proto::Message m, impl_->Await(id, reply));
   if (!std::holds_alternative<proto::PublishReady>(m)) return Status::Internal("unexpected reply to PUBLISH");
   uint64_t tag = std::get<proto::PublishReady>(m).tag;
-  // The final reply (PublishOk or Error) reuses the request id.
-  auto [id2, final_reply] = [&] {
+  // The final reply (PublishOk or Error) reuses the request id. A connection lost since READY
+  // came ended every pending request then, not this one: fail now instead of waiting the timeout.
+  std::future<proto::Message> final_reply;
+  {
     std::lock_guard<std::mutex> lock(impl_->mu);
+    if (impl_->closed) return impl_->close_reason;
     auto p = std::make_shared<std::promise<proto::Message>>();
     impl_->pending[id] = p;
-    return std::make_pair(id, p->get_future());
-  }();
+    final_reply = p->get_future();
+  }
   const uint32_t chunk = impl_->options.chunk_bytes;
   uint32_t chunks = static_cast<uint32_t>((snapshot.size() + chunk - 1) / chunk);
-  auto failures = std::make_shared<std::atomic<int>>(0);
   auto sent = std::make_shared<std::atomic<uint64_t>>(0);
   const uint64_t total = snapshot.size();
   auto report = progress ? std::make_shared<const ProgressFn>(progress) : nullptr;
@@ -519,13 +521,12 @@ Result<uint64_t> Client::Publish(const std::string& model, std::span<const std::
     uint64_t length = std::min<uint64_t>(chunk, snapshot.size() - begin);
     // `progress` is held by the completions: one may run after this call returned with an error.
     impl_->engine->SendBulk(impl_->node, tag + i, snapshot.subspan(begin, length),
-                            [failures, sent, length, total, report](const Status& st) {
-                              if (!st.ok()) failures->fetch_add(1);
+                            [sent, length, total, report](const Status& st) {
                               uint64_t done = sent->fetch_add(length) + length;
                               if (st.ok() && report) (*report)(done, total);
                             });
   }
-  VIPER_ASSIGN_OR_RETURN(proto::Message done, impl_->Await(id2, final_reply));
+  VIPER_ASSIGN_OR_RETURN(proto::Message done, impl_->Await(id, final_reply));
   if (!std::holds_alternative<proto::PublishOk>(done)) return Status::Internal("unexpected reply to PUBLISH");
   return std::get<proto::PublishOk>(done).version;
 }

@@ -269,7 +269,7 @@ void Node::Impl::HandlePublish(net::PeerId peer, const proto::Publish& m) {
   struct Incoming {
     WriteLease lease;
     uint32_t pending = 0;
-    bool failed = false;
+    Status failed;  // the first chunk that did not arrive
   };
   auto in = std::make_shared<Incoming>();
   in->lease = std::move(lease).value();
@@ -282,9 +282,13 @@ void Node::Impl::HandlePublish(net::PeerId peer, const proto::Publish& m) {
     auto piece = in->lease.data().subspan(begin, std::min<uint64_t>(chunk, m.size - begin));
     engine->RecvBulk(peer, tag + i, piece,
                      [this, in, peer, req = m.request_id, model = m.model, step = m.step, t = m.publish_ns](const Status& st) {
-                       if (!st.ok()) in->failed = true;
+                       if (!st.ok() && in->failed.ok()) in->failed = st;
                        if (--in->pending != 0) return;
-                       if (in->failed) return;  // the segment goes back to the pool with `in`
+                       if (!in->failed.ok()) {  // the segment goes back to the pool with `in`
+                         // The client waits for this answer (a gone client never reads it).
+                         return SendError(peer, req, proto::ErrorCode::kBadRequest,
+                                          "snapshot not received: " + in->failed.message());
+                       }
                        worker->Post([this, in, peer, req, model, step, t] {
                          FinishClientPublish(peer, req, model, std::move(in->lease), step, t);
                        });

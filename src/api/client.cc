@@ -495,9 +495,10 @@ Status Client::AnnounceReplica(const std::string& model, uint64_t version, const
 
 Result<uint64_t> Client::Publish(const std::string& model, std::span<const std::byte> snapshot, uint64_t step,
                                  int64_t publish_ns, const ProgressFn& progress) {
+  // The node posts its receives in chunks of what we ask, clamped: ask for exactly what we send.
+  const uint32_t chunk = proto::ClampChunkBytes(impl_->options.chunk_bytes, 4u << 20);
   auto [id, reply] = impl_->NewRequest();
-  VIPER_RETURN_IF_ERROR(impl_->SendMessage(
-      proto::Publish{id, model, snapshot.size(), step, publish_ns, impl_->options.chunk_bytes}));
+  VIPER_RETURN_IF_ERROR(impl_->SendMessage(proto::Publish{id, model, snapshot.size(), step, publish_ns, chunk}));
   VIPER_ASSIGN_OR_RETURN(proto::Message m, impl_->Await(id, reply));
   if (!std::holds_alternative<proto::PublishReady>(m)) return Status::Internal("unexpected reply to PUBLISH");
   uint64_t tag = std::get<proto::PublishReady>(m).tag;
@@ -511,7 +512,6 @@ Result<uint64_t> Client::Publish(const std::string& model, std::span<const std::
     impl_->pending[id] = p;
     final_reply = p->get_future();
   }
-  const uint32_t chunk = impl_->options.chunk_bytes;
   uint32_t chunks = static_cast<uint32_t>((snapshot.size() + chunk - 1) / chunk);
   auto sent = std::make_shared<std::atomic<uint64_t>>(0);
   const uint64_t total = snapshot.size();

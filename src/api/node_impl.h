@@ -32,9 +32,7 @@
 namespace viper {
 
 // The chunk size of a SEND: what the peer asked for (else the node's), within [64 KiB, 256 MiB].
-inline uint32_t ClampChunk(uint32_t asked, uint32_t fallback) {
-  return std::clamp<uint32_t>(asked == 0 ? fallback : asked, 64u << 10, 256u << 20);
-}
+inline uint32_t ClampChunk(uint32_t asked, uint32_t fallback) { return proto::ClampChunkBytes(asked, fallback); }
 
 // Bytes being sent to a peer in chunks, with a window of sends in flight. Lives until the last
 // chunk completes; holds what keeps the bytes valid (a lease, a file mapping, or the incoming

@@ -11,6 +11,7 @@
 // the buffer's size justifies. Thread-safety: pure functions.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -31,6 +32,12 @@ inline constexpr size_t kFrameHeaderBytes = 12;
 inline constexpr uint32_t kMaxListEntries = 65536;
 inline constexpr uint32_t kMaxCounters = 256;
 inline constexpr uint32_t kMaxFrameBytes = 64 * 1024 * 1024;
+// The bulk chunk of a FETCH (SEND) or PUBLISH: what the client asked (0: the node's own), clamped
+// to [64 KiB, 256 MiB]. A PUBLISH's client cuts its bytes with the same rule, so its chunks are
+// the receives the node posted.
+inline uint32_t ClampChunkBytes(uint32_t asked, uint32_t fallback) {
+  return std::clamp<uint32_t>(asked == 0 ? fallback : asked, 64u << 10, 256u << 20);
+}
 
 enum class MessageType : uint16_t {
   kHello = 1, kHelloOk = 2, kSubscribe = 3, kUnsubscribe = 4, kNotify = 5, kFetch = 6, kFetchOk = 7,

@@ -496,7 +496,7 @@ Status Client::AnnounceReplica(const std::string& model, uint64_t version, const
 Result<uint64_t> Client::Publish(const std::string& model, std::span<const std::byte> snapshot, uint64_t step,
                                  int64_t publish_ns, const ProgressFn& progress) {
   // The node posts its receives in chunks of what we ask, clamped: ask for exactly what we send.
-  const uint32_t chunk = proto::ClampChunkBytes(impl_->options.chunk_bytes, 4u << 20);
+  const uint32_t chunk = proto::ClampChunkBytes(impl_->options.chunk_bytes, ClientOptions{}.chunk_bytes);
   auto [id, reply] = impl_->NewRequest();
   VIPER_RETURN_IF_ERROR(impl_->SendMessage(proto::Publish{id, model, snapshot.size(), step, publish_ns, chunk}));
   VIPER_ASSIGN_OR_RETURN(proto::Message m, impl_->Await(id, reply));

@@ -26,7 +26,7 @@ void Node::Impl::StartBulkSend(net::PeerId peer, const proto::Fetch& m, const pr
                      "FETCH offset " + std::to_string(m.offset) + " of " + m.model + " version " +
                          std::to_string(info.version) + ": must be below its size " + std::to_string(send->bytes.size()));
   send->offset = m.offset;
-  send->chunk = ClampChunk(m.chunk_bytes, options.chunk_bytes);
+  send->chunk = proto::ClampChunkBytes(m.chunk_bytes, options.chunk_bytes);
   send->chunks = static_cast<uint32_t>((send->bytes.size() - send->offset + send->chunk - 1) / send->chunk);
   send->started_ns = WallClockNs();
   proto::FetchOk ok;

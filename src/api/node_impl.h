@@ -31,9 +31,6 @@
 
 namespace viper {
 
-// The chunk size of a SEND: what the peer asked for (else the node's), within [64 KiB, 256 MiB].
-inline uint32_t ClampChunk(uint32_t asked, uint32_t fallback) { return proto::ClampChunkBytes(asked, fallback); }
-
 // Bytes being sent to a peer in chunks, with a window of sends in flight. Lives until the last
 // chunk completes; holds what keeps the bytes valid (a lease, a file mapping, or the incoming
 // version it forwards). Fields are touched on the progress thread only.

@@ -273,7 +273,7 @@ void Node::Impl::HandlePublish(net::PeerId peer, const proto::Publish& m) {
   };
   auto in = std::make_shared<Incoming>();
   in->lease = std::move(lease).value();
-  uint32_t chunk = ClampChunk(m.chunk_bytes, options.chunk_bytes);
+  uint32_t chunk = proto::ClampChunkBytes(m.chunk_bytes, options.chunk_bytes);
   uint32_t chunks = static_cast<uint32_t>((m.size + chunk - 1) / chunk);
   uint64_t tag = next_tag.fetch_add(1) << 32;
   in->pending = chunks;

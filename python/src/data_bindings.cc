@@ -128,6 +128,20 @@ struct PrefetcherHandle {
   std::unique_ptr<viper::Prefetcher> p;
   bool pending_end = false;  // a batch stopped at the epoch's end: the next call reports the end
 
+  PrefetcherHandle(std::unique_ptr<viper::Prefetcher> prefetcher) : p(std::move(prefetcher)) {}
+  PrefetcherHandle(PrefetcherHandle&&) = default;
+  // Collected without close(): the readers are joined without the GIL, which a reader inside a
+  // callable source's read() needs to finish it (holding it here, the process hung).
+  ~PrefetcherHandle() {
+    if (!p) return;
+    if (PyGILState_Check() == 0) {
+      p.reset();
+      return;
+    }
+    py::gil_scoped_release release;
+    p.reset();
+  }
+
   viper::Prefetcher& live() {
     if (!p) Raise(Status::FailedPrecondition("Prefetcher is closed"));
     return *p;
@@ -434,7 +448,7 @@ void BindPrefetcher(py::module_& m) {
   py::class_<PrefetcherHandle>(m, "_Prefetcher")
       .def(py::init([](const SourceHandle& src, viper::PrefetchOptions o, std::vector<uint64_t> ids) {
         o.ids = std::move(ids);
-        return PrefetcherHandle{Unwrap(viper::Prefetcher::Start(src.source, o))};
+        return PrefetcherHandle(Unwrap(viper::Prefetcher::Start(src.source, o)));
       }))
       .def("next", [](PrefetcherHandle& h, std::optional<double> timeout) -> py::object {
         std::optional<viper::Sample> s = h.Next(timeout);

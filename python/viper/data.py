@@ -51,9 +51,11 @@ naming it, unless on_error="skip" (then it is skipped and counted in stats()).
 """
 from __future__ import annotations
 
+import atexit
 import math
 import os
 import textwrap
+import weakref
 from collections.abc import Mapping
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Tuple
 
@@ -287,6 +289,22 @@ def write_records(path, samples: Iterable[Tuple[Any, int]], metadata: bytes = b"
     return writer.records
 
 
+# The prefetchers of this process still open when it exits. They are closed by atexit, before the
+# interpreter finalizes: a reader thread still calling a callable source then (it retakes the GIL
+# after each blocking call) is ended by the finalizing interpreter inside that call, and the
+# process aborts ("Fatal Python error: drop_gil: GIL is not locked").
+_open_prefetchers: "weakref.WeakSet[Prefetcher]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_prefetchers() -> None:
+    for prefetcher in list(_open_prefetchers):
+        try:
+            prefetcher.close()
+        except Exception:  # noqa: BLE001 (an exit handler reports nothing)
+            pass
+
+
 class Prefetcher(_Handle):
     """Reads the samples of `source` (a path or a Source) with reader threads into a bounded
     buffer, one shuffled epoch after another; the tuner moves the readers and the buffer online.
@@ -300,10 +318,12 @@ class Prefetcher(_Handle):
         self.source = _as_source(source)
         self._pid = os.getpid()
         self._impl = _viper._Prefetcher(self.source._impl, prefetch_options, ids or [])
+        _open_prefetchers.add(self)
 
     def close(self) -> None:
         """Stops and joins the readers. In a process forked from the one that opened it (a
         DataLoader worker), only forgets it: the threads are the parent's."""
+        _open_prefetchers.discard(self)
         if self._impl is not None and self._pid != os.getpid():
             impl, self._impl = self._impl, None
             impl._abandon()

@@ -6,6 +6,9 @@ Run: PYTHONPATH=<build>/python /usr/bin/python3 -m pytest tests/python/test_data
 """
 import gc
 import os
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -105,6 +108,36 @@ def test_dataloader_drop_in(tree):
     assert [int(v) for v in first["x"][:, 0]] == list(range(10))
     del dl
     gc.collect()  # a loader dropped mid-epoch closes its readers
+
+
+# A script whose readers call Python (a callable source) and that ends its prefetcher without
+# close(): the way it ends is the last line, after one sample was read.
+ENDS_WITHOUT_CLOSE = textwrap.dedent(r"""
+    import sys, time
+    import viper.data as vd
+    from viper import _viper
+
+    def read(i):
+        time.sleep(0.001)  # releases the GIL, which the reader then takes back
+        return bytes(64)
+
+    source = vd.callable_source(read, [64] * 5000)
+""")
+
+
+@pytest.mark.parametrize("ending", [
+    # at exit, open: before, the finalizing interpreter ended a reader inside read() and the
+    # process aborted ("Fatal Python error: drop_gil: GIL is not locked")
+    "pf = vd.Prefetcher(source); pf.next(); print('read', flush=True)",
+    "loader = vd.DataLoader(source, batch_size=8); next(iter(loader)); print('read', flush=True)",
+    # collected without close(): before, its readers were joined holding the GIL they waited for
+    "impl = _viper._Prefetcher(source._impl, _viper._PrefetchOptions(), []); impl.next(); del impl; "
+    "print('read', flush=True)",
+], ids=["prefetcher-at-exit", "dataloader-at-exit", "collected"])
+def test_readers_calling_python_end_cleanly_without_close(ending):
+    p = subprocess.run([sys.executable, "-c", ENDS_WITHOUT_CLOSE + ending], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0 and p.stdout == "read\n", (p.returncode, p.stdout, p.stderr[-2000:])
 
 
 def test_bad_files_fail_or_skip(tmp_path):

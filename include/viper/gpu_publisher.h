@@ -55,7 +55,7 @@ class GpuPublisher {
   Result<uint64_t> CommitDevice(gpu::DeviceDraft draft, const gpu::Stream& producer_stream,
                                 const PublishInfo& info = {});
   // Blocks until `version` is committed in the host tier (announced to every subscriber), or the
-  // first error of the host path.
+  // first error of its device copy or of the host path (Timeout only if neither came in time).
   Status WaitHost(uint64_t version, std::chrono::milliseconds timeout);
   gpu::DeviceVersionStore& store() { return *store_; }
 

@@ -270,8 +270,13 @@ Result<uint64_t> GpuPublisher::CommitDevice(gpu::DeviceDraft draft, const gpu::S
 }
 
 Status GpuPublisher::WaitHost(uint64_t version, std::chrono::milliseconds timeout) {
+  // First the store's seal: a version whose device copy failed never reaches the commit below, and
+  // the store has its error. A sealed version has been handed to Commit (committed or failed).
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const std::string what = "GPU version " + std::to_string(version) + " to the host tier";
+  VIPER_RETURN_IF_ERROR(store_->Wait(version, timeout, /*sealed=*/true).WithContext(what));
   std::unique_lock lock(shared_->mu);
-  bool done = shared_->cv.wait_for(lock, timeout, [&] { return !shared_->failed.ok() || shared_->committed >= version; });
+  bool done = shared_->cv.wait_until(lock, deadline, [&] { return !shared_->failed.ok() || shared_->committed >= version; });
   if (!shared_->failed.ok()) return shared_->failed;
   if (!done) return Status::Timeout("GPU version " + std::to_string(version) + " not in the host tier after " +
                                     std::to_string(timeout.count()) + " ms");

@@ -16,10 +16,15 @@
 //   through /proc/<pid>/fd. cuPointerGetAttribute knows every allocation and mapping.
 // - One device. VIPER_CUDA_EMULATOR_COPY_GBPS (default: none) slows every stream copy to that
 //   rate, to widen the windows in which work that is not ordered by events would race.
+// - Asynchronous errors are sticky. viper_cuda_emulator_fail_next_copy(code) (a test's hook, found
+//   with dlsym) makes the next copy a stream runs fail: from then on every stream and event
+//   synchronization returns `code`, as the driver's calls do after a copy or kernel faulted on the
+//   device (an illegal address, an Xid). Code 0 disarms it and ends the error.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -40,7 +45,11 @@ using CUresult = int;
 using CUdeviceptr = unsigned long long;
 constexpr CUresult kSuccess = 0, kInvalidValue = 1, kOutOfMemory = 2, kInvalidDevice = 101, kInvalidHandle = 400,
                    kNotReady = 600, kNotSupported = 801;
+constexpr CUresult kIllegalAddress = 700;
 constexpr uint32_t kHandleMagic = 0x4d454356;  // "VCEM"
+
+std::atomic<CUresult> fail_next_copy{kSuccess};  // armed by the tests' hook
+std::atomic<CUresult> sticky_error{kSuccess};
 
 int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -173,7 +182,13 @@ CUresult StreamCopy(void* dst, const void* src, size_t n, void* stream, bool hos
     Copy(dst, src, n);
     return kSuccess;
   }
-  s->Queue([dst, src, n] { Copy(dst, src, n); });
+  s->Queue([dst, src, n] {
+    if (CUresult fault = fail_next_copy.exchange(kSuccess); fault != kSuccess) {
+      sticky_error.store(fault);  // the copy faulted on the device: nothing lands
+      return;
+    }
+    Copy(dst, src, n);
+  });
   return kSuccess;
 }
 
@@ -289,7 +304,7 @@ __attribute__((visibility("default"))) CUresult cuStreamDestroy_v2(void* s) {
 }
 __attribute__((visibility("default"))) CUresult cuStreamSynchronize(void* s) {
   if (s != nullptr) static_cast<Stream*>(s)->Synchronize();
-  return kSuccess;
+  return sticky_error.load();
 }
 __attribute__((visibility("default"))) CUresult cuEventCreate(void** out, unsigned) {
   *out = new std::shared_ptr<Event>(std::make_shared<Event>());
@@ -329,9 +344,10 @@ __attribute__((visibility("default"))) CUresult cuEventSynchronize(void* ev) {
     generation = e->recorded;
   }
   e->WaitFor(generation);
-  return kSuccess;
+  return sticky_error.load();
 }
 __attribute__((visibility("default"))) CUresult cuEventQuery(void* ev) {
+  if (CUresult sticky = sticky_error.load(); sticky != kSuccess) return sticky;
   Event* e = static_cast<std::shared_ptr<Event>*>(ev)->get();
   std::lock_guard lock(e->mu);
   return e->completed >= e->recorded ? kSuccess : kNotReady;
@@ -407,9 +423,16 @@ __attribute__((visibility("default"))) CUresult cuGetErrorString(CUresult r, con
     case kInvalidHandle: *text = "invalid resource handle (emulator)"; break;
     case kNotReady: *text = "device not ready (emulator)"; break;
     case kNotSupported: *text = "operation not supported (emulator)"; break;
+    case kIllegalAddress: *text = "an illegal memory access was encountered (emulator)"; break;
     default: *text = "unknown error (emulator)"; return kInvalidValue;
   }
   return kSuccess;
+}
+
+// Not the driver's: the tests' hook for an asynchronous error (see the top of this file).
+__attribute__((visibility("default"))) void viper_cuda_emulator_fail_next_copy(CUresult code) {
+  fail_next_copy.store(code);
+  if (code == kSuccess) sticky_error.store(kSuccess);
 }
 
 }  // extern "C"

@@ -4,6 +4,7 @@
 //
 // Without a GPU this binary prints "SKIPPED: <reason>" and exits 77, which CTest reports as
 // Skipped (SKIP_RETURN_CODE 77), not Passed; with VIPER_FAIL_ON_SKIP=1 it exits 1 instead.
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -616,6 +617,50 @@ TEST(Gpu, AConsumerWithoutAGpuGetsTheVersionsThroughTheHostPath) {
     EXPECT_TRUE(std::equal(a.host.begin(), a.host.end(), d0.begin(), d0.end()));
     EXPECT_TRUE(std::equal(b.host.begin(), b.host.end(), d1.begin(), d1.end()));
   }
+}
+
+// The emulator's hook that makes the next copy a stream runs fault on the "device", and every
+// synchronization after it return that error (as a real context does); null on a real driver.
+using FailNextCopyFn = void (*)(int);
+FailNextCopyFn EmulatorFailNextCopyHook() {
+  const char* library = std::getenv("VIPER_CUDA_LIBRARY");
+  if (library == nullptr) return nullptr;
+  void* handle = dlopen(library, RTLD_NOW | RTLD_NOLOAD);  // the driver Viper loaded
+  return handle ? reinterpret_cast<FailNextCopyFn>(dlsym(handle, "viper_cuda_emulator_fail_next_copy")) : nullptr;
+}
+
+TEST(Gpu, WaitHostReportsTheDevicesErrorInsteadOfWaitingOutItsTimeout) {
+  // A version whose device copy fails never reaches the host tier: WaitHost (the Python flush())
+  // returns the device's error at once. Before, it waited its whole timeout and said Timeout.
+  FailNextCopyFn fail_next_copy = EmulatorFailNextCopyHook();
+  if (fail_next_copy == nullptr) GTEST_SKIP() << "the failure is injected by the CUDA emulator (not loaded)";
+  PublisherOptions po;
+  po.model = "gpu-model";
+  po.node.segment_prefix = "viper-gpu-test";
+  auto pub = Publisher::Start(po);
+  ASSERT_TRUE(pub.ok()) << pub.status().ToString();
+  auto gp = GpuPublisher::Start(pub->get());
+  ASSERT_TRUE(gp.ok()) << gp.status().ToString();
+  auto s = Stream::Create(0);
+  ASSERT_TRUE(s.ok());
+  DevTensor a = Upload(RandomBytes(1 << 20, 41), *s);
+  auto first = (*gp)->PublishDevice(Specs({&a}), *s, PublishInfo{.step = 1});
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  ASSERT_TRUE((*gp)->WaitHost(*first, 20s).ok());
+  ASSERT_TRUE(s->Synchronize().ok());
+
+  fail_next_copy(700);  // CUDA_ERROR_ILLEGAL_ADDRESS, in a copy of the next version
+  auto second = (*gp)->PublishDevice(Specs({&a}), *s, PublishInfo{.step = 2});  // queues: no error yet
+  if (!second.ok()) fail_next_copy(0);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  const auto start = std::chrono::steady_clock::now();
+  Status host = (*gp)->WaitHost(*second, 20s);
+  const auto waited = std::chrono::steady_clock::now() - start;
+  fail_next_copy(0);
+  EXPECT_FALSE(host.ok());
+  EXPECT_NE(host.code(), StatusCode::kTimeout) << host.ToString();
+  EXPECT_NE(host.message().find("illegal memory access"), std::string::npos) << host.ToString();
+  EXPECT_LT(waited, 5s);
 }
 
 // viper_gpu_subscriber (a Subscriber with gpu_device 0) in its own process, over pipes.

@@ -41,6 +41,10 @@ from . import _checks as _check
 PROTOCOL = 1
 MAX_FRAME_JSON = 16 << 20
 MAX_FRAME_BLOB = 1 << 30
+# A connection must send its first request (with its proof of the token) within this many seconds;
+# after that it may idle as long as it likes (a loader between epochs). Until then it is a stranger
+# holding one of the service's threads.
+HANDSHAKE_SECONDS = 5.0
 MAX_READERS = 1024
 MIN_MEMORY = 1 << 20  # a job's read-ahead budget: at least 1 MiB
 _HEADER = struct.Struct(">II")
@@ -302,6 +306,7 @@ class DataService:
         streams: list[_Stream] = []
         next_pin = 1
         try:
+            sock.settimeout(HANDSHAKE_SECONDS)
             _send(sock, {"service": "viper-data", "protocol": PROTOCOL, "nonce": nonce})
             req, _ = _recv(sock)
             if self._token:
@@ -309,6 +314,7 @@ class DataService:
                 if not hmac.compare_digest(str(req.get("auth", "")), want):
                     _send(sock, {"error": "unauthenticated: wrong or missing token"})
                     return
+            sock.settimeout(None)
             while True:
                 op = req.get("op")
                 try:
@@ -505,16 +511,22 @@ class _Connection:
         except OSError as e:
             raise ServiceError(f"{owner}: service={address!r}: cannot connect: {e.strerror or e}") from None
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.sock.settimeout(None)
         self.lock = threading.Lock()
-        try:
+        try:  # within `timeout`, as the connect: a peer that accepts and says nothing is not a service
             hello, _ = _recv(self.sock)
         except (OSError, ConnectionError, ValueError) as e:
+            self.close()
             raise ServiceError(f"{owner}: service={address!r}: not a viper data service ({e})") from None
         if hello.get("service") != "viper-data" or hello.get("protocol") != PROTOCOL:
+            self.close()
             raise ServiceError(f"{owner}: service={address!r}: not a viper data service of protocol {PROTOCOL}")
         auth = hmac.new(token.encode(), str(hello.get("nonce", "")).encode(), hashlib.sha256).hexdigest() if token else ""
-        self.info = self.call({"op": "hello", "auth": auth}, owner)[0]
+        try:
+            self.info = self.call({"op": "hello", "auth": auth}, owner)[0]
+        except ServiceError:
+            self.close()
+            raise
+        self.sock.settimeout(None)  # then a request may wait as long as its samples take
 
     def call(self, req: dict, owner: str) -> tuple[dict, bytes]:
         with self.lock:

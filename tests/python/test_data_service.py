@@ -313,3 +313,38 @@ def test_a_process_that_exits_without_closing_its_service_and_loader_ends_cleanl
     assert int(samples) == N, p.stdout
     left = glob.glob(f"/dev/shm/vcache.{pid}.*")
     assert left == [], f"segments left behind: {left[:5]}"
+
+
+def test_a_connection_that_never_proves_the_token_is_dropped_and_a_silent_service_is_refused(tree, monkeypatch):
+    """A stranger that connects and says nothing holds one of the service's threads only for the
+    handshake time (before, forever); a client that authenticated may idle past it. A client whose
+    "service" accepts and says nothing fails within its timeout (before, it waited forever)."""
+    import socket
+    from viper import _data_service
+    monkeypatch.setattr(_data_service, "HANDSHAKE_SECONDS", 0.5)
+    svc = vd.DataService(tree, "127.0.0.1:0", token="s3cret")
+    try:
+        host, port = svc.address.rsplit(":", 1)
+        with vd.ServiceControl(svc.address, token="s3cret") as ctl:
+            stranger = socket.create_connection((host, int(port)), timeout=30)
+            greeting = _data_service._recv(stranger)[0]
+            assert greeting["service"] == "viper-data"
+            start = time.monotonic()
+            assert stranger.recv(1) == b"", "the service closes a connection that sent nothing"
+            assert time.monotonic() - start < 10
+            stranger.close()
+            time.sleep(1.0)  # the authenticated connection idles past the handshake time
+            assert ctl.set_budget("j", readers=2) == {"job": "j", "readers": 2, "memory": 64 << 20}
+    finally:
+        svc.close()
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(1)
+    try:
+        start = time.monotonic()
+        with pytest.raises(vd.ServiceError, match=r"not a viper data service \(timed out\)"):
+            vd.ServiceControl("127.0.0.1:%d" % silent.getsockname()[1], timeout=0.5)
+        assert time.monotonic() - start < 10
+    finally:
+        silent.close()

@@ -12,6 +12,7 @@
 #include <limits>
 
 #include "api_bindings.h"
+#include "core/token_file.h"
 #include "viper/log.h"
 #include "viper/metrics.h"
 
@@ -68,6 +69,10 @@ py::dict NodeStatsDict(const viper::NodeStats& stats) {
 void BindNode(py::module_& m) {
   m.def("_set_log_level", [](int level) { viper::set_log_level(static_cast<viper::LogLevel>(level)); });
   m.def("_log_level", [] { return static_cast<int>(viper::log_level()); });
+  m.def("_resolve_token", [](const std::string& token_file) { return Unwrap(viper::ResolveToken(token_file)); },
+        py::arg("token_file"),
+        "The token from token_file if named, else $VIPER_TOKEN, else ''; the viper command's rule (an "
+        "owner-only file of one line).");
   py::class_<NodeHandle>(m, "_Node")
       .def(py::init([](const viper::NodeOptions& o) {
              auto handle = std::make_unique<NodeHandle>();

@@ -12,8 +12,11 @@ cache, so no sample bytes cross the socket. Only a sample the cache cannot hold 
 is full) travels in the reply, and is counted (`inline_samples`).
 
 Wire: TCP, each message a frame: u32 JSON length, u32 blob length (big-endian), the JSON object,
-the blob (inline sample bytes). The first frame from the service carries a nonce; a service with a
-token wants HMAC-SHA256(token, nonce) in hex as the `auth` of the first request.
+the blob (inline sample bytes). With a token, both ends prove they hold it, neither sending it: the
+service's first frame carries its nonce, and the client's first request (`hello`) carries
+`auth` = HMAC-SHA256(token, that nonce) in hex and a nonce of its own, which the service's reply
+answers with `proof` = HMAC-SHA256(token, "viper-data service " + the client's nonce). A client
+with a token refuses a service that does not prove it (a stranger on the port, or another token).
 """
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ import numpy as np
 from . import _viper
 from . import _checks as _check
 
-PROTOCOL = 1
+PROTOCOL = 2
 MAX_FRAME_JSON = 16 << 20
 MAX_FRAME_BLOB = 1 << 30
 # A connection must send its first request (with its proof of the token) within this many seconds;
@@ -52,6 +55,15 @@ _HEADER = struct.Struct(">II")
 
 class ServiceError(_viper.Error):
     """The data service refused a request or could not be reached (the message says which)."""
+
+
+def _client_proof(token: str, service_nonce: Any) -> str:
+    return hmac.new(token.encode(), str(service_nonce).encode(), hashlib.sha256).hexdigest()
+
+
+def _service_proof(token: str, client_nonce: Any) -> str:
+    # Another message than the client's: a proof one side sent never passes for the other's.
+    return hmac.new(token.encode(), b"viper-data service " + str(client_nonce).encode(), hashlib.sha256).hexdigest()
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -309,11 +321,12 @@ class DataService:
             sock.settimeout(HANDSHAKE_SECONDS)
             _send(sock, {"service": "viper-data", "protocol": PROTOCOL, "nonce": nonce})
             req, _ = _recv(sock)
+            proof = None
             if self._token:
-                want = hmac.new(self._token.encode(), nonce.encode(), hashlib.sha256).hexdigest()
-                if not hmac.compare_digest(str(req.get("auth", "")), want):
+                if not hmac.compare_digest(str(req.get("auth", "")), _client_proof(self._token, nonce)):
                     _send(sock, {"error": "unauthenticated: wrong or missing token"})
                     return
+                proof = _service_proof(self._token, req.get("nonce", ""))
             sock.settimeout(None)
             while True:
                 op = req.get("op")
@@ -324,7 +337,10 @@ class DataService:
                     else:
                         for p in req.get("release", ()):
                             pins.pop(int(p), None)
-                        _send(sock, self._control(op, req, streams))
+                        reply = self._control(op, req, streams)
+                        if op == "hello" and proof:
+                            reply["proof"] = proof
+                        _send(sock, reply)
                 except (_viper.Error, TypeError, ValueError, KeyError) as e:
                     _send(sock, {"error": str(e)})
                 req, _ = _recv(sock)
@@ -520,9 +536,13 @@ class _Connection:
         if hello.get("service") != "viper-data" or hello.get("protocol") != PROTOCOL:
             self.close()
             raise ServiceError(f"{owner}: service={address!r}: not a viper data service of protocol {PROTOCOL}")
-        auth = hmac.new(token.encode(), str(hello.get("nonce", "")).encode(), hashlib.sha256).hexdigest() if token else ""
+        nonce = secrets.token_hex(16)
+        req = {"op": "hello", "auth": _client_proof(token, hello.get("nonce", "")) if token else "", "nonce": nonce}
         try:
-            self.info = self.call({"op": "hello", "auth": auth}, owner)[0]
+            self.info = self.call(req, owner)[0]
+            if token and not hmac.compare_digest(str(self.info.get("proof", "")), _service_proof(token, nonce)):
+                raise ServiceError(f"{owner}: service={address!r} did not prove that it holds the token: not the "
+                                   "service meant (another process on its port), or one with another token or none")
         except ServiceError:
             self.close()
             raise

@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 
-from . import Error
+from . import Error, _viper
 
 
 def _print_event(as_json: bool, event: dict) -> None:
@@ -81,17 +81,8 @@ def _serve(args) -> int:
 
 
 def _token(token_file) -> str:
-    """The token from --token-file, else $VIPER_TOKEN, else none (as the viper command reads it)."""
-    if not token_file:
-        return os.environ.get("VIPER_TOKEN", "")
-    try:
-        with open(token_file) as f:
-            token = f.readline().rstrip("\r\n ")
-    except OSError as e:
-        raise Error(f"--token-file {token_file!r}: cannot read it: {e.strerror}") from None
-    if not token:
-        raise Error(f"--token-file {token_file!r} is empty")
-    return token
+    """The token from --token-file, else $VIPER_TOKEN, else none: the viper command's rule."""
+    return _viper._resolve_token(token_file or "")
 
 
 def _labels(args) -> int:

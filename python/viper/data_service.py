@@ -13,20 +13,12 @@ import signal
 import sys
 import threading
 
-from . import Error
+from . import Error, _viper
 
 
 def _token(token_file) -> str:
-    if not token_file:
-        return ""
-    try:
-        with open(token_file) as f:
-            token = f.read().strip()
-    except OSError as e:
-        raise Error(f"--token-file {token_file!r}: cannot read it: {e.strerror}") from None
-    if not token:
-        raise Error(f"--token-file {token_file!r} is empty")
-    return token
+    """The token from --token-file, else $VIPER_TOKEN, else none: the viper command's rule."""
+    return _viper._resolve_token(token_file or "")
 
 
 def main(argv=None) -> int:

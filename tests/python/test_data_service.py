@@ -348,3 +348,102 @@ def test_a_connection_that_never_proves_the_token_is_dropped_and_a_silent_servic
         assert time.monotonic() - start < 10
     finally:
         silent.close()
+
+
+class FakeService:
+    """A stranger on a port that speaks the service's greeting and answers `hello` as told
+    (`proof`: what it puts there, None for nothing), recording every request it gets after that."""
+
+    def __init__(self, proof):
+        import socket
+        import threading
+        from viper import _data_service
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = "127.0.0.1:%d" % self.listener.getsockname()[1]
+        self.after_hello = []
+
+        def serve():
+            while True:
+                try:
+                    conn, _ = self.listener.accept()
+                except OSError:
+                    return
+                with conn:
+                    try:
+                        _data_service._send(conn, {"service": "viper-data", "protocol": _data_service.PROTOCOL,
+                                                   "nonce": "00" * 16})
+                        _data_service._recv(conn)
+                        reply = {"ok": True, "node": "127.0.0.1:1", "pid": 1, "samples": N}
+                        if proof is not None:
+                            reply["proof"] = proof
+                        _data_service._send(conn, reply)
+                        self.after_hello.append(_data_service._recv(conn)[0])
+                    except (OSError, ConnectionError):
+                        pass
+
+        self.thread = threading.Thread(target=serve, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.listener.close()
+
+
+def test_the_token_is_proven_both_ways_and_a_stranger_on_the_port_gets_nothing(tree, tmp_path):
+    """With a token, the client proves it to the service and the service proves it to the client,
+    neither sending it. A client refuses a "service" that cannot prove it (a stranger that took the
+    port, or a service with another token or none) before sending it any request; before, it
+    attached to whatever answered and took its samples (and segment names) as the service's."""
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret\n")
+    token_file.chmod(0o600)
+    svc = Service(tree, "--token-file", str(token_file))
+    try:
+        with vd.ServiceControl(svc.address, token="s3cret") as ctl:
+            assert ctl.set_budget("j", readers=2)["readers"] == 2
+        loader = vd.DataLoader(None, batch_size=16, seed=1, service=svc.address, service_token="s3cret")
+        assert sum(len(y) for _, y in loader) == N
+        loader.close()
+        with pytest.raises(vd.ServiceError, match=r"refused: unauthenticated: wrong or missing token"):
+            vd.ServiceControl(svc.address, token="wrong")
+        with pytest.raises(vd.ServiceError, match=r"refused: unauthenticated: wrong or missing token"):
+            vd.ServiceControl(svc.address)
+        r = subprocess.run([VIPER, "data", "jobs", "--node", svc.address, "--token-file", str(token_file)],
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0 and isinstance(json.loads(r.stdout), list), r.stderr
+    finally:
+        svc.stop()
+
+    untokened = Service(tree)
+    try:  # a service without a token proves nothing: a client that has one does not trust it
+        with pytest.raises(vd.ServiceError, match=r"did not prove that it holds the token"):
+            vd.ServiceControl(untokened.address, token="s3cret")
+    finally:
+        untokened.stop()
+
+    # The Python commands read a token file by the viper command's rule: owner-only, one line.
+    token_file.chmod(0o644)
+    many = tmp_path / "two-lines"
+    many.write_text("one\ntwo\n")
+    many.chmod(0o600)
+    for module, path, rule in (("viper.data_service", token_file, "has mode 0644: group or others may access it"),
+                               ("viper.neardata", many, "holds more than one line; a token is one line")):
+        args = ["jobs", "--node", "127.0.0.1:1"] if module == "viper.data_service" else \
+            ["serve", "--model", "m", "--factory", "x:y", "--data", "d", "--labels", "l", "--connect", "127.0.0.1:1"]
+        r = subprocess.run([sys.executable, "-m", module, *args, "--token-file", str(path)], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode != 0 and rule in r.stderr and r.stderr.count("\n") == 1, (module, r.stderr)
+    token_file.chmod(0o600)
+
+    for proof in (None, "ab" * 32, "not hex"):
+        fake = FakeService(proof)
+        try:
+            with pytest.raises(vd.ServiceError, match=r"did not prove that it holds the token: not the service meant"):
+                vd.DataLoader(None, batch_size=16, service=fake.address, service_token="s3cret")
+            r = subprocess.run([VIPER, "data", "set-budget", "--node", fake.address, "--job", "j", "--readers", "2",
+                                "--token-file", str(token_file)], capture_output=True, text=True, timeout=30)
+            assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+            assert "did not prove that it holds the token" in r.stderr, r.stderr
+            time.sleep(0.2)  # a request sent after hello would have reached the fake by now
+            assert fake.after_hello == [], f"sent to a stranger: {fake.after_hello}"
+        finally:
+            fake.close()

@@ -3,8 +3,10 @@
 // job's reader and memory budget set at run time.
 //
 // The service speaks frames over TCP: a big-endian u32 JSON length, a u32 blob length, the JSON
-// object, the blob. Its first frame carries a nonce; with a token, the first request's `auth` is
-// HMAC-SHA256(token, nonce) in hex.
+// object, the blob (protocol 2). With a token, both ends prove they hold it: the service's first
+// frame carries its nonce, the first request (`hello`) `auth` = HMAC-SHA256(token, that nonce) in
+// hex and a nonce of ours, and the service's reply `proof` = HMAC-SHA256(token, "viper-data service
+// " + our nonce), without which nothing is sent to it.
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -30,6 +32,7 @@ using nlohmann::json;
 
 constexpr uint32_t kMaxJson = 16u << 20;
 constexpr double kTimeoutSeconds = 10;
+constexpr int kProtocol = 2;
 
 class ServiceConnection {
  public:
@@ -125,6 +128,15 @@ struct DataFlags {
 
 int CallUnchecked(const std::string& command, const DataFlags& f, json request, const char* field);
 
+// The hello reply's `proof` is HMAC-SHA256(token, "viper-data service " + nonce), compared in
+// constant time.
+bool ServiceProved(const std::string& token, const std::string& nonce, const json& reply) {
+  if (!reply.contains("proof") || !reply["proof"].is_string()) return false;
+  auto got = crypto::FromHex(reply["proof"].get<std::string>());
+  crypto::Mac want = crypto::HmacSha256(token, "viper-data service " + nonce);
+  return got.ok() && crypto::EqualConstantTime(*got, want);
+}
+
 // Connects, authenticates, sends `request` and prints the reply's `field` as JSON. A reply of the
 // wrong shape (a field of the wrong type) is the service's fault: one line, exit 1.
 int Call(const std::string& command, const DataFlags& f, json request, const char* field) {
@@ -142,15 +154,16 @@ int CallUnchecked(const std::string& command, const DataFlags& f, json request, 
   if (Status st = c.Connect(f.node); !st.ok()) return Fail(command, st);
   auto hello = c.Receive();
   if (!hello.ok()) return Fail(command, Status(hello.status().code(), "--node " + f.node + ": " + hello.status().message()));
-  if (hello->value("service", "") != "viper-data" || hello->value("protocol", 0) != 1) {
-    return Fail(command, Status::InvalidArgument("--node " + f.node + " is not a viper data service (protocol 1)"));
+  if (hello->value("service", "") != "viper-data" || hello->value("protocol", 0) != kProtocol) {
+    return Fail(command, Status::InvalidArgument("--node " + f.node + " is not a viper data service (protocol " +
+                                                 std::to_string(kProtocol) + ")"));
   }
+  auto nonce_bytes = crypto::RandomBytes(16);
+  if (!nonce_bytes.ok()) return Fail(command, nonce_bytes.status());
+  const std::string nonce = crypto::ToHex(*nonce_bytes);
   std::string auth;
-  if (!token->empty()) {
-    crypto::Mac mac = crypto::HmacSha256(*token, hello->value("nonce", ""));
-    auth = crypto::ToHex(std::span<const std::byte>(mac));
-  }
-  for (json req : {json{{"op", "hello"}, {"auth", auth}}, std::move(request)}) {
+  if (!token->empty()) auth = crypto::ToHex(crypto::HmacSha256(*token, hello->value("nonce", "")));
+  for (json req : {json{{"op", "hello"}, {"auth", auth}, {"nonce", nonce}}, std::move(request)}) {
     if (Status st = c.Send(req); !st.ok()) return Fail(command, st);
     auto reply = c.Receive();
     if (!reply.ok()) return Fail(command, reply.status());
@@ -158,7 +171,15 @@ int CallUnchecked(const std::string& command, const DataFlags& f, json request, 
       std::string why = (*reply)["error"].is_string() ? (*reply)["error"].get<std::string>() : (*reply)["error"].dump();
       return Fail(command, Status::InvalidArgument("the data service at " + f.node + " refused: " + why));
     }
-    if (req["op"] != "hello") std::cout << reply->at(field).dump(1) << std::endl;
+    if (req["op"] == "hello") {
+      if (!token->empty() && !ServiceProved(*token, nonce, *reply)) {
+        return Fail(command, Status::PermissionDenied("--node " + f.node + " did not prove that it holds the token: "
+                                                      "not the service meant (another process on its port), or one "
+                                                      "with another token or none"));
+      }
+      continue;
+    }
+    std::cout << reply->at(field).dump(1) << std::endl;
   }
   return 0;
 }

@@ -111,7 +111,6 @@ def disk_baseline(paths: list, threads: int = 16) -> float:
 # ---------------------------------------------------------------- one run (in its own process)
 
 def run_one(cfg: dict) -> dict:
-    import numpy as np
     import torch
     torch.set_num_threads(1)
     paths, ids, batch, steps = cfg["paths"], cfg["ids"], cfg["batch"], cfg["steps"]

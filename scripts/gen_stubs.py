@@ -160,7 +160,7 @@ def generate() -> str:
     import viper._viper as mod  # noqa: PLC0415 (after argparse, so --help works without a build)
 
     out = [HEADER]
-    out.append(f"__version__: str")
+    out.append("__version__: str")
     for name in sorted(vars(mod)):
         if name.startswith("__"):
             continue

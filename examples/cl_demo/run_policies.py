@@ -31,7 +31,6 @@ Results: <workdir>/policies.json, plot: <workdir>/policies.png (or --plot).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import statistics

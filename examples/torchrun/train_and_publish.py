@@ -61,7 +61,7 @@ def main() -> int:
             return 2
     use_cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if use_cuda else "gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if use_cuda else torch.device("cpu")
 
     torch.manual_seed(0)  # the same initial weights on every rank (DDP also broadcasts rank 0's)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import sys
 import warnings
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 

@@ -33,7 +33,7 @@ if __name__ == "__main__":  # the command line, before torch is imported (`label
 import importlib
 import threading
 import time
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch

@@ -1,7 +1,6 @@
 """Python's side of the shared registry: Publisher/Node/Subscriber take `registry=`; a consumer given
 only the model and a Redis URL finds the producer's node (a real redis-server on a free loopback
 port, started and stopped here)."""
-import os
 import socket
 import subprocess
 import tempfile
@@ -61,7 +60,7 @@ def test_subscriber_finds_the_publisher_through_redis(redis_url):
 
 
 def test_embedded_registry_in_one_process():
-    with viper.Node(registry="embedded") as node:
+    with viper.Node(registry="embedded"):
         with viper.Publisher("pyemb", mode="sync", registry="embedded") as pub:
             pub.publish({"w": np.ones(4, dtype=np.int32)})
             with viper.Subscriber("pyemb", registry="embedded") as sub:

@@ -159,8 +159,8 @@ def test_every_listed_version_is_pulled_on_the_nodes_host_also_after_kill9():
                         assert got.version == 4 and got.path == path, (got.version, got.path, sub.last_error())
                         assert {k: np.array(got[k]).tobytes() for k in got.keys()} == tensors_of(inputs[4]), path
                 check_listed_pull(tmp, py_node.address, inputs, store)
-            print(f"\ntiers: versions 2-4 listed and pulled bit-exact on the node's host (keep-host-versions 1, keep-file-versions 3), "
-                  f"again after kill -9, and by Subscriber map/copy/remote with every version file-only")
+            print("\ntiers: versions 2-4 listed and pulled bit-exact on the node's host (keep-host-versions 1, keep-file-versions 3), "
+                  "again after kill -9, and by Subscriber map/copy/remote with every version file-only")
         finally:
             if node.proc.poll() is None:
                 node.kill9()

@@ -328,6 +328,13 @@ struct SampleCacheHandle {
     if (!cache) Raise(Status::FailedPrecondition("SampleCache is closed"));
     return *cache;
   }
+  // For a call made without the GIL: checked (and the error raised) while the caller holds it, and
+  // a reference of the call's own, so a close() on another thread meanwhile (a rehearsal buffer's
+  // fetch thread and its owner's close) leaves the cache alive until the call returns.
+  std::shared_ptr<viper::SampleCache> held() const {
+    live();
+    return cache;
+  }
 };
 
 struct JobCountersHandle {
@@ -418,18 +425,22 @@ void BindSampleCache(py::module_& m) {
         py::buffer_info info = data.request();
         std::span<const std::byte> bytes(static_cast<const std::byte*>(info.ptr),
                                          static_cast<size_t>(info.size * info.itemsize));
+        std::shared_ptr<viper::SampleCache> c = h.held();
         Status st;
         {
           py::gil_scoped_release release;
-          st = h.live().PutObject(key, bytes);
+          st = c->PutObject(key, bytes);
+          c.reset();  // the last reference if closed meanwhile: the node stops without the GIL
         }
         ThrowIfError(st);
       }, py::arg("key"), py::arg("data"), "Puts bytes under `key` into this rank's node (SampleCache::PutObject).")
       .def("get_object", [](const SampleCacheHandle& h, size_t node, const std::string& key) -> py::object {
+        std::shared_ptr<viper::SampleCache> c = h.held();
         viper::Result<std::vector<std::byte>> r = Status::Internal("unset");
         {
           py::gil_scoped_release release;
-          r = h.live().GetObject(node, key);
+          r = c->GetObject(node, key);
+          c.reset();
         }
         if (!r.ok() && r.status().code() == viper::StatusCode::kNotFound) return py::none();
         std::vector<std::byte> v = Unwrap(std::move(r));

@@ -267,5 +267,14 @@ def test_arguments_are_checked(tmp_path):
                                               spill_dir=tmp_path)
         assert len(again) == 5 and again.seen == 8, "the shard restored from its spill"
         again.close()
+        # The cache closed under a buffer still open: a clear error (before, a segfault: the
+        # binding raised its error without the GIL).
+        late = vd.DistributedRehearsalBuffer(10, cache=cache, sample_shape=(2,), dtype="float32", max_wait=0.0)
+        cache.close()
+        for call in (lambda: late.mix(np.ones((4, 2), np.float32), np.zeros(4, np.int64)),
+                     lambda: cache._cache.put_object("k", b"x"), lambda: cache._cache.get_object(1, "k")):
+            with pytest.raises(viper.Error, match="SampleCache is closed"):
+                call()
+        late.close()
     finally:
         cache.close()

@@ -2,7 +2,10 @@
 
 Schema (user_version 1, application_id 0x56504C42 "VPLB"):
     labels(id INTEGER PRIMARY KEY, label INTEGER, score REAL, version INTEGER, time REAL)
-    meta(key TEXT PRIMARY KEY, value TEXT)       model, seen_version (the version the store labels with now)
+    meta(key TEXT PRIMARY KEY, value TEXT)       model, seen_version (the version the store labels with now),
+                                                 seen_publish_ns (its publish time, which tells a restarted
+                                                 numbering's version from the old run's of the same number)
+A label of version 0 is one the store found stale when the numbering started again.
 
 Every batch is one transaction (a reader sees all of a batch's rows or none of them), with
 synchronous=FULL: a label whose transaction committed survives the store being killed. A file
@@ -34,8 +37,13 @@ def _columns(conn: sqlite3.Connection, table: str) -> list:
     return [(row[1], row[2].upper()) for row in conn.execute(f"PRAGMA table_info({table})")]
 
 
-def _check_existing(path: str) -> None:
-    """Raises unless `path` is absent, empty, or a label database of this schema. Reads only."""
+def check_label_db(path, model: Optional[str]) -> None:
+    """Raises viper.InvalidArgumentError unless `path` is absent, empty, or a label database of
+    this schema (and of `model`, if it names one). Reads only."""
+    _check_existing(os.fspath(path), model)
+
+
+def _check_existing(path: str, model: Optional[str]) -> None:
     try:
         size = os.path.getsize(path)
     except FileNotFoundError:
@@ -60,6 +68,9 @@ def _check_existing(path: str) -> None:
             check = conn.execute("PRAGMA quick_check").fetchone()[0]
             if check != "ok":
                 raise _refuse(path, f"integrity check failed: {check}")
+            stored = conn.execute("SELECT value FROM meta WHERE key='model'").fetchone()
+            if model is not None and stored is not None and stored[0] != model:
+                raise _refuse(path, f"it holds labels of model {stored[0]!r}, not {model!r}")
         finally:
             conn.close()
     except sqlite3.DatabaseError as e:
@@ -72,7 +83,7 @@ class LabelDB:
 
     def __init__(self, path, *, model: Optional[str] = None, readonly: bool = False):
         self.path = os.fspath(path)
-        _check_existing(self.path)
+        _check_existing(self.path, model)
         if readonly:
             if not os.path.exists(self.path) or os.path.getsize(self.path) == 0:
                 raise InvalidArgumentError(f"label database {self.path}: does not exist")
@@ -120,17 +131,29 @@ class LabelDB:
         value = self.meta("seen_version")
         return int(value) if value is not None else 0
 
-    def note_version(self, version: int) -> None:
-        """Records that the store now labels with `version`: labels of every other version are
-        stale from now on. A subscriber's versions never go backwards, so a lower number than
-        the last means the model's numbering started again (a node that kept no file tier):
-        then the labels of the higher, older numbers are the stale ones."""
-        if version != self.seen_version:
-            with self._transaction():
-                self._set_meta("seen_version", int(version))
+    def note_version(self, version: int, publish_ns: int = 0) -> None:
+        """Records that the store now labels with `version` (published at `publish_ns` on the
+        producer's clock; 0: unknown): labels of every other version are stale from now on. The
+        model's numbering can start again (a node that kept no file tier): a lower number than the
+        last, or the same number published at another time, is a version of the new run, and the
+        labels numbered from it up are the old run's; they are marked stale (version 0, which no
+        version has), so that none passes for one of the new run's."""
+        seen = self.seen_version
+        seen_ns = int(self.meta("seen_publish_ns") or 0)
+        restarted = version < seen or (version == seen and 0 not in (publish_ns, seen_ns) and publish_ns != seen_ns)
+        if version == seen and not restarted and publish_ns in (0, seen_ns):
+            return
+        with self._transaction():
+            if restarted:
+                self._conn.execute("UPDATE labels SET version=0 WHERE version>=?", (int(version),))
+            self._set_meta("seen_version", int(version))
+            self._set_meta("seen_publish_ns", int(publish_ns))
 
     def write_batch(self, ids: Sequence[int], labels: Sequence[int], scores: Sequence[float], version: int) -> None:
         """One transaction: every row of the batch or none."""
+        if not len(ids) == len(labels) == len(scores):
+            raise ValueError(f"label database: {len(ids)} ids, {len(labels)} labels and {len(scores)} scores: "
+                             "one label and one score per id")
         now = time.time()
         rows = [(int(i), int(l), float(s), int(version), now) for i, l, s in zip(ids, labels, scores)]
         with self._transaction():

@@ -30,6 +30,7 @@ if __name__ == "__main__":  # the command line, before torch is imported (`label
     from viper._neardata_cli import main
     sys.exit(main())
 
+import collections
 import importlib
 import threading
 import time
@@ -40,7 +41,7 @@ import torch
 
 from . import InvalidArgumentError, Publisher, Subscriber, ViperTimeoutError as ViperTimeout
 from . import data as _data
-from ._labeldb import LabelDB
+from ._labeldb import LabelDB, check_label_db
 
 __all__ = ["LabelDB", "PipeStore", "Tuner", "default_transform", "load_callable", "softmax_postprocess"]
 
@@ -115,23 +116,37 @@ class PipeStore:
         self._post = load_callable(postprocess, "postprocess") if postprocess is not None else softmax_postprocess
         self._source = _data.open_source(data)
         self._ids = [int(i) for i in (ids if ids is not None else range(len(self._source)))]
+        if len(set(self._ids)) != len(self._ids):
+            twice = next(i for i, n in collections.Counter(self._ids).items() if n > 1)
+            raise InvalidArgumentError(f"PipeStore: ids: sample {twice} is listed twice (a sample has one label)")
         self._readers = int(readers)
-        self._db = LabelDB(labels, model=model)
         self._on_event = on_event
         self._features_pub: Optional[Publisher] = None
-        if features_listen is not None:  # up from the start: a Tuner may subscribe before any job
-            self._features_pub = Publisher(FEATURES_STREAM.format(model=model, store=name), listen=features_listen,
-                                           mode="sync", delta="off", token=token)
+        self._sub: Optional[Subscriber] = None
+        options = dict(subscriber_options, token=token)
+        if registry is not None:
+            options["registry"] = registry
+        # The label database checked first (read-only: a foreign or another model's file is named
+        # before anything starts) and opened last: a run refused for another argument leaves it as
+        # it was (its first use stamps it with the model).
+        check_label_db(labels, model)
+        try:
+            if features_listen is not None:  # up from the start: a Tuner may subscribe before any job
+                self._features_pub = Publisher(FEATURES_STREAM.format(model=model, store=name),
+                                               listen=features_listen, mode="sync", delta="off", token=token)
+            self._sub = Subscriber(model, connect=connect or "", **options)
+            self._db = LabelDB(labels, model=model)
+        except BaseException:
+            for opened in (self._sub, self._features_pub):
+                if opened is not None:
+                    opened.close()
+            raise
         self._jobs_done: set = set()
         self._lock = threading.Lock()
         self._stats = {"version": 0, "done": self._db.count(), "total": len(self._ids), "samples_per_s": 0.0,
                        "passes": 0, "batches": 0, "samples": 0, "bytes_read": 0, "switches": 0, "feature_rounds": 0,
                        "feature_bytes": 0, "state": "waiting", "error": None}
         self._stop = threading.Event()
-        options = dict(subscriber_options, token=token)
-        if registry is not None:
-            options["registry"] = registry
-        self._sub = Subscriber(model, connect=connect or "", **options)
         self._thread = threading.Thread(target=self._main, name=f"pipestore-{name}", daemon=True)
         self._thread.start()
 
@@ -221,7 +236,7 @@ class PipeStore:
                     continue
                 if current is None or v.version != current.version:
                     current = v
-                    self._db.note_version(v.version)
+                    self._db.note_version(v.version, v.timings["publish_ns"])
                 job = self._active_job(v)
                 if job is not None:
                     self._features(job)
@@ -268,7 +283,7 @@ class PipeStore:
                     break  # a fine-tuning job comes first; the labels follow with its final version
                 if newest is not None and newest.version > loaded:  # the batch boundary: take it now
                     self._sub.load_into(self._module, newest)
-                    self._db.note_version(newest.version)
+                    self._db.note_version(newest.version, newest.timings["publish_ns"])
                     loaded, done, publish_ns = newest.version, self._db.count(newest.version), newest.timings["publish_ns"]
                     with self._lock:
                         self._stats["switches"] += 1
@@ -277,8 +292,12 @@ class PipeStore:
                 raw, _, ids = batch
                 with torch.no_grad():
                     out = self._module(self._transform(raw))
-                labels, scores = self._post(out)
-                self._db.write_batch(ids.tolist(), np.asarray(labels).tolist(), np.asarray(scores).tolist(), loaded)
+                labels, scores = (np.asarray(a) for a in self._post(out))
+                if labels.shape != ids.shape or scores.shape != ids.shape:
+                    raise ValueError(f"postprocess returned labels of shape {labels.shape} and scores of shape "
+                                     f"{scores.shape} for a batch of {len(ids)} samples: one label and one score "
+                                     "per sample")
+                self._db.write_batch(ids.tolist(), labels.tolist(), scores.tolist(), loaded)
                 pass_samples += len(ids)
                 done += len(ids)
                 now = time.monotonic()

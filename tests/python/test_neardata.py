@@ -119,6 +119,15 @@ def test_foreign_corrupt_and_other_model_databases_are_refused_untouched(tmp_pat
         assert _digest(path) == before
     with pytest.raises(viper.InvalidArgumentError, match="labels of model 'm1', not 'm2'"):
         LabelDB(good, model="m2")
+    # A database of another model in rollback-journal mode (a backup by VACUUM INTO) stays so:
+    # before, it was switched to WAL before its model was checked.
+    conn = sqlite3.connect(good, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=DELETE")
+    conn.close()
+    before = _digest(good)
+    with pytest.raises(viper.InvalidArgumentError, match="labels of model 'm1', not 'm2'.*left untouched"):
+        LabelDB(good, model="m2")
+    assert _digest(good) == before
     shard = tmp_path / "shard.rec"
     synth.write_shard(shard, 10, seed=1)
     before = _digest(foreign)
@@ -127,6 +136,13 @@ def test_foreign_corrupt_and_other_model_databases_are_refused_untouched(tmp_pat
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "application_id 0x0" in out.stderr and "left untouched" in out.stderr, out.stderr
     assert _digest(foreign) == before
+    # A run refused for another argument leaves a new database unmade (before, it was stamped with
+    # the mistyped model, and the next run with the right one was refused).
+    fresh = tmp_path / "fresh.db"
+    out = subprocess.run([PY, "-m", "viper.neardata", "serve", "--model", "typo", "--factory", "viper._ndsynth:build",
+                          "--data", str(shard), "--labels", str(fresh), "--connect", "127.0.0.1"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "127.0.0.1" in out.stderr and not fresh.exists(), out.stderr
 
 
 def _serve(tmp_path, shard, db, address, sleep):
@@ -308,6 +324,8 @@ def test_a_store_finds_the_model_through_a_registry(tmp_path):
         nd.PipeStore("nd5", synth.build, shard, tmp_path / "x.db", connect="127.0.0.1:1", registry="embedded")
     with pytest.raises(viper.InvalidArgumentError, match="must be MODULE:FUNCTION"):
         nd.PipeStore("nd5", "no_colon", shard, tmp_path / "x.db", registry="embedded")
+    with pytest.raises(viper.InvalidArgumentError, match="ids: sample 0 is listed twice"):
+        nd.PipeStore("nd5", synth.build, shard, tmp_path / "x.db", registry="embedded", ids=[0, 0, 1])
     pub = viper.Publisher("nd5", listen="127.0.0.1:0", mode="sync", registry="embedded")
     store = nd.PipeStore("nd5", synth.build, shard, tmp_path / "labels.db", registry="embedded", path="remote")
     try:
@@ -335,6 +353,46 @@ def test_labels_command_prints_rows_and_the_stale_ones_as_json(tmp_path):
     assert all(r["time"] > 0 for r in rows)
     out = subprocess.run([PY, "-m", "viper.neardata", "labels", str(path)], capture_output=True, text=True, timeout=60)
     assert out.stdout.splitlines() == ["0\t3\t0.5000\t1 (stale)", "1\t7\t0.7500\t2", "2\t5\t0.1250\t1 (stale)"]
-    with LabelDB(path, model="m") as db:  # the model's numbering started again: 1 is newer than 2
-        db.note_version(1)
-        assert [r["id"] for r in db.rows(stale=True)] == [1] and db.ids_not_at(1, range(3)) == [1]
+    with LabelDB(path, model="m") as db:  # the model's numbering started again: 1 is newer than 2,
+        db.note_version(1)                  # and the old run's labels of 1 are not the new run's
+        assert [r["id"] for r in db.rows(stale=True)] == [0, 1, 2] and db.ids_not_at(1, range(3)) == [0, 1, 2]
+        assert {r["version"] for r in db.rows()} == {0}
+
+
+def test_a_restarted_numbering_that_reaches_the_same_number_is_told_by_its_publish_time(tmp_path):
+    """Before, a producer restarted without a file tier whose new version had the number the store
+    last labelled (another model) found every label current: nothing was relabelled."""
+    with LabelDB(tmp_path / "l.db", model="m") as db:
+        db.note_version(3, publish_ns=1000)
+        db.write_batch([0, 1], [5, 6], [0.5, 0.5], version=3)
+        db.note_version(3, publish_ns=1000)  # the same version seen again
+        assert db.ids_not_at(3, range(2)) == []
+        db.note_version(3, publish_ns=2000)  # another version numbered 3
+        assert db.ids_not_at(3, range(2)) == [0, 1] and [r["id"] for r in db.rows(stale=True)] == [0, 1]
+        db.write_batch([0], [7], [0.5], version=3)
+        db.note_version(4, publish_ns=3000)  # onwards as usual: labels of 3 are stale, none is lost
+        assert db.ids_not_at(4, range(2)) == [0, 1] and db.count() == 2
+
+
+def test_a_postprocess_that_returns_fewer_labels_fails_the_store(tmp_path):
+    """Before, the rows it did not return were dropped, wait_refreshed() said every sample was
+    done, and the store then read the shard again and again without end."""
+    shard = tmp_path / "shard.rec"
+    synth.write_shard(shard, 100, seed=2)
+    pub = viper.Publisher("nd6", listen="127.0.0.1:0", mode="sync")
+    store = nd.PipeStore("nd6", synth.build, shard, tmp_path / "l.db", connect=pub.address, path="remote",
+                         postprocess=__name__ + ":_short_postprocess", batch_size=10)
+    try:
+        pub.publish(synth.build().state_dict())
+        wait_until(lambda: store.stats()["state"] == "failed", 60, "the store fails")
+        assert "postprocess returned labels of shape (9,) and scores of shape (9,) for a batch of 10 samples" in \
+            store.stats()["error"]
+        assert store.stats()["samples"] == 0
+    finally:
+        store.close()
+        pub.close()
+
+
+def _short_postprocess(out):
+    labels, scores = nd.softmax_postprocess(out)
+    return labels[:-1], scores[:-1]

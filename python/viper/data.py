@@ -66,12 +66,16 @@ from . import _checks as _check
 
 
 def _ids(owner: str, ids: Any) -> Optional[list]:
-    """`ids` as a list of sample ids (ints >= 0), or None."""
+    """`ids` as a list of sample ids (ints >= 0), or None (every sample). An empty list is refused:
+    it selects no samples (the C++ prefetcher reads every sample for an empty list)."""
     if ids is None:
         return None
     if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
         raise TypeError(f"{owner}: ids={_check.shown(ids)}: expected a sequence of sample ids, got {type(ids).__name__}")
-    return [_check.integer(owner, f"ids[{i}]", v) for i, v in enumerate(ids)]
+    out = [_check.integer(owner, f"ids[{i}]", v) for i, v in enumerate(ids)]
+    if not out:
+        raise _viper.InvalidArgumentError(f"{owner}: ids=[] selects no samples (ids=None reads every sample)")
+    return out
 
 
 def _callable(owner: str, name: str, value: Any) -> None:
@@ -431,6 +435,10 @@ class _EpochFeed(_Epochs):
         state["_prefetcher"], state["_pid"] = None, None
         return state
 
+    def share_is_empty(self) -> bool:
+        """A torch DataLoader worker beyond the samples (more workers than ids) has none to read."""
+        return _shard(self._ids, len(self._source)) == []
+
     def prefetcher(self) -> Prefetcher:
         if self._prefetcher is None or self._pid != os.getpid():
             self.close()
@@ -519,6 +527,8 @@ class PrefetchDataset(_IterableBase):
         self._transform = transform or _default_transform
 
     def __iter__(self):
+        if self._feed.share_is_empty():
+            return  # (a Prefetcher given no ids would read every sample)
         p = self._feed.begin_epoch()
         transform = self._transform
         for array, label, _ in p:

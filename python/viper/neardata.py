@@ -376,6 +376,9 @@ class PipeStore:
         self._set(state="waiting")
 
     def _extract(self, ids: np.ndarray):
+        if len(ids) == 0:  # a round beyond this store's samples (more chunks than samples): none
+            x_shape, x_dtype = self._feature_layout
+            return np.empty((0, *x_shape), x_dtype), np.empty(0, np.int64), np.empty(0, np.int64)
         xs, ys, order = [], [], []
         prefetcher = _data.Prefetcher(self._source, ids=ids.tolist(), epochs=1, shuffle=False, readers=self._readers)
         try:
@@ -392,7 +395,9 @@ class PipeStore:
                     self._stats["bytes_read"] += int(raw.nbytes)
         finally:
             prefetcher.close()
-        return np.concatenate(xs), np.concatenate(ys), np.concatenate(order)
+        x = np.concatenate(xs)
+        self._feature_layout = (x.shape[1:], x.dtype)  # round 0's chunk is never empty (array_split)
+        return x, np.concatenate(ys), np.concatenate(order)
 
 
 from ._tuner import Tuner  # noqa: E402 (the Tuner uses the names above)

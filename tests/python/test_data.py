@@ -81,6 +81,19 @@ def test_iterable_dataset_with_torch_dataloader(tree):
     ds.close()
 
 
+def test_an_empty_selection_reads_no_samples(tree):
+    """ids=[] is refused (before, it read every sample: the C++ prefetcher's "empty: all"), and
+    torch workers beyond the samples read none (before, each read the whole source)."""
+    for make in (lambda: vd.Prefetcher(tree, ids=[]), lambda: vd.PrefetchDataset(tree, ids=[]),
+                 lambda: vd.DataLoader(tree, batch_size=4, ids=[])):
+        with pytest.raises(viper.InvalidArgumentError, match=r"ids=\[\] selects no samples \(ids=None reads every"):
+            make()
+    ds = vd.PrefetchDataset(tree, ids=[77], transform=lambda a, label: torch.from_numpy(a).view(torch.float32))
+    loader = torch.utils.data.DataLoader(ds, batch_size=1, num_workers=2)  # the second worker has none
+    assert sorted(int(x[0, 0]) for x in loader) == [77]
+    ds.close()
+
+
 def test_dataloader_drop_in(tree):
     n = CLASSES * PER_CLASS
     with vd.DataLoader(tree, batch_size=32, batch_transform=lambda x: x.view(torch.float32)) as dl:

@@ -393,6 +393,25 @@ def test_a_postprocess_that_returns_fewer_labels_fails_the_store(tmp_path):
         pub.close()
 
 
+def test_a_store_with_fewer_samples_than_chunks_sends_empty_rounds(tmp_path):
+    """Before, a round with no ids of this store (np.array_split past the samples) sent the whole
+    shard: ids=[] was "every sample" to the prefetcher."""
+    shard = tmp_path / "s.rec"
+    synth.write_shard(shard, 6, seed=3)
+    tuner = nd.Tuner("nd7", "viper._ndsynth:build", stores={}, listen="127.0.0.1:0", seed=5, lr=0.2, local_epochs=1)
+    store = nd.PipeStore("nd7", "viper._ndsynth:build", shard, tmp_path / "l.db", connect=tuner.address, name="s0",
+                         features_listen="127.0.0.1:0", batch_size=100, path="remote")
+    samples = []
+    try:
+        tuner.stores = {"s0": store.features_address}
+        report = tuner.finetune(epochs=1, chunks=8, timeout=60, on_round=lambda r: samples.append(r["samples"]))
+        assert report["rounds"] == 8 and samples == [1, 1, 1, 1, 1, 1, 0, 0], samples
+        assert store.stats()["error"] is None
+    finally:
+        store.close()
+        tuner.close()
+
+
 def _short_postprocess(out):
     labels, scores = nd.softmax_postprocess(out)
     return labels[:-1], scores[:-1]

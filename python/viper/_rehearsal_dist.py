@@ -176,8 +176,9 @@ class DistributedRehearsalBuffer(_Closable):
         for x, y in loader:
             x, y = buf.mix(x, y)   # x plus round(0.5 * len(x)) samples of the global buffer
 
-`cache`: the rank's viper.data.SampleCache (or a DataLoader with cache_nodes); this rank's shard
-is cache.node, the shards are cache.nodes (one each: a node attached with start_node=False would
+`cache`: the rank's viper.data.SampleCache (or a DataLoader with cache_nodes); the shards are
+cache.nodes, numbered in the order of their addresses (so the ranks may list them in any order),
+this rank's is its node's (one each: a node attached with start_node=False would
 share its host's shard and is refused). The shard holds capacity // n samples (one more on the
 first capacity % n shards). mix() draws from every shard's latest pack (see the module's doc):
 the draws are those of one buffer over every rank's stream, reservoir or class-balanced. `pack`:
@@ -202,8 +203,16 @@ Other keyword options go to the shard (viper.data.RehearsalBuffer)."""
         if not cache.start_node:
             raise _viper.InvalidArgumentError(f"{owner}: cache node {cache.node} is attached (start_node=False): one "
                                               "shard per node, kept by the process that runs the node")
-        self.shards = len(cache.nodes)
-        self.shard = cache.node
+        # Shard s is the node at place s among the nodes' sorted addresses, the same on every rank
+        # whatever the order of its list (which the cache lets each rank choose); before, it was
+        # this rank's list index, and ranks listing the nodes in different orders all published
+        # shard 0 and fetched nothing from each other.
+        by_address = sorted(cache.nodes)
+        if len(set(by_address)) != len(by_address):
+            raise _viper.InvalidArgumentError(f"{owner}: the cache's nodes list a node twice: {cache.nodes}")
+        self.shards = len(by_address)
+        self.shard = by_address.index(cache.nodes[cache.node])
+        self._node_of_shard = [cache.nodes.index(address) for address in by_address]
         capacity = _check.integer(owner, "capacity", capacity, lo=self.shards)
         if policy not in ("reservoir", "class_balanced"):
             raise _viper.InvalidArgumentError(f"{owner}: policy={_check.shown(policy)}: must be 'reservoir' or "
@@ -276,7 +285,7 @@ Other keyword options go to the shard (viper.data.RehearsalBuffer)."""
     def _fetch(self, shard: int) -> None:
         """One fetch of `shard`'s latest pack (a pool thread; the GIL is released while it waits)."""
         try:
-            blob = self._cache._cache.get_object(shard, self._object(shard))
+            blob = self._cache._cache.get_object(self._node_of_shard[shard], self._object(shard))
             pack = None if blob is None else decode_pack(blob, self._sample_bytes, shard)
         except _viper.Error as e:
             with self._mu:

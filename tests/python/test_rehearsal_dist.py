@@ -235,6 +235,30 @@ def test_water_fill_is_one_class_balanced_buffer():
     assert rd.water_fill(9, {0: 100, 1: 100, 2: 100}) == {0: 3, 1: 3, 2: 3}
 
 
+def test_ranks_may_list_the_nodes_in_any_order(tmp_path):
+    """Two ranks listing the same two nodes in opposite orders draw from each other's shard.
+    Before, each was shard 0 (its list index), and neither fetched the other's pack."""
+    a, b = [f"127.0.0.1:{p}" for p in free_ports(2)]
+    src = vd.callable_source(lambda i: np.full(2, i, np.float32).tobytes(), [8] * 100)
+    caches = [vd.SampleCache(src, [a, b], 0, token="t"), vd.SampleCache(src, [b, a], 0, token="t")]
+    bufs = [vd.DistributedRehearsalBuffer(40, cache=c, sample_shape=(2,), dtype="float32", max_wait=5.0)
+            for c in caches]
+    try:
+        assert sorted(buf.state_dict()["shard"] for buf in bufs) == [0, 1]
+        for step in range(20):
+            for r, buf in enumerate(bufs):
+                x = np.full((4, 2), 1000 * r + step, np.float32)
+                buf.mix(x, np.full(4, r, np.int64))
+        for r, buf in enumerate(bufs):
+            st = buf.stats()
+            assert st["remote_draws"] > 0 and st["live"] == [0, 1] and st["fetch_failures"] == 0, (r, st)
+    finally:
+        for buf in bufs:
+            buf.close()
+        for c in caches:
+            c.close()
+
+
 def test_arguments_are_checked(tmp_path):
     src = vd.callable_source(lambda i: bytes(8), [8])
     nodes = [f"127.0.0.1:{p}" for p in free_ports(2)]
@@ -256,11 +280,12 @@ def test_arguments_are_checked(tmp_path):
         x, y = buf.mix(np.ones((4, 2), np.float32), np.zeros(4, np.int64))
         assert len(x) == 6
         st = buf.state_dict()
-        assert st["shard"] == 0 and st["shards"] == 2 and st["capacity"] == 10 and len(st["labels"]) == 5
+        mine = sorted(nodes).index(nodes[0])  # shards are numbered by address
+        assert st["shard"] == mine and st["shards"] == 2 and st["capacity"] == 10 and len(st["labels"]) == 5
         buf.spill()
-        assert os.path.exists(tmp_path / "shard-0" / "rehearsal.vrec")
-        with pytest.raises(viper.InvalidArgumentError, match="state shard=1: this buffer's is 0"):
-            buf.load_state_dict(dict(st, shard=1))
+        assert os.path.exists(tmp_path / f"shard-{mine}" / "rehearsal.vrec")
+        with pytest.raises(viper.InvalidArgumentError, match=f"state shard={1 - mine}: this buffer's is {mine}"):
+            buf.load_state_dict(dict(st, shard=1 - mine))
         buf.load_state_dict(st)
         buf.close()
         again = vd.DistributedRehearsalBuffer(10, cache=cache, sample_shape=(2,), dtype="float32", max_wait=0.0,

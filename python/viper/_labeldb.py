@@ -44,9 +44,14 @@ def check_label_db(path, model: Optional[str]) -> None:
 
 
 def _check_existing(path: str, model: Optional[str]) -> None:
+    if os.path.isdir(path):
+        raise _refuse(path, "is a directory; give the database's file (created if absent)")
     try:
         size = os.path.getsize(path)
     except FileNotFoundError:
+        parent = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(parent):
+            raise InvalidArgumentError(f"label database {path}: its directory {parent} does not exist") from None
         return
     if size == 0:
         return

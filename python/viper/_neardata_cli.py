@@ -8,6 +8,7 @@ import http.server
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -100,9 +101,20 @@ def _labels(args) -> int:
 
 def _fileserver(args) -> int:
     host, port = _host_port(args.listen, "--listen")
+    if not os.path.isdir(args.dir):
+        raise Error(f"--dir {args.dir!r} is not a directory")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+    class Server(http.server.ThreadingHTTPServer):
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
     handler = functools.partial(_QuietHandler, directory=args.dir)
-    server = http.server.ThreadingHTTPServer((host, port), handler)
-    print(json.dumps({"event": "ready", "address": f"{host}:{server.server_address[1]}"}), flush=True)
+    try:
+        server = Server((host, port), handler)
+    except (OSError, socket.gaierror) as e:
+        raise Error(f"--listen {args.listen!r}: cannot listen there: {e.strerror or e}") from None
+    shown = f"[{host}]" if ":" in host else host
+    print(json.dumps({"event": "ready", "address": f"{shown}:{server.server_address[1]}"}), flush=True)
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     server.serve_forever()
     return 0

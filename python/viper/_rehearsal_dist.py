@@ -329,6 +329,7 @@ Other keyword options go to the shard (viper.data.RehearsalBuffer)."""
         (waiting at most max_wait for fetches in flight): (x, y), torch tensors (numpy with
         as_numpy=True); none while no shard holds a sample."""
         k = _check.integer("DistributedRehearsalBuffer.sample()", "k", k)
+        self._check_open("sample")
         self._note_wait(self._await())
         return self._draw(k, as_numpy)
 
@@ -367,6 +368,7 @@ Other keyword options go to the shard (viper.data.RehearsalBuffer)."""
         (add=True) the new samples are offered to this rank's shard, a fresh pack of it is
         published, and the other shards' packs are fetched in the background for the next call.
         Returns torch tensors when x is one, else numpy arrays."""
+        self._check_open("mix")
         t0 = time.perf_counter()
         r = self.ratio if ratio is None else _check.number("DistributedRehearsalBuffer.mix()", "ratio", ratio, lo=0.0)
         _check.boolean("DistributedRehearsalBuffer.mix()", "add", add)
@@ -451,6 +453,10 @@ Other keyword options go to the shard (viper.data.RehearsalBuffer)."""
             st["live"] = sorted(self._packs)
             st["down"] = dict(self._down)
         return st
+
+    def _check_open(self, call: str) -> None:
+        if self._closed:  # (its packs are still at hand: draws would go on from a stale buffer)
+            raise _viper.Error(f"DistributedRehearsalBuffer.{call}(): the buffer is closed")
 
     def close(self) -> None:
         """Stops the prefetch threads (waiting for fetches in flight) and closes the shard."""

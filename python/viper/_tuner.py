@@ -128,6 +128,12 @@ class Tuner:
         process's CPU time over the job, every thread), feature_wire_bytes, losses, timeline (per
         round: wait, the seconds waiting for the features; last_store, the store waited for last;
         train; publish)."""
+        from . import InvalidArgumentError
+        for name, value in (("epochs", epochs), ("chunks", chunks)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidArgumentError(f"Tuner.finetune(): {name}={value!r}: must be an int >= 1")
+        if not self.stores:
+            raise InvalidArgumentError("Tuner.finetune(): no stores: set Tuner.stores to {name: features address}")
         for name in self.stores:
             self._subscriber(name)
         job = secrets.token_hex(4)

@@ -111,6 +111,9 @@ class PipeStore:
             raise InvalidArgumentError(f"batch_size must be >= 1, got {batch_size}")
         self.model, self.name, self.batch_size = model, name, int(batch_size)
         self._module = load_callable(factory)()
+        if not isinstance(self._module, torch.nn.Module):
+            raise InvalidArgumentError(f"factory {factory!r} returned a {type(self._module).__name__}, not a "
+                                       "torch.nn.Module")
         self._module.eval()
         self._transform = load_callable(transform, "transform") if transform is not None else default_transform
         self._post = load_callable(postprocess, "postprocess") if postprocess is not None else softmax_postprocess

@@ -412,6 +412,30 @@ def test_a_store_with_fewer_samples_than_chunks_sends_empty_rounds(tmp_path):
         tuner.close()
 
 
+def test_bad_paths_factories_and_tuner_arguments_get_one_line(tmp_path):
+    """Before: tracebacks (IsADirectoryError, sqlite3.OperationalError, socket.gaierror,
+    AttributeError), a fileserver that served a missing directory as 404s, and a Tuner that ran
+    chunks=0 or epochs=-1 as 0 or -2 rounds."""
+    for args, why in ((["labels", str(tmp_path)], "is a directory"),
+                      (["labels", str(tmp_path / "no" / "l.db")], "does not exist"),
+                      (["fileserver", "--dir", str(tmp_path / "no")], "is not a directory"),
+                      (["fileserver", "--dir", str(tmp_path), "--listen", "nohost.invalid:0"], "cannot listen there"),
+                      (["serve", "--model", "m", "--factory", "os:getcwd", "--data", "x", "--labels",
+                        str(tmp_path / "l.db"), "--connect", "127.0.0.1:1"], "returned a str, not a torch.nn.Module")):
+        out = subprocess.run([PY, "-m", "viper.neardata", *args], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and why in out.stderr and out.stderr.count("\n") == 1, (args, out.stderr)
+    tuner = nd.Tuner("nd8", "viper._ndsynth:build", stores={}, listen="127.0.0.1:0")
+    try:
+        with pytest.raises(viper.InvalidArgumentError, match="no stores"):
+            tuner.finetune()
+        tuner.stores = {"s": "127.0.0.1:1"}
+        for bad in ({"chunks": 0}, {"epochs": -1}, {"chunks": 2.5}):
+            with pytest.raises(viper.InvalidArgumentError, match="must be an int >= 1"):
+                tuner.finetune(**bad)
+    finally:
+        tuner.close()
+
+
 def _short_postprocess(out):
     labels, scores = nd.softmax_postprocess(out)
     return labels[:-1], scores[:-1]

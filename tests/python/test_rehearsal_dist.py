@@ -301,5 +301,7 @@ def test_arguments_are_checked(tmp_path):
             with pytest.raises(viper.Error, match="SampleCache is closed"):
                 call()
         late.close()
+        with pytest.raises(viper.Error, match=r"sample\(\): the buffer is closed"):
+            late.sample(2)  # before, it went on drawing from the packs it held
     finally:
         cache.close()

@@ -528,6 +528,7 @@ class _Connection:
             raise ServiceError(f"{owner}: service={address!r}: cannot connect: {e.strerror or e}") from None
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.lock = threading.Lock()
+        self.broken = ""  # why a request was cut short (then the connection is closed)
         try:  # within `timeout`, as the connect: a peer that accepts and says nothing is not a service
             hello, _ = _recv(self.sock)
         except (OSError, ConnectionError, ValueError) as e:
@@ -550,14 +551,27 @@ class _Connection:
 
     def call(self, req: dict, owner: str) -> tuple[dict, bytes]:
         with self.lock:
+            if self.broken:
+                raise ServiceError(f"{owner}: the connection to the data service at {self.address} was cut "
+                                   f"mid-request ({self.broken}); open a new one")
             try:
                 _send(self.sock, req)
                 reply, blob = _recv(self.sock)
             except (OSError, ConnectionError, ValueError) as e:
+                self._break(str(e))
                 raise ServiceError(f"{owner}: the data service at {self.address} is gone ({e})") from None
+            except BaseException as e:  # KeyboardInterrupt mid-request: its reply would answer the next
+                self._break(type(e).__name__)
+                raise
         if "error" in reply:
             raise ServiceError(f"{owner}: the data service at {self.address} refused: {reply['error']}")
         return reply, blob
+
+    def _break(self, why: str) -> None:
+        """A request left half done: the stream is out of step, so nothing more is sent on it (the
+        service drops this connection's pins and streams when it sees the close)."""
+        self.broken = why
+        self.close()
 
     def close(self) -> None:
         try:
@@ -665,8 +679,9 @@ class ServiceStream:
 
     def next_batch(self, n: int, stack: bool = True):
         t0 = time.perf_counter()
-        reply, blob = self._conn.call({"op": "next", "stream": self.stream, "n": int(n),
-                                       "release": self._take_release()}, "DataLoader: next batch")
+        owner = "DataLoader: next batch"
+        reply, blob = self._live(owner).call({"op": "next", "stream": self.stream, "n": int(n),
+                                              "release": self._take_release()}, owner)
         self.wait_seconds += time.perf_counter() - t0
         self.requests += 1
         if reply.get("end"):
@@ -718,4 +733,9 @@ class ServiceStream:
                 "inline_samples": self.inline_samples}
 
     def service_stats(self) -> dict:
-        return self._conn.call({"op": "stats"}, "DataLoader.stats()")[0]["stats"]
+        return self._live("DataLoader.stats()").call({"op": "stats"}, "DataLoader.stats()")[0]["stats"]
+
+    def _live(self, owner: str) -> _Connection:
+        if self._conn is None:
+            raise ServiceError(f"{owner}: the stream from the data service is closed")
+        return self._conn

@@ -447,3 +447,30 @@ def test_the_token_is_proven_both_ways_and_a_stranger_on_the_port_gets_nothing(t
             assert fake.after_hello == [], f"sent to a stranger: {fake.after_hello}"
         finally:
             fake.close()
+
+
+def test_a_request_cut_short_leaves_the_connection_refusing_instead_of_out_of_step(tree, monkeypatch):
+    """A KeyboardInterrupt between a request and its reply: before, the next call on that
+    connection read the old reply (DataLoader.stats() raised KeyError: 'stats'); now it says the
+    connection was cut, and a closed stream says it is closed (it raised AttributeError)."""
+    from viper import _data_service
+    svc = vd.DataService(tree, "127.0.0.1:0")
+    try:
+        conn = _data_service._Connection("test", svc.address, "", 5)
+        real = _data_service._recv
+
+        def interrupted(sock):
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(_data_service, "_recv", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            conn.call({"op": "jobs"}, "test")
+        monkeypatch.setattr(_data_service, "_recv", real)
+        with pytest.raises(vd.ServiceError, match=r"cut mid-request \(KeyboardInterrupt\); open a new one"):
+            conn.call({"op": "stats"}, "test")
+        stream = _data_service.ServiceStream(svc.address, job="j")
+        stream.close()
+        with pytest.raises(vd.ServiceError, match="the stream from the data service is closed"):
+            stream.next_batch(4)
+    finally:
+        svc.close()

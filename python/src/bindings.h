@@ -15,9 +15,11 @@
 
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "viper/status.h"
@@ -52,6 +54,35 @@ inline std::chrono::milliseconds SecondsToMs(double seconds, const char* what) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::nanoseconds(SecondsToNs(seconds, what)));
 }
 inline double NsToSeconds(int64_t ns) { return static_cast<double>(ns) / 1e9; }
+
+inline const viper::Status& StatusOf(const viper::Status& s) { return s; }
+template <typename T>
+const viper::Status& StatusOf(const viper::Result<T>& r) { return r.status(); }
+
+// A blocking wait that Ctrl-C can end: runs slice(ms) in slices of at most 100 ms until it returns
+// anything but Timeout, and between slices checks for signals (raising KeyboardInterrupt's
+// error_already_set); returns the last Timeout once `timeout` (seconds; nullopt: no limit) has
+// passed. slice(ms) is called with the GIL held, looks its object up (so that a close() on
+// another thread between slices raises "closed" instead of reaching a freed object) and releases
+// the GIL for the wait itself.
+template <typename Slice>
+auto WaitInSlices(std::optional<double> timeout, Slice slice) -> decltype(slice(std::chrono::milliseconds(0))) {
+  using Clock = std::chrono::steady_clock;
+  const bool limited = timeout.has_value();
+  const Clock::time_point deadline =
+      limited ? Clock::now() + std::chrono::nanoseconds(SecondsToNs(*timeout, "timeout")) : Clock::time_point::max();
+  while (true) {
+    std::chrono::milliseconds ms(100);
+    if (limited) {
+      auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
+      ms = std::clamp(left, std::chrono::milliseconds(0), ms);
+    }
+    auto r = slice(ms);
+    if (r.ok() || StatusOf(r).code() != viper::StatusCode::kTimeout) return r;
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    if (limited && Clock::now() >= deadline) return r;
+  }
+}
 
 // Each binds its part of the module; called once from PYBIND11_MODULE in module.cc.
 void BindErrors(py::module_& m);     // module.cc: exception classes (first)

@@ -102,28 +102,6 @@ uint64_t Checked(const SourceHandle& h, uint64_t id) {
   return id;
 }
 
-// Runs `wait(slice)` without the GIL in 100 ms slices until it returns anything but Timeout,
-// checking for signals between slices; Timeout after `timeout` seconds (None: no limit).
-template <typename Wait>
-auto WaitInterruptibly(std::optional<double> timeout, Wait wait) -> decltype(wait(100ms)) {
-  using Clock = std::chrono::steady_clock;
-  const bool limited = timeout.has_value();
-  const Clock::time_point deadline =
-      limited ? Clock::now() + std::chrono::nanoseconds(SecondsToNs(*timeout, "timeout")) : Clock::time_point::max();
-  while (true) {
-    std::chrono::nanoseconds slice = 100ms;
-    if (limited) slice = std::clamp<std::chrono::nanoseconds>(deadline - Clock::now(), 0ns, slice);
-    decltype(wait(slice)) r = Status::Internal("unset");
-    {
-      py::gil_scoped_release release;
-      r = wait(slice);
-    }
-    if (r.ok() || r.status().code() != viper::StatusCode::kTimeout) return r;
-    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-    if (limited && Clock::now() >= deadline) return r;
-  }
-}
-
 struct PrefetcherHandle {
   std::unique_ptr<viper::Prefetcher> p;
   bool pending_end = false;  // a batch stopped at the epoch's end: the next call reports the end
@@ -147,9 +125,13 @@ struct PrefetcherHandle {
     return *p;
   }
   std::optional<viper::Sample> Next(std::optional<double> timeout) {
-    viper::Prefetcher& pf = live();
+    live();
     if (std::exchange(pending_end, false)) return std::nullopt;
-    return Unwrap(WaitInterruptibly(timeout, [&](std::chrono::nanoseconds slice) { return pf.Next(slice); }));
+    return Unwrap(WaitInSlices(timeout, [&](std::chrono::milliseconds slice) {
+      viper::Prefetcher& pf = live();  // again each slice: a close() meanwhile raises
+      py::gil_scoped_release release;
+      return pf.Next(slice);
+    }));
   }
   // Up to n samples of the epoch: fewer at its end, none for the end itself.
   std::vector<viper::Sample> Batch(size_t n) {

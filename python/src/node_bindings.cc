@@ -93,14 +93,12 @@ void BindNode(py::module_& m) {
            })
       .def("stats", [](NodeHandle& h) { return NodeStatsDict(Open(h.node, "Node").stats()); })
       .def("wait_flushed", [](NodeHandle& h, double timeout) {
-             viper::Node& node = Open(h.node, "Node");
-             auto ms = SecondsToMs(timeout, "timeout");
-             Status st;
-             {
+             Open(h.node, "Node");
+             ThrowIfError(WaitInSlices(timeout, [&](std::chrono::milliseconds slice) {
+               viper::Node& node = Open(h.node, "Node");
                py::gil_scoped_release release;
-               st = node.WaitFlushed(ms);
-             }
-             ThrowIfError(st);
+               return node.WaitFlushed(slice);
+             }));
            })
       .def("close", [](NodeHandle& h) {
              std::unique_ptr<viper::Node> n = std::move(h.node);

@@ -251,15 +251,14 @@ void BindPublisher(py::module_& m) {
            "Publishes a _DeviceDraft written by work on `stream` (a CUstream handle, 0 = the legacy default "
            "stream), as publish_device does once its copies are queued (GpuPublisher::CommitDevice).")
       .def("wait", [](PublisherHandle& h, double timeout) {
-             viper::Publisher& pub = Open(h.publisher, "Publisher");
-             auto ms = SecondsToMs(timeout, "timeout");
-             Status st;
-             {
+             Open(h.publisher, "Publisher");
+             ThrowIfError(WaitInSlices(timeout, [&](std::chrono::milliseconds slice) {
+               viper::Publisher& pub = Open(h.publisher, "Publisher");
                py::gil_scoped_release release;
-               st = pub.Wait(ms);
-               if (st.ok() && h.gpu && h.last_device_version != 0) st = h.gpu->WaitHost(h.last_device_version, ms);
-             }
-             ThrowIfError(st);
+               Status st = pub.Wait(slice);
+               if (st.ok() && h.gpu && h.last_device_version != 0) st = h.gpu->WaitHost(h.last_device_version, slice);
+               return st;
+             }));
            })
       .def_property_readonly("address", [](PublisherHandle& h) { return Open(h.publisher, "Publisher").address(); })
       .def_property_readonly("announced_version",

@@ -91,12 +91,17 @@ void BindSubscriber(py::module_& m) {
              return VersionHandle{std::move(v)};
            })
       .def("wait_for", [](SubscriberHandle& h, uint64_t version, double timeout) {
-             viper::Subscriber& sub = Open(h.subscriber, "Subscriber");
-             auto ms = SecondsToMs(timeout, "timeout");
-             viper::Result<std::shared_ptr<const viper::ModelVersion>> got = viper::Status::OK();
-             {
+             Open(h.subscriber, "Subscriber");
+             auto got = WaitInSlices(timeout, [&](std::chrono::milliseconds slice) {
+               viper::Subscriber& sub = Open(h.subscriber, "Subscriber");
                py::gil_scoped_release release;
-               got = sub.WaitFor(version, ms);
+               return sub.WaitFor(version, slice);
+             });
+             if (!got.ok() && got.status().code() == viper::StatusCode::kTimeout) {
+               auto live = Open(h.subscriber, "Subscriber").latest();
+               Raise(viper::Status::Timeout("version " + std::to_string(version) + " not live within " +
+                                            std::to_string(timeout) + " s (live: " +
+                                            (live ? std::to_string(live->version()) : std::string("none")) + ")"));
              }
              return VersionHandle{Unwrap(std::move(got))};
            })

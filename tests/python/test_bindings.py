@@ -251,6 +251,31 @@ def test_blocking_calls_release_the_gil():
     assert ticks[0] > 10_000, ticks[0]
 
 
+def test_ctrl_c_ends_a_blocking_wait_at_once():
+    """SIGINT during Subscriber.wait_for / wait: KeyboardInterrupt within a slice (100 ms). Before,
+    the handler ran only when the whole timeout had passed (20 s)."""
+    script = textwrap.dedent(r"""
+        import os, signal, threading, time
+        import numpy as np
+        import viper
+        with viper.Publisher("m", listen="127.0.0.1:0") as pub, viper.Subscriber("m", connect=pub.address) as sub:
+            pub.publish({"w": np.ones(4, np.float32)})
+            sub.wait_for(1, timeout=30)
+            for wait in (lambda: sub.wait_for(2, timeout=20), lambda: sub.wait(timeout=20)):
+                threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+                start = time.monotonic()
+                try:
+                    wait()
+                except KeyboardInterrupt:
+                    print(f"interrupted after {time.monotonic() - start:.2f} s", flush=True)
+    """)
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert len(lines) == 2 and all(line.startswith("interrupted after ") for line in lines), p.stdout
+    assert all(float(line.split()[2]) < 5 for line in lines), p.stdout
+
+
 def test_options_are_keywords_of_one_table(tmp_path):
     # Node and Publisher share the node's keywords (one table in python/src/module.cc); the C++
     # defaults apply to what is not given, and every class documents its keywords with them.

@@ -433,7 +433,12 @@ void BindSampleCache(py::module_& m) {
         std::shared_ptr<viper::SampleCache> c = std::move(h.cache);
         py::gil_scoped_release release;
         c.reset();  // the node stops when the last prefetcher reading through it is gone too
-      });
+      })
+      .def("_abandon", [](SampleCacheHandle& h) {
+        (void)new std::shared_ptr<viper::SampleCache>(std::move(h.cache));  // a reference never dropped
+      },
+           "In a process forked from the one that opened it: forget the parent's object without touching it (its "
+           "threads and locks are the parent's; closing them here would hang or crash). Its memory is left as it is.");
 }
 
 void BindPrefetcher(py::module_& m) {
@@ -594,6 +599,9 @@ void BindRehearsal(py::module_& m) {
         ThrowIfError(b.LoadState(st));
       }, "Replaces the whole state (see state()); InvalidArgumentError naming what does not fit.")
       .def("close", [](RehearsalHandle& h) { h.b.reset(); }, "Frees the samples (spill() first to keep them).")
+      .def("_abandon", [](RehearsalHandle& h) { (void)h.b.release(); },
+           "In a process forked from the one that opened it: forget the parent's object without touching it (its "
+           "threads and locks are the parent's; closing them here would hang or crash). Its memory is left as it is.")
       .def("__len__", [](const RehearsalHandle& h) { return h.live().size(); })
       .def_property_readonly("seen", [](const RehearsalHandle& h) { return h.live().seen(); })
       .def_property_readonly("class_counts", [](const RehearsalHandle& h) { return h.live().class_counts(); })

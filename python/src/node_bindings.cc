@@ -104,7 +104,10 @@ void BindNode(py::module_& m) {
              std::unique_ptr<viper::Node> n = std::move(h.node);
              py::gil_scoped_release release;
              n.reset();
-           });
+           })
+      .def("_abandon", [](NodeHandle& h) { (void)h.node.release(); },
+           "In a process forked from the one that opened it: forget the parent's object without touching it (its "
+           "threads and locks are the parent's; closing them here would hang or crash). Its memory is left as it is.");
 }
 
 }  // namespace viper_py

@@ -282,7 +282,13 @@ void BindPublisher(py::module_& m) {
              py::gil_scoped_release release;
              g.reset();  // commits its queued versions on the node first
              p.reset();  // waits for queued publishes, flushes, stops the node
-           });
+           })
+      .def("_abandon", [](PublisherHandle& h) {
+             (void)h.gpu.release();
+             (void)h.publisher.release();
+           },
+           "In a process forked from the one that opened it: forget the parent's object without touching it (its "
+           "threads and locks are the parent's; closing them here would hang or crash). Its memory is left as it is.");
 }
 
 }  // namespace viper_py

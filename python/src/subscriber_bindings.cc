@@ -130,7 +130,10 @@ void BindSubscriber(py::module_& m) {
              std::unique_ptr<viper::Subscriber> s = std::move(h.subscriber);
              py::gil_scoped_release release;
              s.reset();
-           });
+           })
+      .def("_abandon", [](SubscriberHandle& h) { (void)h.subscriber.release(); },
+           "In a process forked from the one that opened it: forget the parent's object without touching it (its "
+           "threads and locks are the parent's; closing them here would hang or crash). Its memory is left as it is.");
 }
 
 }  // namespace viper_py

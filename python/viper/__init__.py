@@ -26,8 +26,12 @@ Every handle has close() and works as a context manager.
 """
 from __future__ import annotations
 
+import atexit
 import collections  # noqa: F401 (annotations)
+import itertools
+import os
 import textwrap
+import weakref
 from typing import Any, Mapping, Optional
 
 from . import _checks as _check
@@ -283,6 +287,45 @@ __all__ = ["Error", "InvalidArgumentError", "ModelVersion", "Node", "NotFoundErr
            "plan_schedules", "set_log_level", "to_state_dict", "__version__"]
 
 
+# The objects of this process that own threads, sockets or shared memory, still open when it
+# exits, are closed by atexit, newest first, before the interpreter finalizes. Left to
+# finalization, a thread still inside one of them (a daemon thread, a PipeStore's worker) was
+# ended mid-call and the process aborted ("terminate called without an active exception"), a
+# C++ thread calling back into Python was ended holding the GIL, and with a daemon thread alive the
+# __main__ globals were never cleared, so __del__ never ran and /dev/shm segments stayed. Each
+# object registers at the end of its constructor, after the parts it made, so that it is closed
+# before them. In a process forked from the one that opened it, an object is forgotten, not
+# closed: its threads and locks are the parent's (joining them in the child hung or crashed).
+_open_objects: "dict[int, weakref.ref]" = {}
+_open_sequence = itertools.count()
+
+
+def _close_at_exit(obj: Any) -> None:
+    """Registers `obj` (which has a close() that may be called more than once) for the above."""
+    obj._opened_pid = os.getpid()
+    key = next(_open_sequence)
+    _open_objects[key] = weakref.ref(obj, lambda _, key=key: _open_objects.pop(key, None))
+
+
+def _opened_elsewhere(obj: Any) -> bool:
+    """True in a process forked from the one that opened `obj`."""
+    pid = getattr(obj, "_opened_pid", None)
+    return pid is not None and pid != os.getpid()
+
+
+@atexit.register
+def _close_open_objects() -> None:
+    for key in sorted(_open_objects, reverse=True):
+        ref = _open_objects.get(key)
+        obj = ref() if ref is not None else None
+        if obj is None or _opened_elsewhere(obj):
+            continue
+        try:
+            obj.close()
+        except Exception:  # noqa: BLE001 (an exit handler reports nothing)
+            pass
+
+
 class _Closable:
     """The context-manager protocol and a close() on garbage collection, for a subclass that
     defines close() and lets it be called more than once (later calls do nothing)."""
@@ -301,13 +344,17 @@ class _Closable:
 
 
 class _Handle(_Closable):
-    """A wrapper of one extension object: close() closes it once."""
+    """A wrapper of one extension object: close() closes it once (in a forked child, forgets it)."""
 
     _impl: Any = None
 
     def close(self) -> None:
         impl, self._impl = self._impl, None
-        if impl is not None:
+        if impl is None:
+            return
+        if _opened_elsewhere(self):
+            impl._abandon()
+        else:
             impl.close()
 
     def _live(self):
@@ -349,6 +396,7 @@ class Node(_Handle):
     def __init__(self, listen: str = _NODE_DEFAULTS.listen, **options: Any):
         listen = _check.address("viper.Node()", "listen", listen)
         self._impl = _viper._Node(_viper._NodeOptions(listen=listen, **options))
+        _close_at_exit(self)
 
     @property
     def address(self) -> str:
@@ -394,6 +442,7 @@ class Publisher(_Handle):
             raise TypeError(f"viper.Publisher(): scheduler={_check.shown(scheduler)}: expected a viper.Scheduler, "
                             f"got {type(scheduler).__name__}")
         self._impl = _viper._Publisher(_viper._PublisherOptions(model=model, listen=listen, **options), scheduler)
+        _close_at_exit(self)
 
     def publish(self, tensors: Mapping[str, Any], step: int = 0, loss: Optional[float] = None,
                 **metadata: Any) -> PublishResult:
@@ -521,6 +570,7 @@ class Subscriber(_Handle):
                 raise ValueError("viper.Subscriber(): give device= or gpu_device=, not both")
             options["gpu_device"] = _tensors.cuda_ordinal("viper.Subscriber()", "device", device)
         self._impl = _viper._Subscriber(_viper._SubscriberOptions(model=model, connect=connect, **options))
+        _close_at_exit(self)
 
     def latest(self) -> Optional[ModelVersion]:
         """The live version (a read-only mapping of numpy views), or None before the first."""

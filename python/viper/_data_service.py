@@ -20,8 +20,6 @@ with a token refuses a service that does not prove it (a stranger on the port, o
 """
 from __future__ import annotations
 
-import atexit
-import functools
 import hashlib
 import hmac
 import json
@@ -40,6 +38,7 @@ import numpy as np
 
 from . import _viper
 from . import _checks as _check
+from . import _close_at_exit, _opened_elsewhere
 
 PROTOCOL = 2
 MAX_FRAME_JSON = 16 << 20
@@ -227,11 +226,12 @@ class DataService:
         # Closed at exit while its daemon threads still run: left to interpreter shutdown, a loader
         # of this process waited forever for their answer to its detach, and the cache's segments
         # stayed in /dev/shm.
-        self._atexit = functools.partial(_close_at_exit, weakref.ref(self))
-        atexit.register(self._atexit)
+        _close_at_exit(self)
 
     @property
     def address(self) -> str:
+        if self._server is None:
+            raise ServiceError("DataService is closed")
         host, port = self._server.server_address[:2]
         return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
@@ -485,7 +485,10 @@ class DataService:
         """Stops serving (attached loaders get an error at their next request) and the cache node."""
         if getattr(self, "_server", None) is None:
             return
-        atexit.unregister(self._atexit)
+        if _opened_elsewhere(self):  # a forked child: the server, its threads and clients are the parent's
+            self._server = None
+            self.cache.close()  # forgets the node
+            return
         self._server.shutdown()
         self._server.server_close()
         self._server = None
@@ -507,12 +510,6 @@ class DataService:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _close_at_exit(ref: "weakref.ref[DataService]") -> None:
-    service = ref()
-    if service is not None:
-        service.close()
 
 
 # ---------------------------------------------------------------- client side

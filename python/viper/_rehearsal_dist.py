@@ -39,7 +39,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from . import _Closable, _viper
+from . import _Closable, _close_at_exit, _viper
 from . import _checks as _check
 
 _MAGIC = b"VRPK"
@@ -248,6 +248,7 @@ Other keyword options go to the shard (viper.data.RehearsalBuffer)."""
         self._closed = False
         self._publish()
         self._prefetch()
+        _close_at_exit(self)
 
     # -- packs ---------------------------------------------------------------------------------
 

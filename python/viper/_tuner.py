@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from . import Publisher, Subscriber, ViperTimeoutError as ViperTimeout
+from . import _Closable, _close_at_exit
 
 
 def train_round(module, optimizer, x: torch.Tensor, y: torch.Tensor, *, seed: int, round_index: int,
@@ -62,7 +63,7 @@ def accuracy(module, x: torch.Tensor, y: torch.Tensor) -> float:
         return float((module(x).argmax(dim=1) == y).float().mean())
 
 
-class Tuner:
+class Tuner(_Closable):
     """Trains the trainable layers from the stores' features and publishes the model.
 
     stores: name -> "host:port" of each PipeStore's features_listen. The embedded Publisher
@@ -84,6 +85,7 @@ class Tuner:
         self._sub_options = dict(subscriber_options or {}, token=token)
         self.publisher = Publisher(model, listen=listen, token=token, **publisher_options)
         self._subs: Dict[str, Subscriber] = {}
+        _close_at_exit(self)
 
     @property
     def address(self) -> str:
@@ -186,9 +188,3 @@ class Tuner:
             sub.close()
         self._subs.clear()
         self.publisher.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

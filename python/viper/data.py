@@ -51,17 +51,15 @@ naming it, unless on_error="skip" (then it is skipped and counted in stats()).
 """
 from __future__ import annotations
 
-import atexit
 import math
 import os
 import textwrap
-import weakref
 from collections.abc import Mapping
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import _Closable, _Handle, _viper
+from . import _Closable, _Handle, _close_at_exit, _opened_elsewhere, _viper
 from . import _checks as _check
 
 
@@ -242,6 +240,7 @@ class SampleCache(Source):
         self.node = node
         self.start_node = start_node
         super().__init__(self._cache.source, base._reopen)
+        _close_at_exit(self)
 
     def __reduce__(self):
         raise TypeError("a SampleCache owns a node in this process and cannot be pickled; give workers the Source")
@@ -264,9 +263,13 @@ class SampleCache(Source):
 
     def close(self) -> None:
         """Drops this handle's hold on the node (it stops, and its shared memory goes, once no
-        prefetcher reads through it). The Source part then reads `base` directly."""
+        prefetcher reads through it). The Source part then reads `base` directly. In a process
+        forked from the one that opened it, only forgets the node (its threads are the parent's)."""
         self._impl = self.base._impl  # the cache as a Source holds the node too
-        self._cache.close()
+        if _opened_elsewhere(self):
+            self._cache._abandon()
+        else:
+            self._cache.close()
 
 
 def write_records(path, samples: Iterable[Tuple[Any, int]], metadata: bytes = b"") -> int:
@@ -293,22 +296,6 @@ def write_records(path, samples: Iterable[Tuple[Any, int]], metadata: bytes = b"
     return writer.records
 
 
-# The prefetchers of this process still open when it exits. They are closed by atexit, before the
-# interpreter finalizes: a reader thread still calling a callable source then (it retakes the GIL
-# after each blocking call) is ended by the finalizing interpreter inside that call, and the
-# process aborts ("Fatal Python error: drop_gil: GIL is not locked").
-_open_prefetchers: "weakref.WeakSet[Prefetcher]" = weakref.WeakSet()
-
-
-@atexit.register
-def _close_open_prefetchers() -> None:
-    for prefetcher in list(_open_prefetchers):
-        try:
-            prefetcher.close()
-        except Exception:  # noqa: BLE001 (an exit handler reports nothing)
-            pass
-
-
 class Prefetcher(_Handle):
     """Reads the samples of `source` (a path or a Source) with reader threads into a bounded
     buffer, one shuffled epoch after another; the tuner moves the readers and the buffer online.
@@ -320,18 +307,12 @@ class Prefetcher(_Handle):
         ids = _ids("viper.data.Prefetcher()", ids)
         prefetch_options = _viper._PrefetchOptions(**options)  # checked before the source is opened
         self.source = _as_source(source)
-        self._pid = os.getpid()
         self._impl = _viper._Prefetcher(self.source._impl, prefetch_options, ids or [])
-        _open_prefetchers.add(self)
+        _close_at_exit(self)
 
     def close(self) -> None:
         """Stops and joins the readers. In a process forked from the one that opened it (a
         DataLoader worker), only forgets it: the threads are the parent's."""
-        _open_prefetchers.discard(self)
-        if self._impl is not None and self._pid != os.getpid():
-            impl, self._impl = self._impl, None
-            impl._abandon()
-            return
         super().close()
 
     def __iter__(self) -> Iterator[Tuple[np.ndarray, int, int]]:
@@ -627,6 +608,7 @@ class DataLoader(_Closable):
                 raise _viper.InvalidArgumentError(f"{owner}: source has {len(source)} samples but the service at "
                                                   f"{service} serves {stream.samples}: another data set")
             self._samples = stream.samples
+            _close_at_exit(self)
             return
         elif service_job is not None or service_token:
             raise TypeError(f"{owner}: service_job and service_token need service")
@@ -646,8 +628,11 @@ class DataLoader(_Closable):
         if self.world_size > 1:
             options.update(rank=self.rank, world_size=self.world_size)
         self._feed = _EpochFeed(source, ids, options)
+        _close_at_exit(self)
 
     def __iter__(self):
+        if getattr(self, "_closed", False):  # (else a new epoch would start new readers)
+            raise _viper.Error("DataLoader is closed")
         p = self._feed.begin_epoch()
         per_sample = self._transform is not None or self._collate is not None
         self._epoch_samples.append(0)
@@ -717,6 +702,7 @@ class DataLoader(_Closable):
     def close(self) -> None:
         """Stops the readers and this rank's cache node (also done when the loader is
         garbage-collected)."""
+        self._closed = True
         feed = getattr(self, "_feed", None)
         if feed is not None:
             feed.close()
@@ -760,6 +746,7 @@ class RehearsalBuffer(_Handle):
         self.policy = options.get("policy", "reservoir")
         self._impl = _viper._RehearsalBuffer(_viper._RehearsalOptions(capacity=int(capacity), sample_bytes=nbytes,
                                                                       **options))
+        _close_at_exit(self)
 
     def _rows(self, x) -> np.ndarray:
         if torch is not None and isinstance(x, torch.Tensor):

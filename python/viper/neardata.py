@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from . import InvalidArgumentError, Publisher, Subscriber, ViperTimeoutError as ViperTimeout
+from . import _Closable, _close_at_exit
 from . import data as _data
 from ._labeldb import LabelDB, check_label_db
 
@@ -86,7 +87,7 @@ def _ft_job(version) -> Optional[dict]:
             "rounds": int(meta["ft_rounds"]), "chunks": int(meta["ft_chunks"]), "depth": int(meta["ft_depth"])}
 
 
-class PipeStore:
+class PipeStore(_Closable):
     """A storage host's worker. Subscribes to `model` like any consumer (deltas over the network)
     and, on every new version, relabels its shard `data` (a record file or directory, read through
     viper.data's prefetcher) into the label database `labels`. A version that arrives mid-pass is
@@ -152,6 +153,7 @@ class PipeStore:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._main, name=f"pipestore-{name}", daemon=True)
         self._thread.start()
+        _close_at_exit(self)
 
     # -- public ----------------------------------------------------------------------------------
 
@@ -194,12 +196,6 @@ class PipeStore:
             if handle is not None:
                 handle.close()
         self._db.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     # -- the worker ------------------------------------------------------------------------------
 

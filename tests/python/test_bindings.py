@@ -276,6 +276,57 @@ def test_ctrl_c_ends_a_blocking_wait_at_once():
     assert all(float(line.split()[2]) < 5 for line in lines), p.stdout
 
 
+EXIT_CASES = {
+    # a daemon thread inside a viper call at exit: before, "terminate called without an active
+    # exception" (SIGABRT), and the publisher's segments stayed
+    "daemon thread waiting": """
+        def poll():
+            while True:
+                try:
+                    sub.wait_for(2, timeout=0.01)
+                except viper.ViperTimeoutError:
+                    pass
+        threading.Thread(target=poll, daemon=True).start()
+        time.sleep(0.3)
+    """,
+    # a daemon thread running a function of the script: before, __main__'s globals were never
+    # cleared, __del__ never ran, and /dev/shm/viper.<pid>.* stayed
+    "daemon thread sleeping": """
+        threading.Thread(target=lambda: time.sleep(60), daemon=True).start()
+    """,
+    # a forked child that exits normally: before, it crashed (Node, Publisher: SIGSEGV joining
+    # threads that exist only in the parent) or hung (Subscriber), and the parent waited forever
+    "forked child": """
+        child = os.fork()
+        if child == 0:
+            sys.exit(0)
+        _, status = os.waitpid(child, 0)
+        assert status == 0, status
+        assert sub.wait_for(1, timeout=10).version == 1  # the parent's objects still work
+    """,
+}
+
+
+@pytest.mark.parametrize("case", list(EXIT_CASES))
+def test_a_script_ends_cleanly_whatever_is_open_at_exit(case, tmp_path):
+    script = textwrap.dedent("""
+        import os, sys, threading, time
+        import numpy as np
+        import viper
+        node = viper.Node(listen="127.0.0.1:0")
+        pub = viper.Publisher("m", listen="127.0.0.1:0")
+        pub.publish({"w": np.ones(1000, np.float32)})
+        sub = viper.Subscriber("m", connect=pub.address)
+        sub.wait_for(1, timeout=30)
+        print(os.getpid(), flush=True)
+    """) + textwrap.dedent(EXIT_CASES[case])
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, (p.returncode, p.stderr[-3000:])
+    pid = p.stdout.split()[0]
+    left = [f for f in os.listdir("/dev/shm") if f.startswith(f"viper.{pid}.")]
+    assert left == [], f"segments left behind: {left}"
+
+
 def test_options_are_keywords_of_one_table(tmp_path):
     # Node and Publisher share the node's keywords (one table in python/src/module.cc); the C++
     # defaults apply to what is not given, and every class documents its keywords with them.

@@ -474,3 +474,25 @@ def test_a_request_cut_short_leaves_the_connection_refusing_instead_of_out_of_st
             stream.next_batch(4)
     finally:
         svc.close()
+
+
+def test_a_forked_child_leaves_the_parents_service_alone(tree):
+    """A child forked while the service runs and exiting normally: before, it hung at exit in the
+    service's close (waiting for a server thread that exists only in the parent), and would then
+    have cut the parent's client connections."""
+    script = textwrap.dedent(r"""
+        import os, sys
+        import viper.data as vd
+        svc = vd.DataService(sys.argv[1], "127.0.0.1:0")
+        loader = vd.DataLoader(None, batch_size=16, seed=1, service=svc.address)
+        it = iter(loader)
+        next(it)
+        child = os.fork()
+        if child == 0:
+            sys.exit(0)
+        _, status = os.waitpid(child, 0)
+        print(status, 16 + sum(len(y) for _, y in it), flush=True)  # the parent's connection still serves
+    """)
+    p = subprocess.run([sys.executable, "-c", script, str(tree)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.split() == ["0", str(N)], p.stdout

@@ -11,6 +11,7 @@ import os
 import signal
 import sqlite3
 import subprocess
+import textwrap
 import time
 
 import numpy as np
@@ -434,6 +435,27 @@ def test_bad_paths_factories_and_tuner_arguments_get_one_line(tmp_path):
                 tuner.finetune(**bad)
     finally:
         tuner.close()
+
+
+def test_a_script_that_leaves_its_store_and_tuner_open_exits_cleanly(tmp_path):
+    """Before: SIGABRT at every exit ("terminate called without an active exception": the store's
+    worker thread was inside a wait when the interpreter ended it), and the database's -wal and
+    -shm files stayed."""
+    shard = tmp_path / "s.rec"
+    synth.write_shard(shard, 50, seed=4)
+    script = textwrap.dedent("""
+        import sys
+        import viper.neardata as nd
+        tuner = nd.Tuner("nd9", "viper._ndsynth:build", stores={}, listen="127.0.0.1:0")
+        store = nd.PipeStore("nd9", "viper._ndsynth:build", sys.argv[1], sys.argv[2], connect=tuner.address,
+                             path="remote")
+        store.wait_refreshed(tuner.publish().version, timeout=60)
+        print("refreshed", flush=True)
+    """)
+    p = subprocess.run([PY, "-c", script, str(shard), str(tmp_path / "l.db")], capture_output=True, text=True,
+                       timeout=120, env=_env())
+    assert p.returncode == 0 and p.stdout == "refreshed\n", (p.returncode, p.stderr[-3000:])
+    assert sorted(os.listdir(tmp_path)) == ["l.db", "s.rec"], os.listdir(tmp_path)
 
 
 def _short_postprocess(out):

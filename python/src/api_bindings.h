@@ -129,18 +129,18 @@ std::unique_ptr<T> StartWithoutGil(const Options& options) {
 }
 
 // Handles own their C++ object until close(); every method after close() raises.
-template <typename T>
-T& Open(const std::unique_ptr<T>& p, const char* what) {
+template <typename Pointer>
+auto& Open(const Pointer& p, const char* what) {
   if (!p) Raise(viper::Status(viper::StatusCode::kFailedPrecondition, std::string(what) + " is closed"));
   return *p;
 }
 
 struct NodeHandle {
-  std::unique_ptr<viper::Node> node;
+  std::shared_ptr<viper::Node> node;
 };
 
 struct PublisherHandle {
-  std::unique_ptr<viper::Publisher> publisher;
+  std::shared_ptr<viper::Publisher> publisher;
   double last_stall_seconds = 0.0;
   // CUDA tensors' versions (publish_device): started at the first, on that device; destroyed first.
   std::unique_ptr<viper::GpuPublisher> gpu;
@@ -149,7 +149,7 @@ struct PublisherHandle {
 };
 
 struct SubscriberHandle {
-  std::unique_ptr<viper::Subscriber> subscriber;
+  std::shared_ptr<viper::Subscriber> subscriber;
 };
 
 // A version's catalog entry as a dict (node_bindings.cc).

@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -54,6 +55,16 @@ inline std::chrono::milliseconds SecondsToMs(double seconds, const char* what) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::nanoseconds(SecondsToNs(seconds, what)));
 }
 inline double NsToSeconds(int64_t ns) { return static_cast<double>(ns) / 1e9; }
+
+// For a call made without the GIL on a handle's object: checked (raising "<what> is closed") while
+// the caller holds the GIL, and a reference of the call's own, so that a close() on another thread
+// meanwhile leaves the object alive until the call returns. The caller drops the reference before
+// it retakes the GIL: the last one then destroys the object without the GIL.
+template <typename T>
+std::shared_ptr<T> Held(const std::shared_ptr<T>& p, const char* what) {
+  if (!p) Raise(viper::Status(viper::StatusCode::kFailedPrecondition, std::string(what) + " is closed"));
+  return p;
+}
 
 inline const viper::Status& StatusOf(const viper::Status& s) { return s; }
 template <typename T>

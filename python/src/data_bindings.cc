@@ -103,10 +103,10 @@ uint64_t Checked(const SourceHandle& h, uint64_t id) {
 }
 
 struct PrefetcherHandle {
-  std::unique_ptr<viper::Prefetcher> p;
+  std::shared_ptr<viper::Prefetcher> p;
   bool pending_end = false;  // a batch stopped at the epoch's end: the next call reports the end
 
-  PrefetcherHandle(std::unique_ptr<viper::Prefetcher> prefetcher) : p(std::move(prefetcher)) {}
+  explicit PrefetcherHandle(std::unique_ptr<viper::Prefetcher> prefetcher) : p(std::move(prefetcher)) {}
   PrefetcherHandle(PrefetcherHandle&&) = default;
   // Collected without close(): the readers are joined without the GIL, which a reader inside a
   // callable source's read() needs to finish it (holding it here, the process hung).
@@ -128,9 +128,11 @@ struct PrefetcherHandle {
     live();
     if (std::exchange(pending_end, false)) return std::nullopt;
     return Unwrap(WaitInSlices(timeout, [&](std::chrono::milliseconds slice) {
-      viper::Prefetcher& pf = live();  // again each slice: a close() meanwhile raises
+      std::shared_ptr<viper::Prefetcher> pf = Held(p, "Prefetcher");  // again each slice: closed meanwhile raises
       py::gil_scoped_release release;
-      return pf.Next(slice);
+      auto r = pf->Next(slice);
+      pf.reset();  // the last reference if closed meanwhile: its readers are joined here, without the GIL
+      return r;
     }));
   }
   // Up to n samples of the epoch: fewer at its end, none for the end itself.
@@ -463,22 +465,27 @@ void BindPrefetcher(py::module_& m) {
       }, py::arg("n"), py::arg("stack") = true)
       .def("stats", [](PrefetcherHandle& h) { return StatsDict(h.live().stats()); })
       .def("set_limits", [](PrefetcherHandle& h, size_t max_readers, uint64_t max_buffer_bytes) {
-        viper::Prefetcher& p = h.live();
+        std::shared_ptr<viper::Prefetcher> p = Held(h.p, "Prefetcher");
         Status st;
         {
           py::gil_scoped_release release;
-          st = p.SetLimits(max_readers, max_buffer_bytes);
+          st = p->SetLimits(max_readers, max_buffer_bytes);
+          p.reset();
         }
         ThrowIfError(st);
       }, py::arg("max_readers"), py::arg("max_buffer_bytes"))
       .def_property_readonly("finished", [](PrefetcherHandle& h) { return h.live().finished(); })
       .def_property_readonly("epoch_size", [](PrefetcherHandle& h) { return h.live().epoch_size(); })
       .def("close", [](PrefetcherHandle& h) {
-        std::unique_ptr<viper::Prefetcher> p = std::move(h.p);
+        std::shared_ptr<viper::Prefetcher> p = std::move(h.p);
+        if (!p) return;
         py::gil_scoped_release release;
-        p.reset();  // closes: joins the readers
+        p->Close();  // joins the readers; a next() on another thread returns Cancelled
+        p.reset();
       })
-      .def("_abandon", [](PrefetcherHandle& h) { (void)h.p.release(); },
+      .def("_abandon", [](PrefetcherHandle& h) {
+        (void)new std::shared_ptr<viper::Prefetcher>(std::move(h.p));  // a reference never dropped
+      },
            "In a forked child: forget the parent's prefetcher without touching it (its threads and "
            "locks are the parent's; joining them here would hang). Its memory is left as it is.");
 }

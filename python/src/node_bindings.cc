@@ -95,17 +95,21 @@ void BindNode(py::module_& m) {
       .def("wait_flushed", [](NodeHandle& h, double timeout) {
              Open(h.node, "Node");
              ThrowIfError(WaitInSlices(timeout, [&](std::chrono::milliseconds slice) {
-               viper::Node& node = Open(h.node, "Node");
+               std::shared_ptr<viper::Node> node = Held(h.node, "Node");
                py::gil_scoped_release release;
-               return node.WaitFlushed(slice);
+               Status st = node->WaitFlushed(slice);
+               node.reset();
+               return st;
              }));
            })
       .def("close", [](NodeHandle& h) {
-             std::unique_ptr<viper::Node> n = std::move(h.node);
+             std::shared_ptr<viper::Node> n = std::move(h.node);
              py::gil_scoped_release release;
              n.reset();
            })
-      .def("_abandon", [](NodeHandle& h) { (void)h.node.release(); },
+      .def("_abandon", [](NodeHandle& h) {
+             (void)new std::shared_ptr<viper::Node>(std::move(h.node));  // a reference never dropped
+           },
            "In a process forked from the one that opened it: forget the parent's object without touching it (its "
            "threads and locks are the parent's; closing them here would hang or crash). Its memory is left as it is.");
 }

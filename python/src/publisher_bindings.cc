@@ -49,7 +49,7 @@ struct DeviceDraftHandle {
 // checked (the snapshot layout's rules) before any GPU call, so a bad spec is InvalidArgument on
 // every machine.
 std::unique_ptr<DeviceDraftHandle> BeginDevice(PublisherHandle& h, const py::list& items, int device) {
-  viper::Publisher& pub = Open(h.publisher, "Publisher");
+  std::shared_ptr<viper::Publisher> pub = Held(h.publisher, "Publisher");
   std::vector<viper::TensorSpec> specs;
   for (const py::handle& item : items) {
     auto t = item.cast<py::tuple>();
@@ -61,7 +61,7 @@ std::unique_ptr<DeviceDraftHandle> BeginDevice(PublisherHandle& h, const py::lis
   }
   if (specs.empty())
     ThrowIfError(Status::InvalidArgument("Publisher.begin_cuda(): no tensors: a version needs at least one"));
-  auto layout = viper::SnapshotLayout::Make(specs, {}, pub.options().alignment);
+  auto layout = viper::SnapshotLayout::Make(specs, {}, pub->options().alignment);
   if (!layout.ok()) ThrowIfError(layout.status().WithContext("Publisher.begin_cuda()"));
   CheckOneDevice(h, device, "Publisher.begin_cuda()");
   auto out = std::make_unique<DeviceDraftHandle>();
@@ -69,8 +69,9 @@ std::unique_ptr<DeviceDraftHandle> BeginDevice(PublisherHandle& h, const py::lis
   viper::Result<viper::gpu::DeviceDraft> draft = Status::OK();
   {
     py::gil_scoped_release release;
-    Status started = EnsureGpu(h, pub, device);
+    Status started = EnsureGpu(h, *pub, device);
     draft = started.ok() ? h.gpu->BeginDevice(specs) : viper::Result<viper::gpu::DeviceDraft>(started);
+    pub.reset();
   }
   out->draft = Unwrap(std::move(draft));
   return out;
@@ -107,7 +108,7 @@ viper::PublishResult CommitDevice(PublisherHandle& h, DeviceDraftHandle& d, uint
 // Publisher.publish of CUDA tensors (python/viper/_tensors.py cuda_entries).
 viper::PublishResult PublishDevice(PublisherHandle& h, const py::list& items, int device, uintptr_t stream,
                                    uint64_t step, std::optional<double> loss) {
-  viper::Publisher& pub = Open(h.publisher, "Publisher");
+  std::shared_ptr<viper::Publisher> pub = Held(h.publisher, "Publisher");
   CheckOneDevice(h, device, "Publisher.publish()");
   std::vector<viper::gpu::DeviceTensor> tensors;
   uint64_t bytes = 0;
@@ -130,9 +131,10 @@ viper::PublishResult PublishDevice(PublisherHandle& h, const py::list& items, in
   const int64_t t0 = viper::WallClockNs();
   {
     py::gil_scoped_release release;
-    Status started = EnsureGpu(h, pub, device);
+    Status started = EnsureGpu(h, *pub, device);
     version = started.ok() ? h.gpu->PublishDevice(tensors, viper::gpu::Stream::Borrow(device, reinterpret_cast<void*>(stream)), info)
                            : viper::Result<uint64_t>(started);
+    pub.reset();
   }
   viper::PublishResult r;
   r.version = Unwrap(std::move(version));
@@ -223,7 +225,7 @@ void BindPublisher(py::module_& m) {
            })
       .def("publish", [](PublisherHandle& h, const py::list& items, uint64_t step, std::optional<double> loss,
                          const py::dict& metadata) {
-             viper::Publisher& pub = Open(h.publisher, "Publisher");
+             std::shared_ptr<viper::Publisher> pub = Held(h.publisher, "Publisher");
              HeldTensors held = HoldTensors(items);
              viper::PublishInfo info;
              info.step = step;
@@ -232,7 +234,8 @@ void BindPublisher(py::module_& m) {
              viper::Result<viper::PublishResult> result = viper::Status::OK();
              {
                py::gil_scoped_release release;
-               result = pub.Publish(held.tensors, info);
+               result = pub->Publish(held.tensors, info);
+               pub.reset();  // the last reference if closed meanwhile: it stops here, without the GIL
              }
              viper::PublishResult r = Unwrap(std::move(result));
              h.last_stall_seconds = NsToSeconds(r.stall_ns);
@@ -253,10 +256,11 @@ void BindPublisher(py::module_& m) {
       .def("wait", [](PublisherHandle& h, double timeout) {
              Open(h.publisher, "Publisher");
              ThrowIfError(WaitInSlices(timeout, [&](std::chrono::milliseconds slice) {
-               viper::Publisher& pub = Open(h.publisher, "Publisher");
+               std::shared_ptr<viper::Publisher> pub = Held(h.publisher, "Publisher");
                py::gil_scoped_release release;
-               Status st = pub.Wait(slice);
+               Status st = pub->Wait(slice);
                if (st.ok() && h.gpu && h.last_device_version != 0) st = h.gpu->WaitHost(h.last_device_version, slice);
+               pub.reset();
                return st;
              }));
            })
@@ -278,14 +282,14 @@ void BindPublisher(py::module_& m) {
            })
       .def("close", [](PublisherHandle& h) {
              std::unique_ptr<viper::GpuPublisher> g = std::move(h.gpu);
-             std::unique_ptr<viper::Publisher> p = std::move(h.publisher);
+             std::shared_ptr<viper::Publisher> p = std::move(h.publisher);
              py::gil_scoped_release release;
              g.reset();  // commits its queued versions on the node first
              p.reset();  // waits for queued publishes, flushes, stops the node
            })
       .def("_abandon", [](PublisherHandle& h) {
              (void)h.gpu.release();
-             (void)h.publisher.release();
+             (void)new std::shared_ptr<viper::Publisher>(std::move(h.publisher));  // a reference never dropped
            },
            "In a process forked from the one that opened it: forget the parent's object without touching it (its "
            "threads and locks are the parent's; closing them here would hang or crash). Its memory is left as it is.");

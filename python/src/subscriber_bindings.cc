@@ -93,9 +93,11 @@ void BindSubscriber(py::module_& m) {
       .def("wait_for", [](SubscriberHandle& h, uint64_t version, double timeout) {
              Open(h.subscriber, "Subscriber");
              auto got = WaitInSlices(timeout, [&](std::chrono::milliseconds slice) {
-               viper::Subscriber& sub = Open(h.subscriber, "Subscriber");
+               std::shared_ptr<viper::Subscriber> sub = Held(h.subscriber, "Subscriber");
                py::gil_scoped_release release;
-               return sub.WaitFor(version, slice);
+               auto r = sub->WaitFor(version, slice);
+               sub.reset();  // the last reference if closed meanwhile: it stops here, without the GIL
+               return r;
              });
              if (!got.ok() && got.status().code() == viper::StatusCode::kTimeout) {
                auto live = Open(h.subscriber, "Subscriber").latest();
@@ -127,11 +129,15 @@ void BindSubscriber(py::module_& m) {
              return st.ToString();
            })
       .def("close", [](SubscriberHandle& h) {
-             std::unique_ptr<viper::Subscriber> s = std::move(h.subscriber);
+             std::shared_ptr<viper::Subscriber> s = std::move(h.subscriber);
+             if (!s) return;
              py::gil_scoped_release release;
+             s->Close();  // a wait_for on another thread returns Cancelled, and drops the last reference
              s.reset();
            })
-      .def("_abandon", [](SubscriberHandle& h) { (void)h.subscriber.release(); },
+      .def("_abandon", [](SubscriberHandle& h) {
+             (void)new std::shared_ptr<viper::Subscriber>(std::move(h.subscriber));  // a reference never dropped
+           },
            "In a process forked from the one that opened it: forget the parent's object without touching it (its "
            "threads and locks are the parent's; closing them here would hang or crash). Its memory is left as it is.");
 }

@@ -2,7 +2,8 @@
 
 Schema (user_version 1, application_id 0x56504C42 "VPLB"):
     labels(id INTEGER PRIMARY KEY, label INTEGER, score REAL, version INTEGER, time REAL)
-    meta(key TEXT PRIMARY KEY, value TEXT)       model, seen_version (the version the store labels with now),
+    meta(key TEXT PRIMARY KEY, value TEXT)       model, shard (the data's path and size),
+                                                 seen_version (the version the store labels with now),
                                                  seen_publish_ns (its publish time, which tells a restarted
                                                  numbering's version from the old run's of the same number)
 A label of version 0 is one the store found stale when the numbering started again.
@@ -37,13 +38,19 @@ def _columns(conn: sqlite3.Connection, table: str) -> list:
     return [(row[1], row[2].upper()) for row in conn.execute(f"PRAGMA table_info({table})")]
 
 
-def check_label_db(path, model: Optional[str]) -> None:
+def check_label_db(path, model: Optional[str], shard: Optional[str] = None) -> None:
     """Raises viper.InvalidArgumentError unless `path` is absent, empty, or a label database of
-    this schema (and of `model`, if it names one). Reads only."""
-    _check_existing(os.fspath(path), model)
+    this schema (and of `model` and `shard`, those named). Reads only."""
+    _check_existing(os.fspath(path), {"model": model, "shard": shard})
 
 
-def _check_existing(path: str, model: Optional[str]) -> None:
+def _stamp_mismatch(key: str, stored: str, wanted: str) -> str:
+    if key == "model":
+        return f"it holds labels of model {stored!r}, not {wanted!r}"
+    return f"it holds labels of the shard {stored}, not of {wanted} (remove it to label this shard from scratch)"
+
+
+def _check_existing(path: str, stamps: dict) -> None:
     if os.path.isdir(path):
         raise _refuse(path, "is a directory; give the database's file (created if absent)")
     try:
@@ -73,9 +80,10 @@ def _check_existing(path: str, model: Optional[str]) -> None:
             check = conn.execute("PRAGMA quick_check").fetchone()[0]
             if check != "ok":
                 raise _refuse(path, f"integrity check failed: {check}")
-            stored = conn.execute("SELECT value FROM meta WHERE key='model'").fetchone()
-            if model is not None and stored is not None and stored[0] != model:
-                raise _refuse(path, f"it holds labels of model {stored[0]!r}, not {model!r}")
+            for key, wanted in stamps.items():
+                stored = conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+                if wanted is not None and stored is not None and stored[0] != wanted:
+                    raise _refuse(path, _stamp_mismatch(key, stored[0], wanted))
         finally:
             conn.close()
     except sqlite3.DatabaseError as e:
@@ -86,9 +94,12 @@ class LabelDB:
     """One store's labels. Not thread-safe: one writer thread (the PipeStore's); readers open
     their own LabelDB(path, readonly=True) (WAL: they never block the writer)."""
 
-    def __init__(self, path, *, model: Optional[str] = None, readonly: bool = False):
+    def __init__(self, path, *, model: Optional[str] = None, shard: Optional[str] = None, readonly: bool = False):
+        """`model` and `shard` (what the store labels: its data's path and size), when given, must
+        be those the database was first used with (then they are stamped into it)."""
         self.path = os.fspath(path)
-        _check_existing(self.path, model)
+        stamps = {"model": model, "shard": shard}
+        _check_existing(self.path, stamps)
         if readonly:
             if not os.path.exists(self.path) or os.path.getsize(self.path) == 0:
                 raise InvalidArgumentError(f"label database {self.path}: does not exist")
@@ -98,12 +109,13 @@ class LabelDB:
             self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             self._create()
         self.readonly = readonly
-        stored = self.meta("model")
-        if model is not None and stored is not None and stored != model:
-            self._conn.close()
-            raise _refuse(self.path, f"it holds labels of model {stored!r}, not {model!r}")
-        if model is not None and stored is None and not readonly:
-            self._set_meta("model", model)
+        for key, wanted in stamps.items():
+            stored = self.meta(key)
+            if wanted is not None and stored is not None and stored != wanted:
+                self._conn.close()
+                raise _refuse(self.path, _stamp_mismatch(key, stored, wanted))
+            if wanted is not None and stored is None and not readonly:
+                self._set_meta(key, wanted)
 
     def _create(self) -> None:
         c = self._conn

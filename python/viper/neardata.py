@@ -32,6 +32,7 @@ if __name__ == "__main__":  # the command line, before torch is imported (`label
 
 import collections
 import importlib
+import os
 import threading
 import time
 from typing import Any, Callable, Optional, Sequence
@@ -133,13 +134,16 @@ class PipeStore(_Closable):
         # The label database checked first (read-only: a foreign or another model's file is named
         # before anything starts) and opened last: a run refused for another argument leaves it as
         # it was (its first use stamps it with the model).
-        check_label_db(labels, model)
+        # What this store labels, as the database records it: a database of another shard (same
+        # model) would otherwise pass its labels off as this one's.
+        shard = None if isinstance(data, _data.Source) else f"{os.path.realpath(data)} ({len(self._source)} samples)"
+        check_label_db(labels, model, shard)
         try:
             if features_listen is not None:  # up from the start: a Tuner may subscribe before any job
                 self._features_pub = Publisher(FEATURES_STREAM.format(model=model, store=name),
                                                listen=features_listen, mode="sync", delta="off", token=token)
             self._sub = Subscriber(model, connect=connect or "", **options)
-            self._db = LabelDB(labels, model=model)
+            self._db = LabelDB(labels, model=model, shard=shard)
         except BaseException:
             for opened in (self._sub, self._features_pub):
                 if opened is not None:

@@ -137,6 +137,18 @@ def test_foreign_corrupt_and_other_model_databases_are_refused_untouched(tmp_pat
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "application_id 0x0" in out.stderr and "left untouched" in out.stderr, out.stderr
     assert _digest(foreign) == before
+    # A database of another shard of the same model: before, its labels were taken as this shard's
+    # (a store on b.rec with a.rec's database read nothing and reported every sample done).
+    other = tmp_path / "other.rec"
+    synth.write_shard(other, 12, seed=2)
+    shared = tmp_path / "shared.db"
+    nd.PipeStore("m1", synth.build, shard, shared, registry="embedded").close()
+    before = _digest(shared)
+    with pytest.raises(viper.InvalidArgumentError, match=r"holds labels of the shard .*shard.rec \(10 samples\), not "
+                                                         r"of .*other.rec \(12 samples\)"):
+        nd.PipeStore("m1", synth.build, other, shared, registry="embedded")
+    assert _digest(shared) == before
+    nd.PipeStore("m1", synth.build, shard, shared, registry="embedded").close()  # its own shard: fine
     # A run refused for another argument leaves a new database unmade (before, it was stamped with
     # the mistyped model, and the next run with the right one was refused).
     fresh = tmp_path / "fresh.db"

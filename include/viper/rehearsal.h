@@ -83,12 +83,14 @@ class RehearsalBuffer {
   // it replaces. InvalidArgument for a size other than sample_bytes, or a label < 0 under
   // kClassBalanced.
   Result<bool> Add(std::span<const std::byte> bytes, int64_t label);
-  // `k` distinct samples drawn uniformly at random (all of them, shuffled, if k >= size()).
-  std::vector<RehearsalSample> Draw(size_t k);
+  // `k` distinct samples drawn uniformly at random (all of them, shuffled, if k >= size()); with
+  // `label`, from the samples of that class only (none if it holds none).
+  std::vector<RehearsalSample> Draw(size_t k, std::optional<int64_t> label = std::nullopt);
   // Draws like Draw and copies them back to back into dst and their labels into `labels`;
   // returns how many. REQUIRES: options().sample_bytes != 0, dst.size() >= k * sample_bytes,
   // labels.size() >= k (else InvalidArgument).
-  Result<size_t> DrawInto(size_t k, std::span<std::byte> dst, std::span<int64_t> labels);
+  Result<size_t> DrawInto(size_t k, std::span<std::byte> dst, std::span<int64_t> labels,
+                          std::optional<int64_t> label = std::nullopt);
 
   size_t size() const;
   uint64_t seen() const;                              // samples offered since the first Open

@@ -533,11 +533,17 @@ void BindRehearsal(py::module_& m) {
         ThrowIfError(failed);
         return kept;
       }, "Offers n samples (the rows of a C-contiguous buffer, one per label); returns how many stayed.")
-      .def("draw", [](RehearsalHandle& h, size_t k) {
+      .def("draw", [](RehearsalHandle& h, size_t k, std::optional<int64_t> label) {
         viper::RehearsalBuffer& b = h.live();
         uint64_t sb = b.options().sample_bytes;
         if (sb == 0) Raise(Status::InvalidArgument("draw: needs sample_bytes"));
-        k = std::min(k, b.size());
+        size_t population = b.size();
+        if (label) {
+          auto counts = b.class_counts();
+          auto it = counts.find(*label);
+          population = it == counts.end() ? 0 : it->second;
+        }
+        k = std::min(k, population);
         py::array_t<uint8_t> data({k, static_cast<size_t>(sb)});
         py::array_t<int64_t> labels(static_cast<py::ssize_t>(k));
         std::span<std::byte> dst(reinterpret_cast<std::byte*>(data.mutable_data()), k * sb);
@@ -545,14 +551,16 @@ void BindRehearsal(py::module_& m) {
         viper::Result<size_t> n = Status::Internal("unset");
         {
           py::gil_scoped_release release;
-          n = b.DrawInto(k, dst, ls);
+          n = b.DrawInto(k, dst, ls, label);
         }
         size_t got = Unwrap(std::move(n));
-        if (got < k) {  // another thread emptied it meanwhile: never, a buffer only grows
-          Raise(Status::Internal("draw: fewer samples than the buffer held"));
+        if (got < k) {  // another thread took samples out meanwhile (evictions): the ones drawn
+          data.resize({got, static_cast<size_t>(sb)});
+          labels.resize({got});
         }
         return py::make_tuple(data, labels);
-      })
+      }, py::arg("k"), py::arg("label") = py::none(),
+         "k distinct samples drawn uniformly (with label: from that class's samples only).")
       .def("spill", [](RehearsalHandle& h) {
         viper::RehearsalBuffer& b = h.live();
         Status st;

@@ -262,13 +262,12 @@ Other keyword options go to the shard (viper.data.RehearsalBuffer)."""
         n = len(live)
         if self.policy == "reservoir":
             data, labels = live.draw(min(n, self.pack))
-        else:  # about `pack` in all, split evenly over the classes held
+        else:  # about `pack` in all, split evenly over the classes held, each a uniform subset of its class
             held = live.class_counts
             per_class = -(-self.pack // max(1, len(held)))
-            data, labels = live.draw(min(n, self.pack * 2))
-            keep = np.concatenate([np.flatnonzero(labels == c)[:per_class] for c in held]) if held else np.zeros(0, int)
-            keep.sort()
-            data, labels = data[keep], labels[keep]
+            parts = [live.draw(per_class, int(c)) for c in held]
+            data = np.concatenate([p[0] for p in parts]) if parts else np.zeros((0, self._sample_bytes), np.uint8)
+            labels = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.int64)
         class_seen = {int(c): int(v) for c, v in live.class_seen.items()}
         class_held = {int(c): int(v) for c, v in live.class_counts.items()}
         self._seq += 1

@@ -143,9 +143,15 @@ Result<bool> RehearsalBuffer::Add(std::span<const std::byte> bytes, int64_t labe
   return true;
 }
 
-std::vector<RehearsalSample> RehearsalBuffer::Draw(size_t k) {
+std::vector<RehearsalSample> RehearsalBuffer::Draw(size_t k, std::optional<int64_t> label) {
   std::lock_guard<std::mutex> lk(mu_);
-  size_t n = slots_.size();
+  const std::vector<size_t>* members = nullptr;  // with a label: the population is its class's slots
+  if (label) {
+    auto it = members_.find(*label);
+    if (it == members_.end()) return {};
+    members = &it->second;
+  }
+  size_t n = members ? members->size() : slots_.size();
   k = std::min(k, n);
   // Robert Floyd's algorithm: k distinct indices in O(k), then shuffled (the set's order is not random).
   std::vector<size_t> picked;
@@ -160,18 +166,22 @@ std::vector<RehearsalSample> RehearsalBuffer::Draw(size_t k) {
   std::shuffle(picked.begin(), picked.end(), rng_);
   std::vector<RehearsalSample> out;
   out.reserve(k);
-  for (size_t i : picked) out.push_back({slots_[i].bytes, slots_[i].label});
+  for (size_t i : picked) {
+    const Slot& slot = slots_[members ? (*members)[i] : i];
+    out.push_back({slot.bytes, slot.label});
+  }
   return out;
 }
 
-Result<size_t> RehearsalBuffer::DrawInto(size_t k, std::span<std::byte> dst, std::span<int64_t> labels) {
+Result<size_t> RehearsalBuffer::DrawInto(size_t k, std::span<std::byte> dst, std::span<int64_t> labels,
+                                         std::optional<int64_t> label) {
   uint64_t sb = options_.sample_bytes;
   if (sb == 0) return Status::InvalidArgument("rehearsal buffer: DrawInto needs RehearsalOptions.sample_bytes");
   if (dst.size() / sb < k || labels.size() < k) {
     return Status::InvalidArgument(fmt::format("rehearsal buffer: DrawInto of {} samples of {} bytes into {} bytes and {} labels",
                                                k, sb, dst.size(), labels.size()));
   }
-  auto drawn = Draw(k);
+  auto drawn = Draw(k, label);
   for (size_t i = 0; i < drawn.size(); ++i) {
     std::memcpy(dst.data() + i * sb, drawn[i].bytes->data(), sb);
     labels[i] = drawn[i].label;

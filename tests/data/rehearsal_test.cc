@@ -96,6 +96,31 @@ TEST(RehearsalTest, DrawIsDistinctAndUniform) {
   EXPECT_EQ(b->DrawInto(5, dst, labels).status().code(), StatusCode::kInvalidArgument);
 }
 
+TEST(RehearsalTest, DrawOfOneClassIsDistinctAndUniformWithinIt) {
+  // 20 samples, ids 0..19, label id % 4: class 1 holds ids 1, 5, 9, 13, 17.
+  auto b = OpenOrDie({.capacity = 20, .seed = 4, .sample_bytes = 8});
+  for (uint64_t id = 0; id < 20; ++id) AddOrDie(*b, id, static_cast<int64_t>(id % 4));
+  std::vector<double> drawn(5, 0);
+  for (int i = 0; i < 4000; ++i) {
+    auto d = b->Draw(2, 1);
+    ASSERT_EQ(d.size(), 2u);
+    EXPECT_NE(IdOf(d[0]), IdOf(d[1]));
+    for (const auto& s : d) {
+      ASSERT_EQ(s.label, 1);
+      drawn[IdOf(s) / 4]++;
+    }
+  }
+  EXPECT_LT(ChiSquare(drawn), 18.5);  // 4 degrees of freedom, P = 0.001
+  EXPECT_EQ(b->Draw(100, 1).size(), 5u);  // all of the class
+  EXPECT_TRUE(b->Draw(3, 7).empty());     // a class it does not hold
+  std::vector<std::byte> dst(8 * 3);
+  std::vector<int64_t> labels(3);
+  auto n = b->DrawInto(3, dst, labels, 2);
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(*n, 3u);
+  EXPECT_EQ(labels, (std::vector<int64_t>{2, 2, 2}));
+}
+
 // A stream where class 0 floods, class 1 is rare and class 2 arrives late.
 void ImbalancedStream(RehearsalBuffer& b) {
   uint64_t id = 0;

@@ -262,6 +262,32 @@ def test_ranks_may_list_the_nodes_in_any_order(tmp_path):
             c.close()
 
 
+def test_class_balanced_draws_the_classes_a_shard_holds_few_of():
+    """A shard holding 995 samples of class 0 and one of each of classes 1-5 draws the rare classes
+    as a local class-balanced buffer does. Before, its pack took 2 x pack samples at random and
+    kept the classes among them, so the rare ones were seldom in it: 0 of 50,000 draws here
+    (the local buffer: about 250)."""
+    node = f"127.0.0.1:{free_ports(1)[0]}"
+    cache = vd.SampleCache(vd.callable_source(lambda i: bytes(8), [8]), [node], 0, token="t")
+    buf = vd.DistributedRehearsalBuffer(1000, cache=cache, sample_shape=(2,), dtype="float32",
+                                        policy="class_balanced", max_wait=0.0)
+    local = vd.RehearsalBuffer(1000, sample_shape=(2,), dtype="float32", policy="class_balanced")
+    try:
+        for c in range(1, 6):
+            buf.mix(np.zeros((1, 2), np.float32), np.array([c]), ratio=0)
+            local.add(np.zeros((1, 2), np.float32), np.array([c]))
+        for _ in range(40):
+            buf.mix(np.zeros((500, 2), np.float32), np.zeros(500, np.int64), ratio=0)
+            local.add(np.zeros((500, 2), np.float32), np.zeros(500, np.int64))
+        rare = sum(int(np.sum(buf.sample(50, as_numpy=True)[1] > 0)) for _ in range(1000))
+        rare_local = sum(int(np.sum(local.sample(50, as_numpy=True)[1] > 0)) for _ in range(1000))
+        assert 150 < rare < 400 and 150 < rare_local < 400, (rare, rare_local)
+    finally:
+        buf.close()
+        local.close()
+        cache.close()
+
+
 def test_arguments_are_checked(tmp_path):
     src = vd.callable_source(lambda i: bytes(8), [8])
     nodes = [f"127.0.0.1:{p}" for p in free_ports(2)]

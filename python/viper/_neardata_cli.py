@@ -60,7 +60,7 @@ def _serve(args) -> int:
     token = _token(args.token_file)
     store = PipeStore(args.model, args.factory, args.data, args.labels, connect=args.connect, registry=args.registry,
                       transform=args.transform, postprocess=args.postprocess, batch_size=args.batch_size,
-                      name=args.name, features_listen=args.features_listen, token=token,
+                      name=args.name, features_listen=args.features_listen, token=token, insecure=args.insecure,
                       on_event=functools.partial(_print_event, args.json), **options)
     ready = {"event": "ready", "store": args.name, "total": store.stats()["total"], "time": time.time(),
              "features_address": store.features_address}
@@ -155,6 +155,9 @@ def main(argv=None) -> int:
     s.add_argument("--batch-size", type=int, default=256)
     s.add_argument("--path", help="the subscriber's fetch path (auto, remote, ...)")
     s.add_argument("--token-file", help="the nodes' shared secret (default: $VIPER_TOKEN)")
+    s.add_argument("--insecure", action="store_true",
+                   help="let --features-listen listen beyond loopback without a token (anyone who reaches it can "
+                        "read the features)")
     s.add_argument("--json", action="store_true", help="one JSON object per event")
     s.set_defaults(run=_serve)
     lab = commands.add_parser("labels", help="print a label database, one row per line")

@@ -97,7 +97,7 @@ class PipeStore(_Closable):
     are read. When a Tuner's version announces a fine-tuning job, it runs the frozen layers on its
     chunks and publishes the features as `<model>.features.<name>` (needs features_listen).
     `token`: the shared secret of the model's node, also required of the Tuner by the features
-    node (a node listening beyond loopback needs one).
+    node (a node listening beyond loopback needs one, unless insecure=True).
 
     Thread-safety: stats() and close() may be called from any thread; the work runs on one
     background thread started by the constructor."""
@@ -106,7 +106,7 @@ class PipeStore(_Closable):
                  registry: Optional[str] = None, transform=None, postprocess=None, batch_size: int = 256,
                  ids: Optional[Sequence[int]] = None, name: str = "store", features_listen: Optional[str] = None,
                  on_event: Optional[Callable[[dict], None]] = None, readers: int = 2, token: str = "",
-                 **subscriber_options: Any):
+                 insecure: bool = False, **subscriber_options: Any):
         if (connect is None) == (registry is None):
             raise InvalidArgumentError("PipeStore: give exactly one of connect=HOST:PORT and registry=URL")
         if batch_size < 1:
@@ -141,7 +141,8 @@ class PipeStore(_Closable):
         try:
             if features_listen is not None:  # up from the start: a Tuner may subscribe before any job
                 self._features_pub = Publisher(FEATURES_STREAM.format(model=model, store=name),
-                                               listen=features_listen, mode="sync", delta="off", token=token)
+                                               listen=features_listen, mode="sync", delta="off", token=token,
+                                               insecure=insecure)
             self._sub = Subscriber(model, connect=connect or "", **options)
             self._db = LabelDB(labels, model=model, shard=shard)
         except BaseException:

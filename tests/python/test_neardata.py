@@ -437,6 +437,9 @@ def test_bad_paths_factories_and_tuner_arguments_get_one_line(tmp_path):
                         str(tmp_path / "l.db"), "--connect", "127.0.0.1:1"], "returned a str, not a torch.nn.Module")):
         out = subprocess.run([PY, "-m", "viper.neardata", *args], capture_output=True, text=True, timeout=60)
         assert out.returncode == 2 and why in out.stderr and out.stderr.count("\n") == 1, (args, out.stderr)
+    # The node's refusal to listen beyond loopback without a token names --insecure: serve has it.
+    out = subprocess.run([PY, "-m", "viper.neardata", "serve", "--help"], capture_output=True, text=True, timeout=60)
+    assert "--insecure" in out.stdout, out.stdout
     tuner = nd.Tuner("nd8", "viper._ndsynth:build", stores={}, listen="127.0.0.1:0")
     try:
         with pytest.raises(viper.InvalidArgumentError, match="no stores"):

@@ -132,3 +132,53 @@ def test_the_exit_codes_are_the_ones_listed(node, tmp_path):
     assert run("pull", "m", "-o", str(tmp_path / "o"), "--connect", "not-an-address").returncode == 2
     assert run("publish", "m", str(tmp_path / "missing.safetensors"), "--connect", node.address).returncode == 2
     assert run("pull", "absent", "-o", str(tmp_path / "o"), "--connect", node.address).returncode == 1
+
+
+def test_pull_writes_into_a_fifo_follows_a_link_and_leaves_no_temporary_when_interrupted(node, model_file, tmp_path):
+    """Before: -o FIFO or -o link replaced it with a regular file (the reader got nothing; as root,
+    -o /dev/stdout would have replaced /dev/stdout), and SIGINT or SIGTERM during the write left a
+    temporary of up to the model's size, under a new name each time."""
+    import signal
+    import threading
+    import time
+    assert run("publish", "cli-out", str(model_file), "--connect", node.address).returncode == 0
+    first = tmp_path / "first.safetensors"
+    assert run("pull", "cli-out", "-o", str(first), "--connect", node.address).returncode == 0
+    plain_size = first.stat().st_size
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(len(open(fifo, "rb").read())))
+    reader.start()
+    p = run("pull", "cli-out", "-o", str(fifo), "--connect", node.address)
+    reader.join(30)
+    assert p.returncode == 0 and got == [plain_size] and fifo.is_fifo(), (p.stderr, got)
+    target = tmp_path / "target.safetensors"
+    target.write_bytes(b"old")
+    link = tmp_path / "link"
+    link.symlink_to(target.name)
+    assert run("pull", "cli-out", "-o", str(link), "--connect", node.address).returncode == 0
+    plain = tmp_path / "plain.safetensors"
+    assert run("pull", "cli-out", "-o", str(plain), "--connect", node.address).returncode == 0
+    assert link.is_symlink() and target.read_bytes() == plain.read_bytes()
+
+    big = tmp_path / "big.safetensors"  # 256 MiB: its write and fsync take long enough to interrupt
+    viper.build_snapshot({"w": np.ones(1 << 26, np.float32)}).save(str(big))
+    assert run("publish", "cli-big", str(big), "--connect", node.address, timeout=300).returncode == 0
+    out = tmp_path / "out"
+    out.mkdir()
+    interrupted = 0
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        proc = subprocess.Popen([VIPER, "pull", "cli-big", "-o", str(out / "b.safetensors"), "--connect",
+                                 node.address], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline and not any(".tmp." in f for f in os.listdir(out)):
+            time.sleep(0.001)
+        if proc.poll() is None:
+            proc.send_signal(sig)
+            interrupted += 1
+        rc = proc.wait(60)
+        assert not any(".tmp." in f for f in os.listdir(out)), (sig, rc, os.listdir(out), proc.stderr.read()[-500:])
+        for f in os.listdir(out):
+            os.unlink(out / f)
+    assert interrupted >= 1, "the pull finished before it could be interrupted"

@@ -3,10 +3,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cinttypes>
+#include <climits>
+#include <atomic>
 #include <condition_variable>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 
@@ -14,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "api/client.h"
+#include "core/fd.h"
 #include "command.h"
 #include "node_common.h"
 #include "progress.h"
@@ -247,23 +252,98 @@ struct PullFlags {
   AuthFlags auth;
 };
 
-// The temporary file next to `path` is created exclusively under an unpredictable name
-// (temp_file.h): a link or file another user planted in a shared directory is never written.
-Status WriteFileAtomically(const std::string& path, std::span<const std::byte> bytes, ProgressBar& bar) {
-  VIPER_ASSIGN_OR_RETURN(internal::TempFile temp, internal::CreateTempNextTo(path, 0644));
-  const std::string tmp = temp.path.string();
-  int fd = temp.fd.get();
+// The temporary file a pull is writing, removed by the handler of SIGINT and SIGTERM before the
+// signal ends the process as it would have (else an interrupted pull of a large model left a
+// file of up to its size behind, under a new random name each time).
+char g_pull_temp[PATH_MAX];
+std::atomic<int> g_pull_temp_armed{0};    // g_pull_temp names the file
+std::atomic<int> g_pull_stop_signal{0};   // a stop signal came (on any thread)
+static_assert(std::atomic<int>::is_always_lock_free);  // used in a signal handler
+
+[[noreturn]] void RemoveTempAndDie(int sig) {
+  ::unlink(g_pull_temp);  // async-signal-safe, as are the two calls below
+  std::signal(sig, SIG_DFL);
+  std::raise(sig);
+  std::_Exit(128 + sig);  // (raise does not return for these signals)
+}
+
+void OnStopSignal(int sig) {
+  g_pull_stop_signal.store(sig);
+  if (g_pull_temp_armed.load()) RemoveTempAndDie(sig);
+  // Not armed yet: Arm() sees the signal and acts on it (each side writes, then reads the other's
+  // flag, so one of them always sees both).
+}
+
+// While alive: SIGINT and SIGTERM remove the temporary file named by Arm() before they end the
+// process as they would have. Installed before the file is made, so that no signal falls between.
+class TempRemovedOnSignal {
+ public:
+  TempRemovedOnSignal() {
+    g_pull_temp_armed.store(0);
+    g_pull_stop_signal.store(0);
+    std::signal(SIGINT, OnStopSignal);
+    std::signal(SIGTERM, OnStopSignal);
+  }
+  void Arm(const std::string& path) {
+    std::snprintf(g_pull_temp, sizeof(g_pull_temp), "%s", path.c_str());
+    g_pull_temp_armed.store(1);
+    if (int sig = g_pull_stop_signal.load(); sig != 0) RemoveTempAndDie(sig);
+  }
+  ~TempRemovedOnSignal() {
+    g_pull_temp_armed.store(0);
+    std::signal(SIGINT, SIG_DFL);
+    std::signal(SIGTERM, SIG_DFL);
+    if (int sig = g_pull_stop_signal.load(); sig != 0) std::raise(sig);  // one that came before any file
+  }
+};
+
+// Writes all of `bytes` to `fd`.
+Status WriteAll(int fd, std::span<const std::byte> bytes, const std::string& what, ProgressBar& bar) {
   size_t done = 0;
   while (done < bytes.size()) {
     ssize_t n = ::write(fd, bytes.data() + done, std::min<size_t>(bytes.size() - done, 8u << 20));
-    if (n < 0) {
-      Status st = Status::FromErrno("write " + tmp);
-      temp.fd.Close();
-      ::unlink(tmp.c_str());
-      return st;
-    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Status::FromErrno("write " + what);
     done += static_cast<size_t>(n);
-    if (done < bytes.size()) bar.Update(done, bytes.size());  // the whole is drawn after fsync
+    if (done < bytes.size()) bar.Update(done, bytes.size());  // the whole is drawn at the end
+  }
+  return Status::OK();
+}
+
+// -o on something that is not a regular file (a FIFO, a device such as /dev/stdout, a socket): the
+// bytes are written into it, as `cat > path` would; renaming a file over it would replace it.
+bool IsStream(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode);
+}
+
+Status WriteIntoStream(const std::string& path, std::span<const std::byte> bytes, ProgressBar& bar) {
+  Fd fd(::open(path.c_str(), O_WRONLY | O_CLOEXEC));
+  if (fd.get() < 0) return Status::FromErrno("open " + path);
+  VIPER_RETURN_IF_ERROR(WriteAll(fd.get(), bytes, path, bar));
+  if (fd.Close() != 0) return Status::FromErrno("close " + path);
+  return Status::OK();
+}
+
+// The temporary file next to `path` is created exclusively under an unpredictable name
+// (temp_file.h): a link or file another user planted in a shared directory is never written. A
+// `path` that is a symbolic link to a file has that file replaced (the link stays).
+Status WriteFileAtomically(std::string path, std::span<const std::byte> bytes, ProgressBar& bar) {
+  if (IsStream(path)) return WriteIntoStream(path, bytes, bar);
+  struct stat link {};
+  if (::lstat(path.c_str(), &link) == 0 && S_ISLNK(link.st_mode)) {
+    char target[PATH_MAX];
+    if (::realpath(path.c_str(), target) != nullptr) path = target;  // (dangling: the link is replaced)
+  }
+  TempRemovedOnSignal cleanup;
+  VIPER_ASSIGN_OR_RETURN(internal::TempFile temp, internal::CreateTempNextTo(path, 0644));
+  const std::string tmp = temp.path.string();
+  cleanup.Arm(tmp);
+  int fd = temp.fd.get();
+  if (Status st = WriteAll(fd, bytes, tmp, bar); !st.ok()) {
+    temp.fd.Close();
+    ::unlink(tmp.c_str());
+    return st;
   }
   if (::fsync(fd) != 0) {
     Status st = Status::FromErrno("fsync " + tmp);

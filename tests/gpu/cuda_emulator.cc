@@ -14,6 +14,8 @@
 // - Device memory is a shared memory file (memfd) mapped here; its IPC handle names this process
 //   and the file, and cuIpcOpenMemHandle in another process of the same user maps the same pages
 //   through /proc/<pid>/fd. cuPointerGetAttribute knows every allocation and mapping.
+// - cuMemFree and cuMemFreeHost first wait for the work queued on every stream, as the driver's
+//   free synchronizes the device: memory never goes from under a copy still in flight.
 // - One device. VIPER_CUDA_EMULATOR_COPY_GBPS (default: none) slows every stream copy to that
 //   rate, to widen the windows in which work that is not ordered by events would race.
 // - Asynchronous errors are sticky. viper_cuda_emulator_fail_next_copy(code) (a test's hook, found
@@ -36,6 +38,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -192,6 +195,15 @@ CUresult StreamCopy(void* dst, const void* src, size_t n, void* stream, bool hos
   return kSuccess;
 }
 
+// Every stream alive (cuStreamCreate .. cuStreamDestroy), for the frees' device-wide wait.
+std::mutex streams_mu;
+std::set<Stream*> streams;
+
+void SynchronizeDevice() {
+  std::lock_guard lock(streams_mu);  // a stream is not destroyed while it is waited for
+  for (Stream* s : streams) s->Synchronize();
+}
+
 struct IpcHandle {
   uint32_t magic;
   int32_t pid;
@@ -252,6 +264,7 @@ __attribute__((visibility("default"))) CUresult cuMemAlloc_v2(CUdeviceptr* out, 
   return kSuccess;
 }
 __attribute__((visibility("default"))) CUresult cuMemFree_v2(CUdeviceptr p) {
+  SynchronizeDevice();
   std::lock_guard lock(S().mu);
   auto it = S().device.find(static_cast<uintptr_t>(p));
   if (it == S().device.end() || it->second.opened) return kInvalidValue;
@@ -286,6 +299,7 @@ __attribute__((visibility("default"))) CUresult cuMemHostAlloc(void** out, size_
   return kSuccess;
 }
 __attribute__((visibility("default"))) CUresult cuMemFreeHost(void* p) {
+  SynchronizeDevice();
   std::lock_guard lock(S().mu);
   auto it = S().pinned.find(reinterpret_cast<uintptr_t>(p));
   if (it == S().pinned.end()) return kInvalidValue;
@@ -295,10 +309,19 @@ __attribute__((visibility("default"))) CUresult cuMemFreeHost(void* p) {
 }
 
 __attribute__((visibility("default"))) CUresult cuStreamCreate(void** out, unsigned) {
-  *out = new Stream();
+  auto* stream = new Stream();
+  {
+    std::lock_guard lock(streams_mu);
+    streams.insert(stream);
+  }
+  *out = stream;
   return kSuccess;
 }
 __attribute__((visibility("default"))) CUresult cuStreamDestroy_v2(void* s) {
+  {
+    std::lock_guard lock(streams_mu);
+    streams.erase(static_cast<Stream*>(s));
+  }
   delete static_cast<Stream*>(s);
   return kSuccess;
 }

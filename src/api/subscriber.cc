@@ -60,7 +60,8 @@ Result<std::unique_ptr<Subscriber>> Subscriber::Start(const SubscriberOptions& o
   if (!client.ok() && options.file_dir.empty() && !impl->registry && !options.wait_for_node) return client.status();
   if (!client.ok() && !options.wait_for_node)
     log(LogLevel::kWarn, kLog, "{}; {}", client.status().message(),
-        impl->registry ? "waiting for a node to announce it" : "serving from the file tier only");
+        impl->registry ? "waiting for a node to announce it"
+                       : "retrying it (the file tier is read for the versions a node announces)");
   impl->spare = std::make_unique<internal::TaskQueue>("subscriber-spare");
   impl->loader = std::thread([raw = impl.get()] { raw->Run(); });
   return std::unique_ptr<Subscriber>(new Subscriber(std::move(impl)));

@@ -132,6 +132,8 @@ def test_the_exit_codes_are_the_ones_listed(node, tmp_path):
     assert run("pull", "m", "-o", str(tmp_path / "o"), "--connect", "not-an-address").returncode == 2
     assert run("publish", "m", str(tmp_path / "missing.safetensors"), "--connect", node.address).returncode == 2
     assert run("pull", "absent", "-o", str(tmp_path / "o"), "--connect", node.address).returncode == 1
+    # --path file reads the node's file tier: without --file-dir it read ./MODEL/ wherever it ran
+    assert run("watch", "m", "--connect", node.address, "--path", "file").returncode == 2
 
 
 def test_pull_writes_into_a_fifo_follows_a_link_and_leaves_no_temporary_when_interrupted(node, model_file, tmp_path):

@@ -410,6 +410,12 @@ def test_the_token_is_proven_both_ways_and_a_stranger_on_the_port_gets_nothing(t
         r = subprocess.run([VIPER, "data", "jobs", "--node", svc.address, "--token-file", str(token_file)],
                            capture_output=True, text=True, timeout=30)
         assert r.returncode == 0 and isinstance(json.loads(r.stdout), list), r.stderr
+        wrong = tmp_path / "wrong"
+        wrong.write_text("not-it\n")
+        wrong.chmod(0o600)
+        r = subprocess.run([VIPER, "data", "jobs", "--node", svc.address, "--token-file", str(wrong)],
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 1 and "unauthenticated" in r.stderr, (r.returncode, r.stderr)  # as a node's: not 2
     finally:
         svc.stop()
 

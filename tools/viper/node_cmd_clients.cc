@@ -170,6 +170,9 @@ int RunWatch(const WatchFlags& f) {
   if (!token.ok()) return Fail("watch", token.status());
   auto path = ParseFetchPath(f.path);
   if (!path.ok()) return Fail("watch", path.status());
+  if (*path == FetchPath::kFile && f.file_dir.empty()) {  // (it read ./MODEL/ of wherever it ran)
+    return Fail("watch", Status::InvalidArgument("--path file needs --file-dir (the node's --store-dir)"));
+  }
   SubscriberOptions options;
   options.model = f.model;
   options.connect = f.connect;

@@ -169,7 +169,11 @@ int CallUnchecked(const std::string& command, const DataFlags& f, json request, 
     if (!reply.ok()) return Fail(command, reply.status());
     if (reply->contains("error")) {
       std::string why = (*reply)["error"].is_string() ? (*reply)["error"].get<std::string>() : (*reply)["error"].dump();
-      return Fail(command, Status::InvalidArgument("the data service at " + f.node + " refused: " + why));
+      // A refused token is not a bad argument (exit 2) but a refusal, as a node's (exit 1); the
+      // service's other refusals are of a request's values, which are the arguments.
+      Status refused = why.rfind("unauthenticated", 0) == 0 ? Status::PermissionDenied("")
+                                                             : Status::InvalidArgument("");
+      return Fail(command, Status(refused.code(), "the data service at " + f.node + " refused: " + why));
     }
     if (req["op"] == "hello") {
       if (!token->empty() && !ServiceProved(*token, nonce, *reply)) {

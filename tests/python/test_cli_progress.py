@@ -85,6 +85,13 @@ def test_publish_and_pull_print_one_json_object(node, model_file, tmp_path):
     assert r.returncode == 0 and r.stdout.startswith("pulled cli-json version ") and r.stderr == ""
 
 
+def test_publish_json_reports_the_step_the_node_records(node, model_file):
+    """Without --step the node records the file's own viper.step (7 here); --json reported 0."""
+    p = run("publish", "cli-step", str(model_file), "--connect", node.address, "--json")
+    assert p.returncode == 0 and json.loads(p.stdout)["step"] == 7, p.stdout
+    assert node.latest("cli-step")["step"] == 7
+
+
 def test_progress_is_drawn_on_a_terminal_only(node, model_file, tmp_path):
     rc, out, tty = run_with_stderr_on_a_pty("publish", "cli-tty", str(model_file), "--connect", node.address, "--json")
     assert rc == 0, tty

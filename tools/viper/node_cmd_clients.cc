@@ -92,8 +92,9 @@ int RunPublish(const PublishFlags& f) {
   bar->Abandon();  // the node answered: every chunk is in, whatever order the completions came
   const uint64_t bytes = laid_out->bytes().size();
   const double seconds = (WallClockNs() - publish_ns) / 1e9;
+  const uint64_t step = f.step != 0 ? f.step : laid_out->step().value_or(0);  // what the node records
   if (f.json) {
-    nlohmann::json out = {{"command", "publish"}, {"model", f.model}, {"version", *version}, {"step", f.step},
+    nlohmann::json out = {{"command", "publish"}, {"model", f.model}, {"version", *version}, {"step", step},
                           {"bytes", bytes}, {"seconds", seconds}, {"file", f.file}, {"node", f.connect}};
     std::printf("%s\n", out.dump().c_str());
     return 0;
@@ -109,7 +110,9 @@ ViperCommand publish_command(
       auto f = std::make_shared<PublishFlags>();
       app.add_option("MODEL", f->model, "Model name")->required()->check(ModelName());
       app.add_option("FILE", f->file, "A .safetensors file")->required()->check(ReadableFile());
-      app.add_option("--step", f->step, "Training step recorded with the version")->check(NonNegativeInteger());
+      app.add_option("--step", f->step,
+                     "Training step recorded with the version (0, the default: the file's own viper.step, if any)")
+          ->check(NonNegativeInteger());
       app.add_flag("--json", f->json,
                    "Print one JSON object on stdout instead of the line: command, model, version, step, bytes, "
                    "seconds, file, node");

@@ -127,6 +127,16 @@ TEST_F(Seals, FleetConsumersTakeOnlySealedVersions) {
   ASSERT_TRUE(pulled.ok()) << pulled.status().ToString();
   EXPECT_EQ(pulled->declared_checksum(), fleet->Latest("sm")->checksum);
 
+  // `viper ls --registry` with the token lists what pull would take: the fleet's node only. It
+  // ignored --token-file and listed every holder.
+  Process ls({testing::ViperBinary(), "ls", "--registry", redis.url(), "--token-file", (dir / "token").string()},
+             dir / "ls.log");
+  ASSERT_EQ(ls.Wait(30s), 0) << ls.log();
+  EXPECT_NE(ls.log().find(fleet->address()), std::string::npos) << ls.log();
+  EXPECT_EQ(ls.log().find("  " + other->address()), std::string::npos) << ls.log();  // no row of it
+  EXPECT_NE(ls.log().find("holder skipped: sm version 5 from node " + other->address()), std::string::npos)
+      << ls.log();
+
   // Without a fleet secret there is nothing to check: a holder outside the fleet serves (what the
   // seal prevents).
   Process open_pull({testing::ViperBinary(), "pull", "sm", "--version", "3", "--registry", redis.url(), "-o",

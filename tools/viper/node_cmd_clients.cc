@@ -477,7 +477,9 @@ int RunLs(const LsFlags& f) {
   if (!f.registry.empty()) {
     auto password = RegistryPassword(f.registry_password_file);
     if (!password.ok()) return Fail("ls", password.status());
-    return RunLsRegistry(f.registry, *password, f.json);
+    auto token = f.auth.Resolve();
+    if (!token.ok()) return Fail("ls", token.status());
+    return RunLsRegistry(f.registry, *password, *token, f.json);
   }
   auto client = ConnectClient(f.connect, f.auth);
   if (!client.ok()) return Fail("ls", client.status());

@@ -46,7 +46,7 @@ Result<std::vector<std::string>> NodesHolding(const std::string& url, const std:
   return out;
 }
 
-int RunLsRegistry(const std::string& url, const std::string& password, bool json) {
+int RunLsRegistry(const std::string& url, const std::string& password, const std::string& token, bool json) {
   auto registry = OpenRegistry(url, RegistryOptions{.password = password});
   if (!registry.ok()) return Fail("ls", registry.status());
   auto models = (*registry)->Models();
@@ -58,6 +58,12 @@ int RunLsRegistry(const std::string& url, const std::string& password, bool json
     auto found = (*registry)->Lookup(model);
     if (!found.ok()) return Fail("ls", found.status());
     for (const auto& r : found->rejected) std::fprintf(stderr, "viper ls: registry record ignored: %s\n", r.c_str());
+    // With the fleet's token, only what a node of the fleet sealed is listed (as pull takes).
+    std::erase_if(found->holders, [&](const HolderRecord& h) {
+      Status sealed = internal::CheckSeal(token, h.info, "node " + h.node.address);
+      if (!sealed.ok()) std::fprintf(stderr, "viper ls: holder skipped: %s\n", sealed.message().c_str());
+      return !sealed.ok();
+    });
     for (const auto& h : found->holders) {
       ++rows;
       std::string replicas;

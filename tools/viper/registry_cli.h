@@ -28,7 +28,8 @@ Result<RegistryHeartbeat> HeartbeatForTtl(double ttl_seconds);
 Result<std::vector<std::string>> NodesHolding(const std::string& url, const std::string& password,
                                               const std::string& model, uint64_t version,
                                               const std::string& token = "");
-// `viper ls --registry`: every model, version and holder the registry lists.
-int RunLsRegistry(const std::string& url, const std::string& password, bool json);
+// `viper ls --registry`: every model, version and holder the registry lists (with a token, those
+// whose seal verifies, as NodesHolding).
+int RunLsRegistry(const std::string& url, const std::string& password, const std::string& token, bool json);
 
 }  // namespace viper::cli

@@ -66,6 +66,11 @@ std::shared_ptr<T> Held(const std::shared_ptr<T>& p, const char* what) {
   return p;
 }
 
+// The docstring of every handle's _abandon (python/viper/__init__.py: _Handle.close in a forked child).
+inline constexpr const char* kAbandonDoc =
+    "In a process forked from the one that opened it: forget the parent's object without touching it (its "
+    "threads and locks are the parent's; closing them here would hang or crash). Its memory is left as it is.";
+
 inline const viper::Status& StatusOf(const viper::Status& s) { return s; }
 template <typename T>
 const viper::Status& StatusOf(const viper::Result<T>& r) { return r.status(); }

@@ -312,13 +312,6 @@ struct SampleCacheHandle {
     if (!cache) Raise(Status::FailedPrecondition("SampleCache is closed"));
     return *cache;
   }
-  // For a call made without the GIL: checked (and the error raised) while the caller holds it, and
-  // a reference of the call's own, so a close() on another thread meanwhile (a rehearsal buffer's
-  // fetch thread and its owner's close) leaves the cache alive until the call returns.
-  std::shared_ptr<viper::SampleCache> held() const {
-    live();
-    return cache;
-  }
 };
 
 struct JobCountersHandle {
@@ -409,7 +402,7 @@ void BindSampleCache(py::module_& m) {
         py::buffer_info info = data.request();
         std::span<const std::byte> bytes(static_cast<const std::byte*>(info.ptr),
                                          static_cast<size_t>(info.size * info.itemsize));
-        std::shared_ptr<viper::SampleCache> c = h.held();
+        std::shared_ptr<viper::SampleCache> c = Held(h.cache, "SampleCache");
         Status st;
         {
           py::gil_scoped_release release;
@@ -419,7 +412,7 @@ void BindSampleCache(py::module_& m) {
         ThrowIfError(st);
       }, py::arg("key"), py::arg("data"), "Puts bytes under `key` into this rank's node (SampleCache::PutObject).")
       .def("get_object", [](const SampleCacheHandle& h, size_t node, const std::string& key) -> py::object {
-        std::shared_ptr<viper::SampleCache> c = h.held();
+        std::shared_ptr<viper::SampleCache> c = Held(h.cache, "SampleCache");
         viper::Result<std::vector<std::byte>> r = Status::Internal("unset");
         {
           py::gil_scoped_release release;
@@ -439,8 +432,7 @@ void BindSampleCache(py::module_& m) {
       .def("_abandon", [](SampleCacheHandle& h) {
         (void)new std::shared_ptr<viper::SampleCache>(std::move(h.cache));  // a reference never dropped
       },
-           "In a process forked from the one that opened it: forget the parent's object without touching it (its "
-           "threads and locks are the parent's; closing them here would hang or crash). Its memory is left as it is.");
+           kAbandonDoc);
 }
 
 void BindPrefetcher(py::module_& m) {
@@ -485,9 +477,7 @@ void BindPrefetcher(py::module_& m) {
       })
       .def("_abandon", [](PrefetcherHandle& h) {
         (void)new std::shared_ptr<viper::Prefetcher>(std::move(h.p));  // a reference never dropped
-      },
-           "In a forked child: forget the parent's prefetcher without touching it (its threads and "
-           "locks are the parent's; joining them here would hang). Its memory is left as it is.");
+      }, kAbandonDoc);
 }
 
 struct RehearsalHandle {
@@ -615,8 +605,7 @@ void BindRehearsal(py::module_& m) {
       }, "Replaces the whole state (see state()); InvalidArgumentError naming what does not fit.")
       .def("close", [](RehearsalHandle& h) { h.b.reset(); }, "Frees the samples (spill() first to keep them).")
       .def("_abandon", [](RehearsalHandle& h) { (void)h.b.release(); },
-           "In a process forked from the one that opened it: forget the parent's object without touching it (its "
-           "threads and locks are the parent's; closing them here would hang or crash). Its memory is left as it is.")
+           kAbandonDoc)
       .def("__len__", [](const RehearsalHandle& h) { return h.live().size(); })
       .def_property_readonly("seen", [](const RehearsalHandle& h) { return h.live().seen(); })
       .def_property_readonly("class_counts", [](const RehearsalHandle& h) { return h.live().class_counts(); })

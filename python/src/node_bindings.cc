@@ -110,8 +110,7 @@ void BindNode(py::module_& m) {
       .def("_abandon", [](NodeHandle& h) {
              (void)new std::shared_ptr<viper::Node>(std::move(h.node));  // a reference never dropped
            },
-           "In a process forked from the one that opened it: forget the parent's object without touching it (its "
-           "threads and locks are the parent's; closing them here would hang or crash). Its memory is left as it is.");
+           kAbandonDoc);
 }
 
 }  // namespace viper_py

@@ -291,8 +291,7 @@ void BindPublisher(py::module_& m) {
              (void)h.gpu.release();
              (void)new std::shared_ptr<viper::Publisher>(std::move(h.publisher));  // a reference never dropped
            },
-           "In a process forked from the one that opened it: forget the parent's object without touching it (its "
-           "threads and locks are the parent's; closing them here would hang or crash). Its memory is left as it is.");
+           kAbandonDoc);
 }
 
 }  // namespace viper_py

@@ -138,8 +138,7 @@ void BindSubscriber(py::module_& m) {
       .def("_abandon", [](SubscriberHandle& h) {
              (void)new std::shared_ptr<viper::Subscriber>(std::move(h.subscriber));  // a reference never dropped
            },
-           "In a process forked from the one that opened it: forget the parent's object without touching it (its "
-           "threads and locks are the parent's; closing them here would hang or crash). Its memory is left as it is.");
+           kAbandonDoc);
 }
 
 }  // namespace viper_py

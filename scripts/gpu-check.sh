@@ -13,7 +13,7 @@
 # gpu_test's through-the-node lines (GPU-NODE, GPU-NODE-EARLY, GPU-EARLY, and GPU-DRAFT: zero-copy
 # BeginDevice/CommitDevice; GPU-STAGED: the staged path to network readers) are repeated at the end and in $OUT/gpu-node.txt.
 # The Python cases: PACK/gpu-python-build.sh builds the viper package for this machine's python3
-# from PACK/python into $OUT/python-site (GPU_CHECK_PYTHON=DIR uses a package built already), then
+# from PACK/python into PACK/python-site (OUT keeps only the log and the figures) (GPU_CHECK_PYTHON=DIR uses a package built already), then
 # PACK/gpu_cases.py runs (Publisher.publish and begin_cuda of CUDA tensors, GPU subscribers'
 # load_into) with VIPER_FAIL_ON_SKIP=1: without a GPU that is a failure, not a skip.
 # Sizes: GPU_CHECK_SIZES (default 1.7G,8G); reps: GPU_CHECK_REPS (default 5), torch reps
@@ -54,17 +54,18 @@ step "machine: torch" 60 python3 -c 'import torch; print(torch.__version__, torc
 step "gpu_test" ${GPU_CHECK_TEST_LIMIT:-180} env VIPER_FAIL_ON_SKIP=1 VIPER_GPU_PEER="$pack/bin/viper_gpu_peer" \
   VIPER_GPU_SUBSCRIBER="$pack/bin/viper_gpu_subscriber" "$pack/run" gpu_test
 [ -x "$pack/bin/gpu_node_test" ] && step "gpu_node_test (no-driver path)" 60 env VIPER_CUDA_LIBRARY=/nonexistent/libcuda.so.1 "$pack/run" gpu_node_test
-# The Python package for this machine's python3, built here from the packed sources unless
-# GPU_CHECK_PYTHON names one already built.
-if [ -z "${GPU_CHECK_PYTHON:-}" ] && [ -f "$pack/gpu-python-build.sh" ] && [ -d "$pack/python" ]; then
-  step "python: build the viper package" 300 bash "$pack/gpu-python-build.sh" "$pack" "$OUT/python-site" \
-    && GPU_CHECK_PYTHON=$OUT/python-site
-fi
-[ -n "${GPU_CHECK_PYTHON:-}" ] && step "python gpu_cases.py" 300 env VIPER_FAIL_ON_SKIP=1 PYTHONPATH="$GPU_CHECK_PYTHON" \
-  UCX_MODULE_DIR="$pack/ucx" LD_LIBRARY_PATH="$pack/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" python3 "$pack/gpu_cases.py"
+# The figures first: where device time runs short, they matter most.
 [ "${GPU_CHECK_BENCH:-1}" = 1 ] && \
 step "viper bench --gpu" 160 "$pack/run" viper bench --gpu --sizes "$sizes" --reps "$reps" --json "$OUT/gpu-bench.json"
 [ "$treps" -gt 0 ] && step "torch.save + poll + torch.load baseline" 150 env PYTHONUNBUFFERED=1 python3 "$torch_script" --sizes "$sizes" --reps "$treps" --json "$OUT/torch-baseline.json"
+# The Python package for this machine's python3, built here from the packed sources unless
+# GPU_CHECK_PYTHON names one already built.
+if [ -z "${GPU_CHECK_PYTHON:-}" ] && [ -f "$pack/gpu-python-build.sh" ] && [ -d "$pack/python" ]; then
+  step "python: build the viper package" 300 bash "$pack/gpu-python-build.sh" "$pack" "$pack/python-site" \
+    && GPU_CHECK_PYTHON=$pack/python-site
+fi
+[ -n "${GPU_CHECK_PYTHON:-}" ] && step "python gpu_cases.py" 300 env VIPER_FAIL_ON_SKIP=1 PYTHONPATH="$GPU_CHECK_PYTHON" \
+  UCX_MODULE_DIR="$pack/ucx" LD_LIBRARY_PATH="$pack/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" python3 "$pack/gpu_cases.py"
 
 echo | tee -a "$log"
 # The through-the-node figures gpu_test prints (publish -> live in another process at 1 GiB; early

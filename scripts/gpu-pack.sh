@@ -45,7 +45,7 @@ py=$out/python
 mkdir -p "$py/src" "$py/include/core" "$py/lib" "$py/viper"
 cp "$root"/python/src/*.cc "$root"/python/src/*.h "$py/src/"
 cp -r "$root/include/viper" "$build/generated/viper" "$py/include/"
-cp "$root/src/core/memory.h" "$py/include/core/"
+cp "$root"/src/core/*.h "$py/include/core/"  # the bindings include some of the internal headers (memory, token_file)
 cp -r /usr/include/fmt "$py/include/"
 mkdir -p "$py/pybind11-include" && cp -r /usr/include/pybind11 "$py/pybind11-include/"  # used only if that machine's python has none
 cp "$root"/python/viper/*.py "$root"/python/viper/*.pyi "$root"/python/viper/py.typed "$py/viper/" 2>/dev/null || true

@@ -3,7 +3,8 @@
 # packed in PACK/python: the bindings' sources, the headers they include, the project's static
 # libraries built here (position-independent) and the link line of the extension. The GPU machine
 # has its own Python (3.12 where this is written) with pybind11 and torch, but none of this
-# project's Debian libraries: those are PACK/lib, found through the extension's rpath.
+# project's Debian libraries: those are PACK/lib, found through the extension's RPATH (old-style, which also
+# serves the libraries those load: libucp loads libuct, and the machine may have a UCX of its own).
 #
 #   gpu-python-build.sh PACK [SITE]     SITE defaults to PACK/python-site; then PYTHONPATH=SITE
 #
@@ -36,7 +37,7 @@ done
 for p in "${pids[@]}"; do wait "$p"; done
 # link-libraries: the extension's libraries in CMake's order; @PY@ is PACK/python, @LIB@ PACK/lib.
 read -r -a libs <<<"$(sed -e "s#@PY@#$src#g" -e "s#@LIB@#$pack/lib#g" "$src/link-libraries")"
-"$cxx" -shared -o "$site/viper/_viper$suffix" "$site"/obj/*.o "${libs[@]}" -L"$pack/lib" -Wl,-rpath,"$pack/lib"
+"$cxx" -shared -o "$site/viper/_viper$suffix" "$site"/obj/*.o "${libs[@]}" -L"$pack/lib" -Wl,--disable-new-dtags,-rpath,"$pack/lib"
 cp "$src"/viper/* "$site/viper/"
 rm -rf "$site/obj"
-UCX_MODULE_DIR="$pack/ucx" PYTHONPATH="$site" "$py" -c 'import viper, sys; print("gpu-python-build: import viper", viper.__version__ if hasattr(viper, "__version__") else "", "from", viper.__file__)'
+LD_LIBRARY_PATH="$pack/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" UCX_MODULE_DIR="$pack/ucx" PYTHONPATH="$site" "$py" -c 'import viper, sys; print("gpu-python-build: import viper", viper.__version__ if hasattr(viper, "__version__") else "", "from", viper.__file__)'

@@ -188,11 +188,13 @@ def cuda_ordinal(owner: str, name: str, value: Any) -> int:
 class _CudaBytes:
     """`nbytes` bytes of device memory at `ptr`, offered to torch through __cuda_array_interface__
     (no copy); the owner (a ModelVersion, a CudaDraft) must outlive every tensor made from it.
-    "stream": None: torch does not synchronize on making the tensor (the owner orders the work)."""
+    "stream": None: torch does not synchronize on making the tensor (the owner orders the work).
+    The read-only flag is always False: torch 2.x refuses read-only CUDA memory ("the read only flag
+    is not supported"); a version's GPU copy is read-only by contract, not by the tensor."""
 
-    def __init__(self, ptr: int, nbytes: int, owner: Any, writable: bool = False):
+    def __init__(self, ptr: int, nbytes: int, owner: Any):
         self._owner = owner
-        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, not writable),
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False),
                                          "version": 3, "strides": None, "stream": None}
 
 
@@ -383,7 +385,7 @@ class CudaDraft:
             target = _torch_dtype(torch, dtype_name)
             if target is None:
                 raise TypeError(f"CudaDraft: tensor {name!r}: torch {torch.__version__} has no {dtype_name} tensors")
-            raw = torch.as_tensor(_CudaBytes(ptr, nbytes, self, writable=True), device=f"cuda:{self._device}")
+            raw = torch.as_tensor(_CudaBytes(ptr, nbytes, self), device=f"cuda:{self._device}")
             view = raw.view(target).reshape(shape)
             self._views[name] = view
         return view

@@ -132,11 +132,14 @@ class Publisher {
   std::string address() const { return node_->address(); }
   Node& node() { return *node_; }
   const PublisherOptions& options() const { return options_; }
-  // Latest version announced so far (0 if none).
+  // Latest version announced so far to every subscriber (0 if none): a Publish/Commit once it is
+  // committed, a GpuPublisher's version once its host copy is (GpuPublisher::WaitHost).
   uint64_t announced_version() const;
 
  private:
+  friend class GpuPublisher;  // NoteAnnounced, at its host commits
   struct Impl;
+  void NoteAnnounced(uint64_t version);
   Publisher(const PublisherOptions& options, std::unique_ptr<Node> node);
   struct DeltaPromise;
   Status AnnounceEarly(Draft& draft, const PublishInfo& info);

@@ -120,6 +120,11 @@ Result<std::unique_ptr<Publisher>> Publisher::Start(const PublisherOptions& opti
 
 uint64_t Publisher::announced_version() const { return impl_->announced.load(); }
 
+void Publisher::NoteAnnounced(uint64_t version) {
+  uint64_t prev = impl_->announced.load();
+  while (prev < version && !impl_->announced.compare_exchange_weak(prev, version)) {}
+}
+
 Result<Draft> Publisher::Begin(const std::vector<TensorSpec>& tensors, const std::map<std::string, std::string>& metadata) {
   VIPER_ASSIGN_OR_RETURN(SnapshotLayout layout, SnapshotLayout::Make(tensors, metadata, options_.alignment));
   // Back-pressure: never more than max_in_flight versions waiting to be sealed.
@@ -300,8 +305,7 @@ Result<PublishResult> Publisher::Enqueue(Draft draft, const PublishInfo& info, i
       VIPER_RETURN_IF_ERROR(node_->Commit(std::move(*draft.lease_), std::move(vi)).status());
     }
     node_->WhenDeltaPrepared(options_.model, version, [delta](const PreparedDelta& d) { delta->Set(d); });
-    uint64_t prev = impl_->announced.load();
-    while (prev < version && !impl_->announced.compare_exchange_weak(prev, version)) {}
+    NoteAnnounced(version);
     impl_->spare.Post([this, size] {
       if (impl_->closing) return;
       Status st = node_->host_tier().KeepSpare(size);

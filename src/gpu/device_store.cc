@@ -182,6 +182,7 @@ struct DeviceVersionStore::Impl {
       Buffer& b = *bp;
       Status st = b.copied.Synchronize();
       if (st.ok() && options.announce == Announce::kAfterDeviceCopy) MakeLive(job.buffer, Describe(job.buffer, b, *job.layout, 0));
+      if (st.ok() && options.host_copy) st = QueueHostCopy(job, b);
       if (st.ok() && options.host_copy) {
         std::lock_guard lock(mu);
         seal_jobs.push_back(std::move(job));
@@ -191,6 +192,33 @@ struct DeviceVersionStore::Impl {
       if (st.ok() && options.announce == Announce::kAfterChecksum) MakeLive(job.buffer, Describe(job.buffer, b, *job.layout, 0));
       Finish(job, st);
     }
+  }
+
+  // Announcer thread (host_copy), once the job's device copy is complete: its device-to-host copy
+  // queued on the host stream in chunks, each with its event, so that the sealer (and through
+  // on_progress the host tier and remote readers) takes each chunk as it lands. A buffer's pinned
+  // memory is allocated here at its first use, not in Publish: pinning host memory takes the order
+  // of a second per GiB in a virtual machine (seen on an H100 host), which the producer's thread
+  // must not wait for. Then the next version's announcement waits for it instead, once per buffer.
+  Status QueueHostCopy(const Job& job, Buffer& b) {
+    const SnapshotLayout& l = *job.layout;
+    if (b.pinned.size() != b.device.size()) {
+      b.pinned = {};
+      VIPER_ASSIGN_OR_RETURN(b.pinned, PinnedBuffer::Allocate(options.device, b.device.size()));
+    }
+    const uint64_t chunk = HostChunkBytes(l.data_bytes());
+    const size_t chunks = HostChunks(l.data_bytes());
+    while (b.host_chunks.size() < chunks) {
+      VIPER_ASSIGN_OR_RETURN(Event event, Event::Create(options.device));
+      b.host_chunks.push_back(std::move(event));
+    }
+    for (size_t c = 0; c < chunks; ++c) {
+      const uint64_t begin = l.data_offset() + c * chunk;
+      const uint64_t bytes = std::min(chunk, l.total_bytes() - begin);
+      if (bytes > 0) VIPER_RETURN_IF_ERROR(CopyDeviceToHost(b.pinned.data() + begin, b.device.ptr() + begin, bytes, host_stream));
+      VIPER_RETURN_IF_ERROR(b.host_chunks[c].Record(host_stream));
+    }
+    return Status::OK();
   }
 
   // Sealer thread (host_copy): waits for each announced version's pinned copy, seals it there
@@ -324,7 +352,7 @@ struct DeviceVersionStore::Impl {
   // What Publish does once the buffer is taken and its layout prepared (and Commit of a draft,
   // whose tensors the producer wrote in place: `tensors` empty): ordered after producer_stream by
   // the `ready` event, the header into the buffer, the tensors' copies, `copied`, the producer's
-  // stream waiting for it, the pinned host copy, the job queued. Frees the buffer on error.
+  // stream waiting for it, the job queued for the announcer. Frees the buffer on error.
   // REQUIRES: b is buffers[i], taken (busy) by the caller.
   Status Queue(size_t i, Buffer& b, const std::shared_ptr<const SnapshotLayout>& layout, VersionStamp stamp,
                const Stream& producer_stream, const std::vector<DeviceTensor>& tensors);
@@ -333,9 +361,7 @@ struct DeviceVersionStore::Impl {
     auto b = std::make_unique<Buffer>();
     VIPER_ASSIGN_OR_RETURN(b->device, DeviceBuffer::Allocate(options.device, bytes));
     VIPER_RETURN_IF_ERROR(Memset(options.device, b->device.ptr(), 0, bytes));  // padding reads as zeros
-    if (options.host_copy) {
-      VIPER_ASSIGN_OR_RETURN(b->pinned, PinnedBuffer::Allocate(options.device, bytes));
-    }
+    // b->pinned: at the buffer's first host copy, on the announcer thread (QueueHostCopy).
     VIPER_ASSIGN_OR_RETURN(b->ready, Event::Create(options.device));
     VIPER_ASSIGN_OR_RETURN(b->copied, Event::Create(options.device));
     VIPER_ASSIGN_OR_RETURN(b->handle, b->device.ExportIpc());
@@ -456,26 +482,7 @@ Status DeviceVersionStore::Impl::Queue(size_t i, Buffer& b, const std::shared_pt
   // ran and the version would mix two steps. The host never waits; the training stream's delay is
   // the copy's own time (what `viper bench --gpu` reports as the stall).
   if (Status st = producer_stream.WaitEvent(b.copied); !st.ok()) return fail(st);
-  if (m.options.host_copy) {
-    // In chunks, each with its event, so that the sealer (and through on_progress the host tier
-    // and remote readers) takes each chunk as it lands instead of waiting for the whole copy.
-    if (Status st = m.host_stream.WaitEvent(b.copied); !st.ok()) return fail(st);
-    const uint64_t chunk = HostChunkBytes(layout->data_bytes());
-    const size_t chunks = HostChunks(layout->data_bytes());
-    while (b.host_chunks.size() < chunks) {
-      auto event = Event::Create(m.options.device);
-      if (!event.ok()) return fail(event.status());
-      b.host_chunks.push_back(std::move(event).value());
-    }
-    for (size_t c = 0; c < chunks; ++c) {
-      const uint64_t begin = layout->data_offset() + c * chunk;
-      const uint64_t bytes = std::min(chunk, layout->total_bytes() - begin);
-      if (bytes > 0)
-        if (Status st = CopyDeviceToHost(b.pinned.data() + begin, b.device.ptr() + begin, bytes, m.host_stream); !st.ok())
-          return fail(st);
-      if (Status st = b.host_chunks[c].Record(m.host_stream); !st.ok()) return fail(st);
-    }
-  }
+  // The host copy (host_copy) is queued by the announcer once this copy completes (QueueHostCopy).
   {
     std::lock_guard relock(m.mu);
     m.jobs.push_back(Job{i, std::move(stamp), layout});

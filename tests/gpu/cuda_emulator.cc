@@ -22,6 +22,8 @@
 //   with dlsym) makes the next copy a stream runs fail: from then on every stream and event
 //   synchronization returns `code`, as the driver's calls do after a copy or kernel faulted on the
 //   device (an illegal address, an Xid). Code 0 disarms it and ends the error.
+// - viper_cuda_emulator_on_host_alloc(fn) (a test's hook) calls fn(bytes) on the thread of every
+//   cuMemHostAlloc, so that a test can see which thread pins host memory (null: none).
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -53,6 +55,7 @@ constexpr uint32_t kHandleMagic = 0x4d454356;  // "VCEM"
 
 std::atomic<CUresult> fail_next_copy{kSuccess};  // armed by the tests' hook
 std::atomic<CUresult> sticky_error{kSuccess};
+std::atomic<void (*)(size_t)> on_host_alloc{nullptr};  // set by the tests' hook
 
 int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -291,6 +294,7 @@ __attribute__((visibility("default"))) CUresult cuMemcpyDtoHAsync_v2(void* dst, 
   return StreamCopy(dst, reinterpret_cast<const void*>(src), n, s, !S().IsPinned(dst, n));
 }
 __attribute__((visibility("default"))) CUresult cuMemHostAlloc(void** out, size_t n, unsigned) {
+  if (auto observe = on_host_alloc.load()) observe(n);
   void* p = ::mmap(nullptr, n ? n : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) return kOutOfMemory;
   std::lock_guard lock(S().mu);
@@ -456,6 +460,10 @@ __attribute__((visibility("default"))) CUresult cuGetErrorString(CUresult r, con
 __attribute__((visibility("default"))) void viper_cuda_emulator_fail_next_copy(CUresult code) {
   fail_next_copy.store(code);
   if (code == kSuccess) sticky_error.store(kSuccess);
+}
+
+__attribute__((visibility("default"))) void viper_cuda_emulator_on_host_alloc(void (*fn)(size_t)) {
+  on_host_alloc.store(fn);
 }
 
 }  // extern "C"

@@ -20,9 +20,9 @@ deps() {
     [ -e "$out/lib/$name" ] || { cp -L "$path" "$out/lib/$name"; deps "$path"; }
   done
 }
-for p in "$build/bin/viper" "$build/bin/viper-bench" "$build/bin/viper_gpu_peer" "$build/bin/viper_gpu_subscriber" "$build/tests/gpu/gpu_test" \
-         "$build/tests/gpu/gpu_node_test"; do
-  [ -x "$p" ] || { echo "gpu-pack: $p missing: build it first (cmake --build $build --target viper viper-bench viper_gpu_peer viper_gpu_subscriber gpu_test gpu_node_test)" >&2; exit 1; }
+for p in "$build/bin/viper" "$build/bin/viper-bench" "$build/bin/viper_gpu_peer" "$build/bin/viper_gpu_subscriber" \
+         "$build/bin/viper_wire_baseline" "$build/tests/gpu/gpu_test" "$build/tests/gpu/gpu_node_test"; do
+  [ -x "$p" ] || { echo "gpu-pack: $p missing: build it first (cmake --build $build --target viper viper-bench viper_gpu_peer viper_gpu_subscriber viper_wire_baseline gpu_test gpu_node_test)" >&2; exit 1; }
   strip --strip-debug -o "$out/bin/$(basename "$p")" "$p"
   deps "$p"
 done

@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "harness/measure.h"
 #include "viper/gpu.h"
 #include "viper/gpu_publisher.h"
 #include "viper/gpu_store.h"
@@ -33,12 +34,6 @@ int64_t NowNs() {
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
-}
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
 
 // Times `work` (queued on s) with events: milliseconds, median of reps.
@@ -184,13 +179,17 @@ struct Row {
   // gpu_device on the network path, publish -> live on its GPU.
   double staged_ms = 0;
   std::string staged_how, staged_error;
+  // The staged path's network stage alone: one loopback TCP stream of the model's bytes, landed and
+  // hashed as a subscriber verifies what crossed the network (viper_wire_baseline --verify).
+  double wire_ms = 0;
+  std::string wire_error;
   std::string live_error;  // why publish -> live in another process was not measured
 };
 
 // Publish -> live in a viper_gpu_subscriber process (a Subscriber with gpu_device, beside
 // viper_gpu_peer; `args` its options), as it stamps it (CLOCK_REALTIME, the producer's publish time
 // from the announcement), through a GpuPublisher of its own with `max_buffers`: the median of
-// `timed` publishes after one warm-up, in ms, and how the last one reached the subscriber's GPU (the
+// `timed` publishes after `max_buffers` warm-ups (every buffer used once), in ms, and how the last one reached the subscriber's GPU (the
 // rest of its OK line), which must start with `want_how`. The host path runs to completion between
 // publishes, so each starts quiet.
 Result<std::pair<double, std::string>> LiveInSubscriberProcess(const GpuConfig& c, const std::vector<DeviceTensor>& tensors,
@@ -211,7 +210,8 @@ Result<std::pair<double, std::string>> LiveInSubscriberProcess(const GpuConfig& 
   VIPER_RETURN_IF_ERROR(sub.Start(bin, pub->address(), po.model, in_place, std::move(args)));
   std::vector<double> lat;
   std::string how;
-  for (int r = 0; r < timed + 1; ++r) {
+  const int warmups = static_cast<int>(max_buffers);
+  for (int r = 0; r < timed + warmups; ++r) {
     VIPER_ASSIGN_OR_RETURN(uint64_t v, gp->PublishDevice(tensors, train));
     std::string reply = sub.Command("W " + std::to_string(v));
     long long got = 0, ip = 0, nbytes = 0, us = 0;
@@ -221,7 +221,7 @@ Result<std::pair<double, std::string>> LiveInSubscriberProcess(const GpuConfig& 
       return Status::Internal("GPU subscriber: " + reply);
     how = reply.substr(static_cast<size_t>(how_at));
     if (!how.starts_with(want_how)) return Status::Internal("not delivered as \"" + std::string(want_how) + "\": " + reply);
-    if (r > 0) lat.push_back(us / 1000.0);
+    if (r >= warmups) lat.push_back(us / 1000.0);
     (void)sub.Command("D " + std::to_string(v));
     VIPER_RETURN_IF_ERROR(gp->WaitHost(v, std::chrono::seconds(60)));
   }
@@ -270,16 +270,21 @@ Result<Row> MeasureSize(const GpuConfig& c, uint64_t bytes) {
 
   // 3. Publish -> live in another process. Where CUDA IPC is refused (some sandboxes), the row
   // says why and the other figures are still measured.
+  // Every timed figure follows one publish per buffer (the stores below keep two): each buffer
+  // allocated, its host copy pinned and its IPC handle opened by the consumer before timing, as in
+  // a training job's steady state. The first uses are slower (pinning host memory most: about
+  // 0.7 s per GiB on an H100 virtual machine), on the store's thread, not the producer's.
+  constexpr int kWarmups = 2;
   DeviceVersionStore::Options o;
   o.device = dev;
-  o.max_buffers = 2;
+  o.max_buffers = kWarmups;
   VIPER_ASSIGN_OR_RETURN(auto store, DeviceVersionStore::Create(o));
   uint64_t version = 0;
   Status live_st = [&]() -> Status {
     PeerProcess peer;
     VIPER_RETURN_IF_ERROR(peer.Start(c.peer_bin, dev, false));
     std::vector<double> live, live_sealed, sealed, copy, call;
-    for (int r = 0; r < c.reps + 1; ++r) {
+    for (int r = 0; r < c.reps + kWarmups; ++r) {
       ++version;
       int64_t t0 = NowNs();
       VIPER_RETURN_IF_ERROR(store->Publish(tensors, train, VersionStamp{"bench", version, version, 0, 0, {}}));
@@ -291,7 +296,7 @@ Result<Row> MeasureSize(const GpuConfig& c, uint64_t bytes) {
       if (!done.ok()) return done.status();
       VIPER_RETURN_IF_ERROR(store->Wait(version, std::chrono::seconds(60), /*sealed=*/true));
       int64_t t_sealed = NowNs();
-      if (r == 0) continue;  // warm-up: buffers allocated, IPC handles opened
+      if (r < kWarmups) continue;
       live.push_back((done->first - t0) / 1e6);
       call.push_back((t_call - t0) / 1e6);
       sealed.push_back((t_sealed - t0) / 1e6);
@@ -314,7 +319,7 @@ Result<Row> MeasureSize(const GpuConfig& c, uint64_t bytes) {
       PeerProcess peer;
       VIPER_RETURN_IF_ERROR(peer.Start(c.peer_bin, dev, true));
       std::vector<double> live;
-      for (int r = 0; r < c.reps + 1; ++r) {
+      for (int r = 0; r < c.reps + kWarmups; ++r) {
         ++version;
         int64_t t0 = NowNs();
         VIPER_RETURN_IF_ERROR(store->Publish(tensors, train, VersionStamp{"bench", version, version, 0, 0, {}}));
@@ -324,7 +329,7 @@ Result<Row> MeasureSize(const GpuConfig& c, uint64_t bytes) {
         store->Release(v);
         if (!done.ok()) return done.status();
         VIPER_RETURN_IF_ERROR(store->Wait(version, std::chrono::seconds(60), true));
-        if (r > 0) live.push_back((done->first - t0) / 1e6);
+        if (r >= kWarmups) live.push_back((done->first - t0) / 1e6);
       }
       row.live_in_place_ms = Median(live);
       return Status::OK();
@@ -342,20 +347,20 @@ Result<Row> MeasureSize(const GpuConfig& c, uint64_t bytes) {
       VIPER_ASSIGN_OR_RETURN(auto pub, Publisher::Start(po));
       DeviceVersionStore::Options go;
       go.device = dev;
-      go.max_buffers = 2;
+      go.max_buffers = kWarmups;
       VIPER_ASSIGN_OR_RETURN(auto gp, GpuPublisher::Start(pub.get(), go));
       SubscriberOptions so;
       so.model = "gpu-bench";
       so.connect = pub->address();
       VIPER_ASSIGN_OR_RETURN(auto sub, Subscriber::Start(so));
       std::vector<double> lat;
-      for (int r = 0; r < std::max(2, c.reps / 2) + 1; ++r) {
+      for (int r = 0; r < std::max(2, c.reps / 2) + kWarmups; ++r) {
         int64_t t0 = NowNs();
         VIPER_ASSIGN_OR_RETURN(uint64_t v, gp->PublishDevice(tensors, train));
         VIPER_ASSIGN_OR_RETURN(auto got, sub->WaitFor(v, std::chrono::seconds(60)));
         int64_t t1 = NowNs();
         if (got->version() != v) return Status::Internal("host path: subscriber got version " + std::to_string(got->version()));
-        if (r > 0) lat.push_back((t1 - t0) / 1e6);
+        if (r >= kWarmups) lat.push_back((t1 - t0) / 1e6);
         VIPER_RETURN_IF_ERROR(gp->WaitHost(v, std::chrono::seconds(60)));
       }
       row.host_live_ms = Median(lat);
@@ -385,6 +390,16 @@ Result<Row> MeasureSize(const GpuConfig& c, uint64_t bytes) {
     row.staged_how = ms->second;
   } else {
     row.staged_error = ms.status().ToString();
+  }
+  // 3e. The floor of any path through the network engine on this host, against which the staged
+  // path's pipeline (whose slowest stage it is, where the GPU's copies run at tens of GB/s) is held.
+  {
+    std::vector<double> gbps;
+    Status st = ::access(c.wire_bin.c_str(), X_OK) != 0
+                    ? Status::NotFound(c.wire_bin + " not found (it is built with the bench)")
+                    : MeasureTcpStream(TcpEnds{c.wire_bin, "", {}, "127.0.0.1", {}}, n, 3, "--verify", gbps);
+    if (st.ok() && Median(gbps) > 0) row.wire_ms = static_cast<double>(n) / (Median(gbps) * 1e9) * 1e3;
+    else row.wire_error = st.ok() ? "viper_wire_baseline measured no stream" : st.ToString();
   }
 
   // 4. The training stall: a bandwidth-bound step (4 device copies of a quarter of the model's
@@ -480,6 +495,13 @@ Status RunGpu(const GpuConfig& c, const std::string& json_path) {
       std::printf("  staged, network path, GPU subscriber       %9.2f   %.2f   (%.2fx the staging without Viper: %s)\n",
                   w.staged_ms, w.staged_ms / w.dtod_ms, w.staged_ms > 0 ? w.staging_ms / w.staged_ms : 0, w.staged_how.c_str());
     }
+    if (!w.wire_error.empty()) {
+      std::printf("  its network stage alone                    NOT MEASURED: %s\n", w.wire_error.c_str());
+      all_ok = false;
+    } else {
+      std::printf("  its network stage alone: TCP, loopback     %9.2f   %.2f   (landed and hashed; the staged path %.2fx of it)\n",
+                  w.wire_ms, w.wire_ms / w.dtod_ms, w.staged_ms > 0 ? w.wire_ms / w.staged_ms : 0);
+    }
     std::printf("  Publish call on the training thread        %9.3f\n", w.publish_call_ms);
     std::printf("  training step alone / with a publish       %9.2f / %.2f\n", w.step_ms, w.step_with_publish_ms);
     std::printf("  training stall                             %9.2f   %.2f\n", w.stall_ms, w.stall_ms / w.dtod_ms);
@@ -503,6 +525,9 @@ Status RunGpu(const GpuConfig& c, const std::string& json_path) {
                             {"staged_over_staging", w.staged_ms > 0 ? w.staging_ms / w.staged_ms : 0},
                             {"staged_how", w.staged_how},
                             {"staged_error", w.staged_error},
+                            {"wire_ms", w.wire_ms},
+                            {"staged_over_wire", w.staged_ms > 0 ? w.wire_ms / w.staged_ms : 0},
+                            {"wire_error", w.wire_error},
                             {"live_after_checksum_ms", w.live_sealed_ms},
                             {"sealed_ms", w.sealed_ms},
                             {"publish_call_ms", w.publish_call_ms},

@@ -158,6 +158,7 @@ int RunGpuBench(const BenchFlags& f) {
   c.reps = f.reps;
   if (c.reps < 1) return Fail("bench", Status::InvalidArgument("--reps " + std::to_string(c.reps) + ": must be >= 1"));
   c.peer_bin = (std::filesystem::path(bench::SelfExe()).parent_path() / "viper_gpu_peer").string();
+  c.wire_bin = (std::filesystem::path(bench::SelfExe()).parent_path() / "viper_wire_baseline").string();
   Status st = bench::RunGpu(c, f.json_path);
   return st.ok() ? 0 : Fail("bench", st);
 }

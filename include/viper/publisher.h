@@ -137,9 +137,12 @@ class Publisher {
   uint64_t announced_version() const;
 
  private:
-  friend class GpuPublisher;  // NoteAnnounced, at its host commits
+  friend class GpuPublisher;  // NoteAnnounced and KeepSpareLater, at its host commits
   struct Impl;
   void NoteAnnounced(uint64_t version);
+  // After a commit of `size` bytes: the host tier's next segment made on the spare thread
+  // (HostTier::KeepSpare), so that the next version recycles instead of faulting in a fresh one.
+  void KeepSpareLater(uint64_t size);
   Publisher(const PublisherOptions& options, std::unique_ptr<Node> node);
   struct DeltaPromise;
   Status AnnounceEarly(Draft& draft, const PublishInfo& info);

@@ -191,7 +191,10 @@ Result<std::unique_ptr<GpuPublisher>> GpuPublisher::Start(Publisher* publisher, 
         auto s = weak.lock();
         if (!s) return;
         Status st = s->Commit(v, snap);
-        if (st.ok()) s->publisher->NoteAnnounced(v.version);
+        if (st.ok()) {
+          s->publisher->NoteAnnounced(v.version);
+          s->publisher->KeepSpareLater(snap.size());
+        }
         {
           std::lock_guard lock(s->mu);
           if (st.ok()) s->committed = std::max(s->committed, v.version);

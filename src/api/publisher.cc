@@ -120,6 +120,14 @@ Result<std::unique_ptr<Publisher>> Publisher::Start(const PublisherOptions& opti
 
 uint64_t Publisher::announced_version() const { return impl_->announced.load(); }
 
+void Publisher::KeepSpareLater(uint64_t size) {
+  impl_->spare.Post([this, size] {
+    if (impl_->closing) return;
+    Status st = node_->host_tier().KeepSpare(size);
+    if (!st.ok()) log(LogLevel::kWarn, kLog, "{}: {}", options_.model, st.message());
+  });
+}
+
 void Publisher::NoteAnnounced(uint64_t version) {
   uint64_t prev = impl_->announced.load();
   while (prev < version && !impl_->announced.compare_exchange_weak(prev, version)) {}
@@ -306,11 +314,7 @@ Result<PublishResult> Publisher::Enqueue(Draft draft, const PublishInfo& info, i
     }
     node_->WhenDeltaPrepared(options_.model, version, [delta](const PreparedDelta& d) { delta->Set(d); });
     NoteAnnounced(version);
-    impl_->spare.Post([this, size] {
-      if (impl_->closing) return;
-      Status st = node_->host_tier().KeepSpare(size);
-      if (!st.ok()) log(LogLevel::kWarn, kLog, "{}: {}", options_.model, st.message());
-    });
+    KeepSpareLater(size);
     return Status::OK();
   };
 

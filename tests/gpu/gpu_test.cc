@@ -28,6 +28,7 @@
 #include "viper/gpu.h"
 #include "viper/gpu_store.h"
 #if VIPER_GPU_TEST_API
+#include "store/host_tier.h"
 #include "viper/gpu_publisher.h"
 #include "viper/subscriber.h"
 #endif
@@ -618,6 +619,38 @@ TEST(Gpu, AConsumerWithoutAGpuGetsTheVersionsThroughTheHostPath) {
     EXPECT_TRUE(std::equal(a.host.begin(), a.host.end(), d0.begin(), d0.end()));
     EXPECT_TRUE(std::equal(b.host.begin(), b.host.end(), d1.begin(), d1.end()));
   }
+}
+
+TEST(Gpu, HostCommitsRecycleSegmentsAfterTheFirst) {
+  // As a Publisher's commits: after each GPU version's host commit the Publisher makes the host
+  // tier's next segment in the background, so that only the first version creates one and every
+  // later one recycles. Before, each of the first keep_versions + 1 versions faulted in a fresh
+  // segment on the store's thread (about 0.85 s at 1.7 GB on the H100 machine).
+  PublisherOptions po;
+  po.model = "gpu-spare";
+  po.node.segment_prefix = "viper-gpu-spare";
+  auto pub = Publisher::Start(po);
+  ASSERT_TRUE(pub.ok()) << pub.status().ToString();
+  auto gp = GpuPublisher::Start(pub->get());
+  ASSERT_TRUE(gp.ok()) << gp.status().ToString();
+  auto s = Stream::Create(0);
+  ASSERT_TRUE(s.ok());
+  DevTensor a = Upload(RandomBytes(4 << 20, 71), *s);
+  const HostTier& tier = (*pub)->node().host_tier();
+  const uint64_t keep = tier.options().keep_versions;
+  for (uint64_t round = 1; round <= keep + 3; ++round) {
+    auto version = (*gp)->PublishDevice(Specs({&a}), *s, PublishInfo{.step = round});
+    ASSERT_TRUE(version.ok()) << version.status().ToString();
+    ASSERT_TRUE((*gp)->WaitHost(*version, 20s).ok());
+    if (round > keep) continue;  // keep_versions + 1 segments exist: commits recycle the oldest
+    auto deadline = std::chrono::steady_clock::now() + 10s;  // the spare for the next version
+    while (tier.stats().spare_segments < round && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(5ms);
+    ASSERT_GE(tier.stats().spare_segments, round) << "no spare segment after version " << round;
+  }
+  HostTierStats st = tier.stats();
+  EXPECT_EQ(st.fresh_allocations, 1u);
+  EXPECT_EQ(st.recycled_allocations, keep + 2);
 }
 
 // The emulator's hook that makes the next copy a stream runs fault on the "device", and every

@@ -579,39 +579,52 @@ TEST(Gpu, BeginWaitsForLeasedBuffersAndADraftHoldsItsOwn) {
 }
 
 #if VIPER_GPU_TEST_API
+// A Publisher for `model` (embedded node, UCX on loopback, shared memory, segments "viper-<model>")
+// with a GpuPublisher on it, declared in that order so that the GpuPublisher goes first.
+struct GpuProducer {
+  std::unique_ptr<Publisher> pub;
+  std::unique_ptr<GpuPublisher> gp;
+};
+void StartGpuProducer(const std::string& model, GpuProducer* out, DeviceVersionStore::Options store = {}) {
+  PublisherOptions po;
+  po.model = model;
+  po.node.segment_prefix = "viper-" + model;
+  auto pub = Publisher::Start(po);
+  ASSERT_TRUE(pub.ok()) << pub.status().ToString();
+  auto gp = GpuPublisher::Start(pub->get(), store);
+  ASSERT_TRUE(gp.ok()) << gp.status().ToString();
+  out->pub = std::move(*pub);
+  out->gp = std::move(*gp);
+}
+
 TEST(Gpu, AConsumerWithoutAGpuGetsTheVersionsThroughTheHostPath) {
   // A real Publisher (embedded node, UCX on loopback, shared memory) and a Subscriber that loads
   // into host memory: each GPU version reaches it under the same number, checksum and bytes.
-  PublisherOptions po;
-  po.model = "gpu-model";
-  po.node.segment_prefix = "viper-gpu-test";
-  auto pub = Publisher::Start(po);
-  ASSERT_TRUE(pub.ok()) << pub.status().ToString();
-  auto gp = GpuPublisher::Start(pub->get());
-  ASSERT_TRUE(gp.ok()) << gp.status().ToString();
+  GpuProducer p;
+  ASSERT_NO_FATAL_FAILURE(StartGpuProducer("gpu-model", &p));
   SubscriberOptions so;
   so.model = "gpu-model";
-  so.connect = (*pub)->address();
+  so.connect = p.pub->address();
   auto sub = Subscriber::Start(so);
   ASSERT_TRUE(sub.ok()) << sub.status().ToString();
   auto s = Stream::Create(0);
   ASSERT_TRUE(s.ok());
   for (uint64_t round = 0; round < 3; ++round) {
     DevTensor a = Upload(RandomBytes(3 << 20, 400 + round), *s), b = Upload(RandomBytes(777, 500 + round), *s);
-    auto version = (*gp)->PublishDevice(Specs({&a, &b}), *s, PublishInfo{.step = 10 + round, .loss = 0.5});
+    auto version = p.gp->PublishDevice(Specs({&a, &b}), *s, PublishInfo{.step = 10 + round, .loss = 0.5});
     ASSERT_TRUE(version.ok()) << version.status().ToString();
-    ASSERT_TRUE((*gp)->store().Wait(*version, 10s).ok());
-    ASSERT_TRUE((*gp)->WaitHost(*version, 10s).ok());
-    EXPECT_EQ((*pub)->announced_version(), *version);  // Python's Publisher.announced_version
+    ASSERT_TRUE(p.gp->store().Wait(*version, 10s).ok());
+    ASSERT_TRUE(p.gp->WaitHost(*version, 10s).ok());
+    EXPECT_EQ(p.pub->announced_version(), *version);  // Python's Publisher.announced_version
     auto got = (*sub)->WaitFor(*version, 10s);
     ASSERT_TRUE(got.ok()) << got.status().ToString();
     EXPECT_EQ((*got)->version(), *version);
     EXPECT_EQ((*got)->info.step, 10 + round);
-    auto v = (*gp)->store().Acquire();
+    auto v = p.gp->store().Acquire();
     ASSERT_TRUE(v.ok());
     EXPECT_EQ(v->version, *version);
     EXPECT_EQ((*got)->info.checksum, v->checksum);
-    (*gp)->store().Release(*v);
+    p.gp->store().Release(*v);
     EXPECT_TRUE((*got)->snapshot.VerifyChecksum().ok());
     auto t0 = (*got)->snapshot.find("t0"), t1 = (*got)->snapshot.find("t1");
     ASSERT_TRUE(t0 && t1);
@@ -626,22 +639,17 @@ TEST(Gpu, HostCommitsRecycleSegmentsAfterTheFirst) {
   // tier's next segment in the background, so that only the first version creates one and every
   // later one recycles. Before, each of the first keep_versions + 1 versions faulted in a fresh
   // segment on the store's thread (about 0.85 s at 1.7 GB on the H100 machine).
-  PublisherOptions po;
-  po.model = "gpu-spare";
-  po.node.segment_prefix = "viper-gpu-spare";
-  auto pub = Publisher::Start(po);
-  ASSERT_TRUE(pub.ok()) << pub.status().ToString();
-  auto gp = GpuPublisher::Start(pub->get());
-  ASSERT_TRUE(gp.ok()) << gp.status().ToString();
+  GpuProducer p;
+  ASSERT_NO_FATAL_FAILURE(StartGpuProducer("gpu-spare", &p));
   auto s = Stream::Create(0);
   ASSERT_TRUE(s.ok());
   DevTensor a = Upload(RandomBytes(4 << 20, 71), *s);
-  const HostTier& tier = (*pub)->node().host_tier();
+  const HostTier& tier = p.pub->node().host_tier();
   const uint64_t keep = tier.options().keep_versions;
   for (uint64_t round = 1; round <= keep + 3; ++round) {
-    auto version = (*gp)->PublishDevice(Specs({&a}), *s, PublishInfo{.step = round});
+    auto version = p.gp->PublishDevice(Specs({&a}), *s, PublishInfo{.step = round});
     ASSERT_TRUE(version.ok()) << version.status().ToString();
-    ASSERT_TRUE((*gp)->WaitHost(*version, 20s).ok());
+    ASSERT_TRUE(p.gp->WaitHost(*version, 20s).ok());
     if (round > keep) continue;  // keep_versions + 1 segments exist: commits recycle the oldest
     auto deadline = std::chrono::steady_clock::now() + 10s;  // the spare for the next version
     while (tier.stats().spare_segments < round && std::chrono::steady_clock::now() < deadline)
@@ -677,27 +685,22 @@ TEST(Gpu, WaitHostReportsTheDevicesErrorInsteadOfWaitingOutItsTimeout) {
   FailNextCopyFn fail_next_copy = EmulatorFailNextCopyHook();
   if (HasFailure()) return;
   if (fail_next_copy == nullptr) GTEST_SKIP() << "the failure is injected by the CUDA emulator (a real driver runs)";
-  PublisherOptions po;
-  po.model = "gpu-model";
-  po.node.segment_prefix = "viper-gpu-test";
-  auto pub = Publisher::Start(po);
-  ASSERT_TRUE(pub.ok()) << pub.status().ToString();
-  auto gp = GpuPublisher::Start(pub->get());
-  ASSERT_TRUE(gp.ok()) << gp.status().ToString();
+  GpuProducer p;
+  ASSERT_NO_FATAL_FAILURE(StartGpuProducer("gpu-model", &p));
   auto s = Stream::Create(0);
   ASSERT_TRUE(s.ok());
   DevTensor a = Upload(RandomBytes(1 << 20, 41), *s);
-  auto first = (*gp)->PublishDevice(Specs({&a}), *s, PublishInfo{.step = 1});
+  auto first = p.gp->PublishDevice(Specs({&a}), *s, PublishInfo{.step = 1});
   ASSERT_TRUE(first.ok()) << first.status().ToString();
-  ASSERT_TRUE((*gp)->WaitHost(*first, 20s).ok());
+  ASSERT_TRUE(p.gp->WaitHost(*first, 20s).ok());
   ASSERT_TRUE(s->Synchronize().ok());
 
   fail_next_copy(700);  // CUDA_ERROR_ILLEGAL_ADDRESS, in a copy of the next version
-  auto second = (*gp)->PublishDevice(Specs({&a}), *s, PublishInfo{.step = 2});  // queues: no error yet
+  auto second = p.gp->PublishDevice(Specs({&a}), *s, PublishInfo{.step = 2});  // queues: no error yet
   if (!second.ok()) fail_next_copy(0);
   ASSERT_TRUE(second.ok()) << second.status().ToString();
   const auto start = std::chrono::steady_clock::now();
-  Status host = (*gp)->WaitHost(*second, 20s);
+  Status host = p.gp->WaitHost(*second, 20s);
   const auto waited = std::chrono::steady_clock::now() - start;
   fail_next_copy(0);
   EXPECT_FALSE(host.ok());
@@ -724,13 +727,8 @@ TEST(Gpu, PublishLeavesPinningTheHostCopyToTheStoresThread) {
   auto on_host_alloc = EmulatorHook<OnHostAllocFn>("viper_cuda_emulator_on_host_alloc");
   if (HasFailure()) return;
   if (on_host_alloc == nullptr) GTEST_SKIP() << "the emulator's hook tells which thread pins memory (a real driver runs)";
-  PublisherOptions po;
-  po.model = "gpu-pin";
-  po.node.segment_prefix = "viper-gpu-pin";
-  auto pub = Publisher::Start(po);
-  ASSERT_TRUE(pub.ok()) << pub.status().ToString();
-  auto gp = GpuPublisher::Start(pub->get());
-  ASSERT_TRUE(gp.ok()) << gp.status().ToString();
+  GpuProducer p;
+  ASSERT_NO_FATAL_FAILURE(StartGpuProducer("gpu-pin", &p));
   auto s = Stream::Create(0);
   ASSERT_TRUE(s.ok());
   DevTensor a = Upload(RandomBytes(kModelPinBytes, 61), *s);
@@ -738,12 +736,12 @@ TEST(Gpu, PublishLeavesPinningTheHostCopyToTheStoresThread) {
   on_host_alloc(&RecordPinning);
   uint64_t last = 0;
   for (int round = 0; round < 3; ++round) {  // the store's buffers, each used first here
-    auto version = (*gp)->PublishDevice(Specs({&a}), *s, PublishInfo{.step = uint64_t(round)});
+    auto version = p.gp->PublishDevice(Specs({&a}), *s, PublishInfo{.step = uint64_t(round)});
     if (!version.ok()) on_host_alloc(nullptr);
     ASSERT_TRUE(version.ok()) << version.status().ToString();
     last = *version;
   }
-  Status host = (*gp)->WaitHost(last, 20s);
+  Status host = p.gp->WaitHost(last, 20s);
   on_host_alloc(nullptr);
   ASSERT_TRUE(host.ok()) << host.ToString();
   std::lock_guard lock(pinning_mu);
@@ -809,16 +807,11 @@ TEST(Gpu, ASameNodeSubscriberOpensTheVersionThroughTheNode) {
   // Producer: a Publisher with a GpuPublisher in this process. Consumers: two Subscriber processes
   // with gpu_device 0 that learn of each version from the node's NOTIFY (a kDevice replica), lease
   // it with FETCH kDevice and copy it device-to-device (one) or read it in place (the other).
-  PublisherOptions po;
-  po.model = "gpu-node";
-  po.node.segment_prefix = "viper-gpu-node";
-  auto pub = Publisher::Start(po);
-  ASSERT_TRUE(pub.ok()) << pub.status().ToString();
   DeviceVersionStore::Options so;
   so.max_buffers = 3;
-  auto gp = GpuPublisher::Start(pub->get(), so);
-  ASSERT_TRUE(gp.ok()) << gp.status().ToString();
-  SubscriberProcess copy((*pub)->address(), "gpu-node", false), in_place((*pub)->address(), "gpu-node", true);
+  GpuProducer p;
+  ASSERT_NO_FATAL_FAILURE(StartGpuProducer("gpu-node", &p, so));
+  SubscriberProcess copy(p.pub->address(), "gpu-node", false), in_place(p.pub->address(), "gpu-node", true);
   ASSERT_EQ(copy.Line(), "READY");
   ASSERT_EQ(in_place.Line(), "READY");
   auto s = Stream::Create(0);
@@ -828,10 +821,10 @@ TEST(Gpu, ASameNodeSubscriberOpensTheVersionThroughTheNode) {
     keep.clear();
     keep.push_back(Upload(RandomBytes(5 << 20, seed), *s));
     keep.push_back(Upload(RandomBytes(999, seed + 1), *s));
-    auto version = (*gp)->PublishDevice(Specs({&keep[0], &keep[1]}), *s, PublishInfo{.step = seed});
+    auto version = p.gp->PublishDevice(Specs({&keep[0], &keep[1]}), *s, PublishInfo{.step = seed});
     EXPECT_TRUE(version.ok()) << version.status().ToString();
     if (!version.ok()) return 0;
-    EXPECT_TRUE((*gp)->WaitHost(*version, 20s).ok());
+    EXPECT_TRUE(p.gp->WaitHost(*version, 20s).ok());
     return *version;
   };
   uint64_t v1 = publish(600);
@@ -858,7 +851,7 @@ TEST(Gpu, ASameNodeSubscriberOpensTheVersionThroughTheNode) {
     EXPECT_EQ(in_place.Command("D " + std::to_string(v)), "DROPPED " + std::to_string(v));
     EXPECT_EQ(copy.Command("D " + std::to_string(v)), "DROPPED " + std::to_string(v));
   }
-  EXPECT_LE((*gp)->store().buffers(), 3u);
+  EXPECT_LE(p.gp->store().buffers(), 3u);
   EXPECT_EQ(in_place.Command("D " + std::to_string(v1)), "DROPPED " + std::to_string(v1));
 }
 
@@ -866,11 +859,6 @@ TEST(Gpu, AnEarlySubscriberGoesLiveFromTheDeviceCopyBeforeTheHostCommit) {
   // Consumers with gpu_early (one copies, one reads in place) hear of each version from the node's
   // device-only NOTIFY as soon as the producer's device copy completes: no host bytes, the layout
   // read from the device copy's header, the bytes those the host path seals (same checksum).
-  PublisherOptions po;
-  po.model = "gpu-early";
-  po.node.segment_prefix = "viper-gpu-early";
-  auto pub = Publisher::Start(po);
-  ASSERT_TRUE(pub.ok()) << pub.status().ToString();
   // The host path of each version waits until the consumers have answered: its NOTIFY, when it
   // comes first, replaces the device-only one before a consumer's loader takes it (the host path is
   // fast for 6 MiB), and then the consumer loads it from the host NOTIFY instead.
@@ -889,9 +877,9 @@ TEST(Gpu, AnEarlySubscriberGoesLiveFromTheDeviceCopyBeforeTheHostCommit) {
     }
     gate_cv.notify_all();
   };
-  auto gp = GpuPublisher::Start(pub->get(), so);
-  ASSERT_TRUE(gp.ok()) << gp.status().ToString();
-  SubscriberProcess copy((*pub)->address(), "gpu-early", false, true), in_place((*pub)->address(), "gpu-early", true, true);
+  GpuProducer p;
+  ASSERT_NO_FATAL_FAILURE(StartGpuProducer("gpu-early", &p, so));
+  SubscriberProcess copy(p.pub->address(), "gpu-early", false, true), in_place(p.pub->address(), "gpu-early", true, true);
   ASSERT_EQ(copy.Line(), "READY");
   ASSERT_EQ(in_place.Line(), "READY");
   auto s = Stream::Create(0);
@@ -899,14 +887,14 @@ TEST(Gpu, AnEarlySubscriberGoesLiveFromTheDeviceCopyBeforeTheHostCommit) {
   for (uint64_t round = 0; round < 3; ++round) {
     DevTensor a = Upload(RandomBytes(6 << 20, 800 + round), *s), b = Upload(RandomBytes(333, 900 + round), *s);
     // Through a borrowed stream, as the Python producer passes torch's current stream.
-    auto version = (*gp)->PublishDevice(Specs({&a, &b}), Stream::Borrow(0, s->raw()), PublishInfo{.step = 70 + round});
+    auto version = p.gp->PublishDevice(Specs({&a, &b}), Stream::Borrow(0, s->raw()), PublishInfo{.step = 70 + round});
     ASSERT_TRUE(version.ok()) << version.status().ToString();
     // Asked at once: the host path may still be sealing and committing the version.
     std::string rc = copy.Command("W " + std::to_string(*version));
     std::string ri = in_place.Command("W " + std::to_string(*version));
     release(*version);
-    ASSERT_TRUE((*gp)->WaitHost(*version, 20s).ok());
-    auto committed = (*pub)->node().Latest("gpu-early");
+    ASSERT_TRUE(p.gp->WaitHost(*version, 20s).ok());
+    auto committed = p.pub->node().Latest("gpu-early");
     ASSERT_TRUE(committed.has_value());
     ASSERT_EQ(committed->version, *version);
     for (const std::string* r : {&rc, &ri}) {
@@ -923,15 +911,15 @@ TEST(Gpu, AnEarlySubscriberGoesLiveFromTheDeviceCopyBeforeTheHostCommit) {
   // Back to back: the second version is announced from its device copy while the first may still
   // be on its host path (the store's announcer does not wait for the sealer); both are committed.
   DevTensor a = Upload(RandomBytes(6 << 20, 990), *s), b = Upload(RandomBytes(333, 991), *s);
-  auto first = (*gp)->PublishDevice(Specs({&a, &b}), *s, PublishInfo{.step = 80});
-  auto second = (*gp)->PublishDevice(Specs({&a, &b}), *s, PublishInfo{.step = 81});
+  auto first = p.gp->PublishDevice(Specs({&a, &b}), *s, PublishInfo{.step = 80});
+  auto second = p.gp->PublishDevice(Specs({&a, &b}), *s, PublishInfo{.step = 81});
   ASSERT_TRUE(first.ok() && second.ok());
   std::string r = copy.Command("W " + std::to_string(*second));
   EXPECT_EQ(r.rfind("OK " + std::to_string(*second) + " 0 ", 0), 0u) << r;
   EXPECT_EQ(Field(r, 5), "device-only") << r;
   release(*second);
-  ASSERT_TRUE((*gp)->WaitHost(*second, 20s).ok());
-  auto committed = (*pub)->node().Latest("gpu-early");
+  ASSERT_TRUE(p.gp->WaitHost(*second, 20s).ok());
+  auto committed = p.pub->node().Latest("gpu-early");
   ASSERT_TRUE(committed.has_value());
   EXPECT_EQ(committed->version, *second);
   EXPECT_EQ(Field(r, 6), checksum_hex(committed->checksum)) << r;
@@ -943,16 +931,11 @@ TEST(Gpu, AnEarlySubscriberGoesLiveFromTheDeviceCopyBeforeTheHostCommit) {
 // and one device-to-device copy; with gpu_early it hears of it when the producer's device copy
 // completes (a device-only NOTIFY), then FETCH kDevice, the header and one device-to-device copy.
 TEST(Gpu, ThroughTheNodeAtOneGiB) {
-  PublisherOptions po;
-  po.model = "gpu-gib";
-  po.node.segment_prefix = "viper-gpu-gib";
-  auto pub = Publisher::Start(po);
-  ASSERT_TRUE(pub.ok()) << pub.status().ToString();
-  auto gp = GpuPublisher::Start(pub->get());
-  ASSERT_TRUE(gp.ok()) << gp.status().ToString();
-  SubscriberProcess copy((*pub)->address(), "gpu-gib", false), in_place((*pub)->address(), "gpu-gib", true);
-  SubscriberProcess early_copy((*pub)->address(), "gpu-gib", false, true),
-      early_in_place((*pub)->address(), "gpu-gib", true, true);
+  GpuProducer p;
+  ASSERT_NO_FATAL_FAILURE(StartGpuProducer("gpu-gib", &p));
+  SubscriberProcess copy(p.pub->address(), "gpu-gib", false), in_place(p.pub->address(), "gpu-gib", true);
+  SubscriberProcess early_copy(p.pub->address(), "gpu-gib", false, true),
+      early_in_place(p.pub->address(), "gpu-gib", true, true);
   ASSERT_EQ(copy.Line(), "READY");
   ASSERT_EQ(in_place.Line(), "READY");
   ASSERT_EQ(early_copy.Line(), "READY");
@@ -974,7 +957,7 @@ TEST(Gpu, ThroughTheNodeAtOneGiB) {
     ASSERT_TRUE(e1->Synchronize().ok());
     auto copy_ms = Event::ElapsedMs(*e0, *e1);
     DeviceTensor t{TensorSpec{"w", DType::kU8, {int64_t(bytes)}}, src->ptr()};
-    auto version = (*gp)->PublishDevice({t}, *s, PublishInfo{});
+    auto version = p.gp->PublishDevice({t}, *s, PublishInfo{});
     ASSERT_TRUE(version.ok()) << version.status().ToString();
     // The early consumers first: each answers once its version is live (the others meanwhile
     // receive it too; their times are stamped when they go live, not when asked).
@@ -997,7 +980,7 @@ TEST(Gpu, ThroughTheNodeAtOneGiB) {
     EXPECT_EQ(in_place.Command("D " + std::to_string(*version)), "DROPPED " + std::to_string(*version));
     EXPECT_EQ(early_copy.Command("D " + std::to_string(*version)), "DROPPED " + std::to_string(*version));
     EXPECT_EQ(early_in_place.Command("D " + std::to_string(*version)), "DROPPED " + std::to_string(*version));
-    ASSERT_TRUE((*gp)->WaitHost(*version, 60s).ok());
+    ASSERT_TRUE(p.gp->WaitHost(*version, 60s).ok());
   }
 }
 
@@ -1007,34 +990,29 @@ TEST(Gpu, ThroughTheNodeAtOneGiB) {
 // what the producer wrote). Prints GPU-DRAFT lines: CommitDevice's time on the caller and commit ->
 // live in the other processes.
 TEST(Gpu, ADraftCommittedThroughTheNodeReachesOtherProcessesBitExact) {
-  PublisherOptions po;
-  po.model = "gpu-draft";
-  po.node.segment_prefix = "viper-gpu-draft";
-  auto pub = Publisher::Start(po);
-  ASSERT_TRUE(pub.ok()) << pub.status().ToString();
-  auto gp = GpuPublisher::Start(pub->get());
-  ASSERT_TRUE(gp.ok()) << gp.status().ToString();
-  SubscriberProcess copy((*pub)->address(), "gpu-draft", false), early((*pub)->address(), "gpu-draft", false, true);
+  GpuProducer p;
+  ASSERT_NO_FATAL_FAILURE(StartGpuProducer("gpu-draft", &p));
+  SubscriberProcess copy(p.pub->address(), "gpu-draft", false), early(p.pub->address(), "gpu-draft", false, true);
   ASSERT_EQ(copy.Line(), "READY");
   ASSERT_EQ(early.Line(), "READY");
   SubscriberOptions so;
   so.model = "gpu-draft";
-  so.connect = (*pub)->address();
+  so.connect = p.pub->address();
   auto cpu = Subscriber::Start(so);
   ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
   auto s = Stream::Create(0);
   ASSERT_TRUE(s.ok());
-  auto bad = (*gp)->BeginDevice({{"x", DType::kF32, {-3}}});
+  auto bad = p.gp->BeginDevice({{"x", DType::kF32, {-3}}});
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument) << bad.status().ToString();
   uint64_t last = 0;
   for (int round = 0; round < 4; ++round) {
-    auto d = (*gp)->BeginDevice(DraftSpecs(64 << 20));
+    auto d = p.gp->BeginDevice(DraftSpecs(64 << 20));
     ASSERT_TRUE(d.ok()) << d.status().ToString();
     std::vector<PinnedBuffer> staging;
     auto want = WriteDraft(*d, 6000 + 10 * round, *s, &staging);
     auto t0 = std::chrono::steady_clock::now();
-    auto version = (*gp)->CommitDevice(std::move(*d), Stream::Borrow(0, s->raw()),
+    auto version = p.gp->CommitDevice(std::move(*d), Stream::Borrow(0, s->raw()),
                                        PublishInfo{.step = uint64_t(40 + round), .loss = 0.25});
     auto commit_us =
         std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
@@ -1043,8 +1021,8 @@ TEST(Gpu, ADraftCommittedThroughTheNodeReachesOtherProcessesBitExact) {
     last = *version;
     std::string re = early.Command("W " + std::to_string(*version));
     std::string rc = copy.Command("W " + std::to_string(*version));
-    ASSERT_TRUE((*gp)->WaitHost(*version, 30s).ok());
-    auto committed = (*pub)->node().Latest("gpu-draft");
+    ASSERT_TRUE(p.gp->WaitHost(*version, 30s).ok());
+    auto committed = p.pub->node().Latest("gpu-draft");
     ASSERT_TRUE(committed.has_value());
     ASSERT_EQ(committed->version, *version);
     EXPECT_EQ(re.rfind("OK " + std::to_string(*version) + " 0 ", 0), 0u) << re;
@@ -1070,19 +1048,19 @@ TEST(Gpu, ADraftCommittedThroughTheNodeReachesOtherProcessesBitExact) {
   }
   // An abandoned draft publishes nothing and takes no version number.
   {
-    auto d = (*gp)->BeginDevice(DraftSpecs(64 << 20));
+    auto d = p.gp->BeginDevice(DraftSpecs(64 << 20));
     ASSERT_TRUE(d.ok());
   }
   std::this_thread::sleep_for(200ms);
-  EXPECT_EQ((*pub)->node().Latest("gpu-draft")->version, last);
-  auto d = (*gp)->BeginDevice(DraftSpecs(64 << 20));
+  EXPECT_EQ(p.pub->node().Latest("gpu-draft")->version, last);
+  auto d = p.gp->BeginDevice(DraftSpecs(64 << 20));
   ASSERT_TRUE(d.ok());
   std::vector<PinnedBuffer> staging;
   WriteDraft(*d, 7000, *s, &staging);
-  auto next = (*gp)->CommitDevice(std::move(*d), *s, PublishInfo{});
+  auto next = p.gp->CommitDevice(std::move(*d), *s, PublishInfo{});
   ASSERT_TRUE(next.ok()) << next.status().ToString();
   EXPECT_EQ(*next, last + 1);
-  ASSERT_TRUE((*gp)->WaitHost(*next, 30s).ok());
+  ASSERT_TRUE(p.gp->WaitHost(*next, 30s).ok());
 }
 
 TEST(Gpu, AGpuSubscriberOfACpuProducerCopiesHostToDevice) {
@@ -1138,32 +1116,27 @@ TEST(Gpu, ARemoteGpuSubscriberStagesTheChunksOnItsGpuAsTheyArrive) {
 // while the pinned copy lands; the GPU subscriber copies each received piece host-to-device while
 // its transfer runs. Every version must reach both bit-exact and verified.
 TEST(Gpu, AGpuVersionStreamsToNetworkReadersAsItsHostCopyLands) {
-  PublisherOptions po;
-  po.model = "gpu-staged";
-  po.node.segment_prefix = "viper-gpu-staged-net";
-  auto pub = Publisher::Start(po);
-  ASSERT_TRUE(pub.ok()) << pub.status().ToString();
-  auto gp = GpuPublisher::Start(pub->get(), {});
-  ASSERT_TRUE(gp.ok()) << gp.status().ToString();
-  SubscriberProcess gpu_sub((*pub)->address(), "gpu-staged", false, false, "remote");
+  GpuProducer p;
+  ASSERT_NO_FATAL_FAILURE(StartGpuProducer("gpu-staged", &p));
+  SubscriberProcess gpu_sub(p.pub->address(), "gpu-staged", false, false, "remote");
   ASSERT_EQ(gpu_sub.Line(), "READY");
   SubscriberOptions so;
-  so.connect = (*pub)->address();
+  so.connect = p.pub->address();
   so.model = "gpu-staged";
   so.path = FetchPath::kRemote;
   auto host_sub = Subscriber::Start(so);
   ASSERT_TRUE(host_sub.ok()) << host_sub.status().ToString();
-  for (int i = 0; i < 3000 && !(*pub)->node().HasEarlyReaders("gpu-staged"); ++i) std::this_thread::sleep_for(10ms);
-  ASSERT_TRUE((*pub)->node().HasEarlyReaders("gpu-staged")) << "no subscriber asked for versions still arriving";
+  for (int i = 0; i < 3000 && !p.pub->node().HasEarlyReaders("gpu-staged"); ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_TRUE(p.pub->node().HasEarlyReaders("gpu-staged")) << "no subscriber asked for versions still arriving";
   auto s = Stream::Create(0);
   ASSERT_TRUE(s.ok());
   for (uint64_t seed = 1000; seed < 1003; ++seed) {
     std::vector<DevTensor> keep;
     keep.push_back(Upload(RandomBytes((48 << 20) + 4321, seed), *s));  // six 8 MiB host chunks and a ragged end
     keep.push_back(Upload(RandomBytes(999, seed + 100), *s));
-    auto version = (*gp)->PublishDevice(Specs({&keep[0], &keep[1]}), *s, PublishInfo{.step = seed});
+    auto version = p.gp->PublishDevice(Specs({&keep[0], &keep[1]}), *s, PublishInfo{.step = seed});
     ASSERT_TRUE(version.ok()) << version.status().ToString();
-    ASSERT_TRUE((*gp)->WaitHost(*version, 20s).ok());
+    ASSERT_TRUE(p.gp->WaitHost(*version, 20s).ok());
     auto mv = (*host_sub)->WaitFor(*version, 20s);
     ASSERT_TRUE(mv.ok()) << mv.status().ToString() << " (last error: " << (*host_sub)->last_error().ToString() << ")";
     ASSERT_EQ((*mv)->snapshot.tensors().size(), 2u);
@@ -1172,7 +1145,7 @@ TEST(Gpu, AGpuVersionStreamsToNetworkReadersAsItsHostCopyLands) {
       auto got = (*mv)->snapshot.data_region().subspan(info.begin, info.nbytes());
       ASSERT_TRUE(std::equal(got.begin(), got.end(), keep[t].host.begin(), keep[t].host.end())) << "tensor " << t;
     }
-    EXPECT_EQ((*mv)->info.checksum, (*pub)->node().Latest("gpu-staged")->checksum);
+    EXPECT_EQ((*mv)->info.checksum, p.pub->node().Latest("gpu-staged")->checksum);
     std::printf("GPU-STAGED host reader, version %llu: %s\n", static_cast<unsigned long long>(*version), (*mv)->reason.c_str());
     std::string line = gpu_sub.Command("W " + std::to_string(*version));
     EXPECT_EQ(line.rfind("OK " + std::to_string(*version) + " 0 ", 0), 0u) << line;
@@ -1180,7 +1153,7 @@ TEST(Gpu, AGpuVersionStreamsToNetworkReadersAsItsHostCopyLands) {
     EXPECT_NE(line.find("host-to-device as its chunks arrived ("), std::string::npos) << line;
     EXPECT_EQ(gpu_sub.Command("D " + std::to_string(*version)), "DROPPED " + std::to_string(*version));
   }
-  EXPECT_EQ((*pub)->node().stats().produced_early, 3u) << "each version announced to the network readers as it landed";
+  EXPECT_EQ(p.pub->node().stats().produced_early, 3u) << "each version announced to the network readers as it landed";
 }
 
 #endif  // VIPER_GPU_TEST_API

@@ -329,14 +329,22 @@ Result<std::vector<std::byte>> ExchangeWorkerAddresses(const SockAddr& to, std::
   hello.has_token = !token.empty();
   VIPER_RETURN_IF_ERROR(WriteAll(fd.get(), EncodeHello(hello), deadline, what));
 
-  VIPER_ASSIGN_OR_RETURN(BootstrapFrame first, ReadFrame(fd.get(), deadline, what));
-  if (first.type == FrameType::kResult) {
-    Result<BootstrapResult> result = DecodeResult(first);
-    if (!result.ok()) return result.status().WithContext(what);
+  // Bytes from the other side that do not parse say that no Viper node listens there (another
+  // service on the port, an older protocol): Unavailable, not the caller's invalid argument.
+  auto not_a_node = [&](const Status& st) {
+    return st.code() == StatusCode::kInvalidArgument
+               ? Status::Unavailable(fmt::format("{}: no Viper node answers at {}", st.message(), node))
+               : st;
+  };
+  Result<BootstrapFrame> first = ReadFrame(fd.get(), deadline, what);
+  if (!first.ok()) return not_a_node(first.status());
+  if (first->type == FrameType::kResult) {
+    Result<BootstrapResult> result = DecodeResult(*first);
+    if (!result.ok()) return not_a_node(result.status().WithContext(what));
     return RefusalStatus(*result, what, node);
   }
-  Result<Challenge> challenge = DecodeChallenge(first);
-  if (!challenge.ok()) return challenge.status().WithContext(what);
+  Result<Challenge> challenge = DecodeChallenge(*first);
+  if (!challenge.ok()) return not_a_node(challenge.status().WithContext(what));
   Proof proof;
   proof.client_address.assign(ours.begin(), ours.end());
   if (!token.empty()) {
@@ -358,9 +366,10 @@ Result<std::vector<std::byte>> ExchangeWorkerAddresses(const SockAddr& to, std::
   }
   VIPER_RETURN_IF_ERROR(WriteAll(fd.get(), EncodeProof(proof), deadline, what));
 
-  VIPER_ASSIGN_OR_RETURN(BootstrapFrame last, ReadFrame(fd.get(), deadline, what));
-  Result<BootstrapResult> result = DecodeResult(last);
-  if (!result.ok()) return result.status().WithContext(what);
+  Result<BootstrapFrame> last = ReadFrame(fd.get(), deadline, what);
+  if (!last.ok()) return not_a_node(last.status());
+  Result<BootstrapResult> result = DecodeResult(*last);
+  if (!result.ok()) return not_a_node(result.status().WithContext(what));
   if (result->code != ResultCode::kAccepted) return RefusalStatus(*result, what, node);
   return std::move(challenge->node_address);
 }

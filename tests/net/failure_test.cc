@@ -152,6 +152,39 @@ TEST_F(EngineTest, ConnectToSilentListenerTimesOut) {
   EXPECT_LT(seconds, 1.0 + 1.0);
 }
 
+TEST_F(EngineTest, ConnectToAnotherServiceSaysNoNodeAnswers) {
+  // Another service on the port (it greets first, as SSH does): its bytes do not parse as a
+  // bootstrap frame. That is Unavailable naming the address, not InvalidArgument (which the CLI
+  // reports as a usage error, exit 2).
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(fd, 16), 0);
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  std::thread greeter([fd] {
+    int c = accept(fd, nullptr, nullptr);
+    if (c < 0) return;
+    const char banner[] = "SSH-2.0-OpenSSH_9.2\r\n";
+    (void)!write(c, banner, sizeof(banner) - 1);
+    char sink[256];
+    while (read(c, sink, sizeof(sink)) > 0) {}
+    close(c);
+  });
+  auto engine = StartEngine();
+  std::string address = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  Result<PeerId> peer = engine->Connect(address);
+  shutdown(fd, SHUT_RDWR);
+  close(fd);
+  greeter.join();
+  ASSERT_FALSE(peer.ok());
+  EXPECT_EQ(peer.status().code(), StatusCode::kUnavailable) << peer.status().ToString();
+  EXPECT_NE(peer.status().message().find("no Viper node answers at " + address), std::string::npos)
+      << peer.status().ToString();
+}
+
 TEST_F(EngineTest, BadAddressesAreRejected) {
   auto engine = StartEngine();
   auto r = engine->Connect("127.0.0.1:70000");

@@ -152,7 +152,8 @@ ViperCommand inspect_command(
       auto flags = std::make_shared<InspectFlags>();
       app.add_option("file", flags->path, "Snapshot file (.safetensors)")->required()->check(PathText());
       app.add_flag("--json", flags->json, "Print one JSON object instead of text");
-      app.add_flag("--verify", flags->verify, "Verify viper.checksum against the data (reads every byte)");
+      app.add_flag("--verify", flags->verify, "Verify viper.checksum against the data (reads every byte); a file that declares none (a plain "
+                     "safetensors file) has nothing to verify: exit 0, checksum \"not declared\"");
       return [flags] { return RunInspect(*flags); };
     },
     60);

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <random>
 #include <thread>
 
@@ -133,6 +134,40 @@ TEST(SameNode, NotificationsArriveWithoutPolling) {
     EXPECT_GT(j["notify_ms"].get<double>(), -1.0) << line;
   }
   EXPECT_EQ(updates, 2) << watch.log();
+}
+
+// The version already live when a watch starts is its first line, but not an update it saw happen:
+// that line says how long before the watch it was complete instead of a publish -> live latency
+// (which would be its age); the next version gets its latency.
+TEST(SameNode, WatchTellsTheLiveVersionFromTheUpdatesItSees) {
+  TempDir dir;
+  auto pub = StartPublisher();
+  ASSERT_TRUE(pub);
+  ASSERT_TRUE(PublishPattern(*pub, 1).ok());
+  ASSERT_TRUE(pub->Wait().ok());
+  std::this_thread::sleep_for(200ms);
+  Process text({testing::ViperBinary(), "watch", "m", "--connect", pub->address(), "--count", "1", "--timeout", "60"},
+               dir / "text.log");
+  ASSERT_EQ(text.Wait(30s), 0) << text.log();
+  EXPECT_NE(text.log().find("m v1 step "), std::string::npos) << text.log();
+  EXPECT_NE(text.log().find(" s before this watch started (fetch "), std::string::npos) << text.log();
+  EXPECT_EQ(text.log().find("publish->live"), std::string::npos) << text.log();
+
+  Process json({testing::ViperBinary(), "watch", "m", "--connect", pub->address(), "--json", "--count", "2",
+                "--timeout", "60"},
+               dir / "json.log");
+  ASSERT_TRUE(WaitUntil([&] { return json.log().find("\"version\":1") != std::string::npos; }, 20s)) << json.log();
+  ASSERT_TRUE(PublishPattern(*pub, 2).ok());
+  ASSERT_TRUE(pub->Wait().ok());
+  ASSERT_EQ(json.Wait(30s), 0) << json.log();
+  std::istringstream lines(json.log());
+  std::map<uint64_t, bool> before;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty() || line[0] != '{') continue;
+    auto j = nlohmann::json::parse(line);
+    before[j["version"].get<uint64_t>()] = j["complete_before_watch"].get<bool>();
+  }
+  EXPECT_EQ(before, (std::map<uint64_t, bool>{{1, true}, {2, false}})) << json.log();
 }
 
 // A consumer killed with SIGKILL while holding a lease: the node drops its lease, keeps serving

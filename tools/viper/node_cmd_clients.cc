@@ -133,7 +133,13 @@ struct WatchFlags {
   AuthFlags auth;
 };
 
-nlohmann::json UpdateJson(const ModelVersion& mv) {
+// A version complete before the watch started (the live one, sent on subscribing) has no
+// publish -> live latency of this watch: its "latency" would be its age.
+bool CompleteBefore(const ModelVersion& mv, int64_t watch_start_ns) {
+  return mv.timings.completed_ns != 0 && mv.timings.completed_ns < watch_start_ns;
+}
+
+nlohmann::json UpdateJson(const ModelVersion& mv, int64_t watch_start_ns) {
   const UpdateTimings& t = mv.timings;
   return {{"model", mv.info.model},
           {"version", mv.info.version},
@@ -153,19 +159,24 @@ nlohmann::json UpdateJson(const ModelVersion& mv) {
           {"live_ns", t.live_ns},
           {"publish_to_live_ms", t.publish_ns ? Ms(t.publish_ns, t.live_ns) : 0.0},
           {"complete_to_live_ms", Ms(t.completed_ns, t.live_ns)},
-          {"notify_ms", Ms(t.completed_ns, t.notified_ns)}};
+          {"notify_ms", Ms(t.completed_ns, t.notified_ns)},
+          {"complete_before_watch", CompleteBefore(mv, watch_start_ns)}};
 }
 
-std::string UpdateLine(const ModelVersion& mv) {
+std::string UpdateLine(const ModelVersion& mv, int64_t watch_start_ns) {
   const UpdateTimings& t = mv.timings;
   std::string via(fetch_path_name(mv.path));
   if (mv.delta_base != 0)
     via += fmt::format(" (delta of {} against v{})", HumanBytes(static_cast<double>(mv.wire_bytes)), mv.delta_base);
-  return fmt::format("{} v{} step {} {} via {}: publish->live {:.2f} ms (notify {:.3f} ms, fetch {:.2f} ms, verify {:.2f} ms) [{}]",
-                     mv.info.model, mv.info.version, mv.info.step, HumanBytes(static_cast<double>(mv.info.size)),
-                     via, t.publish_ns ? Ms(t.publish_ns, t.live_ns) : 0.0,
-                     Ms(t.completed_ns, t.notified_ns), Ms(t.notified_ns, t.fetched_ns), Ms(t.fetched_ns, t.verified_ns),
-                     mv.reason);
+  std::string head = fmt::format("{} v{} step {} {} via {}: ", mv.info.model, mv.info.version, mv.info.step,
+                                 HumanBytes(static_cast<double>(mv.info.size)), via);
+  if (CompleteBefore(mv, watch_start_ns))
+    return head + fmt::format("complete {:.2f} s before this watch started (fetch {:.2f} ms, verify {:.2f} ms) [{}]",
+                              (watch_start_ns - t.completed_ns) / 1e9, Ms(t.notified_ns, t.fetched_ns),
+                              Ms(t.fetched_ns, t.verified_ns), mv.reason);
+  return head + fmt::format("publish->live {:.2f} ms (notify {:.3f} ms, fetch {:.2f} ms, verify {:.2f} ms) [{}]",
+                            t.publish_ns ? Ms(t.publish_ns, t.live_ns) : 0.0, Ms(t.completed_ns, t.notified_ns),
+                            Ms(t.notified_ns, t.fetched_ns), Ms(t.fetched_ns, t.verified_ns), mv.reason);
 }
 
 int RunWatch(const WatchFlags& f) {
@@ -190,13 +201,14 @@ int RunWatch(const WatchFlags& f) {
   options.file_dir = f.file_dir;
   options.name = "viper-watch";
   sigset_t stop = BlockStopSignals();  // before any thread starts
+  const int64_t start_ns = WallClockNs();
   auto sub = Subscriber::Start(options);
   if (!sub.ok()) return Fail("watch", sub.status());
   std::mutex mu;
   std::condition_variable cv;
   uint64_t seen = 0;
   (*sub)->OnUpdate([&](const std::shared_ptr<const ModelVersion>& mv) {
-    std::string line = f.json ? UpdateJson(*mv).dump() : UpdateLine(*mv);
+    std::string line = f.json ? UpdateJson(*mv, start_ns).dump() : UpdateLine(*mv, start_ns);
     std::lock_guard<std::mutex> lock(mu);
     std::printf("%s\n", line.c_str());
     std::fflush(stdout);
@@ -231,7 +243,7 @@ ViperCommand watch_command(
       auto f = std::make_shared<WatchFlags>();
       app.add_option("MODEL", f->model, "Model name")->required()->check(ModelName());
       AddConnect(app, f->connect);
-      app.add_flag("--json", f->json, "One JSON object per line");
+      app.add_flag("--json", f->json, "One JSON object per line (complete_before_watch: the version was live before the watch started, so its latencies are its age)");
       app.add_option("--path", f->path, "auto|map|copy|remote|file")
           ->capture_default_str()
           ->check(OneOf({"auto", "map", "copy", "remote", "file"}));

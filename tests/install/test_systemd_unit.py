@@ -103,6 +103,8 @@ def test_the_documented_environment_starts_viper_serve(tmp_path):
         assert address_file.exists(), f"{shlex.join(words)} did not start:\n" + (tmp_path / "serve.log").read_text()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0, (tmp_path / "serve.log").read_text()
+        # systemctl stop is a clean stop: the address file goes with the node.
+        assert not address_file.exists(), "viper serve left --address-file behind after SIGTERM"
     finally:
         if proc.poll() is None:
             proc.kill()

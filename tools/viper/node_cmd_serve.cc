@@ -53,6 +53,15 @@ Status WriteAddressFile(const std::string& path, const std::string& address) {
   return Status::OK();
 }
 
+// On a clean stop: the address file goes, if it still names this node (another node may have
+// taken the path since), so that a script waiting for the file never takes a stopped node's
+// address for a live one. After SIGKILL it stays: readers check that the node answers.
+void RemoveAddressFile(const std::string& path, const std::string& address) {
+  std::ifstream in(path);
+  std::string line;
+  if (std::getline(in, line) && line == address) ::unlink(path.c_str());
+}
+
 int RunServe(const ServeFlags& flags) {
   NodeOptions options = flags.node;
   auto token = flags.auth.Resolve();
@@ -116,8 +125,10 @@ int RunServe(const ServeFlags& flags) {
   sigwait(&stop, &sig);
   std::printf("viper serve: stopping (signal %d), flushing to the file tier\n", sig);
   std::fflush(stdout);
+  const std::string address = (*node)->address();
   relay.reset();
   node->reset();
+  if (!flags.address_file.empty()) RemoveAddressFile(flags.address_file, address);
   return 0;
 }
 
@@ -166,7 +177,7 @@ ViperCommand serve_command(
                      "Older versions per model kept as delta bases (each pins one snapshot in memory)")
           ->capture_default_str()
           ->check(IntegerIn(0, kMaxKeptVersions));
-      app.add_option("--address-file", flags->address_file, "Write the bound HOST:PORT to this file once listening")
+      app.add_option("--address-file", flags->address_file, "Write the bound HOST:PORT to this file once listening (removed on a clean stop)")
           ->check(NewFile());
       AddRegistry(app, flags->node.registry, flags->registry_password_file);
       app.add_option("--registry-ttl", flags->registry_ttl_s,

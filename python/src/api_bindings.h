@@ -10,6 +10,7 @@
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -142,9 +143,15 @@ struct NodeHandle {
 struct PublisherHandle {
   std::shared_ptr<viper::Publisher> publisher;
   double last_stall_seconds = 0.0;
-  // CUDA tensors' versions (publish_device): started at the first, on that device; destroyed first.
-  std::unique_ptr<viper::GpuPublisher> gpu;
+  // CUDA tensors' versions (publish_device, begin_device): started at the first GPU call, on that
+  // device. Each call takes its own reference (GpuOf, publisher_bindings.cc) and drops it before
+  // it returns, so that close() on another thread never frees it under a call; its deleter holds a
+  // reference to the Publisher, which therefore outlives it whoever drops it last. gpu, gpu_device
+  // and gpu_closed are guarded by gpu_mu (a first call starts the GpuPublisher without the GIL).
+  std::mutex gpu_mu;
+  std::shared_ptr<viper::GpuPublisher> gpu;
   int gpu_device = -1;
+  bool gpu_closed = false;  // close() ran: no GpuPublisher starts any more
   uint64_t last_device_version = 0;
 };
 

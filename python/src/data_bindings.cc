@@ -480,12 +480,11 @@ void BindPrefetcher(py::module_& m) {
       }, kAbandonDoc);
 }
 
+// A call that releases the GIL holds its own reference (Held), so that close() on another thread
+// never frees the buffer under it.
 struct RehearsalHandle {
-  std::unique_ptr<viper::RehearsalBuffer> b;
-  viper::RehearsalBuffer& live() const {
-    if (!b) Raise(Status::FailedPrecondition("RehearsalBuffer is closed"));
-    return *b;
-  }
+  std::shared_ptr<viper::RehearsalBuffer> b;
+  viper::RehearsalBuffer& live() const { return *Held(b, "RehearsalBuffer"); }
 };
 
 std::span<const std::byte> Bytes(const py::buffer_info& info) {
@@ -510,26 +509,27 @@ void BindRehearsal(py::module_& m) {
         if (n == 0) return size_t{0};
         if (all.size() % n != 0) Raise(Status::InvalidArgument("add_rows: the rows' bytes do not split into the labels' count"));
         size_t row = all.size() / n, kept = 0;
-        viper::RehearsalBuffer& b = h.live();
+        std::shared_ptr<viper::RehearsalBuffer> b = Held(h.b, "RehearsalBuffer");
         Status failed;
         {
           py::gil_scoped_release release;
           for (size_t i = 0; i < n && failed.ok(); ++i) {
-            auto r = b.Add(all.subspan(i * row, row), labels[i]);
+            auto r = b->Add(all.subspan(i * row, row), labels[i]);
             if (r.ok()) kept += *r;
             else failed = r.status();
           }
+          b.reset();
         }
         ThrowIfError(failed);
         return kept;
       }, "Offers n samples (the rows of a C-contiguous buffer, one per label); returns how many stayed.")
       .def("draw", [](RehearsalHandle& h, size_t k, std::optional<int64_t> label) {
-        viper::RehearsalBuffer& b = h.live();
-        uint64_t sb = b.options().sample_bytes;
+        std::shared_ptr<viper::RehearsalBuffer> b = Held(h.b, "RehearsalBuffer");
+        uint64_t sb = b->options().sample_bytes;
         if (sb == 0) Raise(Status::InvalidArgument("draw: needs sample_bytes"));
-        size_t population = b.size();
+        size_t population = b->size();
         if (label) {
-          auto counts = b.class_counts();
+          auto counts = b->class_counts();
           auto it = counts.find(*label);
           population = it == counts.end() ? 0 : it->second;
         }
@@ -541,7 +541,8 @@ void BindRehearsal(py::module_& m) {
         viper::Result<size_t> n = Status::Internal("unset");
         {
           py::gil_scoped_release release;
-          n = b.DrawInto(k, dst, ls, label);
+          n = b->DrawInto(k, dst, ls, label);
+          b.reset();
         }
         size_t got = Unwrap(std::move(n));
         if (got < k) {  // another thread took samples out meanwhile (evictions): the ones drawn
@@ -552,11 +553,12 @@ void BindRehearsal(py::module_& m) {
       }, py::arg("k"), py::arg("label") = py::none(),
          "k distinct samples drawn uniformly (with label: from that class's samples only).")
       .def("spill", [](RehearsalHandle& h) {
-        viper::RehearsalBuffer& b = h.live();
+        std::shared_ptr<viper::RehearsalBuffer> b = Held(h.b, "RehearsalBuffer");
         Status st;
         {
           py::gil_scoped_release release;
-          st = b.Spill();
+          st = b->Spill();
+          b.reset();
         }
         ThrowIfError(st);
       })
@@ -603,9 +605,14 @@ void BindRehearsal(py::module_& m) {
         st.rng = std::move(rng);
         ThrowIfError(b.LoadState(st));
       }, "Replaces the whole state (see state()); InvalidArgumentError naming what does not fit.")
-      .def("close", [](RehearsalHandle& h) { h.b.reset(); }, "Frees the samples (spill() first to keep them).")
-      .def("_abandon", [](RehearsalHandle& h) { (void)h.b.release(); },
-           kAbandonDoc)
+      .def("close", [](RehearsalHandle& h) {
+        std::shared_ptr<viper::RehearsalBuffer> b = std::move(h.b);
+        py::gil_scoped_release release;
+        b.reset();  // freed here, or by the last call in flight
+      }, "Frees the samples (spill() first to keep them).")
+      .def("_abandon", [](RehearsalHandle& h) {
+        (void)new std::shared_ptr<viper::RehearsalBuffer>(std::move(h.b));  // a reference never dropped
+      }, kAbandonDoc)
       .def("__len__", [](const RehearsalHandle& h) { return h.live().size(); })
       .def_property_readonly("seen", [](const RehearsalHandle& h) { return h.live().seen(); })
       .def_property_readonly("class_counts", [](const RehearsalHandle& h) { return h.live().class_counts(); })

@@ -19,23 +19,43 @@ using viper::StatusCode;
 
 namespace {
 
-// The publisher's GpuPublisher on `device`, started at the first GPU call. REQUIRES: GIL released.
-Status EnsureGpu(PublisherHandle& h, viper::Publisher& pub, int device) {
-  if (h.gpu) return Status::OK();
-  viper::gpu::DeviceVersionStore::Options o;
-  o.device = device;
-  auto g = viper::GpuPublisher::Start(&pub, o);
-  if (!g.ok()) return g.status();
-  h.gpu = std::move(g).value();
-  h.gpu_device = device;
-  return Status::OK();
+// The publisher's GpuPublisher (null before the first GPU call and after close()): the caller's own
+// reference, to drop before it returns (with the GIL released: the last one waits for queued versions).
+std::shared_ptr<viper::GpuPublisher> GpuOf(PublisherHandle& h) {
+  std::lock_guard lock(h.gpu_mu);
+  return h.gpu;
 }
 
-void CheckOneDevice(const PublisherHandle& h, int device, const char* what) {
-  if (h.gpu && device != h.gpu_device)
+// The publisher's GpuPublisher on `device`, started at the first GPU call (one start, however many
+// threads make their first call at once). REQUIRES: GIL released.
+viper::Result<std::shared_ptr<viper::GpuPublisher>> EnsureGpu(PublisherHandle& h,
+                                                              const std::shared_ptr<viper::Publisher>& pub, int device) {
+  std::lock_guard lock(h.gpu_mu);
+  if (h.gpu_closed) return Status(StatusCode::kFailedPrecondition, "Publisher is closed");
+  if (h.gpu) return h.gpu;
+  viper::gpu::DeviceVersionStore::Options o;
+  o.device = device;
+  auto g = viper::GpuPublisher::Start(pub.get(), o);
+  if (!g.ok()) return g.status();
+  std::shared_ptr<viper::Publisher> keep = pub;  // released after the GpuPublisher is gone
+  h.gpu = std::shared_ptr<viper::GpuPublisher>(g->release(), [keep](viper::GpuPublisher* gp) mutable {
+    delete gp;
+    keep.reset();
+  });
+  h.gpu_device = device;
+  return h.gpu;
+}
+
+void CheckOneDevice(PublisherHandle& h, int device, const char* what) {
+  int started_on = -1;
+  {
+    std::lock_guard lock(h.gpu_mu);
+    if (h.gpu) started_on = h.gpu_device;
+  }
+  if (started_on >= 0 && device != started_on)
     ThrowIfError(Status::InvalidArgument(std::string(what) + ": CUDA tensors on device " + std::to_string(device) +
                                          ": this publisher keeps its versions on device " +
-                                         std::to_string(h.gpu_device) + " (one device per publisher)"));
+                                         std::to_string(started_on) + " (one device per publisher)"));
 }
 
 // A version being written in place on the GPU (Publisher.begin_cuda): the C++ draft, or nothing
@@ -69,8 +89,9 @@ std::unique_ptr<DeviceDraftHandle> BeginDevice(PublisherHandle& h, const py::lis
   viper::Result<viper::gpu::DeviceDraft> draft = Status::OK();
   {
     py::gil_scoped_release release;
-    Status started = EnsureGpu(h, *pub, device);
-    draft = started.ok() ? h.gpu->BeginDevice(specs) : viper::Result<viper::gpu::DeviceDraft>(started);
+    auto gpu = EnsureGpu(h, pub, device);
+    draft = gpu.ok() ? (*gpu)->BeginDevice(specs) : viper::Result<viper::gpu::DeviceDraft>(gpu.status());
+    gpu = Status::OK();  // our references, dropped without the GIL
     pub.reset();
   }
   out->draft = Unwrap(std::move(draft));
@@ -79,12 +100,13 @@ std::unique_ptr<DeviceDraftHandle> BeginDevice(PublisherHandle& h, const py::lis
 
 viper::PublishResult CommitDevice(PublisherHandle& h, DeviceDraftHandle& d, uintptr_t stream, uint64_t step,
                                   std::optional<double> loss) {
-  Open(h.publisher, "Publisher");
-  if (!h.gpu)
-    ThrowIfError(Status(StatusCode::kFailedPrecondition, "Publisher.begin_cuda(): the publisher's GPU path is closed"));
+  std::shared_ptr<viper::Publisher> pub = Held(h.publisher, "Publisher");
   if (!d.draft.valid())
     ThrowIfError(Status(StatusCode::kFailedPrecondition,
                         "Publisher.begin_cuda(): the draft was already committed or aborted"));
+  std::shared_ptr<viper::GpuPublisher> gpu = GpuOf(h);
+  if (!gpu)
+    ThrowIfError(Status(StatusCode::kFailedPrecondition, "Publisher.begin_cuda(): the publisher's GPU path is closed"));
   viper::PublishInfo info;
   info.step = step;
   info.loss = loss;
@@ -94,7 +116,9 @@ viper::PublishResult CommitDevice(PublisherHandle& h, DeviceDraftHandle& d, uint
   {
     py::gil_scoped_release release;
     const viper::gpu::Stream producer = viper::gpu::Stream::Borrow(device, reinterpret_cast<void*>(stream));
-    version = h.gpu->CommitDevice(std::move(d.draft), producer, info);
+    version = gpu->CommitDevice(std::move(d.draft), producer, info);
+    gpu.reset();  // our references, dropped without the GIL
+    pub.reset();
   }
   viper::PublishResult r;
   r.version = Unwrap(std::move(version));
@@ -131,9 +155,10 @@ viper::PublishResult PublishDevice(PublisherHandle& h, const py::list& items, in
   const int64_t t0 = viper::WallClockNs();
   {
     py::gil_scoped_release release;
-    Status started = EnsureGpu(h, *pub, device);
-    version = started.ok() ? h.gpu->PublishDevice(tensors, viper::gpu::Stream::Borrow(device, reinterpret_cast<void*>(stream)), info)
-                           : viper::Result<uint64_t>(started);
+    auto gpu = EnsureGpu(h, pub, device);
+    version = gpu.ok() ? (*gpu)->PublishDevice(tensors, viper::gpu::Stream::Borrow(device, reinterpret_cast<void*>(stream)), info)
+                       : viper::Result<uint64_t>(gpu.status());
+    gpu = Status::OK();  // our references, dropped without the GIL
     pub.reset();
   }
   viper::PublishResult r;
@@ -257,9 +282,12 @@ void BindPublisher(py::module_& m) {
              Open(h.publisher, "Publisher");
              ThrowIfError(WaitInSlices(timeout, [&](std::chrono::milliseconds slice) {
                std::shared_ptr<viper::Publisher> pub = Held(h.publisher, "Publisher");
+               std::shared_ptr<viper::GpuPublisher> gpu = GpuOf(h);
+               const uint64_t last_device = h.last_device_version;
                py::gil_scoped_release release;
                Status st = pub->Wait(slice);
-               if (st.ok() && h.gpu && h.last_device_version != 0) st = h.gpu->WaitHost(h.last_device_version, slice);
+               if (st.ok() && gpu && last_device != 0) st = gpu->WaitHost(last_device, slice);
+               gpu.reset();
                pub.reset();
                return st;
              }));
@@ -281,15 +309,23 @@ void BindPublisher(py::module_& m) {
              return out;
            })
       .def("close", [](PublisherHandle& h) {
-             std::unique_ptr<viper::GpuPublisher> g = std::move(h.gpu);
+             std::shared_ptr<viper::GpuPublisher> g;
+             {
+               std::lock_guard lock(h.gpu_mu);
+               g = std::move(h.gpu);
+               h.gpu_closed = true;
+             }
              std::shared_ptr<viper::Publisher> p = std::move(h.publisher);
              py::gil_scoped_release release;
-             g.reset();  // commits its queued versions on the node first
+             // The last reference to each goes last: the GpuPublisher (committing its queued versions
+             // on the node) before the Publisher (its deleter holds one), once no call uses them.
+             g.reset();
              p.reset();  // waits for queued publishes, flushes, stops the node
            })
       .def("_abandon", [](PublisherHandle& h) {
-             (void)h.gpu.release();
-             (void)new std::shared_ptr<viper::Publisher>(std::move(h.publisher));  // a reference never dropped
+             // No lock: gpu_mu may be held by a parent thread that does not exist in this child.
+             (void)new std::shared_ptr<viper::GpuPublisher>(std::move(h.gpu));  // references never dropped
+             (void)new std::shared_ptr<viper::Publisher>(std::move(h.publisher));
            },
            kAbandonDoc);
 }

@@ -215,3 +215,34 @@ def test_rehearsal_mix_balance_and_restore(tmp_path):
         vd.RehearsalBuffer(30, sample_shape=(WIDTH,), spill_dir=spill)
     with pytest.raises(viper.InvalidArgumentError, match="samples of shape"):
         again.add(np.zeros((2, 3), np.float32), [0, 1])
+
+
+def test_rehearsal_buffer_closed_while_another_thread_uses_it():
+    # close() on one thread while another adds and draws (both release the GIL): the calls hold
+    # their own reference, so the buffer is never freed under one; the other thread gets "closed".
+    code = (
+        "import threading, numpy as np, viper.data as vd\n"
+        "for round in range(5):\n"
+        "    buf = vd.RehearsalBuffer(2000, sample_shape=(4096,))\n"
+        "    x = np.ones((256, 4096), np.float32)\n"
+        "    y = np.arange(256)\n"
+        "    done, errors = [], []\n"
+        "    def use():\n"
+        "        while True:\n"
+        "            try:\n"
+        "                buf.add(x, y)\n"
+        "                buf.sample(512)\n"
+        "                done.append(1)\n"
+        "            except Exception as e:\n"
+        "                errors.append(f'{type(e).__name__}: {e}')\n"
+        "                return\n"
+        "    t = threading.Thread(target=use)\n"
+        "    t.start()\n"
+        "    while len(done) < 3:\n"
+        "        pass\n"
+        "    buf.close()\n"
+        "    t.join()\n"
+        "    assert len(errors) == 1 and 'closed' in errors[0], errors\n"
+        "    print('ROUND', round, errors[0])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.count("ROUND ") == 5, out.stdout + out.stderr

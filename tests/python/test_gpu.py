@@ -198,3 +198,34 @@ def test_version_device_on_the_driver_emulator(path):
     out = _run_child(code, _emulator(), path)
     want = "HOW host-to-device as its chunks arrived (" if path == "remote" else "HOW host-to-device ("
     assert out.stdout.startswith(want), out.stdout
+
+
+def test_close_during_gpu_publishes_on_the_driver_emulator():
+    # close() on one thread while another publishes GPU versions (begin_device/commit_device, what
+    # Publisher.begin_cuda calls; the emulator's device is host memory): each call holds its own
+    # reference to the GpuPublisher, so close() never frees it under a call; the publishing thread
+    # gets "closed" errors, and close() returns once the calls in flight are done.
+    code = (
+        "import threading, time, viper\n"
+        "for round in range(5):\n"
+        "    p = viper.Publisher('m', listen='127.0.0.1:0')\n"
+        "    h = p._live()\n"
+        "    published, errors = [], []\n"
+        "    def publish():\n"
+        "        for i in range(100000):\n"
+        "            try:\n"
+        "                d = h.begin_device([('w', 'F32', [1 << 18])], 0)\n"
+        "                published.append(h.commit_device(d, 0, i, None).version)\n"
+        "            except Exception as e:\n"
+        "                errors.append(f'{type(e).__name__}: {e}')\n"
+        "                return\n"
+        "    t = threading.Thread(target=publish)\n"
+        "    t.start()\n"
+        "    while len(published) < 3:\n"
+        "        time.sleep(0.001)\n"
+        "    p.close()\n"
+        "    t.join()\n"
+        "    assert len(errors) == 1 and 'closed' in errors[0], errors\n"
+        "    print('ROUND', round, len(published), errors[0])\n")
+    out = _run_child(code, _emulator())
+    assert out.stdout.count("ROUND ") == 5, out.stdout + out.stderr

@@ -147,7 +147,9 @@ struct PublisherHandle {
   // device. Each call takes its own reference (GpuOf, publisher_bindings.cc) and drops it before
   // it returns, so that close() on another thread never frees it under a call; its deleter holds a
   // reference to the Publisher, which therefore outlives it whoever drops it last. gpu, gpu_device
-  // and gpu_closed are guarded by gpu_mu (a first call starts the GpuPublisher without the GIL).
+  // and gpu_closed are guarded by gpu_mu, held briefly; gpu_start_mu is held while a first call
+  // starts the GpuPublisher (without the GIL), so that only one starts.
+  std::mutex gpu_start_mu;
   std::mutex gpu_mu;
   std::shared_ptr<viper::GpuPublisher> gpu;
   int gpu_device = -1;

@@ -26,43 +26,65 @@ std::shared_ptr<viper::GpuPublisher> GpuOf(PublisherHandle& h) {
   return h.gpu;
 }
 
-// The publisher's GpuPublisher on `device`, started at the first GPU call (one start, however many
-// threads make their first call at once). REQUIRES: GIL released.
+Status OtherDevice(int device, int started_on, const char* what) {
+  return Status::InvalidArgument(std::string(what) + ": CUDA tensors on device " + std::to_string(device) +
+                                 ": this publisher keeps its versions on device " + std::to_string(started_on) +
+                                 " (one device per publisher)");
+}
+
+// The publisher's GpuPublisher on `device`, started at the first GPU call: one start at a time
+// (gpu_start_mu), however many threads make their first call at once; gpu_mu is held only briefly,
+// so that a thread holding the GIL never waits for a start. REQUIRES: GIL released.
 viper::Result<std::shared_ptr<viper::GpuPublisher>> EnsureGpu(PublisherHandle& h,
-                                                              const std::shared_ptr<viper::Publisher>& pub, int device) {
-  std::lock_guard lock(h.gpu_mu);
-  if (h.gpu_closed) return Status(StatusCode::kFailedPrecondition, "Publisher is closed");
-  if (h.gpu) return h.gpu;
+                                                              const std::shared_ptr<viper::Publisher>& pub, int device,
+                                                              const char* what) {
+  std::lock_guard start(h.gpu_start_mu);
+  {
+    std::lock_guard lock(h.gpu_mu);
+    if (h.gpu_closed) return Status(StatusCode::kFailedPrecondition, "Publisher is closed");
+    if (h.gpu) return device == h.gpu_device ? viper::Result<std::shared_ptr<viper::GpuPublisher>>(h.gpu)
+                                             : OtherDevice(device, h.gpu_device, what);
+  }
   viper::gpu::DeviceVersionStore::Options o;
   o.device = device;
   auto g = viper::GpuPublisher::Start(pub.get(), o);
   if (!g.ok()) return g.status();
   std::shared_ptr<viper::Publisher> keep = pub;  // released after the GpuPublisher is gone
-  h.gpu = std::shared_ptr<viper::GpuPublisher>(g->release(), [keep](viper::GpuPublisher* gp) mutable {
+  std::shared_ptr<viper::GpuPublisher> started(g->release(), [keep](viper::GpuPublisher* gp) mutable {
     delete gp;
     keep.reset();
   });
+  std::lock_guard lock(h.gpu_mu);
+  if (h.gpu_closed) return Status(StatusCode::kFailedPrecondition, "Publisher is closed");  // `started` goes
+  h.gpu = started;
   h.gpu_device = device;
-  return h.gpu;
+  return started;
 }
 
+// Refuses a second device before any GPU work (EnsureGpu checks again under its lock).
 void CheckOneDevice(PublisherHandle& h, int device, const char* what) {
   int started_on = -1;
   {
     std::lock_guard lock(h.gpu_mu);
     if (h.gpu) started_on = h.gpu_device;
   }
-  if (started_on >= 0 && device != started_on)
-    ThrowIfError(Status::InvalidArgument(std::string(what) + ": CUDA tensors on device " + std::to_string(device) +
-                                         ": this publisher keeps its versions on device " +
-                                         std::to_string(started_on) + " (one device per publisher)"));
+  if (started_on >= 0 && device != started_on) ThrowIfError(OtherDevice(device, started_on, what));
 }
 
 // A version being written in place on the GPU (Publisher.begin_cuda): the C++ draft, or nothing
-// once committed or aborted.
+// once committed or aborted. It holds its GpuPublisher until then, so that the buffer its tensors
+// view stays allocated even if the Publisher is closed meanwhile (the commit then fails "closed").
 struct DeviceDraftHandle {
   viper::gpu::DeviceDraft draft;
+  std::shared_ptr<viper::GpuPublisher> gpu;
   uint64_t bytes = 0;  // the snapshot's size (PublishResult.bytes)
+  // Ends the draft (unless committed: it was moved out) and lets go of the GpuPublisher, without
+  // the GIL (the last reference waits for the versions it has queued).
+  void Release() {
+    py::gil_scoped_release release;
+    draft = viper::gpu::DeviceDraft();
+    gpu.reset();
+  }
 };
 
 // Publisher.begin_cuda: [(name, safetensors dtype, shape)] -> a draft on `device`. The specs are
@@ -89,24 +111,29 @@ std::unique_ptr<DeviceDraftHandle> BeginDevice(PublisherHandle& h, const py::lis
   viper::Result<viper::gpu::DeviceDraft> draft = Status::OK();
   {
     py::gil_scoped_release release;
-    auto gpu = EnsureGpu(h, pub, device);
+    auto gpu = EnsureGpu(h, pub, device, "Publisher.begin_cuda()");
     draft = gpu.ok() ? (*gpu)->BeginDevice(specs) : viper::Result<viper::gpu::DeviceDraft>(gpu.status());
+    if (draft.ok()) out->gpu = *gpu;
     gpu = Status::OK();  // our references, dropped without the GIL
     pub.reset();
   }
+  if (!draft.ok()) out->Release();
   out->draft = Unwrap(std::move(draft));
   return out;
 }
 
 viper::PublishResult CommitDevice(PublisherHandle& h, DeviceDraftHandle& d, uintptr_t stream, uint64_t step,
                                   std::optional<double> loss) {
+  if (!h.publisher) d.Release();  // closed: the draft can never be committed (Held raises below)
   std::shared_ptr<viper::Publisher> pub = Held(h.publisher, "Publisher");
   if (!d.draft.valid())
     ThrowIfError(Status(StatusCode::kFailedPrecondition,
                         "Publisher.begin_cuda(): the draft was already committed or aborted"));
   std::shared_ptr<viper::GpuPublisher> gpu = GpuOf(h);
-  if (!gpu)
+  if (!gpu) {
+    d.Release();  // it can never be committed: its buffer goes with its GpuPublisher
     ThrowIfError(Status(StatusCode::kFailedPrecondition, "Publisher.begin_cuda(): the publisher's GPU path is closed"));
+  }
   viper::PublishInfo info;
   info.step = step;
   info.loss = loss;
@@ -120,6 +147,7 @@ viper::PublishResult CommitDevice(PublisherHandle& h, DeviceDraftHandle& d, uint
     gpu.reset();  // our references, dropped without the GIL
     pub.reset();
   }
+  d.Release();
   viper::PublishResult r;
   r.version = Unwrap(std::move(version));
   r.stall_ns = viper::WallClockNs() - t0;
@@ -155,7 +183,7 @@ viper::PublishResult PublishDevice(PublisherHandle& h, const py::list& items, in
   const int64_t t0 = viper::WallClockNs();
   {
     py::gil_scoped_release release;
-    auto gpu = EnsureGpu(h, pub, device);
+    auto gpu = EnsureGpu(h, pub, device, "Publisher.publish()");
     version = gpu.ok() ? (*gpu)->PublishDevice(tensors, viper::gpu::Stream::Borrow(device, reinterpret_cast<void*>(stream)), info)
                        : viper::Result<uint64_t>(gpu.status());
     gpu = Status::OK();  // our references, dropped without the GIL
@@ -226,7 +254,7 @@ void BindPublisher(py::module_& m) {
            },
            "[(name, safetensors dtype, shape, device pointer, bytes)] of each tensor's place in the "
            "version's device buffer; empty once committed or aborted.")
-      .def("abort", [](DeviceDraftHandle& d) { d.draft = viper::gpu::DeviceDraft(); },
+      .def("abort", [](DeviceDraftHandle& d) { d.Release(); },
            "Abandons the version: nothing is announced and the buffer is free again (no work may still be "
            "writing it).");
 

@@ -329,11 +329,12 @@ Result<std::vector<std::byte>> ExchangeWorkerAddresses(const SockAddr& to, std::
   hello.has_token = !token.empty();
   VIPER_RETURN_IF_ERROR(WriteAll(fd.get(), EncodeHello(hello), deadline, what));
 
-  // Bytes from the other side that do not parse say that no Viper node listens there (another
-  // service on the port, an older protocol): Unavailable, not the caller's invalid argument.
+  // Bytes from the other side that do not parse say that no Viper node of this protocol listens
+  // there (another service on the port, an older or newer Viper): Unavailable, not the caller's
+  // invalid argument.
   auto not_a_node = [&](const Status& st) {
     return st.code() == StatusCode::kInvalidArgument
-               ? Status::Unavailable(fmt::format("{}: no Viper node answers at {}", st.message(), node))
+               ? Status::Unavailable(fmt::format("{} (no Viper node of this protocol answers at {})", st.message(), node))
                : st;
   };
   Result<BootstrapFrame> first = ReadFrame(fd.get(), deadline, what);

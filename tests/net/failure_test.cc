@@ -181,7 +181,7 @@ TEST_F(EngineTest, ConnectToAnotherServiceSaysNoNodeAnswers) {
   greeter.join();
   ASSERT_FALSE(peer.ok());
   EXPECT_EQ(peer.status().code(), StatusCode::kUnavailable) << peer.status().ToString();
-  EXPECT_NE(peer.status().message().find("no Viper node answers at " + address), std::string::npos)
+  EXPECT_NE(peer.status().message().find("no Viper node of this protocol answers at " + address), std::string::npos)
       << peer.status().ToString();
 }
 

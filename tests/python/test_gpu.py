@@ -226,6 +226,19 @@ def test_close_during_gpu_publishes_on_the_driver_emulator():
         "    p.close()\n"
         "    t.join()\n"
         "    assert len(errors) == 1 and 'closed' in errors[0], errors\n"
-        "    print('ROUND', round, len(published), errors[0])\n")
+        "    print('ROUND', round, len(published), errors[0])\n"
+        # A draft open when the Publisher closes keeps its buffer until it ends: its places stay
+        # valid, and its commit fails "closed".
+        "p = viper.Publisher('m', listen='127.0.0.1:0')\n"
+        "h = p._live()\n"
+        "d = h.begin_device([('w', 'F32', [1 << 18])], 0)\n"
+        "p.close()\n"
+        "assert d.valid and len(d.tensors()) == 1, d.tensors()\n"
+        "try:\n"
+        "    h.commit_device(d, 0, 1, None)\n"
+        "except Exception as e:\n"
+        "    print('COMMIT AFTER CLOSE', e)\n"
+        "assert not d.valid\n")
     out = _run_child(code, _emulator())
     assert out.stdout.count("ROUND ") == 5, out.stdout + out.stderr
+    assert "COMMIT AFTER CLOSE" in out.stdout and "closed" in out.stdout.split("COMMIT AFTER CLOSE")[1], out.stdout

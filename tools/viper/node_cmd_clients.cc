@@ -134,7 +134,9 @@ struct WatchFlags {
 };
 
 // A version complete before the watch started (the live one, sent on subscribing) has no
-// publish -> live latency of this watch: its "latency" would be its age.
+// publish -> live latency of this watch: its "latency" would be its age. By the producer node's
+// clock against this host's (skew across hosts blurs versions completed right at the start); a
+// device-only announcement has no completion time and never counts as before.
 bool CompleteBefore(const ModelVersion& mv, int64_t watch_start_ns) {
   return mv.timings.completed_ns != 0 && mv.timings.completed_ns < watch_start_ns;
 }
@@ -243,7 +245,7 @@ ViperCommand watch_command(
       auto f = std::make_shared<WatchFlags>();
       app.add_option("MODEL", f->model, "Model name")->required()->check(ModelName());
       AddConnect(app, f->connect);
-      app.add_flag("--json", f->json, "One JSON object per line (complete_before_watch: the version was live before the watch started, so its latencies are its age)");
+      app.add_flag("--json", f->json, "One JSON object per line (complete_before_watch: the version was complete before the watch started, by the producer node's clock, so its latencies are its age)");
       app.add_option("--path", f->path, "auto|map|copy|remote|file")
           ->capture_default_str()
           ->check(OneOf({"auto", "map", "copy", "remote", "file"}));

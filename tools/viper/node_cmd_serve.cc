@@ -54,7 +54,7 @@ Status WriteAddressFile(const std::string& path, const std::string& address) {
 }
 
 // On a clean stop: the address file goes, if it still names this node (another node may have
-// taken the path since), so that a script waiting for the file never takes a stopped node's
+// taken the path since, on another port), so that a script waiting for the file never takes a stopped node's
 // address for a live one. After SIGKILL it stays: readers check that the node answers.
 void RemoveAddressFile(const std::string& path, const std::string& address) {
   std::ifstream in(path);
@@ -125,10 +125,11 @@ int RunServe(const ServeFlags& flags) {
   sigwait(&stop, &sig);
   std::printf("viper serve: stopping (signal %d), flushing to the file tier\n", sig);
   std::fflush(stdout);
-  const std::string address = (*node)->address();
+  // First, while this process still holds the port: the node stops listening before its flush
+  // ends, and a node started meanwhile on the same port writes the same address.
+  if (!flags.address_file.empty()) RemoveAddressFile(flags.address_file, (*node)->address());
   relay.reset();
   node->reset();
-  if (!flags.address_file.empty()) RemoveAddressFile(flags.address_file, address);
   return 0;
 }
 

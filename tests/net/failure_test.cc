@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <thread>
 
@@ -128,20 +129,31 @@ TEST_F(EngineTest, ConnectToPortWithoutListenerFailsWithinTimeout) {
   EXPECT_EQ(engine->stats().peers, 0u);
 }
 
-TEST_F(EngineTest, ConnectToSilentListenerTimesOut) {
-  // A TCP socket that listens but never speaks UCX: the handshake cannot finish.
+// A TCP socket listening on a free loopback port (none on failure, recorded); *address its "HOST:PORT".
+int ListenOnLoopback(std::string* address) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(listen(fd, 16), 0);
   socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(fd, 16) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    ADD_FAILURE() << "a loopback listener: " << std::strerror(errno);
+    if (fd >= 0) close(fd);
+    return -1;
+  }
+  *address = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  return fd;
+}
+
+TEST_F(EngineTest, ConnectToSilentListenerTimesOut) {
+  // A TCP socket that listens but never speaks UCX: the handshake cannot finish.
+  std::string address;
+  int fd = ListenOnLoopback(&address);
+  ASSERT_GE(fd, 0);
   EngineOptions options;
   options.connect_timeout = 1s;
   auto engine = StartEngine(options);
-  std::string address = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
   auto t0 = std::chrono::steady_clock::now();
   Result<PeerId> peer = engine->Connect(address);
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -156,14 +168,9 @@ TEST_F(EngineTest, ConnectToAnotherServiceSaysNoNodeAnswers) {
   // Another service on the port (it greets first, as SSH does): its bytes do not parse as a
   // bootstrap frame. That is Unavailable naming the address, not InvalidArgument (which the CLI
   // reports as a usage error, exit 2).
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(listen(fd, 16), 0);
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  std::string address;
+  int fd = ListenOnLoopback(&address);
+  ASSERT_GE(fd, 0);
   std::thread greeter([fd] {
     int c = accept(fd, nullptr, nullptr);
     if (c < 0) return;
@@ -174,7 +181,6 @@ TEST_F(EngineTest, ConnectToAnotherServiceSaysNoNodeAnswers) {
     close(c);
   });
   auto engine = StartEngine();
-  std::string address = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
   Result<PeerId> peer = engine->Connect(address);
   shutdown(fd, SHUT_RDWR);
   close(fd);

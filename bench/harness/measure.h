@@ -31,7 +31,7 @@ struct UcxRun {
   uint64_t bytes = 0;
   int iters = 10;
   bool peer_failure = false;    // -e on both sides: endpoints with peer-failure handling, as Viper's
-  bool viper_segments = false;  // UCX_TCP_{TX,RX}_SEG_SIZE=256K, the engine's defaults (net/engine.cc)
+  bool viper_segments = false;  // UCX_TCP_{TX,RX}_SEG_SIZE=256K and UCX_ZCOPY_THRESH=inf, the engine's defaults (net/engine.cc)
 };
 Result<double> UcxTagBw(const Config& config, const UcxRun& run);
 

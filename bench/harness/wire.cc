@@ -96,7 +96,8 @@ Result<double> UcxTagBw(const Config& c, const UcxRun& run) {
   }
   auto perftest = [&](std::vector<std::string> args) {
     std::vector<std::string> argv{"env", "UCX_TLS=tcp"};
-    if (run.viper_segments) argv.insert(argv.end(), {"UCX_TCP_TX_SEG_SIZE=256K", "UCX_TCP_RX_SEG_SIZE=256K"});
+    if (run.viper_segments)
+      argv.insert(argv.end(), {"UCX_TCP_TX_SEG_SIZE=256K", "UCX_TCP_RX_SEG_SIZE=256K", "UCX_ZCOPY_THRESH=inf"});
     argv.push_back("ucx_perftest");
     argv.insert(argv.end(), args.begin(), args.end());
     if (run.peer_failure) argv.push_back("-e");

@@ -33,7 +33,7 @@ struct UcxDefault {
 };
 // (The listener, whose UCX_TCP_CM_REUSEADDR=y was a default here, is now the engine's own
 // socket, bootstrap.h, which sets SO_REUSEADDR itself.)
-constexpr std::array<UcxDefault, 2> kUcxDefaults{{
+constexpr std::array<UcxDefault, 3> kUcxDefaults{{
     // 256 KiB TCP segments instead of 8/64 KiB: UCX 1.13 gives endpoints with peer-failure handling
     // (which Viper needs: a dead peer must end its pending transfers) rendezvous put/get lanes only
     // on memory domains that can invalidate registrations, and TCP's cannot
@@ -43,6 +43,14 @@ constexpr std::array<UcxDefault, 2> kUcxDefaults{{
     // (viper bench --hosts 2; the connection-manager endpoints of before: 151.5 ms).
     {"TX_SEG_SIZE", "UCX_TCP_TX_SEG_SIZE", "256K"},
     {"RX_SEG_SIZE", "UCX_TCP_RX_SEG_SIZE", "256K"},
+    // No zero-copy active messages: UCX 1.13's TCP transport completes a zero-copy send twice when
+    // the socket's send fails before its receive has noticed a dead peer (uct_tcp_ep_sendv purges
+    // the operation, then completes it again), and the assertion that catches it aborts the
+    // process: a node whose peer was killed mid-transfer died with it (1 kill in 100-350 on
+    // loopback). Copied fragments (into the 256 KiB segment) take that path out. Cost, measured
+    // with viper_net_bench on loopback: about 15% of bulk throughput (docs/BENCHMARKS.md).
+    // EngineTest.SenderOutlivesReceiversKilledMidTransfer aborts without it.
+    {"ZCOPY_THRESH", "UCX_ZCOPY_THRESH", "inf"},
 }};
 // Measured with viper_net_bench (600 MiB, 4 MiB chunks, 8 in flight; 2-vCPU VM) and not set:
 // - TCP_SNDBUF/RCVBUF=4M: slower (fixed buffers switch off the kernel's autotuning, which grows

@@ -47,9 +47,10 @@ constexpr std::array<UcxDefault, 3> kUcxDefaults{{
     // the socket's send fails before its receive has noticed a dead peer (uct_tcp_ep_sendv purges
     // the operation, then completes it again), and the assertion that catches it aborts the
     // process: a node whose peer was killed mid-transfer died with it (1 kill in 100-350 on
-    // loopback). Copied fragments (into the 256 KiB segment) take that path out. Cost, measured
-    // with viper_net_bench on loopback: about 15% of bulk throughput (docs/BENCHMARKS.md).
-    // EngineTest.SenderOutlivesReceiversKilledMidTransfer aborts without it.
+    // loopback). Copied fragments (into the 256 KiB segment) take that path out. Cost: none
+    // measurable across namespaces (viper bench --hosts 2), about 15% of bulk throughput on
+    // loopback (viper_net_bench; docs/BENCHMARKS.md "Host to host").
+    // EngineTest.SenderOutlivesReceiversKilledMidTransfer aborted in 6 of 8 runs without it.
     {"ZCOPY_THRESH", "UCX_ZCOPY_THRESH", "inf"},
 }};
 // Measured with viper_net_bench (600 MiB, 4 MiB chunks, 8 in flight; 2-vCPU VM) and not set:

@@ -11,16 +11,23 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/run_viper.h"
+#include "core/snapshot_bytes.h"
 
 namespace {
 
 using Output = viper::testing::Outcome;
 
-// Runs bin/viper with `args`, stdout and stderr captured through files of gtest's temp dir.
-Output RunViper(const std::vector<std::string>& args) { return viper::testing::RunViper(args, ::testing::TempDir()); }
+// This process's own directory, removed at exit (two runs at once never share a log).
+const std::filesystem::path& Dir() {
+  static viper::testing::TempDir dir;
+  return dir.path();
+}
+
+// Runs bin/viper with `args`, stdout and stderr captured through files of Dir().
+Output RunViper(const std::vector<std::string>& args) { return viper::testing::RunViper(args, Dir()); }
 
 std::string WriteFile(const std::string& name, const std::string& text) {
-  const std::string path = ::testing::TempDir() + name;
+  const std::string path = (Dir() / name).string();
   std::ofstream(path) << text;
   return path;
 }
@@ -123,7 +130,7 @@ TEST(ScheduleCli, BadLogsGiveOneLineErrors) {
     ExpectOneLineError(o, c.want);
     EXPECT_NE(o.err.find(c.name), std::string::npos) << "names the file: " << o.err;
   }
-  ExpectOneLineError(RunViper(WorkedArgs(::testing::TempDir() + "does_not_exist.csv")), "No such file");
+  ExpectOneLineError(RunViper(WorkedArgs((Dir() / "does_not_exist.csv").string())), "No such file");
 }
 
 TEST(ScheduleCli, BadFlagsGiveOneLineErrors) {

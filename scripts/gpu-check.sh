@@ -19,6 +19,9 @@
 # Sizes: GPU_CHECK_SIZES (default 1.7G,8G); reps: GPU_CHECK_REPS (default 5), torch reps
 # GPU_CHECK_TORCH_REPS (default 2; 0 skips the torch baseline); GPU_CHECK_BENCH=0 skips the bench;
 # GPU_CHECK_TEST_LIMIT: gpu_test's time limit in seconds (default 180).
+# GPU_CHECK_HOSTS=SIZES also runs `viper bench --hosts 2` at those sizes (two network namespaces made
+# by PACK/hosts.sh; needs root and `ip netns`; JSON to $OUT/hosts-bench.json): the host-to-host
+# figures on a machine whose CPUs do not limit them (the VM that builds this project has two).
 set -uo pipefail
 pack=${1:?usage: gpu-check.sh PACK [TORCH_SCRIPT]}
 pack=$(cd "$pack" && pwd)
@@ -57,6 +60,9 @@ step "gpu_test" ${GPU_CHECK_TEST_LIMIT:-180} env VIPER_FAIL_ON_SKIP=1 VIPER_GPU_
 # The figures first: where device time runs short, they matter most.
 [ "${GPU_CHECK_BENCH:-1}" = 1 ] && \
 step "viper bench --gpu" 160 "$pack/run" viper bench --gpu --sizes "$sizes" --reps "$reps" --json "$OUT/gpu-bench.json"
+[ -n "${GPU_CHECK_HOSTS:-}" ] && \
+step "viper bench --hosts 2" 150 "$pack/run" viper bench --hosts 2 --sizes "$GPU_CHECK_HOSTS" --reps "$reps" \
+  --hosts-script "$pack/hosts.sh" --file-dir /var/tmp --json "$OUT/hosts-bench.json"
 [ "$treps" -gt 0 ] && step "torch.save + poll + torch.load baseline" 150 env PYTHONUNBUFFERED=1 python3 "$torch_script" --sizes "$sizes" --reps "$treps" --json "$OUT/torch-baseline.json"
 # The Python package for this machine's python3, built here from the packed sources unless
 # GPU_CHECK_PYTHON names one already built.

@@ -3,7 +3,7 @@
 # libraries: OUT/bin (viper, viper-bench, viper_gpu_peer, viper_gpu_subscriber, gpu_test, gpu_node_test), OUT/lib (every shared library they load,
 # found by ldd, but the C and C++ runtimes), OUT/ucx (UCX's transport modules, which UCX opens
 # itself), OUT/run (sets LD_LIBRARY_PATH and UCX_MODULE_DIR, then runs a program of OUT/bin),
-# OUT/gpu-check.sh, OUT/gpu_torch_baseline.py, OUT/gpu_cases.py, and OUT/python with
+# OUT/gpu-check.sh, OUT/hosts.sh (for the host-to-host bench), OUT/gpu_torch_baseline.py, OUT/gpu_cases.py, and OUT/python with
 # OUT/gpu-python-build.sh (the Python package's sources, built there for that machine's python3 by
 # gpu-check.sh). Then, there: `bash OUT/gpu-check.sh OUT`.
 #
@@ -26,6 +26,8 @@ for p in "$build/bin/viper" "$build/bin/viper-bench" "$build/bin/viper_gpu_peer"
   strip --strip-debug -o "$out/bin/$(basename "$p")" "$p"
   deps "$p"
 done
+# UCX's own benchmark, the host-to-host bench's baseline (found on PATH, which OUT/run extends).
+if perftest=$(command -v ucx_perftest); then strip --strip-debug -o "$out/bin/ucx_perftest" "$perftest"; deps "$perftest"; fi
 ucx=/usr/lib/x86_64-linux-gnu/ucx
 if [ -d "$ucx" ]; then
   for m in "$ucx"/libuct_*.so.0 "$ucx"/libucx_*.so.0; do [ -e "$m" ] && { cp -L "$m" "$out/ucx/"; deps "$m"; }; done
@@ -33,7 +35,7 @@ fi
 cat >"$out/run" <<'RUN'
 #!/usr/bin/env bash
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" UCX_MODULE_DIR="$here/ucx"
+export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" UCX_MODULE_DIR="$here/ucx" PATH="$here/bin:$PATH"
 prog=$1; shift
 exec "$here/bin/$prog" "$@"
 RUN
@@ -62,5 +64,5 @@ for l in $link; do
   esac
 done
 echo "${libs[*]}" >"$py/link-libraries"
-cp "$root/scripts/gpu-check.sh" "$root/scripts/gpu-python-build.sh" "$root/bench/gpu_torch_baseline.py" "$root/tests/python/gpu_cases.py" "$out/"
+cp "$root/scripts/gpu-check.sh" "$root/scripts/gpu-python-build.sh" "$root/scripts/hosts.sh" "$root/bench/gpu_torch_baseline.py" "$root/tests/python/gpu_cases.py" "$out/"
 echo "gpu-pack: $(du -sh "$out" | cut -f1) in $out; run there: bash $out/gpu-check.sh $out"

@@ -85,6 +85,12 @@ struct DeviceDraftHandle {
     draft = viper::gpu::DeviceDraft();
     gpu.reset();
   }
+  // Python frees a draft nobody committed or aborted (garbage, or the interpreter's end) with the
+  // GIL held; it may hold the last reference to a closed Publisher's GpuPublisher, whose end waits
+  // for the store's thread: released here, not under the GIL.
+  ~DeviceDraftHandle() {
+    if ((draft.valid() || gpu) && PyGILState_Check()) Release();
+  }
 };
 
 // Publisher.begin_cuda: [(name, safetensors dtype, shape)] -> a draft on `device`. The specs are

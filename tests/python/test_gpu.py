@@ -238,7 +238,16 @@ def test_close_during_gpu_publishes_on_the_driver_emulator():
         "    h.commit_device(d, 0, 1, None)\n"
         "except Exception as e:\n"
         "    print('COMMIT AFTER CLOSE', e)\n"
-        "assert not d.valid\n")
+        "assert not d.valid\n"
+        # A draft left to the garbage collector after close holds the last reference to the
+        # GpuPublisher: freeing it ends the GPU path (its destructor lets go of the GIL first).
+        "p = viper.Publisher('m', listen='127.0.0.1:0')\n"
+        "d = p._live().begin_device([('w', 'F32', [1 << 18])], 0)\n"
+        "p.close()\n"
+        "del d\n"
+        "import gc; gc.collect()\n"
+        "print('DRAFT FREED AFTER CLOSE')\n")
     out = _run_child(code, _emulator())
+    assert "DRAFT FREED AFTER CLOSE" in out.stdout, out.stdout + out.stderr
     assert out.stdout.count("ROUND ") == 5, out.stdout + out.stderr
     assert "COMMIT AFTER CLOSE" in out.stdout and "closed" in out.stdout.split("COMMIT AFTER CLOSE")[1], out.stdout

@@ -51,6 +51,8 @@ constexpr std::array<UcxDefault, 3> kUcxDefaults{{
     // measurable across namespaces (viper bench --hosts 2), about 15% of bulk throughput on
     // loopback (viper_net_bench; docs/BENCHMARKS.md "Host to host").
     // EngineTest.SenderOutlivesReceiversKilledMidTransfer aborted in 6 of 8 runs without it.
+    // Over RDMA, rendezvous uses get/put on RMA lanes, whose zero-copy threshold UCX computes on
+    // its own (ucp_ep_config_calc_rma_zcopy_thresh): only small eager messages are copied there.
     {"ZCOPY_THRESH", "UCX_ZCOPY_THRESH", "inf"},
 }};
 // Measured with viper_net_bench (600 MiB, 4 MiB chunks, 8 in flight; 2-vCPU VM) and not set:

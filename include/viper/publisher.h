@@ -47,7 +47,8 @@ struct PublisherOptions {
   // Cut-through (docs/ARCHITECTURE.md "Cut-through from the producer"): while a remote reader
   // (a consumer or relay on another host) is subscribed, Publish() announces each version before
   // it copies it, and the reader receives chunks as they are copied; the checksum and the final
-  // header follow the copy. false: a version is announced only once committed.
+  // header follow the copy. Commit() of a draft announces it at once, and the reader receives it
+  // while the seal computes its checksum. false: a version is announced only once committed.
   bool cut_through = true;
   // Optional checkpoint policy (the online Inference Performance Predictor). When set, Due() and
   // PublishIfDue() ask it, and the publisher feeds it the costs it measures: every publish's
@@ -145,7 +146,12 @@ class Publisher {
   void KeepSpareLater(uint64_t size);
   Publisher(const PublisherOptions& options, std::unique_ptr<Node> node);
   struct DeltaPromise;
+  // Cut-through applies to `draft`: on, a remote reader subscribed, the header small enough to
+  // follow in SEALED.
+  bool AnnouncesEarly(const Draft& draft) const;
   Status AnnounceEarly(Draft& draft, const PublishInfo& info);
+  // Commit's metadata must be what Begin laid out (InvalidArgument naming the key).
+  Status CheckCommitMetadata(const Draft& draft, const PublishInfo& info) const;
   proto::VersionInfo VersionInfoOf(const Draft& draft, const PublishInfo& info, uint64_t checksum) const;
   // `order`: held from the reservation of an early version's number (Publish) until it is queued,
   // so that versions are sealed in number order; taken here if not held.

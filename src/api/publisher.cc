@@ -179,8 +179,7 @@ Result<PublishResult> Publisher::Publish(const std::vector<TensorData>& tensors,
   // Remote readers (consumers and relays on other hosts) start receiving while the copy runs: the
   // version is announced now and each copied chunk advances its landed watermark.
   std::unique_lock<std::mutex> order;
-  if (options_.cut_through && layout.data_offset() <= proto::kMaxSealedHeaderBytes &&
-      node_->HasEarlyReaders(options_.model)) {
+  if (AnnouncesEarly(draft)) {
     order = std::unique_lock<std::mutex>(impl_->order);
     VIPER_RETURN_IF_ERROR(AnnounceEarly(draft, info));
   }
@@ -219,6 +218,11 @@ Result<PublishResult> Publisher::Publish(const std::vector<TensorData>& tensors,
   return Enqueue(std::move(draft), info, start, SteadyNs() - copy_start, std::move(order));
 }
 
+bool Publisher::AnnouncesEarly(const Draft& draft) const {
+  return options_.cut_through && draft.layout_->data_offset() <= proto::kMaxSealedHeaderBytes &&
+         node_->HasEarlyReaders(options_.model);
+}
+
 // Reserves the version's number, writes a provisional header (checksum 0) and hands the segment to
 // the node as a version being produced (Node::Produce), which tells remote readers at once.
 Status Publisher::AnnounceEarly(Draft& draft, const PublishInfo& info) {
@@ -247,7 +251,29 @@ proto::VersionInfo Publisher::VersionInfoOf(const Draft& draft, const PublishInf
 
 Result<PublishResult> Publisher::Commit(Draft draft, const PublishInfo& info) {
   if (!draft.layout_ || !draft.lease_ || !*draft.lease_) return Status::InvalidArgument("commit of an empty or already committed draft");
-  return Enqueue(std::move(draft), info, SteadyNs(), 0, {});
+  const int64_t start = SteadyNs();
+  // Every byte is written now: remote readers start receiving while the seal hashes them, so the
+  // checksum pass and the transfer overlap (the caller wrote the tensors in any order, so there
+  // was no landed watermark to announce earlier).
+  std::unique_lock<std::mutex> order;
+  if (AnnouncesEarly(draft)) {
+    VIPER_RETURN_IF_ERROR(CheckCommitMetadata(draft, info));  // before anyone is told of the version
+    order = std::unique_lock<std::mutex>(impl_->order);
+    VIPER_RETURN_IF_ERROR(AnnounceEarly(draft, info));
+    const uint64_t size = draft.early_->data().size();
+    draft.early_->Landed(size);
+    if (const auto& hooks = node_->options().test_hooks; hooks && hooks->publish_landed)
+      hooks->publish_landed(options_.model, draft.version_, size, size);
+  }
+  return Enqueue(std::move(draft), info, start, 0, std::move(order));
+}
+
+Status Publisher::CheckCommitMetadata(const Draft& draft, const PublishInfo& info) const {
+  for (const auto& [key, value] : info.metadata) {
+    if (draft.layout_->user_metadata().count(key) == 0 || draft.layout_->user_metadata().at(key) != value)
+      return Status::InvalidArgument("metadata key " + key + " must be given to Begin() (the header is laid out there)");
+  }
+  return Status::OK();
 }
 
 // PublishResult::delta's promise, set once: by the node when the delta is encoded (or not made),
@@ -270,10 +296,7 @@ Result<PublishResult> Publisher::Enqueue(Draft draft, const PublishInfo& info, i
     if (draft.checksum_.valid()) draft.checksum_.wait();
     return why;
   };
-  for (const auto& [key, value] : info.metadata) {
-    if (draft.layout_->user_metadata().count(key) == 0 || draft.layout_->user_metadata().at(key) != value)
-      return fail(Status::InvalidArgument("metadata key " + key + " must be given to Begin() (the header is laid out there)"));
-  }
+  if (Status st = CheckCommitMetadata(draft, info); !st.ok()) return fail(st);
   if (!order.owns_lock()) order = std::unique_lock<std::mutex>(impl_->order);
   if (draft.version_ == 0) {
     auto reserved = node_->ReserveVersion(options_.model);

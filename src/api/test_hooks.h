@@ -24,8 +24,9 @@ struct NodeTestHooks {
   // handed to the senders; the encoder waits for it.
   std::function<void(const DeltaPartEvent&)> delta_part;
   // Called on the publishing thread each time Publisher::Publish has copied a chunk of a version
-  // announced while it is copied (cut-through): the bytes of the snapshot landed so far, of `size`.
-  // The copy waits for it (a test stalls or kills a producer mid-copy this way).
+  // announced while it is copied (cut-through): the bytes of the snapshot landed so far, of `size`;
+  // and once by Publisher::Commit of a draft announced early (landed == size), before its seal.
+  // The caller waits for it (a test stalls or kills a producer mid-copy this way).
   std::function<void(const std::string& model, uint64_t version, uint64_t landed, uint64_t size)> publish_landed;
 };
 

@@ -325,6 +325,86 @@ TEST(CutThrough, PublisherFeedsRemoteConsumersWhileItCopies) {
   EXPECT_EQ(mapper.LiveUpTo(3), (std::vector<uint64_t>{1, 2, 3}));
 }
 
+// A draft (Begin, written in place, Commit) is announced to remote readers as Commit is called:
+// they receive it while the seal computes its checksum, and it goes live bit-exact with the final
+// header, there and on a consumer that maps it. A Commit refused for its metadata tells nobody of
+// the version and takes no version number.
+TEST(CutThrough, ACommittedDraftReachesRemoteReadersWhileItIsSealed) {
+  PublisherOptions po;
+  po.model = "m";
+  po.mode = PublishMode::kSync;  // the seal runs in Commit, after the hook below
+  // Before the seal starts, Commit waits until the remote consumer has received bytes of the
+  // version (at most 10 s).
+  std::atomic<Node*> node_of{nullptr};
+  std::atomic<uint64_t> received_before_seal{0};
+  auto hooks = std::make_shared<NodeTestHooks>();
+  hooks->publish_landed = [&](const std::string&, uint64_t, uint64_t landed, uint64_t size) {
+    if (landed != size) return;
+    Node* n = node_of.load();
+    // Every byte has landed, so the node counts what it sends now as bytes_sent (not
+    // bytes_sent_incoming); the consumer that maps sends nothing.
+    const uint64_t before = n->stats().bytes_sent;
+    if (WaitUntil([&] { return n->stats().bytes_sent > before; }, 10s)) received_before_seal++;
+  };
+  po.node.test_hooks = hooks;
+  auto publisher = Publisher::Start(po);
+  ASSERT_TRUE(publisher.ok()) << publisher.status().ToString();
+  Node& node = (*publisher)->node();
+  node_of = &node;
+  Consumer remote(node);
+  Consumer mapper(node, FetchPath::kMap);
+  ASSERT_TRUE(remote.sub && mapper.sub);
+  ASSERT_TRUE(WaitUntil([&] { return node.HasEarlyReaders("m"); }, 30s));
+  const std::vector<TensorSpec> specs = {{"a", DType::kU8, {8 << 20}}, {"b", DType::kF32, {1 << 20}}};
+  for (uint64_t i = 1; i <= 3; ++i) {
+    auto draft = (*publisher)->Begin(specs, {{"run", "r1"}});
+    ASSERT_TRUE(draft.ok()) << draft.status().ToString();
+    uint32_t x = static_cast<uint32_t>(i) * 7919u;
+    for (const auto& spec : specs)
+      for (auto& b : draft->tensor(spec.name)) b = static_cast<std::byte>((x = x * 1664525u + 1013904223u) >> 24);
+    std::vector<std::vector<std::byte>> written;
+    for (const auto& spec : specs) {
+      auto t = draft->tensor(spec.name);
+      written.emplace_back(t.begin(), t.end());
+    }
+    PublishInfo pi;
+    pi.step = i;
+    auto committed = (*publisher)->Commit(std::move(*draft), pi);
+    ASSERT_TRUE(committed.ok()) << committed.status().ToString();
+    EXPECT_EQ(committed->version, i);
+    for (Consumer* c : {&remote, &mapper}) {
+      auto mv = c->sub->WaitFor(i, 60s);
+      ASSERT_TRUE(mv.ok()) << mv.status().ToString() << "; " << c->sub->last_error().ToString();
+      for (size_t t = 0; t < specs.size(); ++t) {
+        auto view = (*mv)->snapshot.tensor_data(*(*mv)->snapshot.find(specs[t].name));
+        ASSERT_EQ(view.size(), written[t].size());
+        EXPECT_TRUE(std::memcmp(view.data(), written[t].data(), view.size()) == 0) << specs[t].name;
+      }
+      EXPECT_EQ((*mv)->info.checksum, (*mv)->snapshot.compute_checksum());
+      EXPECT_EQ((*mv)->snapshot.metadata().at("viper.step"), std::to_string(i)) << "the header is not the final one";
+      EXPECT_EQ((*mv)->snapshot.metadata().at("run"), "r1");
+    }
+    EXPECT_NE(remote.sub->latest()->reason.find(kCutThrough), std::string::npos) << remote.sub->latest()->reason;
+  }
+  EXPECT_EQ(received_before_seal.load(), 3u) << "a draft's bytes did not go out before its seal";
+  EXPECT_EQ(node.stats().produced_early, 3u);
+
+  auto refused = (*publisher)->Begin(specs, {{"run", "r1"}});
+  ASSERT_TRUE(refused.ok()) << refused.status().ToString();
+  PublishInfo other;
+  other.metadata = {{"run", "r2"}};
+  auto st = (*publisher)->Commit(std::move(*refused), other);
+  EXPECT_EQ(st.status().code(), StatusCode::kInvalidArgument) << st.status().ToString();
+  EXPECT_EQ(node.stats().produced_early, 3u) << "a refused commit was announced";
+  auto next = (*publisher)->Begin(specs, {{"run", "r1"}});
+  ASSERT_TRUE(next.ok());
+  auto fourth = (*publisher)->Commit(std::move(*next), {});
+  ASSERT_TRUE(fourth.ok()) << fourth.status().ToString();
+  EXPECT_EQ(fourth->version, 4u) << "the refused commit took a version number";
+  EXPECT_EQ(remote.LiveUpTo(4), (std::vector<uint64_t>{1, 2, 3, 4}));
+  EXPECT_EQ(mapper.LiveUpTo(4), (std::vector<uint64_t>{1, 2, 3, 4}));
+}
+
 // A relay forwards a version its upstream is still producing: its own consumer receives while the
 // producer writes, gets the checksum and final header from the relay (which seals it when its own
 // transfer is sealed), and the relay commits the producer's checksum. An abandoned version is

@@ -46,15 +46,21 @@ Status RunCoreRows(const Config& c, const SourceModel& m, SizeResult& out) {
     if (mode == PublishMode::kSync && c.diagnose) rows.emplace_back(paths.front(), c.hosts == 1 ? "verify-local" : "no-verify");
     // Across hosts, the same row with the producer's cut-through off (announced only once
     // committed): the publish + transfer in sequence, against the rows above in the same run.
+    // Sync also times a version written in place (Begin/Commit) from its Commit, both ways.
     std::unique_ptr<Publisher> after_commit;
     if (c.hosts == 2 && c.diagnose) {
       PublisherOptions o = BenchPublisherOptions(c, "nt3", mode);
       o.cut_through = false;
       VIPER_ASSIGN_OR_RETURN(after_commit, Publisher::Start(o));
       rows.emplace_back(paths.front(), "no-cut-through");
+      if (mode == PublishMode::kSync) {
+        rows.emplace_back(paths.front(), "draft");
+        rows.emplace_back(paths.front(), "draft-no-cut-through");
+      }
     }
     for (const auto& [path, variant] : rows) {
-      Publisher& publisher = variant == "no-cut-through" ? *after_commit : *pub;
+      const bool without_cut_through = variant.size() >= 14 && variant.compare(variant.size() - 14, 14, "no-cut-through") == 0;
+      Publisher& publisher = without_cut_through ? *after_commit : *pub;
       auto r = RunMode(c, publisher, m, path, variant);
       if (!r.ok()) return r.status().WithContext(out.label + " " + std::string(publish_mode_name(mode)) + " " + path);
       out.bytes = static_cast<uint64_t>(publisher.node().Latest("nt3")->size);

@@ -52,7 +52,8 @@ struct ModeResult {
   std::string mode, path;
   // "" = the consumer's default settings (what users get). Diagnostic rows: "verify-local" (the
   // consumer also verifies map/copy bytes; shows what that pass costs), "no-verify" (remote: the
-  // consumer verifies nothing).
+  // consumer verifies nothing); across hosts, the producer's: "no-cut-through" (announced once
+  // committed), "draft" / "draft-no-cut-through" (Begin, written in place, timed from Commit).
   std::string variant;
   Samples e2e;       // publish called -> live in the consumer
   Samples stall;     // producer blocked in Publish()

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "viper/node.h"
@@ -152,13 +153,24 @@ Result<ModeResult> RunMode(const Config& c, Publisher& pub, const SourceModel& m
   r.mode = publish_mode_name(pub.options().mode);
   r.path = path;
   r.variant = variant;
+  // "draft...": the version is written in place (Begin, each tensor copied into the draft as a
+  // training step would write it) and timed from Commit. These and "no-cut-through" are the
+  // producer's variants; the others are the consumer's flags.
+  const bool draft = variant.rfind("draft", 0) == 0;
   std::vector<std::string> args = {"subscribe", "--connect", pub.address(), "--model", "nt3", "--path", path};
-  if (!variant.empty() && variant != "no-cut-through") args.push_back("--" + variant);  // that one is the producer's
+  if (!variant.empty() && variant != "no-cut-through" && !draft) args.push_back("--" + variant);
   VIPER_ASSIGN_OR_RETURN(auto peer, StartPeer(c, args));
+  std::vector<TensorSpec> specs;
+  for (const auto& t : m.tensors) specs.push_back(t.spec);
   for (int i = 0; i < c.warmup + c.reps; ++i) {
+    std::optional<Draft> written;
+    if (draft) {
+      VIPER_ASSIGN_OR_RETURN(written, pub.Begin(specs));
+      for (const auto& t : m.tensors) std::memcpy(written->tensor(t.spec.name).data(), t.bytes.data(), t.bytes.size());
+    }
     int64_t t0 = WallClockNs();
     double cpu0 = ThreadCpuSeconds(), busy0 = MachineBusyCpuSeconds();
-    VIPER_ASSIGN_OR_RETURN(PublishResult pr, pub.Publish(m.tensors, AtStep(i)));
+    VIPER_ASSIGN_OR_RETURN(PublishResult pr, draft ? pub.Commit(std::move(*written), AtStep(i)) : pub.Publish(m.tensors, AtStep(i)));
     double cpu = ThreadCpuSeconds() - cpu0;
     VIPER_ASSIGN_OR_RETURN(json j, WaitVersion(*peer, pr.version, TransferTimeout(pr.bytes)));
     double busy = MachineBusyCpuSeconds() - busy0;

@@ -35,9 +35,11 @@ TEST(BenchHosts, QuickRunAcrossNamespacesWritesEveryFigure) {
     for (const char* key : {"e2e_over_tcp_stream", "fetch_over_tcp_stream", "fetch_over_ucx_tag_bw"})
       EXPECT_GT(m[key].get<double>(), 0.0) << name << " " << key;
   }
-  // Each mode also runs with the producer's cut-through off (the same publish + transfer in sequence).
+  // Each mode also runs with the producer's cut-through off (the same publish + transfer in
+  // sequence), and sync a draft committed (Begin/Commit) with and without it.
   EXPECT_EQ(combos, (std::set<std::string>{"sync/remote", "async/remote", "sync/remote/no-verify",
-                                           "sync/remote/no-cut-through", "async/remote/no-cut-through"}));
+                                           "sync/remote/no-cut-through", "async/remote/no-cut-through",
+                                           "sync/remote/draft", "sync/remote/draft-no-cut-through"}));
   const json& w = s["wire"];
   EXPECT_EQ(w["error"], "") << w.dump();
   EXPECT_EQ(w["tcp_cc"], "cubic");

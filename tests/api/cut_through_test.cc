@@ -8,6 +8,8 @@
 
 #include <atomic>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -154,6 +156,34 @@ void ExpectBitExact(const ModelVersion& mv, const Version& v) {
       << "version " << v.version << " differs from what the producer wrote (header included)";
 }
 
+// A Publisher of "m" whose node calls `on_landed` (NodeTestHooks::publish_landed, with the node)
+// as a version announced early lands, a consumer on the remote path (an early reader) and one that
+// maps; started once the node counts the remote one as an early reader.
+struct PublisherWithReaders {
+  std::atomic<Node*> node_of{nullptr};
+  std::unique_ptr<Publisher> publisher;
+  std::unique_ptr<Consumer> remote, mapper;
+
+  void Start(PublishMode mode, std::function<void(Node&, uint64_t version, uint64_t landed, uint64_t size)> on_landed) {
+    PublisherOptions po;
+    po.model = "m";
+    po.mode = mode;
+    auto hooks = std::make_shared<NodeTestHooks>();
+    hooks->publish_landed = [this, on_landed](const std::string&, uint64_t version, uint64_t landed, uint64_t size) {
+      on_landed(*node_of.load(), version, landed, size);
+    };
+    po.node.test_hooks = hooks;
+    auto started = Publisher::Start(po);
+    ASSERT_TRUE(started.ok()) << started.status().ToString();
+    publisher = std::move(started).value();
+    node_of = &publisher->node();
+    remote = std::make_unique<Consumer>(publisher->node());
+    mapper = std::make_unique<Consumer>(publisher->node(), FetchPath::kMap);
+    ASSERT_TRUE(remote->sub && mapper->sub);
+    ASSERT_TRUE(WaitUntil([&] { return publisher->node().HasEarlyReaders("m"); }, 30s));
+  }
+};
+
 // The consumer receives the first half while the producer has not written the rest: nothing is
 // live until the producer seals, then the whole version is, bit-exact, header and checksum final.
 TEST(CutThrough, RemoteConsumerReceivesWhileTheProducerWrites) {
@@ -266,30 +296,20 @@ TEST(CutThrough, SealAndCommitCheckTheirPreconditions) {
 // subscribed; remote consumers get every version bit-exact through the cut-through, and a consumer
 // that maps (same host) sees only complete versions, as before.
 TEST(CutThrough, PublisherFeedsRemoteConsumersWhileItCopies) {
-  PublisherOptions po;
-  po.model = "m";
-  po.mode = PublishMode::kAsync;
   // Half way through each copy, Publish waits until the remote consumer has received bytes of the
   // version (at most 10 s): its chunks go out while the publish is still running, however slowly
   // this machine schedules the consumer.
-  std::atomic<Node*> node_of{nullptr};
   std::atomic<uint64_t> paused{0}, received_while_copying{0};
-  auto hooks = std::make_shared<NodeTestHooks>();
-  hooks->publish_landed = [&](const std::string&, uint64_t version, uint64_t landed, uint64_t size) {
+  PublisherWithReaders p;
+  ASSERT_NO_FATAL_FAILURE(p.Start(PublishMode::kAsync, [&](Node& n, uint64_t version, uint64_t landed, uint64_t size) {
     if (landed < size / 2 || paused.exchange(version) == version) return;
-    Node* n = node_of.load();
-    const uint64_t before = n->stats().bytes_sent_incoming;
-    if (WaitUntil([&] { return n->stats().bytes_sent_incoming > before; }, 10s)) received_while_copying++;
-  };
-  po.node.test_hooks = hooks;
-  auto publisher = Publisher::Start(po);
-  ASSERT_TRUE(publisher.ok()) << publisher.status().ToString();
-  Node& node = (*publisher)->node();
-  node_of = &node;
-  Consumer remote(node);
-  Consumer mapper(node, FetchPath::kMap);
-  ASSERT_TRUE(remote.sub && mapper.sub);
-  ASSERT_TRUE(WaitUntil([&] { return node.HasEarlyReaders("m"); }, 30s));
+    const uint64_t before = n.stats().bytes_sent_incoming;
+    if (WaitUntil([&] { return n.stats().bytes_sent_incoming > before; }, 10s)) received_while_copying++;
+  }));
+  auto& publisher = p.publisher;
+  Node& node = publisher->node();
+  Consumer& remote = *p.remote;
+  Consumer& mapper = *p.mapper;
   for (uint64_t i = 1; i <= 3; ++i) {
     std::vector<std::vector<std::byte>> data(4, std::vector<std::byte>(6 << 20));
     uint32_t x = static_cast<uint32_t>(i) * 7919u;
@@ -300,7 +320,7 @@ TEST(CutThrough, PublisherFeedsRemoteConsumersWhileItCopies) {
       tensors.push_back({{"t" + std::to_string(t), DType::kU8, {static_cast<int64_t>(data[t].size())}}, data[t]});
     PublishInfo pi;
     pi.step = i;
-    auto published = (*publisher)->Publish(tensors, pi);
+    auto published = publisher->Publish(tensors, pi);
     ASSERT_TRUE(published.ok()) << published.status().ToString();
     for (Consumer* c : {&remote, &mapper}) {
       auto mv = c->sub->WaitFor(published->version, 60s);
@@ -318,7 +338,7 @@ TEST(CutThrough, PublisherFeedsRemoteConsumersWhileItCopies) {
     }
     EXPECT_NE(remote.sub->latest()->reason.find(kCutThrough), std::string::npos) << remote.sub->latest()->reason;
   }
-  ASSERT_TRUE((*publisher)->Wait().ok());
+  ASSERT_TRUE(publisher->Wait().ok());
   EXPECT_EQ(received_while_copying.load(), 3u) << "a version's chunks did not go out while Publish copied it";
   EXPECT_EQ(node.stats().produced_early, 3u);
   EXPECT_EQ(remote.LiveUpTo(3), (std::vector<uint64_t>{1, 2, 3}));
@@ -330,34 +350,23 @@ TEST(CutThrough, PublisherFeedsRemoteConsumersWhileItCopies) {
 // header, there and on a consumer that maps it. A Commit refused for its metadata tells nobody of
 // the version and takes no version number.
 TEST(CutThrough, ACommittedDraftReachesRemoteReadersWhileItIsSealed) {
-  PublisherOptions po;
-  po.model = "m";
-  po.mode = PublishMode::kSync;  // the seal runs in Commit, after the hook below
-  // Before the seal starts, Commit waits until the remote consumer has received bytes of the
-  // version (at most 10 s).
-  std::atomic<Node*> node_of{nullptr};
+  // Before the seal starts (sync: the seal runs in Commit, after the hook), Commit waits until the
+  // remote consumer has received bytes of the version (at most 10 s). Every byte has landed, so
+  // the node counts what it sends as bytes_sent (not bytes_sent_incoming); the mapper sends nothing.
   std::atomic<uint64_t> received_before_seal{0};
-  auto hooks = std::make_shared<NodeTestHooks>();
-  hooks->publish_landed = [&](const std::string&, uint64_t, uint64_t landed, uint64_t size) {
+  PublisherWithReaders p;
+  ASSERT_NO_FATAL_FAILURE(p.Start(PublishMode::kSync, [&](Node& n, uint64_t, uint64_t landed, uint64_t size) {
     if (landed != size) return;
-    Node* n = node_of.load();
-    // Every byte has landed, so the node counts what it sends now as bytes_sent (not
-    // bytes_sent_incoming); the consumer that maps sends nothing.
-    const uint64_t before = n->stats().bytes_sent;
-    if (WaitUntil([&] { return n->stats().bytes_sent > before; }, 10s)) received_before_seal++;
-  };
-  po.node.test_hooks = hooks;
-  auto publisher = Publisher::Start(po);
-  ASSERT_TRUE(publisher.ok()) << publisher.status().ToString();
-  Node& node = (*publisher)->node();
-  node_of = &node;
-  Consumer remote(node);
-  Consumer mapper(node, FetchPath::kMap);
-  ASSERT_TRUE(remote.sub && mapper.sub);
-  ASSERT_TRUE(WaitUntil([&] { return node.HasEarlyReaders("m"); }, 30s));
+    const uint64_t before = n.stats().bytes_sent;
+    if (WaitUntil([&] { return n.stats().bytes_sent > before; }, 10s)) received_before_seal++;
+  }));
+  auto& publisher = p.publisher;
+  Node& node = publisher->node();
+  Consumer& remote = *p.remote;
+  Consumer& mapper = *p.mapper;
   const std::vector<TensorSpec> specs = {{"a", DType::kU8, {8 << 20}}, {"b", DType::kF32, {1 << 20}}};
   for (uint64_t i = 1; i <= 3; ++i) {
-    auto draft = (*publisher)->Begin(specs, {{"run", "r1"}});
+    auto draft = publisher->Begin(specs, {{"run", "r1"}});
     ASSERT_TRUE(draft.ok()) << draft.status().ToString();
     uint32_t x = static_cast<uint32_t>(i) * 7919u;
     for (const auto& spec : specs)
@@ -369,7 +378,7 @@ TEST(CutThrough, ACommittedDraftReachesRemoteReadersWhileItIsSealed) {
     }
     PublishInfo pi;
     pi.step = i;
-    auto committed = (*publisher)->Commit(std::move(*draft), pi);
+    auto committed = publisher->Commit(std::move(*draft), pi);
     ASSERT_TRUE(committed.ok()) << committed.status().ToString();
     EXPECT_EQ(committed->version, i);
     for (Consumer* c : {&remote, &mapper}) {
@@ -389,16 +398,16 @@ TEST(CutThrough, ACommittedDraftReachesRemoteReadersWhileItIsSealed) {
   EXPECT_EQ(received_before_seal.load(), 3u) << "a draft's bytes did not go out before its seal";
   EXPECT_EQ(node.stats().produced_early, 3u);
 
-  auto refused = (*publisher)->Begin(specs, {{"run", "r1"}});
+  auto refused = publisher->Begin(specs, {{"run", "r1"}});
   ASSERT_TRUE(refused.ok()) << refused.status().ToString();
   PublishInfo other;
   other.metadata = {{"run", "r2"}};
-  auto st = (*publisher)->Commit(std::move(*refused), other);
+  auto st = publisher->Commit(std::move(*refused), other);
   EXPECT_EQ(st.status().code(), StatusCode::kInvalidArgument) << st.status().ToString();
   EXPECT_EQ(node.stats().produced_early, 3u) << "a refused commit was announced";
-  auto next = (*publisher)->Begin(specs, {{"run", "r1"}});
+  auto next = publisher->Begin(specs, {{"run", "r1"}});
   ASSERT_TRUE(next.ok());
-  auto fourth = (*publisher)->Commit(std::move(*next), {});
+  auto fourth = publisher->Commit(std::move(*next), {});
   ASSERT_TRUE(fourth.ok()) << fourth.status().ToString();
   EXPECT_EQ(fourth->version, 4u) << "the refused commit took a version number";
   EXPECT_EQ(remote.LiveUpTo(4), (std::vector<uint64_t>{1, 2, 3, 4}));

@@ -323,6 +323,11 @@ Result<PublishResult> Publisher::Enqueue(Draft draft, const PublishInfo& info, i
     if (draft.checksum_.valid()) {
       stamp.checksum = draft.checksum_.get();  // hashed while Publish copied (padding zeroed at Begin)
       VIPER_RETURN_IF_ERROR(draft.layout_->WriteHeader(bytes, stamp));
+    } else if (draft.early_) {
+      // A draft announced at Commit is being sent already: its data is only read here (Seal would
+      // zero the padding again, writing under the sends; Begin zeroed it).
+      stamp.checksum = checksum64(bytes.subspan(draft.layout_->data_offset(), draft.layout_->data_bytes()));
+      VIPER_RETURN_IF_ERROR(draft.layout_->WriteHeader(bytes, stamp));
     } else {
       VIPER_RETURN_IF_ERROR(draft.layout_->Seal(bytes, &stamp));
     }

@@ -116,6 +116,16 @@ Result<std::vector<LossSample>> ReadLossLog(const std::string& path) {
   if (std::filesystem::is_directory(path, ec)) {
     return Status::InvalidArgument(fmt::format("loss log {}: is a directory", path));
   }
+  // Whole files only, and of a size a loss log has (a device or a pipe would be read forever, a
+  // stray multi-GB file into memory): 1 GiB is about 50 million rows.
+  constexpr uintmax_t kMaxLossLogBytes = 1ull << 30;
+  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec)) {
+    return Status::InvalidArgument(fmt::format("loss log {}: is not a regular file", path));
+  }
+  if (const uintmax_t size = std::filesystem::file_size(path, ec); !ec && size > kMaxLossLogBytes) {
+    return Status::InvalidArgument(
+        fmt::format("loss log {}: is {} bytes; a loss log is read whole, at most {} bytes", path, size, kMaxLossLogBytes));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) return Status::FromErrno(fmt::format("loss log {}: cannot open", path));
   std::ostringstream buffer;

@@ -2,6 +2,7 @@
 // guards, smoothing, and the loss-log reader.
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <random>
 
@@ -310,6 +311,23 @@ TEST(LossLog, ReadsFilesAndNamesMissingOnes) {
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.status().message().find(path), std::string::npos);
   EXPECT_NE(missing.status().message().find("No such file"), std::string::npos) << missing.status().message();
+}
+
+TEST(LossLog, RefusesWhatIsNotAWholeFileOfALogsSize) {
+  Result<std::vector<LossSample>> device = ReadLossLog("/dev/zero");  // would be read forever
+  ASSERT_FALSE(device.ok());
+  EXPECT_EQ(device.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(device.status().message().find("not a regular file"), std::string::npos) << device.status().message();
+  const std::string path = ::testing::TempDir() + "viper_loss_log_huge.csv";
+  {
+    std::ofstream out(path);
+    out << "iteration,loss\n1,0.5\n";
+  }
+  std::filesystem::resize_file(path, (1ull << 30) + 1);  // sparse: no disk used
+  Result<std::vector<LossSample>> huge = ReadLossLog(path);
+  std::remove(path.c_str());
+  ASSERT_FALSE(huge.ok());
+  EXPECT_NE(huge.status().message().find("at most 1073741824 bytes"), std::string::npos) << huge.status().message();
 }
 
 }  // namespace

@@ -429,7 +429,8 @@ namespace {
 
 // A read-only private mapping of the whole file, unmapped when the last owner goes.
 Result<std::shared_ptr<const void>> MapFile(const std::string& path, size_t* size) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO would wait for a writer; it is refused below instead.
+  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) return Status::FromErrno("cannot open");
   struct stat st {};
   if (::fstat(fd, &st) != 0) {

@@ -159,7 +159,9 @@ Result<RecordFile> RecordFile::Parse(std::span<const std::byte> bytes, const Rec
 Result<RecordFile> RecordFile::Open(const std::filesystem::path& path, const RecordFileOptions& options) {
   RecordFile f;
   f.name_ = path.string();
-  auto fd = std::make_shared<Fd>(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  // O_NONBLOCK: opening a FIFO would wait for a writer; it is refused below instead (reads of a
+  // regular file ignore the flag).
+  auto fd = std::make_shared<Fd>(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
   if (fd->get() < 0) return Status::FromErrno(fmt::format("{}: cannot open", f.name_));
   struct stat st {};
   if (::fstat(fd->get(), &st) != 0) return Status::FromErrno(fmt::format("{}: stat failed", f.name_));

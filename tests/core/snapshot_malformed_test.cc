@@ -1,6 +1,9 @@
 // Every malformed buffer is rejected with its own message (Corruption), from bytes and from a file.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
+#include <cerrno>
+#include <cstring>
 #include <set>
 
 #include "core/snapshot_bytes.h"
@@ -221,6 +224,16 @@ TEST(MalformedSnapshotFile, DirectoryIsNotARegularFile) {
   auto result = Snapshot::OpenFile(dir.path());
   ASSERT_FALSE(result.ok());
   EXPECT_EQ(result.status().message(), dir.path().string() + ": not a regular file");
+}
+
+// A FIFO is refused at once (opening one for reading used to wait for a writer forever).
+TEST(MalformedSnapshotFile, FifoIsRefusedWithoutWaitingForAWriter) {
+  testing::TempDir dir;
+  const auto fifo = dir.path() / "model.safetensors";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  auto result = Snapshot::OpenFile(fifo);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().message(), fifo.string() + ": not a regular file");
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // contract in include/viper/record_file.h).
 #include <sys/stat.h>
 
+#include <cerrno>
 #include <cstring>
 
 #include <gtest/gtest.h>
@@ -196,6 +197,11 @@ TEST_F(RecordFileTest, OpenErrors) {
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound) << missing.status().ToString();
   auto dir = RecordFile::Open(dir_.path());
   EXPECT_EQ(dir.status().ToString(), "InvalidArgument: " + dir_.path().string() + ": not a regular file");
+  // A FIFO is refused at once (opening one for reading used to wait for a writer forever).
+  const auto fifo = dir_.path() / "open-errors-fifo.vrec";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  auto pipe = RecordFile::Open(fifo);
+  EXPECT_EQ(pipe.status().ToString(), "InvalidArgument: " + fifo.string() + ": not a regular file");
 }
 
 TEST_F(RecordFileTest, WriterContract) {

@@ -301,10 +301,15 @@ Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::LoadFile(const proto::Ve
   if (chosen == 0 || (current && chosen <= current->version()))
     return Status::NotFound("file tier " + dir.string() + " has no version newer than the live one");
   fs::path path = dir / (std::to_string(chosen) + ".safetensors");
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);  // a FIFO is refused, not waited on
   if (fd < 0) return Status::FromErrno("open " + path.string());
   struct stat st{};
-  ::fstat(fd, &st);
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    Status why = S_ISREG(st.st_mode) || st.st_mode == 0 ? Status::FromErrno("stat " + path.string())
+                                                         : Status::InvalidArgument(path.string() + " is not a regular file");
+    ::close(fd);
+    return why;
+  }
   auto buffer = pool->Acquire(static_cast<size_t>(st.st_size));
   if (!buffer.ok()) return ::close(fd), buffer.status();
   size_t done = 0;

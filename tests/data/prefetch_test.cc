@@ -1,9 +1,12 @@
 // The prefetcher with real files and real threads: every sample once per epoch, orders, labels,
 // bad and truncated files (fail with the sample's name, or skip and count), the memory cap,
 // closing mid-epoch with a consumer blocked or gone, and the tuner moving within its caps.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <condition_variable>
 #include <future>
 #include <map>
@@ -184,6 +187,21 @@ TEST(PrefetchTest, BadFileFailsNamingTheSample) {
                                    "): truncated: the file is 100 bytes now, 1000 at the scan");
   auto again = p->Next();
   EXPECT_EQ(again.status().message(), failure.message()) << "a failed prefetcher keeps failing";
+}
+
+// A sample replaced by a FIFO after the scan fails at once, naming it (opening a FIFO for reading
+// used to wait for a writer, and the reader with it).
+TEST(PrefetchTest, SampleReplacedByAFifoFailsWithoutWaiting) {
+  TempDir dir;
+  auto src = Tree(dir, 1, 4, 1000);
+  const auto sample = dir.path() / "c0/000001.bin";
+  std::filesystem::remove(sample);
+  ASSERT_EQ(::mkfifo(sample.c_str(), 0600), 0) << std::strerror(errno);
+  auto p = StartOrDie(src, {.shuffle = false, .ordered = true, .readers = 1});
+  ASSERT_TRUE(p->Next(30s).ok());
+  auto s = p->Next(30s);
+  EXPECT_EQ(s.status().code(), StatusCode::kCorruption) << s.status().ToString();
+  EXPECT_EQ(s.status().message(), "sample 1 (" + sample.string() + "): no longer a regular file");
 }
 
 TEST(PrefetchTest, BadFilesSkippedAndCounted) {

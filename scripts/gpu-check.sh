@@ -13,7 +13,7 @@
 # gpu_test's through-the-node lines (GPU-NODE, GPU-NODE-EARLY, GPU-EARLY, and GPU-DRAFT: zero-copy
 # BeginDevice/CommitDevice; GPU-STAGED: the staged path to network readers) are repeated at the end and in $OUT/gpu-node.txt.
 # The Python cases: PACK/gpu-python-build.sh builds the viper package for this machine's python3
-# from PACK/python into PACK/python-site (OUT keeps only the log and the figures) (GPU_CHECK_PYTHON=DIR uses a package built already), then
+# from PACK/python into PACK/python-site (OUT keeps only the log and the figures) (GPU_CHECK_PYTHON=DIR uses a package built already; GPU_CHECK_PYTHON=0 skips both Python steps), then
 # PACK/gpu_cases.py runs (Publisher.publish and begin_cuda of CUDA tensors, GPU subscribers'
 # load_into) with VIPER_FAIL_ON_SKIP=1: without a GPU that is a failure, not a skip.
 # Sizes: GPU_CHECK_SIZES (default 1.7G,8G); reps: GPU_CHECK_REPS (default 5), torch reps
@@ -70,7 +70,7 @@ if [ -z "${GPU_CHECK_PYTHON:-}" ] && [ -f "$pack/gpu-python-build.sh" ] && [ -d 
   step "python: build the viper package" 300 bash "$pack/gpu-python-build.sh" "$pack" "$pack/python-site" \
     && GPU_CHECK_PYTHON=$pack/python-site
 fi
-[ -n "${GPU_CHECK_PYTHON:-}" ] && step "python gpu_cases.py" 300 env VIPER_FAIL_ON_SKIP=1 PYTHONPATH="$GPU_CHECK_PYTHON" \
+[ -n "${GPU_CHECK_PYTHON:-}" ] && [ "$GPU_CHECK_PYTHON" != 0 ] && step "python gpu_cases.py" 300 env VIPER_FAIL_ON_SKIP=1 PYTHONPATH="$GPU_CHECK_PYTHON" \
   UCX_MODULE_DIR="$pack/ucx" LD_LIBRARY_PATH="$pack/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" python3 "$pack/gpu_cases.py"
 
 echo | tee -a "$log"

@@ -59,8 +59,7 @@ Status RunCoreRows(const Config& c, const SourceModel& m, SizeResult& out) {
       }
     }
     for (const auto& [path, variant] : rows) {
-      const bool without_cut_through = variant.size() >= 14 && variant.compare(variant.size() - 14, 14, "no-cut-through") == 0;
-      Publisher& publisher = without_cut_through ? *after_commit : *pub;
+      Publisher& publisher = variant.ends_with("no-cut-through") ? *after_commit : *pub;
       auto r = RunMode(c, publisher, m, path, variant);
       if (!r.ok()) return r.status().WithContext(out.label + " " + std::string(publish_mode_name(mode)) + " " + path);
       out.bytes = static_cast<uint64_t>(publisher.node().Latest("nt3")->size);

@@ -304,11 +304,14 @@ Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::LoadFile(const proto::Ve
   int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);  // a FIFO is refused, not waited on
   if (fd < 0) return Status::FromErrno("open " + path.string());
   struct stat st{};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    Status why = S_ISREG(st.st_mode) || st.st_mode == 0 ? Status::FromErrno("stat " + path.string())
-                                                         : Status::InvalidArgument(path.string() + " is not a regular file");
+  if (::fstat(fd, &st) != 0) {
+    Status why = Status::FromErrno("stat " + path.string());
     ::close(fd);
     return why;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return Status::InvalidArgument(path.string() + " is not a regular file");
   }
   auto buffer = pool->Acquire(static_cast<size_t>(st.st_size));
   if (!buffer.ok()) return ::close(fd), buffer.status();

@@ -79,6 +79,10 @@ struct NodeOptions {
   DeltaMode delta = DeltaMode::kAuto;
   size_t delta_bases = 1;
   size_t delta_threads = 2;  // encoder threads (the parts of one delta are encoded side by side)
+  // A relay passes a delta it receives on as it arrives, part by part, to peers that offer the
+  // same base (IncomingVersion::ForwardDeltaPart); false: it encodes its own once the version is
+  // complete here (the behaviour before; kept to measure against).
+  bool forward_deltas = true;
   // Testing only (src/api/test_hooks.h): calls into the node's internals. Leave null.
   std::shared_ptr<const NodeTestHooks> test_hooks;
   // Shared registry the node registers its versions in (include/viper/registry.h): "" = none (the
@@ -292,6 +296,14 @@ class IncomingVersion {
   // final info at once. OK and nothing done if already sealed. Errors: FailedPrecondition
   // (aborted, bytes still missing), InvalidArgument (model, version or size differ from info()).
   Status Seal(const proto::VersionInfo& final);
+  // For a version received as a delta (Receive with by_delta): part `index` of the delta stream,
+  // against base (base_version, base_checksum), as it arrived from the upstream and before it is
+  // decoded. Parts come in order, 0 first; `last` marks the final one. A peer that offers the
+  // same base gets these parts as they come (no encode here, no wait for the commit); one with
+  // another base still waits for the commit. Ignored when deltas or forward_deltas are off, or
+  // once the version aborted; a part out of order stops the forwarding (its peers fall back).
+  void ForwardDeltaPart(uint64_t base_version, uint64_t base_checksum, uint32_t index,
+                        std::shared_ptr<const std::vector<std::byte>> part, bool last);
   // Registers and announces the version like Node::Commit (upstream's replicas kept after ours).
   // REQUIRES: every byte landed, sealed, and the caller verified the checksum. Errors as
   // Node::Commit; on error the version is aborted.

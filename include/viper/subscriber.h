@@ -49,13 +49,21 @@ class LandingZone {
     std::span<std::byte> bytes;                  // exactly info.size bytes
     std::shared_ptr<const void> owner;           // keeps `bytes` valid; the loaded ModelVersion holds it
     std::function<void(uint64_t prefix)> landed;  // the first `prefix` bytes are final (may be empty)
+    // A delta's parts as they arrive, before they are decoded into `bytes` (LandDelta only; may be
+    // empty): index from 0 in order, `last` on the final one.
+    std::function<void(uint32_t index, std::shared_ptr<const std::vector<std::byte>> part, bool last)> delta_part;
   };
   // Called on the loader thread when a remote transfer of `info` starts.
   virtual Result<Landing> Land(const proto::VersionInfo& info) = 0;
-  // Instead of Land when the transfer is a delta decoded as it arrives (e.g. a relay then answers
-  // its own peers that offer a base with a delta once the version is complete, not the full
-  // bytes as they land). Default: Land.
-  virtual Result<Landing> LandDelta(const proto::VersionInfo& info) { return Land(info); }
+  // Instead of Land when the transfer is a delta against (base_version, base_checksum), decoded
+  // as it arrives (a relay then passes the delta's parts on to its own peers that offer the same
+  // base, and answers others with a delta once the version is complete, not with the full bytes
+  // as they land). Default: Land.
+  virtual Result<Landing> LandDelta(const proto::VersionInfo& info, uint64_t base_version, uint64_t base_checksum) {
+    (void)base_version;
+    (void)base_checksum;
+    return Land(info);
+  }
 };
 
 struct SubscriberStats;

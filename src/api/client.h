@@ -50,6 +50,11 @@ struct DeltaBase {
   std::span<const std::byte> bytes;   // the whole snapshot; must stay valid during the call
 };
 
+// A delta's part as it arrived (index from 0, in order; `last` on the final one), before it is
+// decoded: a relay passes it on (IncomingVersion::ForwardDeltaPart).
+using DeltaPartFn =
+    std::function<void(uint32_t index, std::shared_ptr<const std::vector<std::byte>> part, bool last)>;
+
 // What FetchSendWithBase received.
 struct DeltaFetch {
   proto::FetchOk ok;                       // the node's answer: encoding full or delta, and why
@@ -122,9 +127,11 @@ class Client {
   // resume: if set (and empty: landed 0), a full answer that breaks leaves its prefix there, as
   // FetchSend's does (a delta's parts land in this client's memory: nothing to resume).
   // answered_with_delta: if set, says before `provide` runs whether the node answered with a delta.
+  // on_part: if set, is given each part of a delta answer before it is decoded.
   Result<DeltaFetch> FetchSendWithBase(const std::string& model, uint64_t version, const DeltaBase& base,
                                        const BufferProvider& provide, const ProgressFn& progress = {},
-                                       TransferPrefix* resume = nullptr, bool* answered_with_delta = nullptr);
+                                       TransferPrefix* resume = nullptr, bool* answered_with_delta = nullptr,
+                                       const DeltaPartFn& on_part = {});
   void Ack(const std::string& model, uint64_t version);
   Result<std::vector<proto::VersionInfo>> List();
   // The node's counters (NodeStats by name: "bytes_sent", ...).

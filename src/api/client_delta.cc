@@ -128,7 +128,8 @@ void Client::Impl::CloseInbox(uint64_t request_id, const std::shared_ptr<DeltaIn
 
 Result<DeltaFetch> Client::FetchSendWithBase(const std::string& model, uint64_t version, const DeltaBase& base,
                                              const BufferProvider& provide, const ProgressFn& progress,
-                                             TransferPrefix* resume, bool* answered_with_delta) {
+                                             TransferPrefix* resume, bool* answered_with_delta,
+                                             const DeltaPartFn& on_part) {
   if (resume != nullptr) *resume = TransferPrefix{};  // this transfer starts from the beginning
   uint64_t tag = impl_->next_tag.fetch_add(1ull << 24);
   auto inbox = std::make_shared<DeltaInbox>();
@@ -162,7 +163,7 @@ Result<DeltaFetch> Client::FetchSendWithBase(const std::string& model, uint64_t 
     return out;
   }
   impl_->ForgetTransfer(id);
-  auto received = impl_->ReceiveDelta(ok, inbox, base, provide, progress);
+  auto received = impl_->ReceiveDelta(ok, inbox, base, provide, progress, on_part);
   impl_->CloseInbox(ok.request_id, inbox);
   return received;
 }
@@ -175,7 +176,7 @@ void Client::Impl::ForgetInbox(uint64_t request_id) {
 // Decodes the parts in order as they arrive; hashes the data region as its prefix is decoded.
 Result<DeltaFetch> Client::Impl::ReceiveDelta(const proto::FetchOk& ok, const std::shared_ptr<DeltaInbox>& inbox,
                                               const DeltaBase& base, const BufferProvider& provide,
-                                              const ProgressFn& progress) {
+                                              const ProgressFn& progress, const DeltaPartFn& on_part) {
   const uint64_t size = ok.info.size;
   const std::string what = ok.info.model + " version " + std::to_string(ok.info.version) + " as a delta against " +
                            std::to_string(ok.base_version);
@@ -218,6 +219,7 @@ Result<DeltaFetch> Client::Impl::ReceiveDelta(const proto::FetchOk& ok, const st
     inbox->ready.erase(next);
     last = inbox->last_announced && next + 1 == inbox->announced;
     lock.unlock();
+    if (on_part) on_part(next, part, last);  // passed on before this decode: downstream decodes alongside
     Status fed = decoder.Feed(*part);
     const size_t part_bytes = part->size();
     out.wire_bytes += part_bytes;
@@ -225,7 +227,7 @@ Result<DeltaFetch> Client::Impl::ReceiveDelta(const proto::FetchOk& ok, const st
       std::lock_guard<std::mutex> held(inbox->mu);
       inbox->outstanding -= part_bytes;
     }
-    part.reset();  // back to the pool before the next receives are posted
+    part.reset();  // back to the pool (unless passed on) before the next receives are posted
     PostDeltaReceives(inbox);
     if (!fed.ok()) return fed.WithContext(what);
     hash_decoded();

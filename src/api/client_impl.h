@@ -125,7 +125,8 @@ struct Client::Impl {
   void CloseInbox(uint64_t request_id, const std::shared_ptr<DeltaInbox>& inbox);
   void ForgetInbox(uint64_t request_id);  // a FETCH answered in full: no part will come
   Result<DeltaFetch> ReceiveDelta(const proto::FetchOk& ok, const std::shared_ptr<DeltaInbox>& inbox,
-                                  const DeltaBase& base, const BufferProvider& provide, const ProgressFn& progress);
+                                  const DeltaBase& base, const BufferProvider& provide, const ProgressFn& progress,
+                                  const DeltaPartFn& on_part);
 };
 
 }  // namespace viper

@@ -233,7 +233,12 @@ void DeltaStore::Finish(const std::shared_ptr<DeltaJob>& job, int64_t encode_ns)
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (covered > 0 && encode_ns > 0) encode_rate_ = Ewma(encode_rate_, covered * 1e9 / static_cast<double>(encode_ns));
-    if (done) {
+    if (done && job->forwarded) {
+      // What the upstream's encode achieved is this model's ratio here too (ExpectsDelta).
+      last_ratio_[job->model] = static_cast<double>(encoded) / static_cast<double>(std::max<uint64_t>(1, job->target_size));
+      stats_.forwarded++;
+      stats_.forwarded_bytes += encoded;
+    } else if (done) {
       parts_pool_->set_budget(std::max<size_t>(kMinPoolBytes, encoded + encoded / 2));
       part_sizes_[job->model] = std::move(part_sizes);
       last_ratio_[job->model] = static_cast<double>(encoded) / static_cast<double>(std::max<uint64_t>(1, covered));
@@ -244,7 +249,10 @@ void DeltaStore::Finish(const std::shared_ptr<DeltaJob>& job, int64_t encode_ns)
       stats_.cancelled++;
     }
   }
-  if (done)
+  if (done && job->forwarded)
+    log(LogLevel::kInfo, kLog, "{} {} -> {}: delta of {} bytes for {} passed on as received", job->model,
+        job->base_version, job->target_version, encoded, job->target_size);
+  else if (done)
     log(LogLevel::kInfo, kLog, "{} {} -> {}: delta of {} bytes for {} ({:.1f}x) in {}", job->model, job->base_version,
         job->target_version, encoded, job->target_size, static_cast<double>(job->target_size) / std::max<uint64_t>(1, encoded),
         Seconds(encode_ns / 1e9));
@@ -337,13 +345,16 @@ bool DeltaStore::TryStart(net::PeerId peer, const proto::Fetch& m, const proto::
     }
   }
   const bool always = options_.delta == DeltaMode::kAlways;
-  if (stopped || (!always && !Predict(m.model, job.get(), peer, info.size, why))) {
+  const bool forwarded = job && job->forwarded;  // received from the upstream as a delta: smaller, no encode here
+  if (stopped || (!always && !forwarded && !Predict(m.model, job.get(), peer, info.size, why))) {
     std::lock_guard<std::mutex> lock(mu_);
     stats_.declined++;
     return false;  // a delta not made yet is not started for nothing
   }
   *why = "delta against version " + std::to_string(m.base_version) +
-         (always ? " (node set to always send deltas)" : ": " + *why);
+         (always      ? " (node set to always send deltas)"
+          : forwarded ? " (passed on as received from the upstream)"
+                      : ": " + *why);
   if (!job) {
     std::lock_guard<std::mutex> lock(mu_);
     job = JobLocked(m.model, *base_copy, *target_copy);
@@ -353,6 +364,12 @@ bool DeltaStore::TryStart(net::PeerId peer, const proto::Fetch& m, const proto::
       return false;
     }
   }
+  StartSend(job, peer, m, info, *why);
+  return true;
+}
+
+void DeltaStore::StartSend(const std::shared_ptr<DeltaJob>& job, net::PeerId peer, const proto::Fetch& m,
+                           const proto::VersionInfo& info, const std::string& why) {
   auto send = std::make_shared<DeltaSend>();
   send->job = job;
   send->peer = peer;
@@ -363,13 +380,95 @@ bool DeltaStore::TryStart(net::PeerId peer, const proto::Fetch& m, const proto::
     std::lock_guard<std::mutex> lock(job->mu);
     job->senders.push_back(send);
   }
-  proto::FetchOk ok{m.request_id, proto::FetchMode::kSend, info, "", 0, 0, proto::Encoding::kDelta, m.base_version, *why};
+  proto::FetchOk ok{m.request_id, proto::FetchMode::kSend, info, "", 0, 0, proto::Encoding::kDelta, m.base_version, why};
   (void)engine_->Send(peer, proto::Encode(ok));
   {
     std::lock_guard<std::mutex> lock(mu_);
     stats_.sent++;
   }
   PumpSend(send);
+}
+
+// ---------------------------------------------------------------- forwarding (relays)
+
+std::shared_ptr<DeltaJob> DeltaStore::StartForwarding(const proto::VersionInfo& target, uint64_t base_version,
+                                                      uint64_t base_checksum) {
+  if (options_.delta == DeltaMode::kOff || options_.delta_bases == 0 || !options_.forward_deltas) return nullptr;
+  std::lock_guard<std::mutex> lock(mu_);
+  Key key{target.model, base_version, target.version};
+  if (jobs_.count(key) != 0) return nullptr;
+  auto job = std::make_shared<DeltaJob>();
+  job->model = target.model;
+  job->base_version = base_version;
+  job->base_checksum = base_checksum;
+  job->target_version = target.version;
+  job->target_size = target.size;
+  job->forwarded = true;
+  job->total_parts = UINT32_MAX;  // until the last part
+  job->started_ns = WallClockNs();
+  jobs_[key] = job;
+  return job;
+}
+
+bool DeltaStore::AddForwardedPart(const std::shared_ptr<DeltaJob>& job, uint32_t index,
+                                  std::shared_ptr<const std::vector<std::byte>> part, bool last) {
+  std::string wrong;  // why the part cannot follow the ones passed on so far
+  {
+    std::lock_guard<std::mutex> lock(job->mu);
+    if (job->cancelled || job->done) return false;
+    if (index != job->parts.size()) {
+      wrong = "delta part " + std::to_string(index) + " arrived out of order (expected " +
+              std::to_string(job->parts.size()) + ")";
+    } else if (!part || part->empty()) {
+      wrong = "delta part " + std::to_string(index) + " is empty";
+    } else {
+      job->encoded_bytes += part->size();
+      job->parts.push_back(std::move(part));
+      if (last) {
+        job->total_parts = static_cast<uint32_t>(job->parts.size());
+        job->target_done = job->target_size;
+      }
+    }
+  }
+  if (!wrong.empty()) {  // a gap would corrupt the peers' streams: they fall back instead
+    StopForwarding(job, wrong);
+    return false;
+  }
+  if (last) Finish(job, 0);  // counts it, runs WhenPrepared's callbacks and pumps
+  else engine_->Post([this, job] { Pump(job); });
+  return true;
+}
+
+void DeltaStore::StopForwarding(const std::shared_ptr<DeltaJob>& job, const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(job->mu);
+    if (job->done) return;  // complete: its sends finish from the parts held
+    job->cancelled = true;
+    if (job->error.ok()) job->error = Status::NotFound("the delta received from the upstream broke off here: " + why);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = jobs_.find(Key{job->model, job->base_version, job->target_version});
+    if (it != jobs_.end() && it->second == job) jobs_.erase(it);
+    stats_.cancelled++;
+  }
+  engine_->Post([this, job] { Pump(job); });
+}
+
+bool DeltaStore::TryForward(net::PeerId peer, const proto::Fetch& m, const proto::VersionInfo& info) {
+  std::shared_ptr<DeltaJob> job;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = jobs_.find(Key{m.model, m.base_version, info.version});
+    if (it == jobs_.end()) return false;
+    job = it->second;
+  }
+  {
+    std::lock_guard<std::mutex> lock(job->mu);
+    if (!job->forwarded || job->base_checksum != m.base_checksum || !job->error.ok()) return false;
+  }
+  StartSend(job, peer, m, info, "delta against version " + std::to_string(m.base_version) +
+                                    " (passed on as it arrives from the upstream)");
   return true;
 }
 
@@ -395,6 +494,7 @@ void DeltaStore::PumpSend(const std::shared_ptr<DeltaSend>& send) {
   for (;;) {
     std::shared_ptr<const std::vector<std::byte>> part;
     Status abandoned;
+    bool last = false;  // total_parts grows from unknown while a forwarded job receives: read it here
     {
       std::lock_guard<std::mutex> lock(job.mu);
       if (send->finished) return;
@@ -405,6 +505,7 @@ void DeltaStore::PumpSend(const std::shared_ptr<DeltaSend>& send) {
         return;
       } else {
         part = job.parts[send->next];
+        last = send->next + 1 == job.total_parts;
       }
     }
     if (!abandoned.ok()) {
@@ -414,7 +515,6 @@ void DeltaStore::PumpSend(const std::shared_ptr<DeltaSend>& send) {
       return;
     }
     const uint32_t index = send->next++;
-    const bool last = index + 1 == job.total_parts;
     send->in_flight++;
     (void)engine_->Send(send->peer, proto::Encode(proto::DeltaPart{send->request_id, index,
                                                                     static_cast<uint32_t>(part->size()), last}));
@@ -429,11 +529,13 @@ void DeltaStore::PumpSend(const std::shared_ptr<DeltaSend>& send) {
       }
       send->sent_bytes += part->size();
       *egress_ += part->size();
-      if (send->next == job.total_parts && send->in_flight == 0) {
-        {
-          std::lock_guard<std::mutex> lock(job.mu);
-          Retire(job, send);
-        }
+      bool all_sent = false;
+      {
+        std::lock_guard<std::mutex> lock(job.mu);
+        all_sent = send->next == job.total_parts && send->in_flight == 0;
+        if (all_sent) Retire(job, send);
+      }
+      if (all_sent) {
         std::lock_guard<std::mutex> lock(mu_);
         stats_.sent_bytes += send->sent_bytes;
         return;

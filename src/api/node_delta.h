@@ -39,6 +39,12 @@ struct DeltaJob {
   uint64_t base_version = 0;
   uint64_t target_version = 0;
   uint64_t target_size = 0;
+  // Forwarded (DeltaStore::StartForwarding): the parts are a delta this relay receives, appended
+  // as they arrive; total_parts is unknown (UINT32_MAX) until the last one. base_checksum names
+  // the base the upstream encoded against: only a peer offering that same base gets it. Both are
+  // set before the job is shared and never change (read without `mu`).
+  bool forwarded = false;
+  uint64_t base_checksum = 0;
   uint32_t total_parts = 0;
   // Each part's size in the model's last finished delta: the capacity its vector is taken with
   // (consecutive deltas of a model tend to repeat their parts' sizes: frozen layers, changed ones).
@@ -103,6 +109,22 @@ class DeltaStore {
   void WhenPrepared(const std::string& model, uint64_t version, std::function<void(const PreparedDelta&)> fn);
   DeltaStats stats() const;
 
+  // A relay's delta passed on as it arrives (Node::ForwardDeltaPart): a job for (model, base ->
+  // target) fed by AddForwardedPart instead of encoders; null if a job for that key exists already
+  // or deltas are off. TryForward starts a send of it to a FETCH that offers the same base, before
+  // the version is committed here; after the commit TryStart finds it like any job.
+  std::shared_ptr<DeltaJob> StartForwarding(const proto::VersionInfo& target, uint64_t base_version,
+                                            uint64_t base_checksum);
+  // Part `index` in order; false (and the job stopped) if it is not the next one.
+  bool AddForwardedPart(const std::shared_ptr<DeltaJob>& job, uint32_t index,
+                        std::shared_ptr<const std::vector<std::byte>> part, bool last);
+  // The delta will not be complete here (the version aborted, a part out of order): its sends
+  // are told, and the job leaves the table so that a later FETCH gets a fresh encode.
+  void StopForwarding(const std::shared_ptr<DeltaJob>& job, const std::string& why);
+  // A SEND FETCH of `info` (still arriving here) that offers the base of a forwarded job: starts
+  // its delta stream (FETCH_OK sent) and returns true. Progress thread.
+  bool TryForward(net::PeerId peer, const proto::Fetch& m, const proto::VersionInfo& info);
+
  private:
   struct Base {
     uint64_t version = 0;
@@ -117,6 +139,9 @@ class DeltaStore {
   void Encode(const std::shared_ptr<DeltaJob>& job, size_t worker);
   bool WorthEncodingLocked(const std::string& model, uint64_t size);
   void Finish(const std::shared_ptr<DeltaJob>& job, int64_t encode_ns);
+  // FETCH_OK (kDelta, `why` as its detail) and the stream of `job` to the FETCH's peer.
+  void StartSend(const std::shared_ptr<DeltaJob>& job, net::PeerId peer, const proto::Fetch& m,
+                 const proto::VersionInfo& info, const std::string& why);
   void Pump(const std::shared_ptr<DeltaJob>& job);
   void PumpSend(const std::shared_ptr<DeltaSend>& send);
   static void Retire(DeltaJob& job, const std::shared_ptr<DeltaSend>& send);

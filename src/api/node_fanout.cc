@@ -29,6 +29,7 @@ std::map<std::string, uint64_t> StatsCounters(const NodeStats& s) {
           {"delta_encoded_bytes", s.delta.encoded_bytes}, {"delta_target_bytes", s.delta.target_bytes},
           {"delta_cancelled", s.delta.cancelled},       {"delta_skipped", s.delta.skipped},       {"delta_sent", s.delta.sent},
           {"delta_sent_bytes", s.delta.sent_bytes},     {"delta_declined", s.delta.declined},
+          {"delta_forwarded", s.delta.forwarded},       {"delta_forwarded_bytes", s.delta.forwarded_bytes},
           {"flushes_queued", s.flushes_queued},
           {"unflushed_versions", s.unflushed_versions}, {"unflushed_bytes", s.unflushed_bytes},
           {"versions_delisted", s.versions_delisted},   {"leases_from_file", s.leases_from_file},
@@ -144,6 +145,39 @@ void IncomingVersion::Landed(uint64_t bytes) {
   node->engine->Post([node, ready = std::move(ready)]() mutable { node->Resume(std::move(ready)); });
 }
 
+void IncomingVersion::ForwardDeltaPart(uint64_t base_version, uint64_t base_checksum, uint32_t index,
+                                       std::shared_ptr<const std::vector<std::byte>> part, bool last) {
+  State& st = *state_;
+  Node::Impl* node = st.node;
+  if (!node->deltas || !st.by_delta) return;
+  std::shared_ptr<DeltaJob> job;
+  std::vector<std::pair<net::PeerId, proto::Fetch>> waiters;  // offered this base: served now
+  {
+    std::lock_guard<std::mutex> lock(st.mu);
+    if (st.aborted || st.committed || st.forwarding_refused) return;
+    if (!st.forwarded_delta) {
+      if (index != 0) return;
+      st.forwarded_delta = node->deltas->StartForwarding(st.info, base_version, base_checksum);
+      if (!st.forwarded_delta) {
+        st.forwarding_refused = true;
+        return;
+      }
+      std::erase_if(st.delta_waiters, [&](auto& w) {
+        if (w.second.base_version != base_version || w.second.base_checksum != base_checksum) return false;
+        waiters.push_back(std::move(w));
+        return true;
+      });
+    }
+    job = st.forwarded_delta;
+  }
+  if (!node->deltas->AddForwardedPart(job, index, std::move(part), last)) {
+    std::lock_guard<std::mutex> lock(st.mu);
+    st.forwarding_refused = true;
+  }
+  for (auto& [peer, fetch] : waiters)
+    node->engine->Post([node, peer = peer, fetch = std::move(fetch)] { node->RedoFetch(peer, fetch); });
+}
+
 Result<proto::VersionInfo> IncomingVersion::Commit() {
   State& st = *state_;
   WriteLease lease;
@@ -195,6 +229,7 @@ void Node::Impl::AbortIncoming(const std::shared_ptr<IncomingVersion::State>& st
   IncomingVersion::State& st = *state;
   std::vector<std::shared_ptr<BulkSend>> parked, unsealed;
   std::vector<std::pair<net::PeerId, proto::Fetch>> waiters;
+  std::shared_ptr<DeltaJob> forwarded;
   {
     std::lock_guard<std::mutex> lock(st.mu);
     if (st.aborted || st.committed) return;
@@ -203,7 +238,9 @@ void Node::Impl::AbortIncoming(const std::shared_ptr<IncomingVersion::State>& st
     parked.swap(st.waiting);  // breaks the send <-> state cycle even if the Post below never runs
     unsealed.swap(st.awaiting_seal);  // alive until AbortSends has told their peers
     waiters.swap(st.delta_waiters);
+    forwarded = std::move(st.forwarded_delta);
   }
+  if (forwarded) deltas->StopForwarding(forwarded, why);
   for (const auto& [peer, fetch] : waiters)
     SendError(peer, fetch.request_id, proto::ErrorCode::kAborted,
               st.info.model + " version " + std::to_string(st.info.version) + " aborted here: " + why);
@@ -259,7 +296,18 @@ bool Node::Impl::ParkForDelta(net::PeerId peer, const proto::Fetch& m) {
   auto base = FindLocked(m.model, m.base_version);  // a child without the base gets the full bytes as they land
   if (!base || base->checksum != m.base_checksum) return false;
   IncomingVersion::State& st = *it->second;
-  std::lock_guard<std::mutex> lock(st.mu);
+  {
+    std::lock_guard<std::mutex> lock(st.mu);
+    if (st.aborted || st.committed) return false;
+    // Parked until the commit, or until the upstream's first delta part if it is against this
+    // base (ForwardDeltaPart takes the waiters under this lock).
+    if (!st.forwarded_delta) {
+      st.delta_waiters.emplace_back(peer, m);
+      return true;
+    }
+  }
+  if (deltas->TryForward(peer, m, st.info)) return true;  // passed on as it arrives
+  std::lock_guard<std::mutex> lock(st.mu);  // another base: the delta after the commit
   if (st.aborted || st.committed) return false;
   st.delta_waiters.emplace_back(peer, m);
   return true;

@@ -81,8 +81,13 @@ struct IncomingVersion::State {
   // Unsealed: a copy of the header [0, 8 + N) as it landed (taken by the writer's thread in Produce
   // or Landed, before it can rewrite it), which sealed_later sends send instead of the segment's.
   std::shared_ptr<const std::vector<std::byte>> provisional_header;
-  // FETCHes that offered a base this node holds, answered once it is committed (by_delta only).
+  // FETCHes that offered a base this node holds, answered once it is committed (by_delta only),
+  // or as soon as the upstream's delta is passed on (forwarded) if they offered its base.
   std::vector<std::pair<net::PeerId, proto::Fetch>> delta_waiters;
+  // The upstream's delta passed on as it arrives (ForwardDeltaPart); null until its first part,
+  // and when deltas or forwarding are off.
+  std::shared_ptr<DeltaJob> forwarded_delta;
+  bool forwarding_refused = false;  // StartForwarding declined: later parts are not offered again
 };
 
 struct Node::Impl {

@@ -57,12 +57,20 @@ class RelayLanding : public LandingZone {
  public:
   using Arrival = std::function<void(const std::shared_ptr<IncomingVersion>&)>;
   RelayLanding(Node* node, Arrival on_arrival) : node_(node), on_arrival_(std::move(on_arrival)) {}
-  Result<Landing> Land(const proto::VersionInfo& info) override { return Arrive(info, false); }
-  Result<Landing> LandDelta(const proto::VersionInfo& info) override { return Arrive(info, true); }
+  Result<Landing> Land(const proto::VersionInfo& info) override { return Arrive(info, nullptr); }
+  // The delta's parts are passed on as they arrive (IncomingVersion::ForwardDeltaPart).
+  Result<Landing> LandDelta(const proto::VersionInfo& info, uint64_t base_version, uint64_t base_checksum) override {
+    const DeltaOrigin origin{base_version, base_checksum};
+    return Arrive(info, &origin);
+  }
 
  private:
-  Result<Landing> Arrive(const proto::VersionInfo& info, bool by_delta) {
-    VIPER_ASSIGN_OR_RETURN(std::unique_ptr<IncomingVersion> received, node_->Receive(info, by_delta));
+  struct DeltaOrigin {
+    uint64_t version, checksum;
+  };
+
+  Result<Landing> Arrive(const proto::VersionInfo& info, const DeltaOrigin* delta) {
+    VIPER_ASSIGN_OR_RETURN(std::unique_ptr<IncomingVersion> received, node_->Receive(info, delta != nullptr));
     std::shared_ptr<IncomingVersion> in(std::move(received));
     on_arrival_(in);
     IncomingVersion* raw = in.get();  // the Landing's owner keeps it alive while bytes land
@@ -77,7 +85,13 @@ class RelayLanding : public LandingZone {
                       if (prefix == raw->data().size())
                         log(LogLevel::kInfo, kLog, "{} version {}: all {} bytes landed at {} ns", raw->info().model,
                             raw->info().version, prefix, WallClockNs());
-                    }};
+                    },
+                    {}};
+    if (delta)
+      landing.delta_part = [raw, base = *delta](uint32_t index, std::shared_ptr<const std::vector<std::byte>> part,
+                                                bool last) {
+        raw->ForwardDeltaPart(base.version, base.checksum, index, std::move(part), last);
+      };
     return landing;
   }
 

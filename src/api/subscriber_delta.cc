@@ -23,7 +23,10 @@ std::optional<Subscriber::Impl::DeltaAttempt> Subscriber::Impl::LoadRemoteDelta(
   internal::BufferPool::Lease buffer;
   ProgressFn landed;  // a landing zone (relay) forwards the decoded prefix as it grows
   bool as_delta = false;  // set by the client from FETCH_OK before it asks for the buffer
-  auto provide = [&](const proto::VersionInfo& actual) { return ReceiveBuffer(actual, &buffer, &landed, as_delta); };
+  DeltaPartFn pass_on;    // a landing zone (relay) passes the delta's parts on as they arrive
+  auto provide = [&](const proto::VersionInfo& actual) {
+    return ReceiveBuffer(actual, &buffer, &landed, as_delta ? &offered : nullptr, &pass_on);
+  };
   TransferPrefix prefix;
   // The version's bytes (received, or decoded from the delta) go to this consumer's GPU as their
   // prefix grows, as in LoadRemote.
@@ -33,7 +36,11 @@ std::optional<Subscriber::Impl::DeltaAttempt> Subscriber::Impl::LoadRemoteDelta(
                                             if (landed) landed(done, total);
                                             if (staging) StageReceived(*staging, buffer.data, done, total);
                                           },
-                                          &prefix, &as_delta);
+                                          &prefix, &as_delta,
+                                          [&](uint32_t index, std::shared_ptr<const std::vector<std::byte>> part,
+                                              bool last) {
+                                            if (pass_on) pass_on(index, std::move(part), last);
+                                          });
   if (!fetched.ok()) {
     // A full answer that broke after some chunks landed is finished by the next holder (resume).
     StatusCode code = fetched.status().code();

@@ -184,8 +184,11 @@ struct Subscriber::Impl : std::enable_shared_from_this<Subscriber::Impl> {
   void DropPartial();
   // Where a remote version is received: the landing zone if one is set (with its `landed`
   // callback for the prefix received), else a pooled buffer.
+  // delta_base: the transfer is a delta against it (a landing zone then takes its parts as they
+  // arrive into *delta_part, where one is given).
   Result<std::span<std::byte>> ReceiveBuffer(const proto::VersionInfo& actual, internal::BufferPool::Lease* buffer,
-                                             ProgressFn* landed, bool delta = false);
+                                             ProgressFn* landed, const DeltaBase* delta_base = nullptr,
+                                             DeltaPartFn* delta_part = nullptr);
   // subscriber_delta.cc: the remote fetch that offers the live version as a delta base (the node
   // answers with a delta or the full snapshot). nullopt when there is no base to offer (or deltas
   // are off); retry_in_full when a delta failed (did not decode or verify, or the node gave it

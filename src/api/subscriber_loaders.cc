@@ -210,13 +210,15 @@ Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::LoadLeased(FetchPath pat
 
 Result<std::span<std::byte>> Subscriber::Impl::ReceiveBuffer(const proto::VersionInfo& actual,
                                                                internal::BufferPool::Lease* buffer, ProgressFn* landed,
-                                                               bool delta) {
+                                                               const DeltaBase* delta_base, DeltaPartFn* delta_part) {
   if (options.landing) {  // e.g. a relay: straight into its node's segment, forwarded as it lands
     VIPER_ASSIGN_OR_RETURN(LandingZone::Landing landing,
-                           delta ? options.landing->LandDelta(actual) : options.landing->Land(actual));
+                           delta_base ? options.landing->LandDelta(actual, delta_base->version, delta_base->checksum)
+                                      : options.landing->Land(actual));
     if (landing.bytes.size() != actual.size) return Status::Internal("landing zone of the wrong size");
     *buffer = {std::move(landing.owner), landing.bytes};
     if (landing.landed) *landed = [fn = std::move(landing.landed)](uint64_t done, uint64_t) { fn(done); };
+    if (delta_base && delta_part && landing.delta_part) *delta_part = std::move(landing.delta_part);
     return buffer->data;
   }
   VIPER_ASSIGN_OR_RETURN(*buffer, pool->Acquire(actual.size));

@@ -58,6 +58,8 @@ const std::map<std::string_view, Known>& KnownCounters() {
       {"delta_sent", {"Delta streams sent to consumers.", false}},
       {"delta_sent_bytes", {"Bytes of delta streams sent.", false}},
       {"delta_declined", {"FETCHes that offered a base and got the full snapshot.", false}},
+      {"delta_forwarded", {"Relay: deltas received from the upstream and passed on as they arrived.", false}},
+      {"delta_forwarded_bytes", {"Relay: bytes of the deltas passed on as they arrived.", false}},
       {"host_writing_segments", {"Host-tier segments being written.", true}},
       {"host_committed_segments", {"Host-tier segments holding committed versions.", true}},
       {"host_retired_leased_segments", {"Host-tier segments retired but still leased.", true}},

@@ -12,6 +12,7 @@
 #include "api/client.h"
 #include "process.h"
 #include "store/host_tier.h"
+#include "viper/delta.h"
 #include "viper/node.h"
 #include "viper/relay.h"
 #include "viper/snapshot.h"
@@ -341,9 +342,188 @@ TEST(Fanout, DeltasFlowThroughAChain) {
   EXPECT_GE(bs.delta.sent, 1u);
   EXPECT_GE(cs.delta.sent, 1u);
   EXPECT_LT(bs.delta.sent_bytes, size / 10);
+  // Each relay passed on the delta it received (no encode of its own).
+  EXPECT_EQ(bs.delta.forwarded, 1u);
+  EXPECT_EQ(cs.delta.forwarded, 1u);
+  EXPECT_EQ(bs.delta.encoded, 0u) << "relay b encoded a delta of its own";
+  EXPECT_EQ(cs.delta.encoded, 0u) << "relay c encoded a delta of its own";
+  EXPECT_EQ(bs.delta.forwarded_bytes, cs.delta.forwarded_bytes);
   sub->reset();  // before the relays and nodes it talks to
   rc.reset();
   rb.reset();
+}
+
+// Version 2 of DeltasFlowThroughAChain's kind: `base` with one byte in 256 of its tensor changed.
+Snapshot Perturbed(const Snapshot& base, uint64_t version) {
+  auto w = base.tensor_data(base.tensors().at(0));
+  std::vector<std::byte> data(w.begin(), w.end());
+  uint32_t x = 7;
+  for (size_t i = 0; i < data.size(); i += 256) {
+    x = x * 1664525u + 1013904223u;
+    data[i] ^= static_cast<std::byte>((x >> 24) | 1);
+  }
+  VersionStamp stamp;
+  stamp.model = "m";
+  stamp.version = version;
+  auto snap = BuildSnapshot({{{"w", DType::kU8, {static_cast<int64_t>(data.size())}}, data}}, stamp);
+  EXPECT_TRUE(snap.ok()) << snap.status().ToString();
+  return std::move(snap).value();
+}
+
+// The delta stream of base -> target in parts of one 1 MiB block each (as an upstream sends it).
+std::vector<std::shared_ptr<const std::vector<std::byte>>> DeltaParts(const Snapshot& base, const Snapshot& target) {
+  DeltaOptions options;
+  options.block_bytes = 1u << 20;
+  auto enc = DeltaEncoder::Make(base, base.compute_checksum(), target, target.compute_checksum(), options);
+  EXPECT_TRUE(enc.ok()) << enc.status().ToString();
+  std::vector<std::shared_ptr<const std::vector<std::byte>>> parts;
+  if (!enc.ok()) return parts;
+  DeltaScratch scratch;
+  for (size_t i = 0; i < enc->blocks(); ++i) {
+    auto part = std::make_shared<std::vector<std::byte>>();
+    if (i == 0) enc->AppendHeader(part.get());
+    enc->EncodeBlock(i, scratch, part.get());
+    parts.push_back(std::move(part));
+  }
+  return parts;
+}
+
+// A delta fetch of version 2 offering version 1 (`base`) as its base, on its own thread.
+std::future<Result<DeltaFetch>> FetchWithBase(Client& client, const Snapshot& base, std::vector<std::byte>* buffer) {
+  return std::async(std::launch::async, [&client, &base, buffer] {
+    DeltaBase offered{1, base.compute_checksum(), base.bytes()};
+    return client.FetchSendWithBase("m", 2, offered, [buffer](const proto::VersionInfo& info) -> Result<std::span<std::byte>> {
+      buffer->resize(info.size);
+      return std::span<std::byte>(*buffer);
+    });
+  });
+}
+
+NodeOptions AlwaysDeltas() {
+  NodeOptions no;
+  no.delta = DeltaMode::kAlways;
+  return no;
+}
+
+// A relay receiving version 2 as a delta against version 1 passes the delta's parts on to a peer
+// that offers version 1 as they arrive: the peer decodes the whole version, bit-exact, before the
+// relay has decoded a byte of it or committed it, and the relay encodes nothing.
+TEST(Fanout, ARelayPassesADeltaOnBeforeItHasTheVersion) {
+  auto started = Node::Start(AlwaysDeltas());
+  ASSERT_TRUE(started.ok()) << started.status().ToString();
+  auto node = std::move(started).value();
+  auto client = Connect(*node);
+  ASSERT_TRUE(client);
+  Snapshot v1 = MakeSnapshot(8 << 20, 1, 31), v2 = Perturbed(v1, 2);
+  CommitSnapshot(*node, v1, 1);
+  auto parts = DeltaParts(v1, v2);
+  ASSERT_GE(parts.size(), 8u);
+  auto in = node->Receive(InfoOf(v2, 2), /*by_delta=*/true);
+  ASSERT_TRUE(in.ok()) << in.status().ToString();
+  std::vector<std::byte> received;
+  auto fetch = FetchWithBase(*client, v1, &received);  // parked until the first part, or forwarded
+  const uint64_t base_checksum = v1.compute_checksum();
+  for (size_t i = 0; i < parts.size(); ++i) (*in)->ForwardDeltaPart(1, base_checksum, static_cast<uint32_t>(i), parts[i], i + 1 == parts.size());
+  ASSERT_EQ(fetch.wait_for(30s), std::future_status::ready) << "the peer did not get the delta before the commit";
+  auto got = fetch.get();
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got->ok.encoding, proto::Encoding::kDelta);
+  EXPECT_NE(got->ok.detail.find("passed on"), std::string::npos) << got->ok.detail;
+  ASSERT_EQ(received.size(), v2.bytes().size());
+  EXPECT_TRUE(std::memcmp(received.data(), v2.bytes().data(), received.size()) == 0);
+  EXPECT_EQ(got->data_checksum, v2.compute_checksum());
+  DeltaStats stats = node->stats().delta;
+  EXPECT_EQ(stats.forwarded, 1u);
+  EXPECT_EQ(stats.encoded, 0u);
+  EXPECT_EQ(stats.sent, 1u);
+  // The relay then decodes, verifies and commits it as usual.
+  Land(**in, v2, 0, v2.bytes().size());
+  ASSERT_TRUE((*in)->Commit().ok());
+  EXPECT_EQ(node->Latest("m")->version, 2u);
+  client.reset();
+}
+
+// The upstream's delta breaks off at the relay after a peer started receiving it: the peer's fetch
+// fails at once (no hang, nothing decoded passes for the version), and a new transfer of the same
+// version is passed on afresh.
+TEST(Fanout, ADeltaThatBreaksOffAtTheRelayFailsItsPeersAndCanStartAgain) {
+  auto started = Node::Start(AlwaysDeltas());
+  ASSERT_TRUE(started.ok()) << started.status().ToString();
+  auto node = std::move(started).value();
+  auto client = Connect(*node);
+  ASSERT_TRUE(client);
+  Snapshot v1 = MakeSnapshot(8 << 20, 1, 32), v2 = Perturbed(v1, 2);
+  CommitSnapshot(*node, v1, 1);
+  auto parts = DeltaParts(v1, v2);
+  ASSERT_GE(parts.size(), 4u);
+  const uint64_t base_checksum = v1.compute_checksum();
+  {
+    auto in = node->Receive(InfoOf(v2, 2), true);
+    ASSERT_TRUE(in.ok()) << in.status().ToString();
+    std::vector<std::byte> received;
+    auto fetch = FetchWithBase(*client, v1, &received);
+    for (uint32_t i = 0; i < 3; ++i) (*in)->ForwardDeltaPart(1, base_checksum, i, parts[i], false);
+    ASSERT_TRUE(WaitUntil([&] { return node->stats().delta.sent == 1; }, 30s)) << "the peer's fetch was not forwarded";
+    in->reset();  // the transfer into the relay broke off
+    ASSERT_EQ(fetch.wait_for(30s), std::future_status::ready) << "the peer still waits for a delta that broke off";
+    auto got = fetch.get();
+    EXPECT_FALSE(got.ok()) << "a delta that broke off was decoded whole";
+    EXPECT_EQ(got.status().code(), StatusCode::kNotFound) << got.status().ToString();
+    EXPECT_EQ(node->stats().delta.cancelled, 1u);
+    EXPECT_EQ(node->stats().incoming_aborted, 1u);
+  }
+  auto in = node->Receive(InfoOf(v2, 2), true);
+  ASSERT_TRUE(in.ok()) << in.status().ToString();
+  std::vector<std::byte> received;
+  auto fetch = FetchWithBase(*client, v1, &received);
+  for (size_t i = 0; i < parts.size(); ++i) (*in)->ForwardDeltaPart(1, base_checksum, static_cast<uint32_t>(i), parts[i], i + 1 == parts.size());
+  ASSERT_EQ(fetch.wait_for(30s), std::future_status::ready);
+  auto got = fetch.get();
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_EQ(received.size(), v2.bytes().size());
+  EXPECT_TRUE(std::memcmp(received.data(), v2.bytes().data(), received.size()) == 0);
+  EXPECT_EQ(node->stats().delta.forwarded, 1u);
+  in->reset();
+  client.reset();
+}
+
+// A part that arrives out of order stops the passing on (the peer's fetch fails; the stream is not
+// resumed with a gap), and the version, once committed, is encoded here for the next peer.
+TEST(Fanout, ADeltaPartOutOfOrderStopsThePassingOn) {
+  auto started = Node::Start(AlwaysDeltas());
+  ASSERT_TRUE(started.ok()) << started.status().ToString();
+  auto node = std::move(started).value();
+  auto client = Connect(*node);
+  ASSERT_TRUE(client);
+  Snapshot v1 = MakeSnapshot(8 << 20, 1, 33), v2 = Perturbed(v1, 2);
+  CommitSnapshot(*node, v1, 1);
+  auto parts = DeltaParts(v1, v2);
+  ASSERT_GE(parts.size(), 4u);
+  const uint64_t base_checksum = v1.compute_checksum();
+  auto in = node->Receive(InfoOf(v2, 2), true);
+  ASSERT_TRUE(in.ok()) << in.status().ToString();
+  std::vector<std::byte> received;
+  auto fetch = FetchWithBase(*client, v1, &received);
+  (*in)->ForwardDeltaPart(1, base_checksum, 0, parts[0], false);
+  ASSERT_TRUE(WaitUntil([&] { return node->stats().delta.sent == 1; }, 30s)) << "the peer's fetch was not forwarded";
+  (*in)->ForwardDeltaPart(1, base_checksum, 2, parts[2], false);  // part 1 skipped
+  for (size_t i = 3; i < parts.size(); ++i) (*in)->ForwardDeltaPart(1, base_checksum, static_cast<uint32_t>(i), parts[i], i + 1 == parts.size());
+  ASSERT_EQ(fetch.wait_for(30s), std::future_status::ready) << "the peer still waits for a delta with a gap";
+  auto got = fetch.get();
+  EXPECT_FALSE(got.ok()) << "a delta with a gap was decoded whole";
+  EXPECT_NE(got.status().message().find("out of order"), std::string::npos) << got.status().ToString();
+  EXPECT_EQ(node->stats().delta.forwarded, 0u);
+  Land(**in, v2, 0, v2.bytes().size());
+  ASSERT_TRUE((*in)->Commit().ok());
+  auto again = FetchWithBase(*client, v1, &received);
+  ASSERT_EQ(again.wait_for(30s), std::future_status::ready);
+  auto second = again.get();
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  EXPECT_EQ(second->ok.encoding, proto::Encoding::kDelta);
+  EXPECT_EQ(second->ok.detail.find("passed on"), std::string::npos) << second->ok.detail;
+  EXPECT_TRUE(std::memcmp(received.data(), v2.bytes().data(), v2.bytes().size()) == 0);
+  EXPECT_EQ(node->stats().delta.encoded, 1u);
+  client.reset();
 }
 
 // A relay whose upstream relay goes away re-attaches to its alternate (here the producer's node)

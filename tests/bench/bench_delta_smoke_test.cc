@@ -66,6 +66,40 @@ TEST(BenchCli, DeltaRowsPrintWithSaneRatios) {
   EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path()), {}), 3) << "only bench.json, stdout, stderr";
 }
 
+// `viper bench --only delta-chain --quick`: the three rows print with their baselines, and the
+// counts say what each chain did (never speed): the relays that pass the delta on encoded nothing,
+// the ones told not to encoded one delta per update each, and every update reached the consumer
+// as a delta.
+TEST(BenchCli, DeltaChainRowsPrintAndTheRelaysPassTheDeltaOn) {
+  testing::TempDir dir;
+  auto json_path = (dir / "bench.json").string();
+  Outcome o = RunViper({"bench", "--only", "delta-chain", "--quick", "--delta-bytes", "4Mi", "--file-dir",
+                        dir.path().string(), "--json", json_path},
+                       dir);
+  ASSERT_EQ(o.exit_code, 0) << o.out << o.err;
+  for (const char* line : {"== deltas through a chain of 2 relays", "direct: on the producer's node (baseline)",
+                           "chain: each relay passes the delta on", "chain: each relay encodes its own",
+                           "one warm memcpy of the version", "the delta's bytes over a TCP stream"})
+    EXPECT_NE(o.out.find(line), std::string::npos) << line << "\n" << o.out;
+  json j = json::parse(testing::ReadFile(json_path));
+  const json& d = j["sections"]["delta-chain"];
+  const size_t reps = j["reps"].get<size_t>(), warmup = j["warmup"].get<size_t>();
+  const uint64_t deltas_per_relay = reps + warmup;  // every update but the first has a base
+  EXPECT_EQ(d["relays"], 2);
+  for (const char* row : {"direct", "passed_on", "encoded_per_relay"}) {
+    SCOPED_TRACE(row);
+    ExpectSamples(d[row]["e2e_s"], std::string(row) + " e2e", reps);
+    EXPECT_EQ(d[row]["deltas"].get<size_t>(), reps);
+    EXPECT_LT(d[row]["wire_bytes"]["max"].get<double>(), d["bytes"].get<double>() / 10);
+  }
+  EXPECT_EQ(d["passed_on"]["relays_forwarded"].get<uint64_t>(), 2 * deltas_per_relay);
+  EXPECT_EQ(d["passed_on"]["relays_encoded"].get<uint64_t>(), 0u);
+  EXPECT_EQ(d["encoded_per_relay"]["relays_forwarded"].get<uint64_t>(), 0u);
+  EXPECT_EQ(d["encoded_per_relay"]["relays_encoded"].get<uint64_t>(), 2 * deltas_per_relay);
+  EXPECT_GT(d["baseline"]["tcp_delta_gbps"].get<double>(), 0.0);
+  EXPECT_EQ(d["baseline"]["memcpy_s"]["n"].get<size_t>(), 3u);
+}
+
 TEST(BenchCli, OnlyRefusesAnUnknownPart) {
   testing::TempDir dir;
   Outcome o = RunViper({"bench", "--only", "deltas", "--file-dir", dir.path().string()}, dir);

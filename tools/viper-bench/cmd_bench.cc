@@ -254,8 +254,9 @@ ViperCommand bench_command(
                      "--fanout, --hosts 2: shape every host's link to this rate (tc, e.g. 2gbit): the link, not the shared CPUs, "
                      "limits")
           ->check(Text(32));
-      app.add_option("--only", f->only, "Run just this part (repeatable), without the sizes: delta")
-          ->check(OneOf({"delta"}));
+      app.add_option("--only", f->only,
+                     "Run just this part (repeatable), without the sizes: delta, delta-chain (a delta through two relays)")
+          ->check(OneOf({"delta", "delta-chain"}));
       app.add_option("--delta-bytes", f->delta_bytes, "delta part: size of the bf16 model of case (a)")
           ->capture_default_str()
           ->check(Text(32));

@@ -399,33 +399,58 @@ std::future<Result<DeltaFetch>> FetchWithBase(Client& client, const Snapshot& ba
   });
 }
 
-NodeOptions AlwaysDeltas() {
-  NodeOptions no;
-  no.delta = DeltaMode::kAlways;
-  return no;
-}
+// A relay's node (deltas always) holding version 1, a client of it, and the delta stream of
+// version 2 against version 1 in parts, as the relay's upstream would send them.
+class DeltaPassOn : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    NodeOptions no;
+    no.delta = DeltaMode::kAlways;
+    auto started = Node::Start(no);
+    ASSERT_TRUE(started.ok()) << started.status().ToString();
+    node = std::move(started).value();
+    client = Connect(*node);
+    ASSERT_TRUE(client);
+    CommitSnapshot(*node, v1, 1);
+    parts = DeltaParts(v1, v2);
+    ASSERT_GE(parts.size(), 8u);
+  }
+  void TearDown() override { client.reset(); }
+
+  // Version 2 arriving at the relay as a delta against version 1.
+  std::unique_ptr<IncomingVersion> Receive() {
+    auto in = node->Receive(InfoOf(v2, 2), /*by_delta=*/true);
+    EXPECT_TRUE(in.ok()) << in.status().ToString();
+    return in.ok() ? std::move(in).value() : nullptr;
+  }
+  // Passes parts [from, to) on, the final part of the stream marked last.
+  void PassOn(IncomingVersion& in, size_t from, size_t to) {
+    for (size_t i = from; i < to; ++i)
+      in.ForwardDeltaPart(1, base_checksum, static_cast<uint32_t>(i), parts[i], i + 1 == parts.size());
+  }
+  // Waits for a fetch of FetchWithBase; its result.
+  static Result<DeltaFetch> Wait(std::future<Result<DeltaFetch>>& fetch) {
+    if (fetch.wait_for(30s) != std::future_status::ready) return Status::Timeout("the peer's fetch still waits");
+    return fetch.get();
+  }
+
+  Snapshot v1 = MakeSnapshot(8 << 20, 1, 31), v2 = Perturbed(v1, 2);
+  const uint64_t base_checksum = v1.compute_checksum();
+  std::unique_ptr<Node> node;
+  std::unique_ptr<Client> client;
+  std::vector<std::shared_ptr<const std::vector<std::byte>>> parts;
+  std::vector<std::byte> received;
+};
 
 // A relay receiving version 2 as a delta against version 1 passes the delta's parts on to a peer
 // that offers version 1 as they arrive: the peer decodes the whole version, bit-exact, before the
 // relay has decoded a byte of it or committed it, and the relay encodes nothing.
-TEST(Fanout, ARelayPassesADeltaOnBeforeItHasTheVersion) {
-  auto started = Node::Start(AlwaysDeltas());
-  ASSERT_TRUE(started.ok()) << started.status().ToString();
-  auto node = std::move(started).value();
-  auto client = Connect(*node);
-  ASSERT_TRUE(client);
-  Snapshot v1 = MakeSnapshot(8 << 20, 1, 31), v2 = Perturbed(v1, 2);
-  CommitSnapshot(*node, v1, 1);
-  auto parts = DeltaParts(v1, v2);
-  ASSERT_GE(parts.size(), 8u);
-  auto in = node->Receive(InfoOf(v2, 2), /*by_delta=*/true);
-  ASSERT_TRUE(in.ok()) << in.status().ToString();
-  std::vector<std::byte> received;
-  auto fetch = FetchWithBase(*client, v1, &received);  // parked until the first part, or forwarded
-  const uint64_t base_checksum = v1.compute_checksum();
-  for (size_t i = 0; i < parts.size(); ++i) (*in)->ForwardDeltaPart(1, base_checksum, static_cast<uint32_t>(i), parts[i], i + 1 == parts.size());
-  ASSERT_EQ(fetch.wait_for(30s), std::future_status::ready) << "the peer did not get the delta before the commit";
-  auto got = fetch.get();
+TEST_F(DeltaPassOn, APeerGetsTheDeltaBeforeTheRelayHasTheVersion) {
+  auto in = Receive();
+  ASSERT_TRUE(in);
+  auto fetch = FetchWithBase(*client, v1, &received);  // parked until the first part, or passed on
+  PassOn(*in, 0, parts.size());
+  auto got = Wait(fetch);
   ASSERT_TRUE(got.ok()) << got.status().ToString();
   EXPECT_EQ(got->ok.encoding, proto::Encoding::kDelta);
   EXPECT_NE(got->ok.detail.find("passed on"), std::string::npos) << got->ok.detail;
@@ -437,93 +462,59 @@ TEST(Fanout, ARelayPassesADeltaOnBeforeItHasTheVersion) {
   EXPECT_EQ(stats.encoded, 0u);
   EXPECT_EQ(stats.sent, 1u);
   // The relay then decodes, verifies and commits it as usual.
-  Land(**in, v2, 0, v2.bytes().size());
-  ASSERT_TRUE((*in)->Commit().ok());
+  Land(*in, v2, 0, v2.bytes().size());
+  ASSERT_TRUE(in->Commit().ok());
   EXPECT_EQ(node->Latest("m")->version, 2u);
-  client.reset();
 }
 
 // The upstream's delta breaks off at the relay after a peer started receiving it: the peer's fetch
 // fails at once (no hang, nothing decoded passes for the version), and a new transfer of the same
 // version is passed on afresh.
-TEST(Fanout, ADeltaThatBreaksOffAtTheRelayFailsItsPeersAndCanStartAgain) {
-  auto started = Node::Start(AlwaysDeltas());
-  ASSERT_TRUE(started.ok()) << started.status().ToString();
-  auto node = std::move(started).value();
-  auto client = Connect(*node);
-  ASSERT_TRUE(client);
-  Snapshot v1 = MakeSnapshot(8 << 20, 1, 32), v2 = Perturbed(v1, 2);
-  CommitSnapshot(*node, v1, 1);
-  auto parts = DeltaParts(v1, v2);
-  ASSERT_GE(parts.size(), 4u);
-  const uint64_t base_checksum = v1.compute_checksum();
-  {
-    auto in = node->Receive(InfoOf(v2, 2), true);
-    ASSERT_TRUE(in.ok()) << in.status().ToString();
-    std::vector<std::byte> received;
-    auto fetch = FetchWithBase(*client, v1, &received);
-    for (uint32_t i = 0; i < 3; ++i) (*in)->ForwardDeltaPart(1, base_checksum, i, parts[i], false);
-    ASSERT_TRUE(WaitUntil([&] { return node->stats().delta.sent == 1; }, 30s)) << "the peer's fetch was not forwarded";
-    in->reset();  // the transfer into the relay broke off
-    ASSERT_EQ(fetch.wait_for(30s), std::future_status::ready) << "the peer still waits for a delta that broke off";
-    auto got = fetch.get();
-    EXPECT_FALSE(got.ok()) << "a delta that broke off was decoded whole";
-    EXPECT_EQ(got.status().code(), StatusCode::kNotFound) << got.status().ToString();
-    EXPECT_EQ(node->stats().delta.cancelled, 1u);
-    EXPECT_EQ(node->stats().incoming_aborted, 1u);
-  }
-  auto in = node->Receive(InfoOf(v2, 2), true);
-  ASSERT_TRUE(in.ok()) << in.status().ToString();
-  std::vector<std::byte> received;
+TEST_F(DeltaPassOn, ADeltaThatBreaksOffFailsItsPeersAndCanStartAgain) {
+  auto in = Receive();
+  ASSERT_TRUE(in);
   auto fetch = FetchWithBase(*client, v1, &received);
-  for (size_t i = 0; i < parts.size(); ++i) (*in)->ForwardDeltaPart(1, base_checksum, static_cast<uint32_t>(i), parts[i], i + 1 == parts.size());
-  ASSERT_EQ(fetch.wait_for(30s), std::future_status::ready);
-  auto got = fetch.get();
-  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  PassOn(*in, 0, 3);
+  ASSERT_TRUE(WaitUntil([&] { return node->stats().delta.sent == 1; }, 30s)) << "the peer's fetch was not passed on";
+  in.reset();  // the transfer into the relay broke off
+  auto got = Wait(fetch);
+  EXPECT_EQ(got.status().code(), StatusCode::kNotFound) << got.status().ToString();
+  EXPECT_EQ(node->stats().delta.cancelled, 1u);
+  EXPECT_EQ(node->stats().incoming_aborted, 1u);
+
+  in = Receive();
+  ASSERT_TRUE(in);
+  auto again = FetchWithBase(*client, v1, &received);
+  PassOn(*in, 0, parts.size());
+  auto second = Wait(again);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
   ASSERT_EQ(received.size(), v2.bytes().size());
   EXPECT_TRUE(std::memcmp(received.data(), v2.bytes().data(), received.size()) == 0);
   EXPECT_EQ(node->stats().delta.forwarded, 1u);
-  in->reset();
-  client.reset();
 }
 
 // A part that arrives out of order stops the passing on (the peer's fetch fails; the stream is not
 // resumed with a gap), and the version, once committed, is encoded here for the next peer.
-TEST(Fanout, ADeltaPartOutOfOrderStopsThePassingOn) {
-  auto started = Node::Start(AlwaysDeltas());
-  ASSERT_TRUE(started.ok()) << started.status().ToString();
-  auto node = std::move(started).value();
-  auto client = Connect(*node);
-  ASSERT_TRUE(client);
-  Snapshot v1 = MakeSnapshot(8 << 20, 1, 33), v2 = Perturbed(v1, 2);
-  CommitSnapshot(*node, v1, 1);
-  auto parts = DeltaParts(v1, v2);
-  ASSERT_GE(parts.size(), 4u);
-  const uint64_t base_checksum = v1.compute_checksum();
-  auto in = node->Receive(InfoOf(v2, 2), true);
-  ASSERT_TRUE(in.ok()) << in.status().ToString();
-  std::vector<std::byte> received;
+TEST_F(DeltaPassOn, APartOutOfOrderStopsThePassingOn) {
+  auto in = Receive();
+  ASSERT_TRUE(in);
   auto fetch = FetchWithBase(*client, v1, &received);
-  (*in)->ForwardDeltaPart(1, base_checksum, 0, parts[0], false);
-  ASSERT_TRUE(WaitUntil([&] { return node->stats().delta.sent == 1; }, 30s)) << "the peer's fetch was not forwarded";
-  (*in)->ForwardDeltaPart(1, base_checksum, 2, parts[2], false);  // part 1 skipped
-  for (size_t i = 3; i < parts.size(); ++i) (*in)->ForwardDeltaPart(1, base_checksum, static_cast<uint32_t>(i), parts[i], i + 1 == parts.size());
-  ASSERT_EQ(fetch.wait_for(30s), std::future_status::ready) << "the peer still waits for a delta with a gap";
-  auto got = fetch.get();
-  EXPECT_FALSE(got.ok()) << "a delta with a gap was decoded whole";
+  PassOn(*in, 0, 1);
+  ASSERT_TRUE(WaitUntil([&] { return node->stats().delta.sent == 1; }, 30s)) << "the peer's fetch was not passed on";
+  PassOn(*in, 2, parts.size());  // part 1 skipped
+  auto got = Wait(fetch);
+  EXPECT_EQ(got.status().code(), StatusCode::kNotFound) << got.status().ToString();
   EXPECT_NE(got.status().message().find("out of order"), std::string::npos) << got.status().ToString();
   EXPECT_EQ(node->stats().delta.forwarded, 0u);
-  Land(**in, v2, 0, v2.bytes().size());
-  ASSERT_TRUE((*in)->Commit().ok());
+  Land(*in, v2, 0, v2.bytes().size());
+  ASSERT_TRUE(in->Commit().ok());
   auto again = FetchWithBase(*client, v1, &received);
-  ASSERT_EQ(again.wait_for(30s), std::future_status::ready);
-  auto second = again.get();
+  auto second = Wait(again);
   ASSERT_TRUE(second.ok()) << second.status().ToString();
   EXPECT_EQ(second->ok.encoding, proto::Encoding::kDelta);
   EXPECT_EQ(second->ok.detail.find("passed on"), std::string::npos) << second->ok.detail;
   EXPECT_TRUE(std::memcmp(received.data(), v2.bytes().data(), v2.bytes().size()) == 0);
   EXPECT_EQ(node->stats().delta.encoded, 1u);
-  client.reset();
 }
 
 // A relay whose upstream relay goes away re-attaches to its alternate (here the producer's node)

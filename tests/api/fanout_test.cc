@@ -282,6 +282,23 @@ TEST(Fanout, ChainCostsEachNodeOneCopyPerUpdate) {
   relays.clear();
 }
 
+// `base` with one byte in 256 of its tensor changed, as version `version`: a delta of a few percent.
+Snapshot Perturbed(const Snapshot& base, uint64_t version) {
+  auto w = base.tensor_data(base.tensors().at(0));
+  std::vector<std::byte> data(w.begin(), w.end());
+  uint32_t x = 7;
+  for (size_t i = 0; i < data.size(); i += 256) {
+    x = x * 1664525u + 1013904223u;
+    data[i] ^= static_cast<std::byte>((x >> 24) | 1);
+  }
+  VersionStamp stamp;
+  stamp.model = "m";
+  stamp.version = version;
+  auto snap = BuildSnapshot({{{"w", DType::kU8, {static_cast<int64_t>(data.size())}}, data}}, stamp);
+  EXPECT_TRUE(snap.ok()) << snap.status().ToString();
+  return std::move(snap).value();
+}
+
 // Deltas through the tree: a relay that receives a version as a delta answers a downstream relay
 // that holds the base with a delta as well (once the version is complete here), instead of the
 // full bytes as they land; a consumer behind the last relay gets the delta too.
@@ -308,27 +325,15 @@ TEST(Fanout, DeltasFlowThroughAChain) {
   CommitSnapshot(a, v1, 1);
   auto first = (*sub)->WaitFor(1, 60s);
   ASSERT_TRUE(first.ok()) << first.status().ToString();
-  // Version 2 changes one byte in 256 of the tensor: a delta of a few percent of the snapshot.
-  auto w = v1.tensor_data(v1.tensors().at(0));
-  std::vector<std::byte> data(w.begin(), w.end());
-  uint32_t x = 7;
-  for (size_t i = 0; i < data.size(); i += 256) {
-    x = x * 1664525u + 1013904223u;
-    data[i] ^= static_cast<std::byte>((x >> 24) | 1);
-  }
-  VersionStamp stamp;
-  stamp.model = "m";
-  stamp.version = 2;
-  auto v2 = BuildSnapshot({{{"w", DType::kU8, {static_cast<int64_t>(data.size())}}, data}}, stamp);
-  ASSERT_TRUE(v2.ok()) << v2.status().ToString();
-  const uint64_t size = v2->bytes().size();
+  const Snapshot v2 = Perturbed(v1, 2);
+  const uint64_t size = v2.bytes().size();
   const uint64_t b_full = Settled([&] { return b.stats().bytes_sent; });
   const uint64_t c_full = Settled([&] { return c.stats().bytes_sent; });
-  CommitSnapshot(a, *v2, 2);
+  CommitSnapshot(a, v2, 2);
   auto mv = (*sub)->WaitFor(2, 60s);
   ASSERT_TRUE(mv.ok()) << mv.status().ToString() << "; last error: " << (*sub)->last_error().ToString();
   ASSERT_EQ((*mv)->snapshot.bytes().size(), size);
-  EXPECT_TRUE(std::memcmp((*mv)->snapshot.bytes().data(), v2->bytes().data(), size) == 0);
+  EXPECT_TRUE(std::memcmp((*mv)->snapshot.bytes().data(), v2.bytes().data(), size) == 0);
   EXPECT_EQ((*mv)->delta_base, 1u) << (*mv)->reason;
   Settled([&] { return b.stats().bytes_sent + c.stats().bytes_sent; });
   NodeStats bs = b.stats(), cs = c.stats();
@@ -351,23 +356,6 @@ TEST(Fanout, DeltasFlowThroughAChain) {
   sub->reset();  // before the relays and nodes it talks to
   rc.reset();
   rb.reset();
-}
-
-// Version 2 of DeltasFlowThroughAChain's kind: `base` with one byte in 256 of its tensor changed.
-Snapshot Perturbed(const Snapshot& base, uint64_t version) {
-  auto w = base.tensor_data(base.tensors().at(0));
-  std::vector<std::byte> data(w.begin(), w.end());
-  uint32_t x = 7;
-  for (size_t i = 0; i < data.size(); i += 256) {
-    x = x * 1664525u + 1013904223u;
-    data[i] ^= static_cast<std::byte>((x >> 24) | 1);
-  }
-  VersionStamp stamp;
-  stamp.model = "m";
-  stamp.version = version;
-  auto snap = BuildSnapshot({{{"w", DType::kU8, {static_cast<int64_t>(data.size())}}, data}}, stamp);
-  EXPECT_TRUE(snap.ok()) << snap.status().ToString();
-  return std::move(snap).value();
 }
 
 // The delta stream of base -> target in parts of one 1 MiB block each (as an upstream sends it).

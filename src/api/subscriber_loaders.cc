@@ -13,6 +13,7 @@
 #include <mutex>
 #include <thread>
 
+#include "core/fd.h"
 #include "store/file_tier.h"
 #include "store/host_tier.h"
 #include "seal.h"
@@ -303,44 +304,29 @@ Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::LoadFile(const proto::Ve
   if (chosen == 0 || (current && chosen <= current->version()))
     return Status::NotFound("file tier " + dir.string() + " has no version newer than the live one");
   fs::path path = dir / (std::to_string(chosen) + ".safetensors");
-  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);  // a FIFO is refused, not waited on
-  if (fd < 0) return Status::FromErrno("open " + path.string());
   struct stat st{};
-  if (::fstat(fd, &st) != 0) {
-    Status why = Status::FromErrno("stat " + path.string());
-    ::close(fd);
-    return why;
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return Status::InvalidArgument(path.string() + " is not a regular file");
-  }
-  auto buffer = pool->Acquire(static_cast<size_t>(st.st_size));
-  if (!buffer.ok()) return ::close(fd), buffer.status();
+  auto fd = OpenRegularFile(path.string(), &st);
+  if (!fd.ok()) return fd.status().WithContext(path.string());
+  VIPER_ASSIGN_OR_RETURN(auto buffer, pool->Acquire(static_cast<size_t>(st.st_size)));
   size_t done = 0;
-  while (done < buffer->data.size()) {
-    ssize_t n = ::pread(fd, buffer->data.data() + done, std::min<size_t>(8u << 20, buffer->data.size() - done),
+  while (done < buffer.data.size()) {
+    ssize_t n = ::pread(fd->get(), buffer.data.data() + done, std::min<size_t>(8u << 20, buffer.data.size() - done),
                         static_cast<off_t>(done));
-    if (n <= 0) {
-      Status err = n == 0 ? Status::Corruption(path.string() + ": file shrank while reading")
-                          : Status::FromErrno("read " + path.string());
-      ::close(fd);
-      return err;
-    }
+    if (n == 0) return Status::Corruption(path.string() + ": file shrank while reading");
+    if (n < 0) return Status::FromErrno("read " + path.string());
     done += static_cast<size_t>(n);
   }
-  ::close(fd);
   auto mv = std::make_shared<ModelVersion>();
   mv->path = FetchPath::kFile;
   mv->timings.fetched_ns = WallClockNs();
   ParseOptions parse;
   parse.verify_checksum = true;
   parse.require_checksum = true;  // files are verified against their own declared checksum
-  VIPER_ASSIGN_OR_RETURN(mv->snapshot, Snapshot::Parse(buffer->data, buffer->owner, parse));
+  VIPER_ASSIGN_OR_RETURN(mv->snapshot, Snapshot::Parse(buffer.data, buffer.owner, parse));
   mv->info = chosen == info.version ? info : proto::VersionInfo{};
   mv->info.model = info.model;
   mv->info.version = chosen;
-  mv->info.size = buffer->data.size();
+  mv->info.size = buffer.data.size();
   mv->info.checksum = mv->snapshot.compute_checksum();
   if (chosen != info.version) mv->info.step = mv->snapshot.step().value_or(0);
   mv->info.replicas = {{proto::ReplicaKind::kFile, "", path.string()}};

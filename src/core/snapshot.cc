@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/fd.h"
 #include "snapshot_internal.h"
 
 namespace viper {
@@ -429,28 +430,12 @@ namespace {
 
 // A read-only private mapping of the whole file, unmapped when the last owner goes.
 Result<std::shared_ptr<const void>> MapFile(const std::string& path, size_t* size) {
-  // O_NONBLOCK: opening a FIFO would wait for a writer; it is refused below instead.
-  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) return Status::FromErrno("cannot open");
   struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    Status status = Status::FromErrno("cannot stat");
-    ::close(fd);
-    return status;
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return Status::InvalidArgument("not a regular file");
-  }
+  VIPER_ASSIGN_OR_RETURN(Fd fd, OpenRegularFile(path, &st));
   *size = static_cast<size_t>(st.st_size);
-  if (*size == 0) {
-    ::close(fd);
-    return std::shared_ptr<const void>();  // mmap refuses length 0; Parse reports the short buffer
-  }
-  void* addr = ::mmap(nullptr, *size, PROT_READ, MAP_PRIVATE, fd, 0);
-  Status status = addr == MAP_FAILED ? Status::FromErrno(fmt::format("mmap of {} bytes failed", *size)) : Status();
-  ::close(fd);  // the mapping keeps the file
-  if (!status.ok()) return status;
+  if (*size == 0) return std::shared_ptr<const void>();  // mmap refuses length 0; Parse reports the short buffer
+  void* addr = ::mmap(nullptr, *size, PROT_READ, MAP_PRIVATE, fd.get(), 0);  // the mapping keeps the file
+  if (addr == MAP_FAILED) return Status::FromErrno(fmt::format("mmap of {} bytes failed", *size));
   size_t length = *size;
   return std::shared_ptr<const void>(addr, [length](const void* p) { ::munmap(const_cast<void*>(p), length); });
 }

@@ -159,13 +159,10 @@ Result<RecordFile> RecordFile::Parse(std::span<const std::byte> bytes, const Rec
 Result<RecordFile> RecordFile::Open(const std::filesystem::path& path, const RecordFileOptions& options) {
   RecordFile f;
   f.name_ = path.string();
-  // O_NONBLOCK: opening a FIFO would wait for a writer; it is refused below instead (reads of a
-  // regular file ignore the flag).
-  auto fd = std::make_shared<Fd>(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
-  if (fd->get() < 0) return Status::FromErrno(fmt::format("{}: cannot open", f.name_));
   struct stat st {};
-  if (::fstat(fd->get(), &st) != 0) return Status::FromErrno(fmt::format("{}: stat failed", f.name_));
-  if (!S_ISREG(st.st_mode)) return Status::InvalidArgument(fmt::format("{}: not a regular file", f.name_));
+  auto opened = OpenRegularFile(f.name_, &st);
+  if (!opened.ok()) return opened.status().WithContext(f.name_);
+  auto fd = std::make_shared<Fd>(std::move(opened).value());
   f.file_bytes_ = static_cast<uint64_t>(st.st_size);
   f.fd_ = fd;
   std::byte h[kRecordHeaderBytes] = {};

@@ -38,18 +38,17 @@ class DirectorySource final : public SampleSource {
 
   Status ReadInto(uint64_t id, std::span<std::byte> dst) const override {
     const File& f = files_[id];
-    // O_NONBLOCK: a file replaced by a FIFO since the scan is refused, not waited on.
-    Fd fd(::open(f.path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
-    if (fd.get() < 0) return Status::FromErrno(fmt::format("{}: cannot open", Describe(id)));
     struct stat st {};
-    if (::fstat(fd.get(), &st) != 0) return Status::FromErrno(fmt::format("{}: stat failed", Describe(id)));
-    if (!S_ISREG(st.st_mode)) return Status::Corruption(fmt::format("{}: no longer a regular file", Describe(id)));
+    auto fd = OpenRegularFile(f.path, &st);  // a file replaced by a FIFO since the scan is refused, not waited on
+    if (!fd.ok() && fd.status().code() == StatusCode::kInvalidArgument)
+      return Status::Corruption(fmt::format("{}: no longer a regular file", Describe(id)));
+    if (!fd.ok()) return fd.status().WithContext(Describe(id));
     uint64_t now = static_cast<uint64_t>(st.st_size);
     if (now != f.bytes) {
       return Status::Corruption(fmt::format("{}: {}: the file is {} bytes now, {} at the scan", Describe(id),
                                             now < f.bytes ? "truncated" : "grew", now, f.bytes));
     }
-    Status read = data_internal::PreadAll(fd.get(), dst, 0);
+    Status read = data_internal::PreadAll(fd->get(), dst, 0);
     return read.WithContext(Describe(id));
   }
 

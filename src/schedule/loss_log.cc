@@ -1,13 +1,14 @@
 // Loss logs: validation of samples and the `iteration,loss` CSV reader.
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <charconv>
 #include <cmath>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include <fmt/format.h>
 
+#include "core/fd.h"
 #include "viper/loss_fit.h"
 
 namespace viper {
@@ -112,26 +113,28 @@ Result<std::vector<LossSample>> ParseLossLog(std::string_view text, std::string_
 }
 
 Result<std::vector<LossSample>> ReadLossLog(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) {
-    return Status::InvalidArgument(fmt::format("loss log {}: is a directory", path));
-  }
   // Whole files only, and of a size a loss log has (a device or a pipe would be read forever, a
   // stray multi-GB file into memory): 1 GiB is about 50 million rows.
-  constexpr uintmax_t kMaxLossLogBytes = 1ull << 30;
-  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec)) {
-    return Status::InvalidArgument(fmt::format("loss log {}: is not a regular file", path));
-  }
-  if (const uintmax_t size = std::filesystem::file_size(path, ec); !ec && size > kMaxLossLogBytes) {
+  constexpr uint64_t kMaxLossLogBytes = 1ull << 30;
+  struct stat st {};
+  auto fd = OpenRegularFile(path, &st);
+  if (!fd.ok() && S_ISDIR(st.st_mode)) return Status::InvalidArgument(fmt::format("loss log {}: is a directory", path));
+  if (!fd.ok()) return fd.status().WithContext("loss log " + path);
+  const auto size = static_cast<uint64_t>(st.st_size);
+  if (size > kMaxLossLogBytes) {
     return Status::InvalidArgument(
         fmt::format("loss log {}: is {} bytes; a loss log is read whole, at most {} bytes", path, size, kMaxLossLogBytes));
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::FromErrno(fmt::format("loss log {}: cannot open", path));
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  if (in.bad()) return Status::FromErrno(fmt::format("loss log {}: read failed", path));
-  return ParseLossLog(buffer.str(), path);
+  std::string text(size, '\0');
+  size_t done = 0;
+  while (done < text.size()) {
+    ssize_t n = ::pread(fd->get(), text.data() + done, text.size() - done, static_cast<off_t>(done));
+    if (n < 0) return Status::FromErrno(fmt::format("loss log {}: read failed", path));
+    if (n == 0) break;  // shrank meanwhile: parse what is there
+    done += static_cast<size_t>(n);
+  }
+  text.resize(done);
+  return ParseLossLog(text, path);
 }
 
 }  // namespace viper

@@ -268,5 +268,16 @@ TEST(ObservabilityCli, LogLinesCarryTimePidThreadAndTheFlagWins) {
   for (const std::string& line : lines) EXPECT_EQ(line.find(" info "), std::string::npos) << line;
 }
 
+// A VIPER_LOG the program does not know is reported as it starts, also by a command that logs
+// nothing else (before, only at the first log line, which such a command never wrote).
+TEST(ObservabilityCli, AnUnknownViperLogIsReportedAtOnce) {
+  testing::TempDir dir;
+  ::setenv("VIPER_LOG", "verbose", 1);
+  Outcome o = RunViper({"inspect", (dir.path() / "absent.safetensors").string()}, dir.path());
+  ::unsetenv("VIPER_LOG");
+  EXPECT_EQ(o.exit_code, 1) << o.err;
+  EXPECT_NE(o.err.find("VIPER_LOG=verbose is not one of error|warn|info|debug; using warn"), std::string::npos) << o.err;
+}
+
 }  // namespace
 }  // namespace viper

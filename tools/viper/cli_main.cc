@@ -105,6 +105,8 @@ int RunCli(int argc, char** argv) {
                          : log_level == "info" ? viper::LogLevel::kInfo
                          : log_level == "debug" ? viper::LogLevel::kDebug
                                                 : viper::LogLevel::kWarn);
+  } else {
+    (void)viper::log_level();  // reads VIPER_LOG now: a value it does not know is reported at once
   }
   for (auto& [sub, run] : subcommands) {
     if (sub->parsed()) return run();

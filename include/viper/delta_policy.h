@@ -41,7 +41,8 @@ struct DeltaStats {
   uint64_t sent = 0;             // delta streams sent to consumers
   uint64_t sent_bytes = 0;
   uint64_t declined = 0;         // FETCHes that offered a base and got the full snapshot
-  // Relays: deltas received from the upstream and passed on as they arrived (no encode here).
+  // Relays: deltas received whole from the upstream and kept to pass on, part by part as they
+  // arrived, to peers offering the same base (none of them encoded here); and their size.
   uint64_t forwarded = 0;
   uint64_t forwarded_bytes = 0;
 };

@@ -10,6 +10,9 @@
 #               the producer's node at the prefix that had landed (resume: its own receivers never
 #               notice), every consumer gets a whole, verified model, and all re-attach past the dead
 #               relay for the next version.
+#   test_delta_chain: with deltas always on, version 2 (one byte in 256 changed) crosses the chain
+#               as the producer's delta, passed on by each relay (none encodes one), and the
+#               consumer at the end maps it whole and verified.
 # Usage: fanout_test.sh PATH/TO/viper      (root; labels: netns)
 set -uo pipefail
 
@@ -98,6 +101,8 @@ publish() { on h1 "$VIPER" publish fan "$TMP/m$2.safetensors" --connect "$1" >/d
 
 echo "making models"
 for k in 1 2 3; do $PY "$HERE/make_model.py" "$TMP/m$k.safetensors" $((48 << 20)) $((40 + k)) || exit 1; done
+$PY "$HERE/make_model.py" "$TMP/m4.safetensors" $((48 << 20)) 50 && $PY "$HERE/make_model.py" "$TMP/m5.safetensors" $((48 << 20)) 50 256 ||
+  exit 1
 for h in h1 h2 h3 h4; do host_shell $h; done
 
 # ---------------------------------------------------------------- 1. a chain of relays, 8 consumers
@@ -230,7 +235,50 @@ test_relay_killed() {
   for n in a2 c2 d2; do kill -TERM "$(cat "$TMP/$n.pid")" 2>/dev/null; done
 }
 
-for t in ${XNODE_TESTS:-test_chain test_relay_killed}; do
+# ---------------------------------------------------------------- 3. a delta through the chain
+# A (h1) -> B (h2) -> C (h3) -> D (h4), every node `--delta always`, one consumer mapping D. Version
+# 1 crosses in full; version 2 (m5: m4 with one byte in 256 flipped) as the delta A encodes, which B
+# and C pass on as it arrives (`delta_forwarded`), encoding none of their own (`delta_encoded`).
+test_delta_chain() {
+  local A=${IP[1]}:7420 B=${IP[2]}:7421 C=${IP[3]}:7422 D=${IP[4]}:7423
+  node h1 a3 7420 --delta always || return
+  node h2 b3 7421 --upstream $A --relay-model fan --delta always || return
+  node h3 c3 7422 --upstream $B --relay-model fan --delta always || return
+  node h4 d3 7423 --upstream $C --relay-model fan --delta always || return
+  consumer h4 w3 $D 2 || return
+  wait_for 20 peers_at_least h1 $A 1 && wait_for 20 peers_at_least h2 $B 1 && wait_for 20 peers_at_least h3 $C 1 &&
+    wait_for 20 peers_at_least h4 $D 1 || { failed "the chain never connected"; return; }
+  publish $A 4 || { failed "publish v1"; return; }
+  wait_for 60 all_lines 1 w3 || { failed "v1 did not reach the consumer"; return; }
+  local size name host addr sent
+  size=$(field "$TMP/w3.json" 0 bytes)
+  declare -A before
+  for n in a:h1:$A b:h2:$B c:h3:$C; do
+    IFS=: read -r name host addr <<<"$n"
+    before[$name]=$(settled "$host" "$addr" bytes_sent "$size")
+  done
+  publish $A 5 || { failed "publish v2"; return; }
+  wait_for 60 all_lines 2 w3 || { failed "v2 did not reach the consumer"; return; }
+  for n in a:h1:$A b:h2:$B c:h3:$C; do
+    IFS=: read -r name host addr <<<"$n"
+    sent=$(($(settled "$host" "$addr" bytes_sent) - ${before[$name]}))
+    check "node $name sent a delta for v2, not the version ($sent bytes for $size)" test "$sent" -gt 0 -a "$sent" -lt $((size / 10))
+  done
+  for n in b:h2:$B c:h3:$C d:h4:$D; do
+    IFS=: read -r name host addr <<<"$n"
+    check "relay $name received v2 as the producer's delta and kept it to pass on" test "$(counter "$host" "$addr" delta_forwarded)" = 1
+    check "relay $name encoded no delta of its own" test "$(counter "$host" "$addr" delta_encoded)" = 0
+  done
+  check "node a encoded the one delta" test "$(counter h1 $A delta_encoded)" = 1
+  local want
+  want=$(source_checksum ${IP[1]} 7420 fan 2 "$TMP/m5.safetensors")
+  check "fan v2 on A is the source file's bytes" test -n "$want"
+  check "the consumer on D mapped v2 whole and verified" \
+    test "$(field "$TMP/w3.json" 1 version)" = 2 -a "$(field "$TMP/w3.json" 1 checksum)" = "$want"
+  for n in a3 b3 c3 d3; do kill -TERM "$(cat "$TMP/$n.pid")" 2>/dev/null; done
+}
+
+for t in ${XNODE_TESTS:-test_chain test_relay_killed test_delta_chain}; do
   echo "== $t"
   start=$SECONDS
   $t

@@ -421,6 +421,11 @@ bool DeltaStore::AddForwardedPart(const std::shared_ptr<DeltaJob>& job, uint32_t
               std::to_string(job->parts.size()) + ")";
     } else if (!part || part->empty()) {
       wrong = "delta part " + std::to_string(index) + " is empty";
+    } else if (job->encoded_bytes + part->size() > job->target_size) {
+      // Held until the version is complete: a stream beyond the version's own size is no delta
+      // worth passing on (an upstream sends none above kMaxRatio), and is not held in memory.
+      wrong = "the delta grew past the version's " + std::to_string(job->target_size) + " bytes at part " +
+              std::to_string(index);
     } else {
       job->encoded_bytes += part->size();
       job->parts.push_back(std::move(part));
@@ -445,6 +450,7 @@ void DeltaStore::StopForwarding(const std::shared_ptr<DeltaJob>& job, const std:
     if (job->done) return;  // complete: its sends finish from the parts held
     job->cancelled = true;
     if (job->error.ok()) job->error = Status::NotFound("the delta received from the upstream broke off here: " + why);
+    job->parts.clear();  // its sends stop at the error; a part in flight holds its own reference
   }
   {
     std::lock_guard<std::mutex> lock(mu_);

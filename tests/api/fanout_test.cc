@@ -505,6 +505,21 @@ TEST_F(DeltaPassOn, APartOutOfOrderStopsThePassingOn) {
   EXPECT_EQ(node->stats().delta.encoded, 1u);
 }
 
+// A delta stream that grows past the version's own size is not passed on (nor held): the peer's
+// fetch fails at once, naming why.
+TEST_F(DeltaPassOn, AStreamLargerThanTheVersionIsNotPassedOn) {
+  auto in = Receive();
+  ASSERT_TRUE(in);
+  auto fetch = FetchWithBase(*client, v1, &received);
+  PassOn(*in, 0, 1);
+  ASSERT_TRUE(WaitUntil([&] { return node->stats().delta.sent == 1; }, 30s)) << "the peer's fetch was not passed on";
+  in->ForwardDeltaPart(1, base_checksum, 1, std::make_shared<const std::vector<std::byte>>(v2.bytes().size()), false);
+  auto got = Wait(fetch);
+  EXPECT_EQ(got.status().code(), StatusCode::kNotFound) << got.status().ToString();
+  EXPECT_NE(got.status().message().find("grew past the version"), std::string::npos) << got.status().ToString();
+  EXPECT_EQ(node->stats().delta.forwarded, 0u);
+}
+
 // A relay whose upstream relay goes away re-attaches to its alternate (here the producer's node)
 // and keeps relaying the versions that follow.
 TEST(Fanout, RelayReattachesPastALostUpstream) {

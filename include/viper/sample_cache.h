@@ -16,7 +16,8 @@
 // name "<name>.s<id>", version 1 (or later, if it is put again). The node's host_max_bytes is the
 // cache's memory budget: a put beyond it is refused and counted (the sample is read from the
 // source again next time). One segment per sample: the node maps each, so a node holds at most
-// some tens of thousands of samples (vm.max_map_count).
+// vm.max_map_count less room for its process's other mappings (MaxCachedSamples: 49,146 samples
+// on a default kernel); it keeps no file descriptor per sample.
 //
 // A node never reached yet is waited for while the cache is young (up to `timeout` after Open: the
 // ranks start at their own pace). Later, a node that cannot be reached (connection refused, timed
@@ -56,7 +57,10 @@ struct SampleCacheOptions {
   std::string token;    // the nodes' HELLO token (required to listen beyond loopback, unless insecure)
   bool insecure = false;
   uint64_t max_bytes = 0;  // the node's memory budget (NodeOptions::host_max_bytes; 0 = half of /dev/shm)
-  size_t max_samples = 1 << 16;  // samples the node may hold (NodeOptions::host_max_models)
+  // Samples the node may hold (NodeOptions::host_max_models); 0 = MaxCachedSamples(). More than
+  // that is InvalidArgument: the mappings would exhaust the process's (a failed mmap is a failed
+  // malloc elsewhere in it).
+  size_t max_samples = 0;
   std::chrono::milliseconds timeout{10000};    // per request to another node
   std::chrono::milliseconds retry_down{3000};  // how long an unreachable node stays left out
 };
@@ -90,6 +94,11 @@ struct SampleCacheJobCounters {
   std::atomic<uint64_t> source_reads{0}, source_bytes{0};  // read from the source for this job
   std::atomic<uint64_t> hits{0}, hit_bytes{0};             // taken from a node's cache
 };
+
+// Samples one node may hold on this host: each is one mapping, so vm.max_map_count (read from
+// /proc; 65,530 if it cannot be) less 16,384 left for the process's other mappings (libraries,
+// allocator arenas, transport buffers; a PyTorch process holds a few thousand).
+size_t MaxCachedSamples();
 
 // The owner of `id` among `members` (rendezvous hashing; independent of the members' order).
 // REQUIRES: members is not empty. Returns an index into members.

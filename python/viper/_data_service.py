@@ -173,20 +173,20 @@ class DataService:
     control address (TCP "HOST:PORT"; port 0 picks one: see .address). `node`: the cache node's
     UCX address (loopback by default; only this process and ranks of other nodes talk to it).
     `max_bytes`: the cache's memory (shared memory; 0 = half of /dev/shm); `max_samples`: samples it
-    may hold. `job_readers`, `job_memory`: the budget a job gets when it first attaches (reader
+    may hold (0: as many as vm.max_map_count allows). `job_readers`, `job_memory`: the budget a job gets when it first attaches (reader
     threads; bytes read ahead); change it at run time with set_budget(), ServiceControl or
     `viper data set-budget`. `token`: the clients' shared secret, required to listen beyond loopback
     unless insecure=True. `name`: the cache's namespace in the node."""
 
     def __init__(self, source, listen: str = "127.0.0.1:0", *, node: str = "127.0.0.1:0", max_bytes: int = 0,
-                 max_samples: int = 1 << 16, job_readers: int = 4, job_memory: int = 64 << 20, token: str = "",
+                 max_samples: int = 0, job_readers: int = 4, job_memory: int = 64 << 20, token: str = "",
                  insecure: bool = False, name: str = "data"):
         from . import data as _data
         owner = "viper.data.DataService()"
         host, port = _split_address(owner, "listen", listen)
         _check.address(owner, "node", node)
         max_bytes = _check.integer(owner, "max_bytes", max_bytes, lo=0)
-        max_samples = _check.integer(owner, "max_samples", max_samples, lo=1)
+        max_samples = _check.integer(owner, "max_samples", max_samples, lo=0)
         job_readers, job_memory = check_budget(owner, job_readers, job_memory, ("job_readers", "job_memory"))
         self._defaults = (job_readers, job_memory)
         self._token = _check.text(owner, "token", token, allow_empty=True)

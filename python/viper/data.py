@@ -212,14 +212,16 @@ class SampleCache(Source):
     then puts it into the owner's node. An unreachable node is left out for `retry_down` seconds
     (its samples go to their next owner). `token` is the nodes' shared secret (required beyond
     loopback unless insecure=True); max_bytes the node's memory budget (0: half of /dev/shm);
-    `name` the cache's namespace in the nodes ([A-Za-z0-9_-], default "data").
+    max_samples the samples it may hold (0: as many as vm.max_map_count allows, one mapping each:
+    49,146 on a default kernel; more is refused); `name` the cache's namespace in the nodes
+    ([A-Za-z0-9_-], default "data").
 
     start_node=False attaches to nodes[node] instead of starting it: the node is run by another
     process on this host (another rank's or job's SampleCache, or `viper serve`), so that several
     processes on one host share one cache in one node's shared memory."""
 
     def __init__(self, source, nodes: Sequence[str], node: int = 0, *, name: str = "data", token: str = "",
-                 insecure: bool = False, max_bytes: int = 0, max_samples: int = 1 << 16, timeout: float = 10.0,
+                 insecure: bool = False, max_bytes: int = 0, max_samples: int = 0, timeout: float = 10.0,
                  retry_down: float = 3.0, start_node: bool = True):
         owner = "viper.data.SampleCache()"
         nodes = _nodes(owner, nodes)
@@ -228,7 +230,7 @@ class SampleCache(Source):
         token = _check.text(owner, "token", token, allow_empty=True)
         insecure = _check.boolean(owner, "insecure", insecure)
         max_bytes = _check.integer(owner, "max_bytes", max_bytes, lo=0)
-        max_samples = _check.integer(owner, "max_samples", max_samples, lo=1)
+        max_samples = _check.integer(owner, "max_samples", max_samples, lo=0)
         timeout = _check.number(owner, "timeout", timeout, lo=0.001)
         retry_down = _check.number(owner, "retry_down", retry_down, lo=0.0)
         start_node = _check.boolean(owner, "start_node", start_node)

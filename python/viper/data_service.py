@@ -30,7 +30,8 @@ def main(argv=None) -> int:
     serve.add_argument("--listen", default="127.0.0.1:7600")
     serve.add_argument("--node", default="127.0.0.1:0", help="the cache node's UCX address")
     serve.add_argument("--max-bytes", type=int, default=0, help="the cache's shared memory (0: half of /dev/shm)")
-    serve.add_argument("--max-samples", type=int, default=1 << 16)
+    serve.add_argument("--max-samples", type=int, default=0,
+                       help="samples the cache may hold (0: as many as vm.max_map_count allows)")
     serve.add_argument("--job-readers", type=int, default=4)
     serve.add_argument("--job-memory", type=int, default=64 << 20)
     serve.add_argument("--token-file", default="")

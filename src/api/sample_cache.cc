@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -64,6 +65,20 @@ bool ValidName(const std::string& name) {
 }
 
 }  // namespace
+
+// Mappings left to the rest of a cache node's process (MaxCachedSamples).
+constexpr size_t kMapHeadroom = 16384;
+
+size_t MaxCachedSamples() {
+  constexpr size_t kDefaultMapCount = 65530;
+  size_t map_count = kDefaultMapCount;
+  if (std::FILE* f = std::fopen("/proc/sys/vm/max_map_count", "r")) {
+    unsigned long long v = 0;
+    if (std::fscanf(f, "%llu", &v) == 1 && v > 0) map_count = static_cast<size_t>(v);
+    std::fclose(f);
+  }
+  return map_count > 2 * kMapHeadroom ? map_count - kMapHeadroom : map_count / 2;
+}
 
 size_t SampleOwner(uint64_t id, const std::vector<std::string>& members) {
   std::vector<uint64_t> keys;
@@ -341,7 +356,13 @@ Result<std::shared_ptr<SampleCache>> SampleCache::Open(std::shared_ptr<const Sam
     }
   }
   if (!ValidName(options.name)) return bad(fmt::format("name='{}' must be 1-64 characters of [A-Za-z0-9_-]", options.name));
-  if (options.max_samples < 1) return bad("max_samples must be >= 1");
+  const size_t most = MaxCachedSamples();
+  if (options.max_samples > most) {
+    return bad(fmt::format(
+        "max_samples={} is more than this host allows a node: {} (one mapping per sample: vm.max_map_count less {} "
+        "for the process's other mappings; raise it with sysctl vm.max_map_count, or give 0 for the most)",
+        options.max_samples, most, kMapHeadroom));
+  }
   if (options.timeout.count() < 1) return bad("timeout must be >= 1 ms");
   auto impl = std::make_unique<Impl>();
   impl->source = std::move(source);
@@ -354,7 +375,7 @@ Result<std::shared_ptr<SampleCache>> SampleCache::Open(std::shared_ptr<const Sam
   no.name = fmt::format("sample-cache-{}-{}", options.name, options.self);
   no.keep_host_versions = 1;
   no.host_max_bytes = options.max_bytes;
-  no.host_max_models = options.max_samples;
+  no.host_max_models = options.max_samples != 0 ? options.max_samples : most;
   no.token = options.token;
   no.insecure = options.insecure;
   no.recover = false;

@@ -7,10 +7,13 @@
 #include <netinet/in.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
+#include <filesystem>
 #include <map>
 #include <random>
 #include <set>
@@ -476,6 +479,66 @@ TEST(SampleCacheTest, BadOptionsNamed) {
   o.nodes = {"127.0.0.1:1"};
   o.name = "a.b";
   expect(o, "name='a.b' must be 1-64 characters of [A-Za-z0-9_-]");
+  o.name = "x";
+  o.max_samples = MaxCachedSamples() + 1;  // more mappings than the process may have
+  expect(o, "max_samples=" + std::to_string(o.max_samples) + " is more than this host allows a node: " +
+                std::to_string(MaxCachedSamples()) + " (one mapping per sample: vm.max_map_count");
+}
+
+// Samples of `bytes` bytes made in memory (sample i: every byte i % 251).
+class MemorySource : public SampleSource {
+ public:
+  MemorySource(uint64_t n, uint64_t bytes) : n_(n), bytes_(bytes) {}
+  uint64_t size() const override { return n_; }
+  uint64_t bytes(uint64_t) const override { return bytes_; }
+  int64_t label(uint64_t) const override { return 0; }
+  std::string Describe(uint64_t id) const override { return "sample " + std::to_string(id); }
+  Status ReadInto(uint64_t id, std::span<std::byte> dst) const override {
+    std::memset(dst.data(), static_cast<int>(id % 251), dst.size());
+    return Status::OK();
+  }
+
+ private:
+  uint64_t n_, bytes_;
+};
+
+size_t OpenDescriptors() {
+  size_t n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+  return n;
+}
+
+// A node holds a sample without a file descriptor for it: 4,000 samples are cached with the
+// process allowed 512 more descriptors than it had (each segment kept one open before: a cache
+// stopped caching, and its process could open no file, at RLIMIT_NOFILE's usual 1024), and the
+// default max_samples lets a node hold them.
+TEST(SampleCacheTest, ACacheHoldsNoDescriptorPerSample) {
+  constexpr uint64_t kSamples = 4000;
+  auto src = std::make_shared<MemorySource>(kSamples, 64);
+  SampleCacheOptions co;
+  co.nodes = LoopbackNodes(1);
+  co.name = "fds";
+  auto c = SampleCache::Open(src, co);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &old), 0);
+  rlimit tight = old;
+  tight.rlim_cur = OpenDescriptors() + 512;
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &tight), 0);
+  const size_t before = OpenDescriptors();
+  std::vector<std::byte> buf(64);
+  for (uint64_t id = 0; id < kSamples; ++id) ASSERT_TRUE((*c)->ReadInto(id, buf).ok()) << id;
+  const size_t after = OpenDescriptors();
+  ::setrlimit(RLIMIT_NOFILE, &old);
+  SampleCacheStats s = (*c)->stats();
+  EXPECT_EQ(s.node_samples, kSamples);
+  EXPECT_EQ(s.put_failures, 0u);
+  EXPECT_LT(after, before + 64) << "descriptors grew with the samples cached";
+  for (uint64_t id : {uint64_t{0}, uint64_t{1234}, kSamples - 1}) {  // the second pass is served by the node
+    ASSERT_TRUE((*c)->ReadInto(id, buf).ok());
+    EXPECT_EQ(buf, std::vector<std::byte>(64, static_cast<std::byte>(id % 251)));
+  }
+  EXPECT_EQ((*c)->stats().local_hits, 3u);
 }
 
 }  // namespace

@@ -18,6 +18,12 @@
 //   tier no fsync      tier's code path against a plain write(), free of the device's variance
 // Disk steps run in an order rotated every repetition; every written file is deleted and the file
 // system synced (outside the timed region) before the next step.
+//
+//   viper_tier_bench --many 40000     (instead of the sizes)
+// A tier holding many small versions, one model each, as a sample cache's node does: the time of
+// each Allocate + 64-byte copy + Commit of a new model, for the first and the last 1,000 of N,
+// against the raw syscalls that make one such segment (shm_open O_EXCL, ftruncate, fallocate,
+// mmap, close) timed in the same run; then every segment is dropped at once.
 // The source is a sealed snapshot in a pre-faulted buffer. Each figure is GB/s (1e9 bytes/s);
 // the table shows the median and the best of the repetitions; ratios are median/median.
 #include <fcntl.h>
@@ -55,6 +61,7 @@ struct Config {
   bool no_file = false;
   bool samples = false;
   int settle_ms = 0;
+  uint64_t many = 0;  // --many N: the many-small-versions part only
 };
 
 Config g_cfg;
@@ -283,6 +290,63 @@ void RunSize(const Config& cfg, uint64_t size, const fs::path& dir) {
   std::fflush(stdout);
 }
 
+// Median of the per-operation times in [begin, end) of `t` (seconds).
+double MedianOf(std::vector<double> t, size_t begin, size_t end) {
+  std::vector<double> part(t.begin() + static_cast<std::ptrdiff_t>(begin), t.begin() + static_cast<std::ptrdiff_t>(end));
+  std::nth_element(part.begin(), part.begin() + static_cast<std::ptrdiff_t>(part.size() / 2), part.end());
+  return part[part.size() / 2];
+}
+
+void RunMany(uint64_t n) {
+  constexpr size_t kWindow = 1000;
+  if (n < 2 * kWindow) Die(Status::InvalidArgument(fmt::format("--many {}: give at least {}", n, 2 * kWindow)));
+  HostTierOptions ho;
+  ho.prefix = "viper-bench";
+  ho.keep_versions = 1;
+  ho.max_models = n + 1;
+  auto tier = HostTier::Open(ho);
+  if (!tier.ok()) Die(tier.status());
+  std::byte sample[64] = {};
+  std::vector<double> tier_s, raw_s;
+  tier_s.reserve(n);
+  raw_s.reserve(n);
+  for (uint64_t i = 0; i < n; ++i) {
+    auto t0 = Clock::now();
+    auto lease = (*tier)->Allocate(sizeof sample);
+    if (!lease.ok()) Die(lease.status().WithContext(fmt::format("version {} of {}", i + 1, n)));
+    std::memcpy(lease->data().data(), sample, sizeof sample);
+    Status st = (*tier)->Commit(std::move(*lease), fmt::format("s{}", i), 1);
+    tier_s.push_back(Seconds(t0, Clock::now()));
+    if (!st.ok()) Die(st);
+  }
+  // The raw baseline, as many segments again (the map count allowing: they are unmapped as made).
+  const long page = ::sysconf(_SC_PAGESIZE);
+  for (uint64_t i = 0; i < n; ++i) {
+    const std::string name = fmt::format("/viper-bench-raw.{}.{}", ::getpid(), i);
+    auto t0 = Clock::now();
+    int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) Die(Status::FromErrno("shm_open " + name));
+    if (::ftruncate(fd, 2 * page) != 0 || ::posix_fallocate(fd, 0, page) != 0) Die(Status::FromErrno("ftruncate " + name));
+    void* p = ::mmap(nullptr, static_cast<size_t>(2 * page), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) Die(Status::FromErrno("mmap " + name));
+    ::close(fd);
+    std::memcpy(p, sample, sizeof sample);
+    raw_s.push_back(Seconds(t0, Clock::now()));
+    ::munmap(p, static_cast<size_t>(2 * page));
+    ::shm_unlink(name.c_str());
+  }
+  const double first = MedianOf(tier_s, 0, kWindow), last = MedianOf(tier_s, n - kWindow, n);
+  const double raw = MedianOf(raw_s, 0, n);
+  std::printf("many small versions: %llu models of one 64-byte version each in one host tier\n",
+              static_cast<unsigned long long>(n));
+  std::printf("  Allocate + copy + Commit, median of the first %zu: %.1f us; of the last %zu: %.1f us (last / first %.2fx)\n",
+              kWindow, first * 1e6, kWindow, last * 1e6, last / first);
+  std::printf("  baseline, same run: shm_open + ftruncate + fallocate + mmap + close of one segment: %.1f us (median of %llu)\n",
+              raw * 1e6, static_cast<unsigned long long>(n));
+  std::printf("  last 1,000 / baseline: %.2fx\n", last / raw);
+  tier->reset();
+}
+
 int Main(int argc, char** argv) {
   Config cfg;
   CLI::App app{"Host-tier and file-tier write throughput against memcpy and raw write+fsync baselines"};
@@ -292,8 +356,14 @@ int Main(int argc, char** argv) {
   app.add_flag("--no-file", cfg.no_file, "skip the file-tier rows");
   app.add_option("--settle-ms", cfg.settle_ms, "pause after deleting each written file (lets the disk finish discards)");
   app.add_flag("--samples", cfg.samples, "also print every repetition's GB/s, in run order");
+  app.add_option("--many", cfg.many, "instead of the sizes: N one-version models of 64 bytes in one tier (a sample cache's node)")
+      ->check(CLI::Range(uint64_t{2000}, uint64_t{10000000}));
   CLI11_PARSE(app, argc, argv);
   g_cfg = cfg;
+  if (cfg.many != 0) {
+    RunMany(cfg.many);
+    return 0;
+  }
 
   fs::path dir = cfg.dir;
   bool made_dir = false;

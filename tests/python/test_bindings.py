@@ -145,7 +145,12 @@ CONSUMER = textwrap.dedent("""
     sub = viper.Subscriber("m", connect=sys.argv[1])
     seen = []
     while not seen or seen[-1] < 3:
-        v = sub.wait(timeout=60)
+        try:
+            v = sub.wait(timeout=60)
+        except viper.ViperTimeoutError:
+            # What the subscriber saw (announcements, loads, failures), for the report of a lost update.
+            print("subscriber stats:", sub.stats(), file=sys.stderr, flush=True)
+            raise
         seen.append(v.version)
         print(v.version, int(v["x"].sum()), v.path, flush=True)
     sub.close()

@@ -19,6 +19,8 @@ constexpr double kDefaultEncodeRate = 1.0e9;  // target bytes/s of the encoder u
 constexpr double kDecodeRate = 2.0e9;         // target bytes/s of a consumer's decoder (measured: ARCHITECTURE)
 constexpr double kMaxRatio = 0.9;             // a delta is sent only if below this fraction of the snapshot
 constexpr uint64_t kMinMeasuredSend = 16ull << 20;
+// FETCH_OK's detail for a delta a relay passes on (tests and users look for "passed on").
+constexpr std::string_view kPassedOn = " (passed on as it arrives from the upstream)";
 constexpr size_t kMinPoolBytes = 16ull << 20;  // free part vectors kept before any delta is finished
 
 double Ewma(double old, double sample) { return old <= 0 ? sample : 0.7 * old + 0.3 * sample; }
@@ -353,7 +355,7 @@ bool DeltaStore::TryStart(net::PeerId peer, const proto::Fetch& m, const proto::
   }
   *why = "delta against version " + std::to_string(m.base_version) +
          (always      ? " (node set to always send deltas)"
-          : forwarded ? " (passed on as received from the upstream)"
+          : forwarded ? std::string(kPassedOn)
                       : ": " + *why);
   if (!job) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -473,8 +475,7 @@ bool DeltaStore::TryForward(net::PeerId peer, const proto::Fetch& m, const proto
     std::lock_guard<std::mutex> lock(job->mu);
     if (!job->forwarded || job->base_checksum != m.base_checksum || !job->error.ok()) return false;
   }
-  StartSend(job, peer, m, info, "delta against version " + std::to_string(m.base_version) +
-                                    " (passed on as it arrives from the upstream)");
+  StartSend(job, peer, m, info, "delta against version " + std::to_string(m.base_version) + std::string(kPassedOn));
   return true;
 }
 

@@ -190,8 +190,9 @@ struct ModelVersion {
 struct SubscriberStats {
   uint64_t notifies = 0;
   uint64_t updates = 0;        // versions swapped in
-  uint64_t skipped = 0;        // announced versions never loaded because a newer one came
-  uint64_t fetch_failures = 0;
+  uint64_t skipped = 0;        // announced versions never loaded because a newer one came (before
+                               // their load started, or while it ran and the node retired them)
+  uint64_t fetch_failures = 0;  // loads that failed on every path (a version skipped is not one)
   uint64_t deltas = 0;           // versions that came as a delta
   uint64_t delta_fallbacks = 0;  // deltas that failed (decode, verify, node gave up) and were fetched in full
   uint64_t connect_failures = 0;   // (re)connection attempts that reached no node

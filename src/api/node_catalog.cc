@@ -73,7 +73,7 @@ Result<proto::VersionInfo> Node::Impl::CommitVersion(WriteLease lease, proto::Ve
     std::lock_guard<std::mutex> lock(mu);
     remote_subscribers = HasRemoteSubscribersLocked(info.model);
   }
-  if (deltas) deltas->OnCommit(info, remote_subscribers);
+  std::function<void()> stop_stale_deltas = deltas ? deltas->OnCommit(info, remote_subscribers) : [] {};
   std::vector<net::PeerId> subscribers;
   proto::VersionInfo notified;  // info, plus a kDevice replica while the GPU copy is live
   {
@@ -89,6 +89,7 @@ Result<proto::VersionInfo> Node::Impl::CommitVersion(WriteLease lease, proto::Ve
   }
   auto notify = proto::Encode(proto::Notify{notified});
   for (net::PeerId peer : subscribers) (void)engine->Send(peer, notify);
+  stop_stale_deltas();  // after the NOTIFY: see DeltaStore::OnCommit
   if (info.publish_ns > 0) publish_live.Record(WallClockNs() - info.publish_ns);
   if (registry_agent) registry_agent->Announce(info);
   QueueFlush(info);

@@ -61,15 +61,15 @@ DeltaStore::~DeltaStore() {
   bases_.clear();
 }
 
-void DeltaStore::OnCommit(const proto::VersionInfo& info, bool eager) {
-  if (options_.delta_bases == 0) return;
+std::function<void()> DeltaStore::OnCommit(const proto::VersionInfo& info, bool eager) {
+  if (options_.delta_bases == 0) return [] {};
   auto lease = host_->Acquire(info.model, info.version);
-  if (!lease.ok()) return;  // already retired: nothing to keep
+  if (!lease.ok()) return [] {};  // already retired: nothing to keep
   auto snapshot = Snapshot::Parse(lease->data(), nullptr);
   if (!snapshot.ok()) {
     log(LogLevel::kWarn, kLog, "{} version {} is not kept as a delta base: {}", info.model, info.version,
         snapshot.status().message());
-    return;
+    return [] {};
   }
   std::vector<std::pair<std::shared_ptr<DeltaJob>, bool>> stale;  // and whether its base was evicted
   {
@@ -119,7 +119,9 @@ void DeltaStore::OnCommit(const proto::VersionInfo& info, bool eager) {
           "; fetch in full");
     }
   }
-  for (auto& entry : stale) engine_->Post([this, job = entry.first] { Pump(job); });
+  return [this, stale = std::move(stale)] {
+    for (auto& entry : stale) engine_->Post([this, job = entry.first] { Pump(job); });
+  };
 }
 
 std::shared_ptr<DeltaJob> DeltaStore::JobLocked(const std::string& model, const Base& base, const Base& target) {

@@ -93,8 +93,10 @@ class DeltaStore {
 
   // After `info` was committed: keeps it as a base, evicts bases beyond options.delta_bases
   // (cancelling their unfinished encodes) and, if `eager`, starts encoding the delta from the
-  // previous version.
-  void OnCommit(const proto::VersionInfo& info, bool eager);
+  // previous version. Returns what tells the consumers of the encodes it stopped (their ERROR):
+  // the caller runs it after the version's NOTIFY is sent, so that such a consumer knows of the
+  // version that replaced the one it was receiving and loads that instead of this one in full.
+  [[nodiscard]] std::function<void()> OnCommit(const proto::VersionInfo& info, bool eager);
   // A SEND FETCH that offers a base: starts a delta stream and returns true (FETCH_OK sent), or
   // returns false with `why` for the full transfer's FETCH_OK. Progress thread.
   bool TryStart(net::PeerId peer, const proto::Fetch& m, const proto::VersionInfo& info, std::string* why);

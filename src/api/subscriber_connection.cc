@@ -57,8 +57,10 @@ void Subscriber::Impl::OnAnnounce(const proto::VersionInfo& info, bool incoming,
                failed_version == info.version;
   if (announced && announced->version >= info.version && !retry) return;
   auto current = live.load();
-  if (announced && announced->version < info.version && (!current || announced->version > current->version()))
-    stats.skipped++;  // superseded before load
+  // Superseded before its load started (one being loaded counts as skipped only if it then fails).
+  if (announced && announced->version < info.version && announced->version != loading_version &&
+      (!current || announced->version > current->version()))
+    stats.skipped++;
   if (retry) failed_version = 0;
   announced = info;
   announced_incoming = incoming;
@@ -227,6 +229,7 @@ void Subscriber::Impl::Run() {
     proto::VersionInfo info = *announced;
     int64_t notified = announced_ns;
     const bool device_only = announced_device_only;
+    loading_version = info.version;
     lock.unlock();
 
     auto loaded = device_only && gpu ? LoadDeviceOnly(info) : Load(info);
@@ -234,6 +237,17 @@ void Subscriber::Impl::Run() {
       if (Status st = PlaceOnDevice(**loaded, info); !st.ok()) loaded = st.WithContext("placing it on GPU " + std::to_string(options.gpu_device));
     }
     lock.lock();
+    loading_version = 0;
+    if (!loaded.ok() && loaded.status().code() == StatusCode::kNotFound && announced &&
+        announced->version > info.version) {
+      // Retired at the node while we fetched it, and a newer version is announced: a skip, not a
+      // failure (a consumer slower than the publishes sees these; the newer one is loaded next).
+      stats.skipped++;
+      failed_version = info.version;
+      log(LogLevel::kInfo, kLog, "{} version {} skipped: {}; version {} replaces it", options.model, info.version,
+          loaded.status().message(), announced->version);
+      continue;
+    }
     if (!loaded.ok()) {
       stats.fetch_failures++;
       last_error = loaded.status();

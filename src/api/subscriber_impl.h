@@ -67,6 +67,7 @@ struct Subscriber::Impl : std::enable_shared_from_this<Subscriber::Impl> {
   bool announced_device_only = false;  // by a device-only NOTIFY (options.gpu_early): no host bytes yet
   int64_t announced_ns = 0;
   uint64_t failed_version = 0;     // the last version whose load failed on every path
+  uint64_t loading_version = 0;    // the version Run is loading (0 between loads)
   // The receive buffer of a transfer that broke midway: receives may still be posted into it, so
   // it returns to the pool only after the client (and its engine) that posted them is gone.
   std::shared_ptr<const void> poisoned_buffer;
@@ -161,6 +162,12 @@ struct Subscriber::Impl : std::enable_shared_from_this<Subscriber::Impl> {
   void DropClient(const std::shared_ptr<Client>& broken);
   void Run();
   Result<std::shared_ptr<ModelVersion>> Load(const proto::VersionInfo& info);
+  // Whether a version newer than `info` is known: announced already or, asking `client` (if
+  // connected), held by the node (then announced here as if NOTIFY had come: the node may retire a
+  // version and answer a FETCH of it before its NOTIFY of the newer one is out). A load that the
+  // node refuses as gone (NotFound: the version, or the delta's base, was retired) and that is
+  // replaced is not retried on another path nor in full: it is skipped (SubscriberStats::skipped).
+  bool Replaced(const proto::VersionInfo& info, Client* client);
   std::vector<internal::PathChoice> RankPaths(const proto::VersionInfo& info, Client* client);
   Result<std::shared_ptr<ModelVersion>> LoadVia(FetchPath path, const proto::VersionInfo& info,
                                                 const std::shared_ptr<Client>& client);

@@ -42,6 +42,22 @@ std::vector<internal::PathChoice> Subscriber::Impl::RankPaths(const proto::Versi
   return estimator.Rank(candidates, info.size, same_host, connected);
 }
 
+bool Subscriber::Impl::Replaced(const proto::VersionInfo& info, Client* client) {
+  auto known = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return announced && announced->version > info.version;
+  };
+  if (known()) return true;
+  if (!client || !client->connected()) return false;
+  auto listed = client->List();
+  if (!listed.ok()) return false;
+  const proto::VersionInfo* newest = nullptr;
+  for (const auto& v : *listed)
+    if (v.model == info.model && v.version > info.version && (!newest || v.version > newest->version)) newest = &v;
+  if (newest) OnAnnounce(*newest, false, client->address());  // checks its seal, as a NOTIFY's
+  return known();
+}
+
 Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::Load(const proto::VersionInfo& info) {
   std::shared_ptr<Client> c;
   if (auto ensured = EnsureClient(); ensured.ok()) c = *ensured;
@@ -76,6 +92,7 @@ Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::Load(const proto::Versio
       return mv;
     }
     last = mv.status();
+    if (last.code() == StatusCode::kNotFound && Replaced(info, c.get())) return last;  // skipped: see Replaced
     log(LogLevel::kWarn, kLog, "{} version {} via {} failed: {}; trying the next path", options.model, info.version,
         fetch_path_name(choice.path), last.message());
     fallbacks += (fallbacks.empty() ? "" : "; ") + std::string(fetch_path_name(choice.path)) +
@@ -232,6 +249,8 @@ Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::LoadRemote(const proto::
   std::string delta_failed;
   if (auto delta = LoadRemoteDelta(info, client, shared)) {
     if (!delta->retry_in_full || !client.connected()) return std::move(delta->result);
+    if (delta->result.status().code() == StatusCode::kNotFound && Replaced(info, &client))
+      return std::move(delta->result);  // its base (or itself) retired: the newer version is fetched instead
     delta_failed = delta->result.status().message();  // the same connection fetches the full snapshot
     {
       std::lock_guard<std::mutex> lock(mu);

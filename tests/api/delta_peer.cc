@@ -69,7 +69,9 @@ int Consume(std::map<std::string, std::string> f) {
                            {"reached", reached.ok()},
                            {"last_error", (*sub)->last_error().message()},
                            {"deltas", stats.deltas},
-                           {"delta_fallbacks", stats.delta_fallbacks}};
+                           {"delta_fallbacks", stats.delta_fallbacks},
+                           {"skipped", stats.skipped},
+                           {"fetch_failures", stats.fetch_failures}};
   WriteFileAtomic(f["result"], result.dump(1));
   return reached.ok() ? 0 : 3;
 }

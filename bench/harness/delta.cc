@@ -18,6 +18,9 @@
 // on the producer's node; the physical baseline is the delta's bytes over a plain TCP stream.
 #include <sys/wait.h>
 
+#include <chrono>
+#include <thread>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -315,11 +318,19 @@ Result<Run> RunChain(const Config& c, Case& k, int relays, bool forward) {
     if (d.prepared) r.encode.Add(static_cast<double>(d.encode_ns) / 1e9);
   }
   peer->Stop();
+  // A relay counts a delta (passed on or encoded) once its last part is in, which may be after the
+  // next hop has the whole stream: wait (bounded) until every relay counted every update's.
+  const uint64_t expected = nodes.size() * static_cast<uint64_t>(c.warmup + c.reps);
   uint64_t forwarded = 0, encoded = 0;
-  for (auto& node : nodes) {
-    DeltaStats s = node->stats().delta;
-    forwarded += s.forwarded;
-    encoded += s.encoded;
+  for (int64_t deadline = WallClockNs() + 30'000'000'000;;) {
+    forwarded = encoded = 0;
+    for (auto& node : nodes) {
+      DeltaStats s = node->stats().delta;
+      forwarded += s.forwarded;
+      encoded += s.encoded;
+    }
+    if (forwarded + encoded >= expected || WallClockNs() > deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   r.relays_forwarded = forwarded;
   r.relays_encoded = encoded;

@@ -148,6 +148,12 @@ TEST(DeltaTransfer, BaseEvictedMidTransferSkipsToTheVersionThatEvictedIt) {
   }
   ASSERT_TRUE(consumer.WaitLive(3)) << consumer.process.log();
   const uint64_t sent_for_3 = pub->node().stats().bytes_sent - sent_before;
+  // The stopped encode is counted when its worker leaves the hook, and the eager 2 -> 3 encode is
+  // queued behind it: both settle before version 4 (else its commit would stop 2 -> 3 as well).
+  ASSERT_TRUE(WaitUntil([&] {
+    DeltaStats d = pub->node().stats().delta;
+    return d.cancelled == 1 && d.encoded >= 1;
+  }, 30s));
   PublishVersion(*pub, 4);
   ASSERT_TRUE(consumer.WaitLive(4)) << consumer.process.log();
   auto result = consumer.Finish();

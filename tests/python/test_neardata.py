@@ -263,6 +263,7 @@ def test_ft_dmp_tuner_trains_on_store_features_and_versions_flow_back_as_deltas(
         assert after > before + 0.2, (before, after)
         baseline = _baseline_accuracy(paths, 2, 2, 5, test_x, test_y)
         assert abs(after - baseline) <= 0.01, (after, baseline)
+        tuner.publisher.wait()  # an async publish is announced in the background
         final = tuner.publisher.announced_version
         raw_bytes = sum(os.path.getsize(p) for p in paths) * 2  # two epochs of raw samples
         for s in stores:
@@ -308,6 +309,7 @@ def test_pipelined_stores_extract_the_next_round_while_the_tuner_trains(tmp_path
         tuner.stores = {s.name: s.features_address for s in stores}
         report = tuner.finetune(epochs=2, chunks=2, pipelined=pipelined, timeout=60, on_round=on_round)
         depth = 2 if pipelined else 0
+        tuner.publisher.wait()  # an async publish is announced in the background
         for s in stores:
             s.wait_refreshed(tuner.publisher.announced_version, timeout=60)
             rounds = {e["round"]: e for e in events if e["event"] == "features" and e["store"] == s.name

@@ -264,6 +264,13 @@ test_delta_chain() {
     sent=$(($(settled "$host" "$addr" bytes_sent) - ${before[$name]}))
     check "node $name sent a delta for v2, not the version ($sent bytes for $size)" test "$sent" -gt 0 -a "$sent" -lt $((size / 10))
   done
+  # A node counts a delta (passed on or encoded) once its last part is in, which may be after the
+  # next hop has the whole stream: wait for the counts before reading them.
+  counter_is() { [[ $(counter "$1" "$2" "$3") == "$4" ]]; }
+  wait_for 30 counter_is h1 "$A" delta_encoded 1
+  wait_for 30 counter_is h2 "$B" delta_forwarded 1
+  wait_for 30 counter_is h3 "$C" delta_forwarded 1
+  wait_for 30 counter_is h4 "$D" delta_forwarded 1
   for n in b:h2:$B c:h3:$C d:h4:$D; do
     IFS=: read -r name host addr <<<"$n"
     check "relay $name received v2 as the producer's delta and kept it to pass on" test "$(counter "$host" "$addr" delta_forwarded)" = 1

@@ -114,6 +114,7 @@ struct UpstreamStats {
   uint64_t on_preferred = 0;       // ...to RelayOptions::upstream itself (not an alternate)
   uint64_t connect_failures = 0;   // connection attempts that reached no node
   uint64_t preferred_returns = 0;  // moves from an alternate back to the upstream
+  uint64_t liveness_failures = 0;  // upstream connections given up: the upstream stopped answering
 };
 
 struct NodeStats {

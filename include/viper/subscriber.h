@@ -85,6 +85,13 @@ struct SubscriberOptions {
   // subscriber moves back to it between two versions (never during a load), so a chain started
   // all at once, or whose relay restarted, returns to the shape it was given. 0: stay.
   std::chrono::milliseconds preferred_probe{1000};
+  // A node whose host vanished or whose network was cut sends no FIN, and the transport does not
+  // notice an idle connection's loss (measured: not within 150 s over UCX/TCP): while waiting for
+  // versions, when nothing came from the node for liveness_probe, the subscriber asks it to answer
+  // (a STATS request); no answer within liveness_timeout and the connection counts as lost (it
+  // reconnects, to an alternate or through the registry). 0: no probes.
+  std::chrono::milliseconds liveness_probe{5000};
+  std::chrono::milliseconds liveness_timeout{5000};
   // Called whenever the node this subscriber is connected to changes (`node` "" = none reachable),
   // with whether it is `connect` itself and the counters after the change; on the thread that
   // (re)connects (Start's, then the loader's), with no lock of the subscriber held.
@@ -197,6 +204,7 @@ struct SubscriberStats {
   uint64_t delta_fallbacks = 0;  // deltas that failed (decode, verify, node gave up) and were fetched in full
   uint64_t connect_failures = 0;   // (re)connection attempts that reached no node
   uint64_t preferred_returns = 0;  // moves from an alternate back to `connect`
+  uint64_t liveness_failures = 0;  // connections given up because the node did not answer a probe
   // Map and copy paths: the node's segments mapped here, and fetches that found the segment
   // already mapped by an earlier version in it (its page tables kept: no faults, no munmap).
   uint64_t segments_mapped = 0;

@@ -118,6 +118,7 @@ void BindSubscriber(py::module_& m) {
              d["delta_fallbacks"] = s.delta_fallbacks;
              d["connect_failures"] = s.connect_failures;
              d["preferred_returns"] = s.preferred_returns;
+             d["liveness_failures"] = s.liveness_failures;
              d["segments_mapped"] = s.segments_mapped;
              d["segments_reused"] = s.segments_reused;
              return d;

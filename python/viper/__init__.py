@@ -620,7 +620,8 @@ class Subscriber(_Handle):
     def stats(self) -> dict:
         """notifies, updates, skipped, fetch_failures, deltas (versions that came as a delta),
         delta_fallbacks (deltas that failed and were fetched in full), connect_failures,
-        preferred_returns, segments_mapped and segments_reused (map and copy paths: node segments
+        preferred_returns, liveness_failures (connections given up because the node did not
+        answer a probe: its host vanished or the network was cut), segments_mapped and segments_reused (map and copy paths: node segments
         mapped here, and fetches that found theirs mapped already by an earlier version)."""
         return self._live().stats()
 

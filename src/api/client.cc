@@ -57,6 +57,7 @@ Status StatusFromError(const proto::Error& e) {
 
 
 void Client::Impl::OnMessage(std::span<const std::byte> bytes) {
+  last_heard_ns.store(std::chrono::steady_clock::now().time_since_epoch().count(), std::memory_order_relaxed);
   auto decoded = proto::Decode(bytes);
   if (!decoded.ok()) {
     log(LogLevel::kWarn, kLog, "node sent a bad message: {}", decoded.status().message());
@@ -132,12 +133,14 @@ std::pair<uint64_t, std::future<proto::Message>> Client::Impl::NewRequest() {
   return {id, p->get_future()};
 }
 
-Result<proto::Message> Client::Impl::Await(uint64_t id, std::future<proto::Message>& reply) {
-  if (reply.wait_for(options.timeout) != std::future_status::ready) {
+Result<proto::Message> Client::Impl::Await(uint64_t id, std::future<proto::Message>& reply,
+                                           std::chrono::milliseconds timeout) {
+  if (timeout.count() < 0) timeout = options.timeout;
+  if (reply.wait_for(timeout) != std::future_status::ready) {
     std::lock_guard<std::mutex> lock(mu);
     pending.erase(id);
-    return Status::Timeout("no reply from node " + options.connect + " within " +
-                           std::to_string(options.timeout.count()) + " ms");
+    return Status::Timeout("no reply from node " + options.connect + " within " + std::to_string(timeout.count()) +
+                           " ms");
   }
   proto::Message m = reply.get();
   if (auto* e = std::get_if<proto::Error>(&m)) {
@@ -470,6 +473,20 @@ Status ApplySealed(const proto::Sealed& sealed, std::span<std::byte> buffer, pro
                               " bytes, not the " + std::to_string(8 + n) + " it sent");
   std::memcpy(buffer.data(), sealed.header.data(), sealed.header.size());
   ok->info = final;  // the encoding stays kFullSealedLater: the caller checks the final seal
+  return Status::OK();
+}
+
+std::chrono::milliseconds Client::silent_for() const {
+  auto now = std::chrono::steady_clock::now().time_since_epoch();
+  auto heard = std::chrono::steady_clock::duration(impl_->last_heard_ns.load(std::memory_order_relaxed));
+  return std::chrono::duration_cast<std::chrono::milliseconds>(now - heard);
+}
+
+Status Client::Ping(std::chrono::milliseconds timeout) {
+  auto [id, reply] = impl_->NewRequest();
+  VIPER_RETURN_IF_ERROR(impl_->SendMessage(proto::Stats{id}));
+  VIPER_ASSIGN_OR_RETURN(proto::Message m, impl_->Await(id, reply, timeout));
+  if (!std::holds_alternative<proto::StatsReply>(m)) return Status::Internal("unexpected reply to STATS");
   return Status::OK();
 }
 

@@ -88,6 +88,12 @@ class Client {
   // True if the node runs on this host (its segments can be mapped).
   bool same_host() const;
   bool connected() const;
+  // How long since the node last sent anything (any message; bulk bytes are not messages).
+  std::chrono::milliseconds silent_for() const;
+  // Asks the node to answer (a STATS request) within `timeout`: OK if it did, Timeout if not, or
+  // the connection's error. A node whose host vanished or whose network was cut sends no FIN, so
+  // a connection with nothing to say only learns this way that it is gone (Subscriber's liveness).
+  Status Ping(std::chrono::milliseconds timeout);
 
   // flags: proto::kSubscribeIncoming to get INCOMING too.
   Status Subscribe(const std::string& model, uint8_t flags = 0);

@@ -96,6 +96,8 @@ struct Client::Impl {
   std::map<uint64_t, std::shared_ptr<Arrivals>> transfers;
   std::map<uint64_t, std::shared_ptr<DeltaInbox>> inboxes;                     // request id -> delta parts
   std::atomic<uint64_t> next_tag{0};
+  // steady_clock nanoseconds of the node's last message (or of the connect).
+  std::atomic<int64_t> last_heard_ns{std::chrono::steady_clock::now().time_since_epoch().count()};
   // Delta parts are received into vectors reused across parts and deltas (fresh memory per part
   // cost page faults on every delta); budget: the inbox's (client_delta.cc) and a part beyond it.
   std::shared_ptr<internal::VectorPool> delta_buffers = std::make_shared<internal::VectorPool>(72ull << 20);
@@ -103,7 +105,9 @@ struct Client::Impl {
   void OnMessage(std::span<const std::byte> bytes);
   void OnClosed(const Status& reason);
   std::pair<uint64_t, std::future<proto::Message>> NewRequest();
-  Result<proto::Message> Await(uint64_t id, std::future<proto::Message>& reply);
+  // Waits for the reply to request `id` for `timeout` (options.timeout if negative).
+  Result<proto::Message> Await(uint64_t id, std::future<proto::Message>& reply,
+                               std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
   Status SendMessage(const proto::Message& m) { return engine->Send(node, proto::Encode(m)); }
   // Sends FETCH (mode SEND) and waits for FETCH_OK. `before_send(id)` registers what must catch
   // messages for the request (TrackTransfer, a delta inbox) before the FETCH goes out: they may

@@ -41,7 +41,8 @@ std::map<std::string, uint64_t> StatsCounters(const NodeStats& s) {
           {"upstream_connected", s.upstream.connected},
           {"upstream_on_preferred", s.upstream.on_preferred},
           {"upstream_connect_failures", s.upstream.connect_failures},
-          {"upstream_preferred_returns", s.upstream.preferred_returns}};
+          {"upstream_preferred_returns", s.upstream.preferred_returns},
+          {"upstream_liveness_failures", s.upstream.liveness_failures}};
   AddHistogramCounters(counters, "publish_live", s.publish_live);
   AddHistogramCounters(counters, "fetch_send", s.fetch_send);
   return counters;

@@ -158,6 +158,7 @@ void Relay::Impl::OnConnection(const std::string& model, const std::string& node
     up.on_preferred += link.preferred;
     up.connect_failures += link.counters.connect_failures;
     up.preferred_returns += link.counters.preferred_returns;
+    up.liveness_failures += link.counters.liveness_failures;
   }
   stats.upstream = up;
   node->SetUpstreamStats(up);

@@ -209,6 +209,25 @@ void Subscriber::Impl::ProbePreferred() {
   ReportConnection(options.connect);
 }
 
+void Subscriber::Impl::CheckLiveness() {
+  std::shared_ptr<Client> c;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    c = client;
+  }
+  if (!c || !c->connected() || c->silent_for() < options.liveness_probe) return;
+  Status answered = c->Ping(options.liveness_timeout);
+  if (answered.ok() || !c->connected()) return;  // alive, or its loss is being handled already
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    stats.liveness_failures++;
+  }
+  log(LogLevel::kWarn, kLog, "{}: node {} silent for {} ms and did not answer a probe ({}); reconnecting", options.model,
+      c->address(), c->silent_for().count(), answered.message());
+  DropClient(c);
+  ReportConnection("");
+}
+
 void Subscriber::Impl::DropClient(const std::shared_ptr<Client>& broken) {
   std::lock_guard<std::mutex> lock(mu);
   if (client == broken) client.reset();
@@ -312,13 +331,18 @@ void Subscriber::Impl::WaitConnected(std::unique_lock<std::mutex>& lock, const s
       backoff = kFirstRetry;
       bool on_alternate = !registry && !options.choose_node && options.preferred_probe.count() > 0 &&
                           node_address != options.connect;
-      if (!on_alternate) {
+      const bool liveness = options.liveness_probe.count() > 0;
+      if (!on_alternate && !liveness) {
         cv.wait(lock, [&] { return ready() || down(); });
         continue;
       }
-      if (cv.wait_for(lock, options.preferred_probe, [&] { return ready() || down(); })) continue;
+      auto wait = on_alternate && liveness ? std::min(options.preferred_probe, options.liveness_probe)
+                  : on_alternate           ? options.preferred_probe
+                                           : options.liveness_probe;
+      if (cv.wait_for(lock, wait, [&] { return ready() || down(); })) continue;
       lock.unlock();
-      ProbePreferred();
+      if (liveness) CheckLiveness();
+      if (on_alternate) ProbePreferred();
       lock.lock();
       continue;
     }

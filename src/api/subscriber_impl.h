@@ -156,6 +156,9 @@ struct Subscriber::Impl : std::enable_shared_from_this<Subscriber::Impl> {
                                         std::shared_ptr<std::atomic<bool>> current);
   void ReportConnection(const std::string& node);
   void ProbePreferred();
+  // Pings the node if it has been silent for options.liveness_probe; drops the connection if it
+  // does not answer in options.liveness_timeout. Called between versions, without `mu` held.
+  void CheckLiveness();
   std::string CurrentNode();
   void WaitConnected(std::unique_lock<std::mutex>& lock, const std::function<bool()>& ready);
   ClientOptions ClientOptionsFor(const std::string& node) const;

@@ -69,6 +69,7 @@ const std::map<std::string_view, Known>& KnownCounters() {
       {"upstream_on_preferred", {"Relay: upstream subscriptions on their preferred upstream now.", true}},
       {"upstream_connect_failures", {"Relay: failed attempts to connect to an upstream.", false}},
       {"upstream_preferred_returns", {"Relay: returns from an alternate to the preferred upstream.", false}},
+      {"upstream_liveness_failures", {"Relay: upstream connections given up because the upstream stopped answering (host or link lost).", false}},
   };
   return known;
 }

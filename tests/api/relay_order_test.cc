@@ -44,6 +44,7 @@ class Serve {
     return false;
   }
   void Kill() { process_->Kill(SIGKILL); }
+  void Signal(int sig) { ::kill(process_->pid(), sig); }  // e.g. SIGSTOP: alive, connected, silent
   const std::string& address() const { return address_; }
   std::string log() const { return process_->log(); }
 
@@ -182,6 +183,27 @@ TEST(RelayOrder, RelayReturnsToItsPreferredUpstream) {
                   (versions * kModelBytes);
   EXPECT_GT(copies, 0.9);
   EXPECT_LT(copies, 1.2) << "the producer still feeds r2 directly";
+}
+
+// A relay whose upstream freezes (SIGSTOP: its connections stay open, nothing answers; as a host
+// cut off from the network, which sends no FIN either) finds it silent, gives it up and takes the
+// next version from its alternate.
+TEST(RelayOrder, RelayLeavesAFrozenUpstream) {
+  TempDir dir;
+  Serve p(dir, "p", Loopback());
+  Serve r1(dir, "r1", Loopback(), p.address());
+  Serve r2(dir, "r2", Loopback(), r1.address(), p.address());
+  ASSERT_TRUE(WaitUntil([&] { return Counter(r2.address(), "upstream_on_preferred") == 1; }, 20s)) << r2.log();
+  uint64_t v = Publish(p.address(), 1);
+  ASSERT_TRUE(WaitUntil([&] { return Newest(r2.address()) == v; }, 30s)) << r2.log();
+
+  r1.Signal(SIGSTOP);
+  v = Publish(p.address(), 2);
+  // The probe after 5 s of silence, 5 s without an answer, the reconnect to r1 timing out, then p.
+  EXPECT_TRUE(WaitUntil([&] { return Newest(r2.address()) == v; }, 45s)) << r2.log();
+  EXPECT_EQ(Counter(r2.address(), "upstream_liveness_failures"), 1u) << r2.log();
+  EXPECT_NE(r2.log().find("did not answer a probe"), std::string::npos) << r2.log();
+  r1.Signal(SIGCONT);
 }
 
 }  // namespace

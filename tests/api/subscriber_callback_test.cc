@@ -170,5 +170,29 @@ TEST(SubscriberCallback, MovesToANodeOnThisHostAnnouncingTheLiveVersion) {
   (void)(*registry)->Remove(here.node.id, model, 1);
 }
 
+// The liveness probe of a quiet connection to a node that answers never gives it up: probed a few
+// times while no version comes, the subscriber stays connected and takes the next version.
+TEST(SubscriberLiveness, AQuietNodeThatAnswersIsKept) {
+  auto pub = StartPublisher("viper-callback-test-l");
+  ASSERT_TRUE(pub);
+  ASSERT_TRUE(PublishOne(*pub, 1).ok());
+  SubscriberOptions options;
+  options.model = "m";
+  options.connect = pub->address();
+  options.liveness_probe = 100ms;
+  options.liveness_timeout = 2000ms;
+  auto sub = Subscriber::Start(options);
+  ASSERT_TRUE(sub.ok()) << sub.status().ToString();
+  ASSERT_TRUE((*sub)->WaitFor(1, 30s).ok());
+  std::this_thread::sleep_for(1200ms);  // about ten probes, each answered
+  ASSERT_TRUE(PublishOne(*pub, 2).ok());
+  auto second = (*sub)->WaitFor(2, 30s);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  SubscriberStats stats = (*sub)->stats();
+  EXPECT_EQ(stats.liveness_failures, 0u);
+  EXPECT_EQ(stats.connect_failures, 0u);
+  EXPECT_EQ(pub->node().stats().peers, 1u) << "the subscriber reconnected";
+}
+
 }  // namespace
 }  // namespace viper

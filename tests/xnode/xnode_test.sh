@@ -271,7 +271,37 @@ test_failover_to_relay() {
   kill -TERM "$relay" 2>/dev/null; wait "$relay" 2>/dev/null
 }
 
-for t in ${XNODE_TESTS:-test_big test_kill test_relay test_auth test_failover test_failover_to_relay}; do
+# ---------------------------------------------------------------- 7. a relay's host cut off silently -> the alternate
+# h2's link goes down: no FIN, no RST, nothing reaches the consumer on h3 from relay B any more. The
+# consumer's liveness probe (SubscriberOptions::liveness_probe) finds B silent, gives the connection
+# up and takes the next version from its alternate, the producer's node A.
+test_partition() {
+  serve h1 a8 --listen $A:7360 --insecure || return
+  serve h2 b8 --listen $B:7361 --insecure --upstream $A:7360 --relay-model pt || return
+  local relay=$PID_b8
+  VIPER_LOG=info on h3 "$VIPER" watch pt --connect $B:7361 --alternate $A:7360 --json --count 2 --timeout 60 \
+    >"$TMP/pt.json" 2>"$TMP/pt.err" &
+  local watch=$!
+  PIDS+=($watch)
+  sleep 0.5
+  on h1 "$VIPER" publish pt "$TMP/mid1.safetensors" --connect $A:7360 >/dev/null || { failed "publish pt v1"; return; }
+  wait_for 20 lines "$TMP/pt.json" 1 || { failed "pt v1 never reached h3"; return; }
+  on h2 ip link set eth0 down
+  local cut=$SECONDS
+  on h1 "$VIPER" publish pt "$TMP/mid2.safetensors" --connect $A:7360 >/dev/null || { failed "publish pt v2"; return; }
+  wait_for 40 lines "$TMP/pt.json" 2
+  check "pt v2 reached h3 although its relay's host was cut off ($((SECONDS - cut)) s after the cut)" lines "$TMP/pt.json" 2
+  check "the consumer gave up the silent relay (its probe went unanswered)" grep -q "did not answer a probe" "$TMP/pt.err"
+  local want
+  want=$(source_checksum $A 7360 pt 2 "$TMP/mid2.safetensors")
+  check "pt v2 on h3 is A's, bit-exact" test -n "$want" -a "$(field "$TMP/pt.json" 1 checksum 2>/dev/null)" = "$want"
+  on h2 ip link set eth0 up
+  wait "$watch" 2>/dev/null
+  kill -TERM "$relay" 2>/dev/null; wait "$relay" 2>/dev/null
+  stop "$PID_a8"
+}
+
+for t in ${XNODE_TESTS:-test_big test_kill test_relay test_auth test_failover test_failover_to_relay test_partition}; do
   echo "== $t"
   start=$SECONDS
   $t

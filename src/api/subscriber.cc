@@ -51,6 +51,10 @@ Subscriber::~Subscriber() { Close(); }
 Result<std::unique_ptr<Subscriber>> Subscriber::Start(const SubscriberOptions& options) {
   VIPER_RETURN_IF_ERROR(ValidateModelName(options.model));
   if (options.chunk_bytes < (64u << 10)) return Status::InvalidArgument("chunk_bytes must be >= 64 KiB");
+  if (options.liveness_probe.count() < 0 || (options.liveness_probe.count() > 0 && options.liveness_timeout.count() <= 0))
+    return Status::InvalidArgument("liveness_probe must be >= 0 ms (0: no probes), and liveness_timeout > 0 ms with it; got " +
+                                   std::to_string(options.liveness_probe.count()) + " and " +
+                                   std::to_string(options.liveness_timeout.count()) + " ms");
   auto impl = std::make_shared<Impl>();
   impl->options = options;
   impl->pool = std::make_shared<internal::BufferPool>(std::max<size_t>(options.buffers, 1));

@@ -192,6 +192,9 @@ TEST(SubscriberLiveness, AQuietNodeThatAnswersIsKept) {
   EXPECT_EQ(stats.liveness_failures, 0u);
   EXPECT_EQ(stats.connect_failures, 0u);
   EXPECT_EQ(pub->node().stats().peers, 1u) << "the subscriber reconnected";
+  options.liveness_timeout = 0ms;  // every probe would fail at once
+  auto refused = Subscriber::Start(options);
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument) << refused.status().ToString();
 }
 
 }  // namespace

@@ -82,6 +82,11 @@ OptionsTable<viper::SubscriberOptions> SubscriberOptionsTable() {
       .Path("file_dir", &O::file_dir, "the node's store_dir as seen from here (the file fallback)")
       .Plain("chunk_bytes", &O::chunk_bytes, "bulk transfer chunk size asked for")
       .Seconds("request_timeout", &O::request_timeout, "seconds a request to the node may take")
+      .Seconds("liveness_probe", &O::liveness_probe,
+               "seconds without a message from the node before it is asked to answer (0: never; a node "
+               "whose host or network was cut sends nothing)")
+      .Seconds("liveness_timeout", &O::liveness_timeout,
+               "seconds the node has to answer a liveness probe before the connection counts as lost")
       .Plain("buffers", &O::buffers, "reused receive buffers kept (copy, remote and file paths)")
       .Plain("ack_on_live", &O::ack_on_live,
              "ACK each version to the node when it goes live here (False: call ack(version) once it is served)")

@@ -176,6 +176,9 @@ void Relay::Impl::Announce(const proto::VersionInfo& info) {
     co.connect = target;
     co.token = options.token;
     co.name = "relay-announcer:" + node->address();
+    // On the loader thread: an upstream that accepts the connection but never answers (frozen,
+    // or cut off mid-handshake) must not hold the next versions back for the default 30 s.
+    co.timeout = std::chrono::milliseconds(5000);
     auto c = Client::Connect(co);
     if (!c.ok()) {
       announcer.reset();

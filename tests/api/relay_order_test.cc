@@ -202,7 +202,19 @@ TEST(RelayOrder, RelayReturnsToItsPreferredUpstream) {
 TEST(RelayOrder, RelayLeavesAFrozenUpstream) {
   ChainWithAlternate chain;
   Serve &p = chain.p, &r1 = chain.r1, &r2 = chain.r2;
-  ASSERT_NE(chain.FirstVersionThrough(), 0u) << r2.log();
+  const uint64_t first = chain.FirstVersionThrough();
+  ASSERT_NE(first, 0u) << r2.log();
+  // r2 has told r1 it holds the version (REPLICA, after its commit): frozen any earlier, r1 would
+  // hold that announcement back instead of the silence under test.
+  ASSERT_TRUE(WaitUntil([&] {
+    auto c = ConnectTo(r1.address());
+    auto list = c ? c->List() : Result<std::vector<proto::VersionInfo>>(Status::Unavailable("r1"));
+    if (!list.ok()) return false;
+    for (const auto& v : *list)
+      for (const auto& r : v.replicas)
+        if (v.version == first && r.locator == r2.address()) return true;
+    return false;
+  }, 20s)) << r2.log();
 
   r1.Signal(SIGSTOP);
   uint64_t v = Publish(p.address(), 2);

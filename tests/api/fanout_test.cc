@@ -418,6 +418,19 @@ class DeltaPassOn : public ::testing::Test {
     EXPECT_TRUE(in.ok()) << in.status().ToString();
     return in.ok() ? std::move(in).value() : nullptr;
   }
+  // Version 2 arriving, a peer's fetch offering version 1 (*fetch), and parts [0, n) passed on to
+  // it; null if the fetch was not answered with them.
+  std::unique_ptr<IncomingVersion> PassOnFirstParts(size_t n, std::future<Result<DeltaFetch>>* fetch) {
+    auto in = Receive();
+    if (!in) return nullptr;
+    *fetch = FetchWithBase(*client, v1, &received);
+    PassOn(*in, 0, n);
+    if (!WaitUntil([&] { return node->stats().delta.sent == 1; }, 30s)) {
+      ADD_FAILURE() << "the peer's fetch was not passed on";
+      return nullptr;
+    }
+    return in;
+  }
   // Passes parts [from, to) on, the final part of the stream marked last.
   void PassOn(IncomingVersion& in, size_t from, size_t to) {
     for (size_t i = from; i < to; ++i)
@@ -466,11 +479,9 @@ TEST_F(DeltaPassOn, APeerGetsTheDeltaBeforeTheRelayHasTheVersion) {
 // fails at once (no hang, nothing decoded passes for the version), and a new transfer of the same
 // version is passed on afresh.
 TEST_F(DeltaPassOn, ADeltaThatBreaksOffFailsItsPeersAndCanStartAgain) {
-  auto in = Receive();
+  std::future<Result<DeltaFetch>> fetch;
+  auto in = PassOnFirstParts(3, &fetch);
   ASSERT_TRUE(in);
-  auto fetch = FetchWithBase(*client, v1, &received);
-  PassOn(*in, 0, 3);
-  ASSERT_TRUE(WaitUntil([&] { return node->stats().delta.sent == 1; }, 30s)) << "the peer's fetch was not passed on";
   in.reset();  // the transfer into the relay broke off
   auto got = Wait(fetch);
   EXPECT_EQ(got.status().code(), StatusCode::kNotFound) << got.status().ToString();
@@ -491,11 +502,9 @@ TEST_F(DeltaPassOn, ADeltaThatBreaksOffFailsItsPeersAndCanStartAgain) {
 // A part that arrives out of order stops the passing on (the peer's fetch fails; the stream is not
 // resumed with a gap), and the version, once committed, is encoded here for the next peer.
 TEST_F(DeltaPassOn, APartOutOfOrderStopsThePassingOn) {
-  auto in = Receive();
+  std::future<Result<DeltaFetch>> fetch;
+  auto in = PassOnFirstParts(1, &fetch);
   ASSERT_TRUE(in);
-  auto fetch = FetchWithBase(*client, v1, &received);
-  PassOn(*in, 0, 1);
-  ASSERT_TRUE(WaitUntil([&] { return node->stats().delta.sent == 1; }, 30s)) << "the peer's fetch was not passed on";
   PassOn(*in, 2, parts.size());  // part 1 skipped
   auto got = Wait(fetch);
   EXPECT_EQ(got.status().code(), StatusCode::kNotFound) << got.status().ToString();
@@ -516,11 +525,9 @@ TEST_F(DeltaPassOn, APartOutOfOrderStopsThePassingOn) {
 // A delta stream that grows past the version's own size is not passed on (nor held): the peer's
 // fetch fails at once, naming why.
 TEST_F(DeltaPassOn, AStreamLargerThanTheVersionIsNotPassedOn) {
-  auto in = Receive();
+  std::future<Result<DeltaFetch>> fetch;
+  auto in = PassOnFirstParts(1, &fetch);
   ASSERT_TRUE(in);
-  auto fetch = FetchWithBase(*client, v1, &received);
-  PassOn(*in, 0, 1);
-  ASSERT_TRUE(WaitUntil([&] { return node->stats().delta.sent == 1; }, 30s)) << "the peer's fetch was not passed on";
   in->ForwardDeltaPart(1, base_checksum, 1, std::make_shared<const std::vector<std::byte>>(v2.bytes().size()), false);
   auto got = Wait(fetch);
   EXPECT_EQ(got.status().code(), StatusCode::kNotFound) << got.status().ToString();

@@ -81,9 +81,10 @@ struct SubscriberOptions {
   // (unless a file_dir or a registry is given).
   bool wait_for_node = false;
   std::chrono::milliseconds reconnect_max{2000};
-  // While connected to an alternate, `connect` is tried this often; when it answers the
-  // subscriber moves back to it between two versions (never during a load), so a chain started
-  // all at once, or whose relay restarted, returns to the shape it was given. 0: stay.
+  // While connected to an alternate, `connect` is tried this often (on a thread of its own: a
+  // try that waits out the connect timeout holds no version back); when it answers the subscriber
+  // moves back to it between two versions (never during a load), so a chain started all at once,
+  // or whose relay restarted, returns to the shape it was given. 0: stay.
   std::chrono::milliseconds preferred_probe{1000};
   // A node whose host vanished or whose network was cut sends no FIN, and the transport does not
   // notice an idle connection's loss (measured: not within 150 s over UCX/TCP): while waiting for

@@ -67,6 +67,8 @@ Result<std::unique_ptr<Subscriber>> Subscriber::Start(const SubscriberOptions& o
         impl->registry ? "waiting for a node to announce it"
                        : "retrying it (the file tier is read for the versions a node announces)");
   impl->spare = std::make_unique<internal::TaskQueue>("subscriber-spare");
+  if (!options.alternates.empty() && options.preferred_probe.count() > 0 && !impl->registry && !options.choose_node)
+    impl->prober = std::make_unique<internal::TaskQueue>("subscriber-probe");
   impl->loader = std::thread([raw = impl.get()] { raw->Run(); });
   return std::unique_ptr<Subscriber>(new Subscriber(std::move(impl)));
 }
@@ -137,6 +139,13 @@ void Subscriber::Close() {
   impl_->registry_watch.reset();  // no registry handler runs after this
   if (impl_->loader.joinable()) impl_->loader.join();
   if (impl_->spare) impl_->spare->Close();  // a spare being made is finished, not abandoned
+  if (impl_->prober) impl_->prober->Close();  // a probe in flight ends within the connect timeout
+  std::unique_ptr<Client> probed;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    probed = std::move(impl_->probed);  // made by a probe the loader never adopted
+  }
+  probed.reset();
   std::shared_ptr<Client> c;
   {
     std::lock_guard<std::mutex> lock(impl_->mu);

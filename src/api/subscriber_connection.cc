@@ -113,7 +113,9 @@ Result<std::shared_ptr<Client>> Subscriber::Impl::Adopt(std::unique_ptr<Client> 
   bool early = options.gpu_early && options.gpu_device >= 0 && shared->same_host();
   VIPER_RETURN_IF_ERROR(shared->Subscribe(options.model, static_cast<uint8_t>((pipelined ? proto::kSubscribeIncoming : 0) |
                                                                               (early ? proto::kSubscribeDevice : 0))));
+  std::unique_ptr<Client> stale_probe;  // a probe's connection, superseded by this one; closed after the lock
   std::lock_guard<std::mutex> lock(mu);
+  stale_probe = std::move(probed);
   if (client_current) *client_current = false;
   if (client && poisoned_buffer) retired_buffers.emplace_back(client, std::move(poisoned_buffer));
   client = shared;
@@ -194,13 +196,35 @@ void Subscriber::Impl::ReportConnection(const std::string& node) {
   if (options.on_connection) options.on_connection(node, preferred, now);
 }
 
-// On an alternate: moves back to options.connect if it answers. Called between versions only.
-void Subscriber::Impl::ProbePreferred() {
-  auto current = std::make_shared<std::atomic<bool>>(true);
-  auto fresh = Client::Connect(ClientOptionsFor(options.connect), HandlersFor(current));
-  if (!fresh.ok()) return;  // still away: quiet, probed again later
-  auto adopted = Adopt(std::move(fresh).value(), options.connect, std::move(current));
-  if (!adopted.ok()) return;
+void Subscriber::Impl::ProbePreferredLater() {
+  if (probe_in_flight || probed || !prober) return;
+  probe_in_flight = true;
+  prober->Post([this] {
+    // The subscriber outlives its prober (Close closes it), so `this` is safe here.
+    auto current = std::make_shared<std::atomic<bool>>(true);
+    auto fresh = Client::Connect(ClientOptionsFor(options.connect), HandlersFor(current));
+    std::lock_guard<std::mutex> lock(mu);
+    probe_in_flight = false;
+    if (!fresh.ok() || closing) return;  // still away: quiet, probed again later
+    probed = std::move(fresh).value();
+    probed_current = std::move(current);
+    cv.notify_all();
+  });
+}
+
+// Moves back to options.connect through the connection a probe made. Called between versions
+// only, so that the move never cuts a load.
+void Subscriber::Impl::AdoptProbed() {
+  std::unique_ptr<Client> fresh;
+  std::shared_ptr<std::atomic<bool>> current;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    fresh = std::move(probed);
+    current = std::move(probed_current);
+  }
+  if (!fresh) return;
+  auto adopted = Adopt(std::move(fresh), options.connect, std::move(current));
+  if (!adopted.ok()) return;  // e.g. it went away again: probed again later
   {
     std::lock_guard<std::mutex> lock(mu);
     stats.preferred_returns++;
@@ -320,29 +344,40 @@ std::string Subscriber::Impl::CurrentNode() {
 // Waits until `ready`; while the connection to the node is down (the node restarted, died, or a
 // broken transfer dropped it, or it was never up) reconnects, to the node or an alternate, with a
 // backoff from 100 ms doubling to options.reconnect_max, so that announcements resume. While on
-// an alternate, probes options.connect every options.preferred_probe (here, between versions, so
-// that the move never cuts a load).
+// an alternate, probes options.connect every options.preferred_probe (on the prober thread, also
+// while versions keep coming) and moves to the connection a probe made here, between versions, so
+// that the move never cuts a load.
 void Subscriber::Impl::WaitConnected(std::unique_lock<std::mutex>& lock, const std::function<bool()>& ready) {
+  using Clock = std::chrono::steady_clock;
   constexpr auto kFirstRetry = std::chrono::milliseconds(100);
   auto backoff = kFirstRetry;
   auto down = [&] { return !(client && client->connected()); };
-  while (!ready()) {
+  for (;;) {
+    const bool on_alternate = prober && !down() && node_address != options.connect;
+    if (on_alternate && probed) {
+      lock.unlock();
+      AdoptProbed();
+      lock.lock();
+      continue;
+    }
+    if (on_alternate && Clock::now() >= next_preferred_probe) {
+      ProbePreferredLater();
+      next_preferred_probe = Clock::now() + options.preferred_probe;
+    }
+    if (ready()) return;
     if (!down()) {
       backoff = kFirstRetry;
-      bool on_alternate = !registry && !options.choose_node && options.preferred_probe.count() > 0 &&
-                          node_address != options.connect;
       const bool liveness = options.liveness_probe.count() > 0;
       if (!on_alternate && !liveness) {
         cv.wait(lock, [&] { return ready() || down(); });
         continue;
       }
-      auto wait = on_alternate && liveness ? std::min(options.preferred_probe, options.liveness_probe)
-                  : on_alternate           ? options.preferred_probe
-                                           : options.liveness_probe;
-      if (cv.wait_for(lock, wait, [&] { return ready() || down(); })) continue;
+      auto wake = liveness ? Clock::now() + options.liveness_probe : Clock::time_point::max();
+      if (on_alternate) wake = std::min(wake, next_preferred_probe);
+      if (cv.wait_until(lock, wake, [&] { return ready() || down() || (on_alternate && probed); })) continue;
+      if (!liveness) continue;
       lock.unlock();
-      if (liveness) CheckLiveness();
-      if (on_alternate) ProbePreferred();
+      CheckLiveness();  // returns at once unless the node has been silent for liveness_probe
       lock.lock();
       continue;
     }
@@ -352,6 +387,7 @@ void Subscriber::Impl::WaitConnected(std::unique_lock<std::mutex>& lock, const s
     lock.lock();
     if (connected) {
       failed_version = 0;  // a version whose load failed while the node was away: try again
+      next_preferred_probe = Clock::now() + options.preferred_probe;  // it was just tried
       continue;
     }
     cv.wait_for(lock, backoff, ready);

@@ -5,6 +5,7 @@
 // takes `mu` only to read announcements and to publish results.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <memory>
@@ -110,6 +111,15 @@ struct Subscriber::Impl : std::enable_shared_from_this<Subscriber::Impl> {
   // announced meanwhile is fetched at once instead of waiting for the populate. Closed before
   // the pool can go (the task holds the pool).
   std::unique_ptr<internal::TaskQueue> spare;
+  // On an alternate (options.alternates): options.connect is probed on this thread, not the
+  // loader's, because a connect to a node that is frozen or cut off waits out the engine's connect
+  // timeout (5 s) and versions announced meanwhile must still load. A connection the probe made
+  // waits in `probed` until the loader adopts it between versions. Null without alternates.
+  std::unique_ptr<internal::TaskQueue> prober;
+  bool probe_in_flight = false;
+  std::unique_ptr<Client> probed;
+  std::shared_ptr<std::atomic<bool>> probed_current;  // the handlers' flag of `probed`
+  std::chrono::steady_clock::time_point next_preferred_probe{};  // loader thread only
   // Set once in Start, before the loader runs; the watch is destroyed in Close.
   std::string host_key;
   std::unique_ptr<Registry> registry;
@@ -155,7 +165,11 @@ struct Subscriber::Impl : std::enable_shared_from_this<Subscriber::Impl> {
   Result<std::shared_ptr<Client>> Adopt(std::unique_ptr<Client> fresh, const std::string& address,
                                         std::shared_ptr<std::atomic<bool>> current);
   void ReportConnection(const std::string& node);
-  void ProbePreferred();
+  // On an alternate: starts a probe of options.connect on `prober` unless one is in flight.
+  // REQUIRES: mu held.
+  void ProbePreferredLater();
+  // Moves to the connection a probe made, if there is one. Called between versions, without mu.
+  void AdoptProbed();
   // Pings the node if it has been silent for options.liveness_probe; drops the connection if it
   // does not answer in options.liveness_timeout. Called between versions, without `mu` held.
   void CheckLiveness();

@@ -536,7 +536,8 @@ TEST_F(DeltaPassOn, AStreamLargerThanTheVersionIsNotPassedOn) {
 }
 
 // A relay whose upstream relay goes away re-attaches to its alternate (here the producer's node)
-// and keeps relaying the versions that follow.
+// and keeps relaying the versions that follow; when its upstream is back (on the same address) it
+// returns to it (the probe runs on the subscriber's prober thread: under TSan in CI).
 TEST(Fanout, RelayReattachesPastALostUpstream) {
   auto a = StartNode();
   auto b = StartNode();
@@ -550,13 +551,31 @@ TEST(Fanout, RelayReattachesPastALostUpstream) {
   ASSERT_TRUE(WaitUntil([&] { return c->Latest("m").has_value(); }, 30s)) << "version 1 never reached C";
   const uint64_t v1_size = a->Latest("m")->size;
   EXPECT_EQ(Settled([&] { return a->stats().bytes_sent; }, v1_size), v1_size) << "C took version 1 from B, not from A";
+  const std::string b_address = b->address();
   relay_b.reset();  // B goes away
   b.reset();
   publish(2);
   ASSERT_TRUE(WaitUntil([&] { auto l = c->Latest("m"); return l && l->version == 2; }, 30s))
       << "C did not re-attach to A";
   EXPECT_EQ(relay_c->stats().versions_relayed, 2u);
+
+  NodeOptions again;
+  again.listen = b_address;
+  std::unique_ptr<Node> b2;
+  ASSERT_TRUE(WaitUntil([&] {  // the port may take a moment to be free again
+    auto started = Node::Start(again);
+    if (started.ok()) b2 = std::move(started).value();
+    return b2 != nullptr;
+  }, 20s));
+  relay_b = StartRelay(*b2, *a);
+  ASSERT_TRUE(relay_b);
+  ASSERT_TRUE(WaitUntil([&] { return c->stats().upstream.preferred_returns == 1; }, 30s))
+      << "C stayed on its alternate";
+  publish(3);
+  ASSERT_TRUE(WaitUntil([&] { auto l = c->Latest("m"); return l && l->version == 3; }, 30s));
+  EXPECT_EQ(c->stats().upstream.on_preferred, 1u);
   relay_c.reset();
+  relay_b.reset();  // before b2, which it relays into
 }
 
 }  // namespace

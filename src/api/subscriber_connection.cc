@@ -135,25 +135,35 @@ Result<std::shared_ptr<Client>> Subscriber::Impl::EnsureClient() {
   // named, then the nearest other holders).
   Result<std::unique_ptr<Client>> fresh = Status::Unavailable("no node to connect to");
   std::string address;
+  std::string silent;  // a node the liveness probe just gave up on: tried last, this round only
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    silent = std::exchange(silent_node, "");
+  }
   if (options.choose_node) {
     std::string unreachable;
     {
       std::lock_guard<std::mutex> lock(mu);
-      unreachable = chosen_unreachable;
+      unreachable = silent.empty() ? chosen_unreachable : silent;
     }
     auto chosen = options.choose_node(unreachable);
     fresh = chosen.ok() ? Client::Connect(ClientOptionsFor(address = *chosen), handlers) : Result<std::unique_ptr<Client>>(chosen.status());
     std::lock_guard<std::mutex> lock(mu);
     chosen_unreachable = chosen.ok() && !fresh.ok() ? address : "";
   } else if (registry) {
-    fresh = ConnectViaRegistry(handlers, &address);
-  }
-  for (size_t i = 0; !registry && !options.choose_node && i <= options.alternates.size(); ++i) {
-    address = i == 0 ? options.connect : options.alternates[i - 1];
-    fresh = Client::Connect(ClientOptionsFor(address), handlers);
-    if (fresh.ok()) break;
-    if (i < options.alternates.size() && !unreachable_reported)
-      log(LogLevel::kWarn, kLog, "{}; trying {}", fresh.status().message(), options.alternates[i]);
+    fresh = ConnectViaRegistry(handlers, &address, silent);
+  } else {
+    std::vector<std::string> order{options.connect};
+    order.insert(order.end(), options.alternates.begin(), options.alternates.end());
+    // A silent node's connect would wait out the connect timeout: the others first.
+    if (auto at = std::find(order.begin(), order.end(), silent); at != order.end()) std::rotate(at, at + 1, order.end());
+    for (size_t i = 0; i < order.size(); ++i) {
+      address = order[i];
+      fresh = Client::Connect(ClientOptionsFor(address), handlers);
+      if (fresh.ok()) break;
+      if (i + 1 < order.size() && !unreachable_reported)
+        log(LogLevel::kWarn, kLog, "{}; trying {}", fresh.status().message(), order[i + 1]);
+    }
   }
   Result<std::shared_ptr<Client>> adopted =
       fresh.ok() ? Adopt(std::move(fresh).value(), address, std::move(current)) : Result<std::shared_ptr<Client>>(fresh.status());
@@ -245,6 +255,7 @@ void Subscriber::Impl::CheckLiveness() {
   {
     std::lock_guard<std::mutex> lock(mu);
     stats.liveness_failures++;
+    silent_node = c->address();
   }
   log(LogLevel::kWarn, kLog, "{}: node {} silent for {} ms and did not answer a probe ({}); reconnecting", options.model,
       c->address(), c->silent_for().count(), answered.message());

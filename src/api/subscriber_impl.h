@@ -62,6 +62,9 @@ struct Subscriber::Impl : std::enable_shared_from_this<Subscriber::Impl> {
   std::shared_ptr<std::atomic<bool>> client_current;  // false once `client` is replaced: its announcements stop
   bool unreachable_reported = false;                  // no node reachable, and that was logged
   std::string chosen_unreachable;  // options.choose_node: the node the last connect did not reach
+  // The node a liveness probe just gave up on (CheckLiveness): the next reconnect tries it last
+  // (with choose_node: reports it unreachable), since a connect to it waits out the timeout.
+  std::string silent_node;
   std::optional<std::string> reported_node;           // the last node told to options.on_connection
   std::optional<proto::VersionInfo> announced;
   bool announced_incoming = false;  // announced by INCOMING: the node is still receiving it
@@ -159,7 +162,9 @@ struct Subscriber::Impl : std::enable_shared_from_this<Subscriber::Impl> {
   void OnRegistryError(const Status& why);
   void Rediscover();  // looks the model up, feeds the newest version to OnAnnounce
   // The node the registry named, then the nearest other holders; sets *address to the one reached.
-  Result<std::unique_ptr<Client>> ConnectViaRegistry(const ClientHandlers& handlers, std::string* address);
+  // The named node is tried last if it is `last` (a node that went silent).
+  Result<std::unique_ptr<Client>> ConnectViaRegistry(const ClientHandlers& handlers, std::string* address,
+                                                     const std::string& last = "");
   Result<std::shared_ptr<Client>> EnsureClient();
   ClientHandlers HandlersFor(std::shared_ptr<std::atomic<bool>> current);
   Result<std::shared_ptr<Client>> Adopt(std::unique_ptr<Client> fresh, const std::string& address,

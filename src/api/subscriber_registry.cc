@@ -110,7 +110,7 @@ void Subscriber::Impl::Rediscover() {
 }
 
 Result<std::unique_ptr<Client>> Subscriber::Impl::ConnectViaRegistry(const ClientHandlers& handlers,
-                                                                     std::string* address) {
+                                                                     std::string* address, const std::string& last) {
   std::string first, first_key;
   {
     std::lock_guard<std::mutex> lock(mu);
@@ -128,23 +128,29 @@ Result<std::unique_ptr<Client>> Subscriber::Impl::ConnectViaRegistry(const Clien
     *address = node;
     return c;
   };
-  auto c = attempt(first, first_key);
+  // A node the liveness probe gave up on (`last`) would wait out the connect timeout: tried after the others.
+  const std::string silent = first == last ? first : "";
+  const std::string silent_key = first_key;
+  Result<std::unique_ptr<Client>> c = Status::Unavailable("node " + first + " did not answer a liveness probe");
+  if (silent.empty()) c = attempt(first, first_key);
   if (c.ok()) return c;
-  Status last = c.status();
+  Status failed = c.status();
   // That node does not answer (gone, its records linger until their TTL; or a record that names a
   // dead or foreign address): every other holder in turn, newest version and nearest first; one
   // that holds an older version still serves that, and NOTIFY brings the rest.
   auto found = registry->Lookup(options.model);
-  if (!found.ok()) return last.WithContext(found.status().message());
+  if (!found.ok()) return silent.empty() ? failed.WithContext(found.status().message()) : attempt(silent, silent_key);
   DropUnsealed(&*found);
+  const std::string named = first;
   for (const auto& holder : HoldersInOrder(*found, host_key)) {
-    if (holder.node.address == first) continue;
+    if (holder.node.address == named) continue;
     log(LogLevel::kWarn, kLog, "{}: holder {} did not answer ({}); trying holder {}", options.model, first,
-        last.message(), holder.node.address);
+        failed.message(), holder.node.address);
     if (auto other = attempt(holder.node.address, holder.node.host_key); other.ok()) return other;
-    else last = other.status(), first = holder.node.address;
+    else failed = other.status(), first = holder.node.address;
   }
-  return last;
+  if (!silent.empty()) return attempt(silent, silent_key);
+  return failed;
 }
 
 }  // namespace viper

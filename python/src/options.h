@@ -62,6 +62,16 @@ class OptionsTable {
                },
                [member](const Options& o) { return py::cast((o.*member).string()); });
   }
+  // A list of str (a list or a tuple; a lone str is refused, not taken as its characters).
+  OptionsTable& Strings(const char* name, std::vector<std::string> Options::*member, const char* doc) {
+    return Add(name, doc, "a list of str", [member, field = std::string(name)](Options& o, py::handle v) {
+                 if (!PyList_Check(v.ptr()) && !PyTuple_Check(v.ptr())) throw py::cast_error(field);
+                 std::vector<std::string> items;
+                 for (py::handle item : py::reinterpret_borrow<py::sequence>(v)) items.push_back(Checked<std::string>(field, item));
+                 o.*member = std::move(items);
+               },
+               [member](const Options& o) { return py::cast(o.*member); });
+  }
   // A duration: seconds (float) in Python, milliseconds in C++.
   OptionsTable& Seconds(const char* name, std::chrono::milliseconds Options::*member, const char* doc) {
     std::string what = name;

@@ -71,6 +71,14 @@ OptionsTable<viper::SubscriberOptions> SubscriberOptionsTable() {
   OptionsTable<O> t;
   t.Plain("model", &O::model, "the model's name")
       .Plain("connect", &O::connect, "HOST:PORT of the node (unused with a registry)")
+      .Strings("alternates", &O::alternates,
+               "HOST:PORT of nodes to subscribe through, in order, while connect is unreachable or silent")
+      .Seconds("preferred_probe", &O::preferred_probe,
+               "seconds between tries of connect while on an alternate; it is moved back to between two versions "
+               "(0: stay on the alternate)")
+      .Plain("wait_for_node", &O::wait_for_node,
+             "start while no node is reachable yet and keep trying (False: raise if none answers)")
+      .Seconds("reconnect_max", &O::reconnect_max, "longest wait between reconnect tries (the backoff starts at 0.1 s)")
       .Plain("registry", &O::registry, "find the node in this registry instead: 'embedded' or redis://HOST:PORT[/DB]")
       .Named("registry_password_file", &O::registry_password, viper::ReadRegistryPasswordFile, SecretShown,
              "file holding the registry's Redis AUTH password (owner-only, whitespace stripped)")

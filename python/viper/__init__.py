@@ -563,8 +563,11 @@ class Subscriber(_Handle):
 
     def __init__(self, model: str, connect: str = _SUBSCRIBER_DEFAULTS.connect, device: Any = None, **options: Any):
         model = _check.model_name("viper.Subscriber()", "model", model)
-        if not (connect == "" and options.get("registry")):  # with a registry, connect is unused
+        if not (isinstance(connect, str) and connect == "" and options.get("registry")):  # with a registry, connect is unused
             connect = _check.address("viper.Subscriber()", "connect", connect)
+        if isinstance(options.get("alternates"), (list, tuple)):  # other types: TypeError from the options
+            for i, alternate in enumerate(options["alternates"]):
+                _check.address("viper.Subscriber()", f"alternates[{i}]", alternate)
         if device is not None:
             if "gpu_device" in options:
                 raise ValueError("viper.Subscriber(): give device= or gpu_device=, not both")

@@ -206,6 +206,8 @@ def test_every_keyword_option_checks_its_type_and_range(owner, options_class, ma
             wrong_types, wrong_values = ["1", None, b"1", HUGE], [-1.0, math.inf, math.nan]
         elif isinstance(default, str):
             wrong_types, wrong_values = [42, b"x", None, HUGE], []
+        elif isinstance(default, list):  # of str (Subscriber(alternates=)): a lone str is no list
+            wrong_types, wrong_values = ["127.0.0.1:7300", [42], None, 42], []
         else:
             continue
         for value in wrong_types:

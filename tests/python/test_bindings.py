@@ -5,6 +5,7 @@ Run: PYTHONPATH=<build>/python /usr/bin/python3 -m pytest tests/python/test_bind
 (CTest sets PYTHONPATH; an `import viper` failure is an error here, not a skip.)
 """
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -172,6 +173,29 @@ def test_a_consumer_in_another_process_sees_every_update():
     assert [int(l[0]) for l in lines] == [1, 2, 3], (lines, err)
     assert [int(l[1]) for l in lines] == [v * (1 << 16) for v in (1, 2, 3)]
     assert all(l[2] == "map" for l in lines)
+
+
+def _free_loopback_address():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_a_subscriber_takes_versions_from_its_alternate_and_returns_to_its_node():
+    preferred = _free_loopback_address()  # nothing listens there yet
+    with viper.Publisher("m", listen="127.0.0.1:0", mode="sync") as alternate:
+        alternate.publish({"x": np.full(8, 1, dtype=np.int64)}, step=1)
+        with viper.Subscriber("m", connect=preferred, alternates=[alternate.address], preferred_probe=0.2) as sub:
+            assert int(sub.wait_for(1, timeout=30)["x"][0]) == 1  # from the alternate
+            assert sub.stats()["preferred_returns"] == 0
+            with viper.Publisher("m", listen=preferred, mode="sync") as back:
+                for step in (1, 2, 3):
+                    back.publish({"x": np.full(8, 100 + step, dtype=np.int64)}, step=step)
+                version = sub.wait_for(3, timeout=30)  # the node it prefers, once it answers
+                assert int(version["x"][0]) == 103
+                assert sub.stats()["preferred_returns"] == 1
+    with pytest.raises(ValueError, match=r"alternates\[1\]='nowhere'"):
+        viper.Subscriber("m", connect=preferred, alternates=[preferred, "nowhere"])
 
 
 def test_errors_map_to_builtin_exceptions(tmp_path):

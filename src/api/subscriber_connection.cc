@@ -371,6 +371,13 @@ void Subscriber::Impl::WaitConnected(std::unique_lock<std::mutex>& lock, const s
       lock.lock();
       continue;
     }
+    if (!on_alternate && !down() && probed) {  // made while a reconnect went back to the node itself
+      std::unique_ptr<Client> stale = std::move(probed);
+      lock.unlock();
+      stale.reset();  // disconnects: not under mu
+      lock.lock();
+      continue;
+    }
     if (on_alternate && Clock::now() >= next_preferred_probe) {
       ProbePreferredLater();
       next_preferred_probe = Clock::now() + options.preferred_probe;

@@ -74,8 +74,8 @@ OptionsTable<viper::SubscriberOptions> SubscriberOptionsTable() {
       .Strings("alternates", &O::alternates,
                "HOST:PORT of nodes to subscribe through, in order, while connect is unreachable or silent")
       .Seconds("preferred_probe", &O::preferred_probe,
-               "seconds between tries of connect while on an alternate; it is moved back to between two versions "
-               "(0: stay on the alternate)")
+               "seconds between tries of connect while on an alternate; once it answers the subscriber moves "
+               "back to it between two versions (0: stay on the alternate)")
       .Plain("wait_for_node", &O::wait_for_node,
              "start while no node is reachable yet and keep trying (False: raise if none answers)")
       .Seconds("reconnect_max", &O::reconnect_max, "longest wait between reconnect tries (the backoff starts at 0.1 s)")

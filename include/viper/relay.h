@@ -12,6 +12,7 @@
 // the Node it feeds.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -53,6 +54,11 @@ struct RelayOptions {
   // Receive versions the upstream is itself still receiving, as they land (INCOMING): per-hop
   // pipelining. false: store and forward (only complete versions), for comparison.
   bool pipelined = true;
+  // The upstream is asked to answer after this much silence and given up (for an alternate, or
+  // another parent from the registry) if it does not answer within liveness_timeout
+  // (SubscriberOptions::liveness_probe). 0: never asked.
+  std::chrono::milliseconds liveness_probe{5000};
+  std::chrono::milliseconds liveness_timeout{5000};
 };
 
 struct RelayStats {

@@ -245,6 +245,8 @@ Result<std::unique_ptr<Relay>> Relay::Start(Node& node, const RelayOptions& opti
     so.pipelined = options.pipelined;
     so.buffers = 1;  // only versions that did not land in the host tier are copied out of it
     so.wait_for_node = true;  // nodes start in any order: an upstream not up yet is waited for
+    so.liveness_probe = options.liveness_probe;
+    so.liveness_timeout = options.liveness_timeout;
     Impl* raw = impl.get();  // subscribers are closed before the Impl goes
     so.on_connection = [raw, model](const std::string& at, bool preferred, const SubscriberStats& counters) {
       raw->OnConnection(model, at, preferred, counters);

@@ -29,9 +29,9 @@ constexpr size_t kModelBytes = 4 << 20;
 class Serve {
  public:
   Serve(const TempDir& dir, std::string name, std::string address, std::string upstream = "",
-        std::string alternate = "")
+        std::string alternate = "", std::vector<std::string> extra = {})
       : dir_(dir), name_(std::move(name)), address_(std::move(address)), upstream_(std::move(upstream)),
-        alternate_(std::move(alternate)) {
+        alternate_(std::move(alternate)), extra_(std::move(extra)) {
     Launch();
   }
   // kill -9 and start again on the same address (retrying while the port is busy).
@@ -57,12 +57,14 @@ class Serve {
     if (!upstream_.empty())
       argv.insert(argv.end(), {"--upstream", upstream_, "--relay-model", "m", "--upstream-remote"});
     if (!alternate_.empty()) argv.insert(argv.end(), {"--upstream-alternate", alternate_});
+    argv.insert(argv.end(), extra_.begin(), extra_.end());
     process_ = std::make_unique<Process>(argv, dir_ / (name_ + ".log"));
     return !testing::WaitForFile(addr_file, 20s).empty();
   }
 
   const TempDir& dir_;
   std::string name_, address_, upstream_, alternate_;
+  std::vector<std::string> extra_;  // more `viper serve` arguments
   std::unique_ptr<Process> process_;
 };
 
@@ -152,12 +154,13 @@ TEST(RelayOrder, ChainStartedRelaysFirstKeepsItsShape) {
   EXPECT_EQ(CountLines(r2.log(), "retrying (backoff"), 1) << r2.log();
 }
 
-// A producer p, relay r1 from p, relay r2 from r1 with p as its alternate.
+// A producer p, relay r1 from p, relay r2 from r1 with p as its alternate (r2 probes a silent
+// upstream after 2 s and waits 2 s for its answer: --upstream-liveness 2).
 struct ChainWithAlternate {
   TempDir dir;
   Serve p{dir, "p", Loopback()};
   Serve r1{dir, "r1", Loopback(), p.address()};
-  Serve r2{dir, "r2", Loopback(), r1.address(), p.address()};
+  Serve r2{dir, "r2", Loopback(), r1.address(), p.address(), {"--upstream-liveness", "2"}};
   // r2 on its preferred upstream, and a first version through the chain: that version.
   uint64_t FirstVersionThrough() {
     if (!WaitUntil([&] { return Counter(r2.address(), "upstream_on_preferred") == 1; }, 20s)) return 0;
@@ -217,10 +220,12 @@ TEST(RelayOrder, RelayLeavesAFrozenUpstream) {
   }, 20s)) << r2.log();
 
   r1.Signal(SIGSTOP);
+  const auto frozen_at = std::chrono::steady_clock::now();
   uint64_t v = Publish(p.address(), 2);
-  // The probe after 5 s of silence, 5 s without an answer, then p (r1 is tried last: a connect to
+  // The probe after 2 s of silence, 2 s without an answer, then p (r1 is tried last: a connect to
   // it would wait out the 5 s connect timeout first).
   EXPECT_TRUE(WaitUntil([&] { return Newest(r2.address()) == v; }, 45s)) << r2.log();
+  EXPECT_LT(std::chrono::steady_clock::now() - frozen_at, 9s) << "--upstream-liveness 2 (the default 5 s takes 10 s)";
   EXPECT_EQ(Counter(r2.address(), "upstream_liveness_failures"), 1u) << r2.log();
   EXPECT_NE(r2.log().find("did not answer a probe"), std::string::npos) << r2.log();
   EXPECT_EQ(CountLines(r2.log(), "cannot connect to node " + r1.address()), 0) << r2.log();

@@ -217,6 +217,7 @@ const std::vector<Option>& Table() {
       {"serve", "--relay-model", Kind::kModel},
       {"serve", "--max-children", Kind::kInteger, 1, 1024},
       {"serve", "--upstream-alternate", Kind::kHostPort},
+      {"serve", "--upstream-liveness", Kind::kSeconds, 0.1, 3600},  // or 0 (off)
       {"serve", "--upstream-file-dir", Kind::kPath},
       {"serve", "--token-file", Kind::kReadableFile},
       {"publish", "MODEL", Kind::kModel},
@@ -229,6 +230,7 @@ const std::vector<Option>& Table() {
       {"watch", "--path", Kind::kChoice},
       {"watch", "--file-dir", Kind::kPath},
       {"watch", "--alternate", Kind::kHostPort},
+      {"watch", "--liveness", Kind::kSeconds, 0.1, 3600},  // or 0 (off)
       {"watch", "--registry", Kind::kRegistry},
       {"watch", "--registry-password-file", Kind::kReadableFile},
       {"watch", "--count", Kind::kInteger, 0, kMax},

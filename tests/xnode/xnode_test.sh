@@ -279,7 +279,7 @@ test_partition() {
   serve h1 a8 --listen $A:7360 --insecure || return
   serve h2 b8 --listen $B:7361 --insecure --upstream $A:7360 --relay-model pt || return
   local relay=$PID_b8
-  VIPER_LOG=info on h3 "$VIPER" watch pt --connect $B:7361 --alternate $A:7360 --json --count 2 --timeout 60 \
+  VIPER_LOG=info on h3 "$VIPER" watch pt --connect $B:7361 --alternate $A:7360 --liveness 2 --json --count 2 --timeout 60 \
     >"$TMP/pt.json" 2>"$TMP/pt.err" &
   local watch=$!
   PIDS+=($watch)
@@ -290,7 +290,10 @@ test_partition() {
   local cut=$SECONDS
   on h1 "$VIPER" publish pt "$TMP/mid2.safetensors" --connect $A:7360 >/dev/null || { failed "publish pt v2"; return; }
   wait_for 40 lines "$TMP/pt.json" 2
-  check "pt v2 reached h3 although its relay's host was cut off ($((SECONDS - cut)) s after the cut)" lines "$TMP/pt.json" 2
+  local took=$((SECONDS - cut))
+  check "pt v2 reached h3 although its relay's host was cut off ($took s after the cut)" lines "$TMP/pt.json" 2
+  # --liveness 2: 2 s of silence, 2 s for the answer, then A (with the default 5 s, 10 s and more).
+  check "the watch's --liveness 2 took effect ($took s < 9 s)" test "$took" -lt 9
   check "the consumer gave up the silent relay (its probe went unanswered)" grep -q "did not answer a probe" "$TMP/pt.err"
   local want
   want=$(source_checksum $A 7360 pt 2 "$TMP/mid2.safetensors")

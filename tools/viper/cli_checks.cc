@@ -91,6 +91,20 @@ CLI::Validator SecondsIn(double lo, double hi, bool lo_open) {
               });
 }
 
+CLI::Validator ZeroOrSecondsIn(double lo, double hi) {
+  CLI::Validator in_range = SecondsIn(lo, hi);
+  std::string rule = fmt::format("0 (off) or a number of seconds from {} to {}", lo, hi);
+  return Make(fmt::format("SECONDS: 0 or in [{} - {}]", lo, hi), [in_range, rule](const std::string& value) -> std::string {
+    double parsed = -1;
+    auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), parsed);
+    const bool zero = value.find_first_not_of("0.") == std::string::npos && ec == std::errc() &&
+                      end == value.data() + value.size() && parsed == 0;
+    if (zero) return {};
+    std::string copy = value;
+    return in_range(copy).empty() ? std::string() : Refuse(value, rule);
+  });
+}
+
 CLI::Validator Number() {
   return Make("NUMBER", [](const std::string& value) -> std::string {
     double parsed = 0;

@@ -36,6 +36,9 @@ inline CLI::Validator PositiveInteger() { return IntegerIn(1, INT64_MAX); }
 // A finite decimal number of seconds with lo < value (lo_open) or lo <= value, and value <= hi.
 CLI::Validator SecondsIn(double lo, double hi, bool lo_open = false);
 
+// 0 (off), or a number of seconds from lo to hi (as SecondsIn).
+CLI::Validator ZeroOrSecondsIn(double lo, double hi);
+
 // A finite decimal number of at most 32 characters, any sign (the command checks its range).
 CLI::Validator Number();
 

@@ -130,6 +130,8 @@ struct WatchFlags {
   bool json = false, verify_local = false;
   uint64_t count = 0;
   double timeout_s = 0;
+  // --liveness: the silence from the node before a probe, and the wait for its answer.
+  double liveness_s = std::chrono::duration<double>(SubscriberOptions{}.liveness_probe).count();
   AuthFlags auth;
 };
 
@@ -202,6 +204,9 @@ int RunWatch(const WatchFlags& f) {
   options.alternates = f.alternates;
   options.file_dir = f.file_dir;
   options.name = "viper-watch";
+  options.liveness_probe =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::duration<double>(f.liveness_s));
+  if (options.liveness_probe.count() > 0) options.liveness_timeout = options.liveness_probe;
   sigset_t stop = BlockStopSignals();  // before any thread starts
   const int64_t start_ns = WallClockNs();
   auto sub = Subscriber::Start(options);
@@ -254,6 +259,11 @@ ViperCommand watch_command(
       app.add_flag("--verify-local", f->verify_local, "Also verify versions mapped or copied from this host's node");
       app.add_option("--alternate", f->alternates, "Subscribe through this HOST:PORT while --connect is unreachable (repeatable)")
           ->check(HostPort());
+      app.add_option("--liveness", f->liveness_s,
+                     "Seconds of silence from the node before it is asked to answer, and then for its answer; no "
+                     "answer and the watch reconnects (to an alternate, or another holder in the registry). 0: never asked")
+          ->capture_default_str()
+          ->check(ZeroOrSecondsIn(0.1, 3600));
       AddRegistry(app, f->registry, f->registry_password_file);
       app.add_option("--count", f->count, "Exit after N updates (0: no limit)")->check(NonNegativeInteger());
       app.add_option("--timeout", f->timeout_s, "Exit after this many seconds (0: none; error if --count not reached)")

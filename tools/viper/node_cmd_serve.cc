@@ -28,6 +28,8 @@ struct ServeFlags {
   std::string host_max_bytes = std::to_string(NodeOptions{}.host_max_bytes);
   std::string registry_password_file;
   RelayOptions relay;  // with --relay-model: this node replicates the models (--upstream, or placed)
+  // --upstream-liveness: the relay's silence before a probe, and the wait for its answer.
+  double upstream_liveness_s = std::chrono::duration<double>(RelayOptions{}.liveness_probe).count();
 };
 
 // Writes "HOST:PORT\n" to `path` through a temporary beside it (removed if anything fails), so a
@@ -89,6 +91,9 @@ int RunServe(const ServeFlags& flags) {
   if (!flags.relay.models.empty()) {
     RelayOptions ro = flags.relay;
     ro.token = *token;  // one token for the whole deployment
+    ro.liveness_probe = ro.liveness_timeout =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::duration<double>(flags.upstream_liveness_s));
+    if (ro.liveness_probe.count() == 0) ro.liveness_timeout = RelayOptions{}.liveness_timeout;  // unused: no probes
     if (ro.upstream.empty()) {  // placed by the registry
       ro.registry = options.registry;
       ro.registry_password = options.registry_password;
@@ -199,6 +204,12 @@ ViperCommand serve_command(
       app.add_option("--upstream-alternate", flags->relay.alternates,
                      "Relay from this HOST:PORT while --upstream is unreachable (repeatable, tried in order)")
           ->check(HostPort());
+      app.add_option("--upstream-liveness", flags->upstream_liveness_s,
+                     "Relay: seconds of silence from the upstream before it is asked to answer, and then for its "
+                     "answer; no answer and the relay leaves it (for an alternate or, placed, another parent). "
+                     "0: never asked (a host cut off without a word is then never left)")
+          ->capture_default_str()
+          ->check(ZeroOrSecondsIn(0.1, 3600));
       app.add_flag("--upstream-remote", flags->relay.always_remote,
                    "Fetch from the upstream over the network even on this host (tests and measurements)");
       app.add_option("--upstream-file-dir", flags->relay.file_dir,

@@ -60,9 +60,9 @@ class PlacedTree : public ::testing::TestWithParam<int> {  // --max-children
   }
   std::unique_ptr<ServeProcess> StartRelay(int i) {
     std::filesystem::remove(dir_ / ("relay" + std::to_string(i) + ".addr"));  // a dead one's address
-    return std::make_unique<ServeProcess>(dir_, "relay" + std::to_string(i), redis_.url(), kTtlS, "127.0.0.1:0",
-                                          std::vector<std::string>{"--relay-model", "m", "--max-children",
-                                                                   std::to_string(GetParam()), "--upstream-remote"});
+    std::vector<std::string> args{"--relay-model", "m", "--max-children", std::to_string(GetParam()), "--upstream-remote"};
+    args.insert(args.end(), relay_args_.begin(), relay_args_.end());
+    return std::make_unique<ServeProcess>(dir_, "relay" + std::to_string(i), redis_.url(), kTtlS, "127.0.0.1:0", args);
   }
   // child address -> parent address, as the registry holds the tree.
   std::map<std::string, std::string> Tree() {
@@ -128,6 +128,7 @@ class PlacedTree : public ::testing::TestWithParam<int> {  // --max-children
   std::unique_ptr<Client> client_;  // to the producer's node
   std::vector<std::unique_ptr<ServeProcess>> relays_;
   std::vector<Checker> checkers_;
+  std::vector<std::string> relay_args_;  // more `viper serve` arguments for every relay
 };
 
 TEST_P(PlacedTree, KilledRelaysChildrenReattachThroughTheRegistry) {
@@ -195,10 +196,12 @@ INSTANTIATE_TEST_SUITE_P(Children, PlacedTree, ::testing::Values(1, 2));
 
 // A relay that goes silent (SIGSTOP: its connections stay open and nothing answers, as a host cut
 // off from the network): its heartbeat stops too, so the registry drops it within a TTL, and its
-// children notice the silence by their liveness probe (5 s of silence, 5 s without an answer),
-// then re-join under another node found through the registry and take the next version from it.
+// children notice the silence by their liveness probe (`--upstream-liveness 2`: 2 s of silence,
+// 2 s without an answer), then re-join under another node found through the registry and take
+// the next version from it.
 using FrozenTree = PlacedTree;
 TEST_P(FrozenTree, FrozenRelaysChildrenReattachThroughTheRegistry) {
+  relay_args_ = {"--upstream-liveness", "2"};
   Grow();
   if (HasFatalFailure()) return;
   std::vector<int> orphans;
@@ -229,6 +232,7 @@ TEST_P(FrozenTree, FrozenRelaysChildrenReattachThroughTheRegistry) {
   std::string figures;
   for (double ms : heal_ms) figures += " " + std::to_string(static_cast<int>(ms));
   std::printf("re-attached after a relay froze, ms:%s\n", figures.c_str());
+  for (double ms : heal_ms) EXPECT_LT(ms, 9000) << "--upstream-liveness 2 (the default 5 s takes 10 s)";
   ::kill(relays_[victim]->process().pid(), SIGCONT);
   for (auto& c : checkers_) EXPECT_EQ(c.bad->load(), 0) << "a consumer saw bytes that were not published";
 }

@@ -204,9 +204,7 @@ int RunWatch(const WatchFlags& f) {
   options.alternates = f.alternates;
   options.file_dir = f.file_dir;
   options.name = "viper-watch";
-  options.liveness_probe =
-      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::duration<double>(f.liveness_s));
-  if (options.liveness_probe.count() > 0) options.liveness_timeout = options.liveness_probe;
+  SetLiveness(f.liveness_s, &options.liveness_probe, &options.liveness_timeout);
   sigset_t stop = BlockStopSignals();  // before any thread starts
   const int64_t start_ns = WallClockNs();
   auto sub = Subscriber::Start(options);

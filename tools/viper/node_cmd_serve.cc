@@ -91,9 +91,7 @@ int RunServe(const ServeFlags& flags) {
   if (!flags.relay.models.empty()) {
     RelayOptions ro = flags.relay;
     ro.token = *token;  // one token for the whole deployment
-    ro.liveness_probe = ro.liveness_timeout =
-        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::duration<double>(flags.upstream_liveness_s));
-    if (ro.liveness_probe.count() == 0) ro.liveness_timeout = RelayOptions{}.liveness_timeout;  // unused: no probes
+    SetLiveness(flags.upstream_liveness_s, &ro.liveness_probe, &ro.liveness_timeout);
     if (ro.upstream.empty()) {  // placed by the registry
       ro.registry = options.registry;
       ro.registry_password = options.registry_password;

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -49,6 +50,13 @@ inline sigset_t BlockStopSignals() {
 
 // Where `viper serve` listens and clients connect by default: SubscriberOptions::connect's default.
 inline const std::string kDefaultNodeAddress = SubscriberOptions{}.connect;
+
+// --liveness / --upstream-liveness SECONDS: the silence before a liveness probe and the wait for
+// its answer, both; 0 turns probes off (the timeout keeps its default: Subscriber::Start wants it > 0).
+inline void SetLiveness(double seconds, std::chrono::milliseconds* probe, std::chrono::milliseconds* timeout) {
+  *probe = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::duration<double>(seconds));
+  if (probe->count() > 0) *timeout = *probe;
+}
 
 // --connect, defaulting to SubscriberOptions::connect (the one place that default is written).
 inline void AddConnect(CLI::App& app, std::string& connect) {

@@ -93,7 +93,9 @@ def stage_config(args) -> DemoConfig:
 def size_runs(cfg: DemoConfig, args, t_train: float) -> None:
     """The policy runs are sized in iterations and requests, so that the training (a curve over
     iterations) and the IPP's extrapolation from the warm-up (run / warm-up = 200 / 60) are the
-    same on a quiet or a loaded machine; their wall time follows from the measured t_train."""
+    same on a quiet or a loaded machine; their wall time follows from the measured t_train. A run
+    lasts at least 10 s (150 requests at least 0.05 s apart need 7.5 s), so where an iteration takes
+    under 0.05 s the runs make more than --run-iters and the IPP extrapolates further."""
     if not args.duration:
         cfg.duration_s = round(min(60.0, max(10.0, args.run_iters * t_train)), 1)
     if not args.request_interval:
@@ -312,7 +314,8 @@ def main(argv=None) -> int:
     print(f"policies: warm-up measured t_train {w['t_train']:.3f} s, t_p {w['t_p']:.3f} s (whole cost of a publish; "
           f"its stall {w['t_p_stall']:.3f} s), t_c {w['t_c']:.3f} s ({w['publishes']} publishes)", flush=True)
     size_runs(cfg, args, w["t_train"])
-    print(f"policies: runs of {cfg.duration_s:g} s ({args.run_iters} iterations at the warm-up's t_train), "
+    print(f"policies: runs of {cfg.duration_s:g} s (about {cfg.duration_s / w['t_train']:.0f} iterations at the "
+          f"warm-up's t_train; --run-iters {args.run_iters}, 10-60 s), "
           f"one request every {cfg.request_interval_s:g} s", flush=True)
     p = plan(cfg, args, w)
     print(f"policies: IPP ({args.ipp_policy}) before the runs: fit {p['fit']['formula'] if p['fit'] else '-'} "

@@ -41,8 +41,14 @@ from . import _checks as _check
 from . import _close_at_exit, _opened_elsewhere
 
 PROTOCOL = 2
-MAX_FRAME_JSON = 16 << 20
-MAX_FRAME_BLOB = 1 << 30
+# Frame limits, per direction. A request is JSON only (its largest: an attach with a list of ids);
+# a reply may carry samples the cache could not hold. The first frame of each side (the service's
+# hello, the client's proof of the token) is small: a stranger who has not proven the token
+# cannot make the service read more than that (before, it read up to 1 GiB into memory).
+MAX_REQUEST_JSON = 16 << 20
+MAX_REPLY_JSON = 16 << 20
+MAX_REPLY_BLOB = 1 << 30
+MAX_HANDSHAKE_JSON = 4096
 # A connection must send its first request (with its proof of the token) within this many seconds;
 # after that it may idle as long as it likes (a loader between epochs). Until then it is a stranger
 # holding one of the service's threads.
@@ -76,21 +82,35 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def _send(sock: socket.socket, obj: dict, blob: bytes | memoryview = b"") -> None:
+def _send(sock: socket.socket, obj: dict, blob: bytes | memoryview = b"", max_json: int = MAX_REPLY_JSON) -> None:
     data = json.dumps(obj, separators=(",", ":")).encode()
+    if len(data) > max_json:  # refused here, with the reason, rather than by the peer with a close
+        raise _viper.InvalidArgumentError(f"a request of {len(data)} bytes is over the data service's limit of "
+                                          f"{max_json} (an attach with fewer ids)")
     sock.sendall(_HEADER.pack(len(data), len(blob)) + data)
     if len(blob):
         sock.sendall(blob)
 
 
-def _recv(sock: socket.socket) -> tuple[dict, bytes]:
+def _recv(sock: socket.socket, max_json: int, max_blob: int) -> tuple[dict, bytes]:
+    """One frame, refused (ConnectionError) from its header alone when it is over the limits: none
+    of its bytes are read. Malformed JSON raises ValueError (RecursionError when nested too deep)."""
     n, m = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
-    if n > MAX_FRAME_JSON or m > MAX_FRAME_BLOB:
-        raise ConnectionError(f"frame of {n} + {m} bytes is over the limit")
+    if n > max_json or m > max_blob:
+        raise ConnectionError(f"frame of {n} + {m} bytes is over the limit of {max_json} + {max_blob}")
     obj = json.loads(_recv_exact(sock, n))
     if not isinstance(obj, dict):
         raise ConnectionError("frame is not a JSON object")
     return obj, (_recv_exact(sock, m) if m else b"")
+
+
+def _release(req: dict, pins: dict) -> None:
+    """Drops the pins a request releases (its "release": a list of pin numbers this connection got)."""
+    release = req.get("release", [])
+    if not isinstance(release, list):
+        raise TypeError(f"release={_check.shown(release)}: expected a list of pin numbers")
+    for p in release:
+        pins.pop(_check.integer("release", "pin", p), None)
 
 
 def _split_address(owner: str, name: str, value: Any) -> tuple[str, int]:
@@ -320,7 +340,7 @@ class DataService:
         try:
             sock.settimeout(HANDSHAKE_SECONDS)
             _send(sock, {"service": "viper-data", "protocol": PROTOCOL, "nonce": nonce})
-            req, _ = _recv(sock)
+            req, _ = _recv(sock, MAX_HANDSHAKE_JSON, 0)
             proof = None
             if self._token:
                 if not hmac.compare_digest(str(req.get("auth", "")), _client_proof(self._token, nonce)):
@@ -335,16 +355,15 @@ class DataService:
                         reply, blob, next_pin = self._next(req, streams, pins, next_pin)
                         _send(sock, reply, blob)
                     else:
-                        for p in req.get("release", ()):
-                            pins.pop(int(p), None)
+                        _release(req, pins)
                         reply = self._control(op, req, streams)
                         if op == "hello" and proof:
                             reply["proof"] = proof
                         _send(sock, reply)
-                except (_viper.Error, TypeError, ValueError, KeyError) as e:
+                except (_viper.Error, TypeError, ValueError, KeyError, OverflowError) as e:
                     _send(sock, {"error": str(e)})
-                req, _ = _recv(sock)
-        except (ConnectionError, OSError, json.JSONDecodeError, struct.error):
+                req, _ = _recv(sock, MAX_REQUEST_JSON, 0)
+        except (ConnectionError, OSError, ValueError, RecursionError, struct.error):
             pass  # the client went away (or spoke garbage): drop what it held
         finally:
             pins.clear()
@@ -361,7 +380,7 @@ class DataService:
             streams.append(s)
             return {"ok": True, "stream": s.id, "epoch_size": s.prefetcher.epoch_size, "samples": len(self.source)}
         if op == "detach":
-            sid = int(req["stream"])
+            sid = _check.integer("detach", "stream", req.get("stream"))
             for s in [s for s in streams if s.id == sid]:
                 streams.remove(s)
                 self._detach(s)
@@ -414,7 +433,8 @@ class DataService:
                 if not j.streams and self._jobs.get(job_name) is j:
                     del self._jobs[job_name]
             raise
-        s = _Stream(sid, j, p, int(req.get("pid", 0)), int(opts.get("rank", 0)), int(opts.get("world_size", 1)))
+        s = _Stream(sid, j, p, _check.integer(owner, "pid", req.get("pid", 0)), int(opts.get("rank", 0)),
+                    int(opts.get("world_size", 1)))
         with self._mu:
             j.streams[sid] = s
             j.apply()
@@ -452,9 +472,8 @@ class DataService:
             self._ended_jobs = (self._ended_jobs + [ended])[-100:]
 
     def _next(self, req: dict, streams: list, pins: dict, next_pin: int):
-        for p in req.get("release", ()):
-            pins.pop(int(p), None)
-        sid = int(req["stream"])
+        _release(req, pins)
+        sid = _check.integer("next", "stream", req.get("stream"))
         s = next((x for x in streams if x.id == sid), None)
         if s is None:
             raise _viper.InvalidArgumentError(f"stream={sid}: not attached on this connection")
@@ -527,7 +546,7 @@ class _Connection:
         self.lock = threading.Lock()
         self.broken = ""  # why a request was cut short (then the connection is closed)
         try:  # within `timeout`, as the connect: a peer that accepts and says nothing is not a service
-            hello, _ = _recv(self.sock)
+            hello, _ = _recv(self.sock, MAX_HANDSHAKE_JSON, 0)
         except (OSError, ConnectionError, ValueError) as e:
             self.close()
             raise ServiceError(f"{owner}: service={address!r}: not a viper data service ({e})") from None
@@ -537,7 +556,7 @@ class _Connection:
         nonce = secrets.token_hex(16)
         req = {"op": "hello", "auth": _client_proof(token, hello.get("nonce", "")) if token else "", "nonce": nonce}
         try:
-            self.info = self.call(req, owner)[0]
+            self.info = self.call(req, owner, handshake=True)[0]
             if token and not hmac.compare_digest(str(self.info.get("proof", "")), _service_proof(token, nonce)):
                 raise ServiceError(f"{owner}: service={address!r} did not prove that it holds the token: not the "
                                    "service meant (another process on its port), or one with another token or none")
@@ -546,15 +565,26 @@ class _Connection:
             raise
         self.sock.settimeout(None)  # then a request may wait as long as its samples take
 
-    def call(self, req: dict, owner: str) -> tuple[dict, bytes]:
+    def call(self, req: dict, owner: str, handshake: bool = False) -> tuple[dict, bytes]:
+        """`handshake`: the reply to the hello, from a service not proven yet: as small as a hello."""
+        max_json, max_blob = (MAX_HANDSHAKE_JSON, 0) if handshake else (MAX_REPLY_JSON, MAX_REPLY_BLOB)
         with self.lock:
             if self.broken:
                 raise ServiceError(f"{owner}: the connection to the data service at {self.address} was cut "
                                    f"mid-request ({self.broken}); open a new one")
             try:
-                _send(self.sock, req)
-                reply, blob = _recv(self.sock)
-            except (OSError, ConnectionError, ValueError) as e:
+                _send(self.sock, req, max_json=MAX_REQUEST_JSON)
+            except _viper.InvalidArgumentError as e:  # over the limit: nothing was sent, the stream is in step
+                raise _viper.InvalidArgumentError(f"{owner}: {e}") from None
+            except (OSError, ValueError) as e:
+                self._break(str(e))
+                raise ServiceError(f"{owner}: the data service at {self.address} is gone ({e})") from None
+            except BaseException as e:
+                self._break(type(e).__name__)
+                raise
+            try:
+                reply, blob = _recv(self.sock, max_json, max_blob)
+            except (OSError, ConnectionError, ValueError, RecursionError) as e:
                 self._break(str(e))
                 raise ServiceError(f"{owner}: the data service at {self.address} is gone ({e})") from None
             except BaseException as e:  # KeyboardInterrupt mid-request: its reply would answer the next
@@ -649,9 +679,13 @@ class ServiceStream:
         owner = "viper.data.DataLoader()"
         self._conn = _Connection(owner, address, token, timeout)
         req = {"op": "attach", "job": job, "pid": os.getpid(), "options": options}
-        if ids is not None:
-            req["ids"] = [int(i) for i in ids]
-        reply, _ = self._conn.call(req, owner)
+        try:
+            if ids is not None:
+                req["ids"] = [int(i) for i in ids]
+            reply, _ = self._conn.call(req, owner)
+        except BaseException:
+            self._conn.close()
+            raise
         self.stream = reply["stream"]
         self.epoch_size = reply["epoch_size"]
         self.samples = reply["samples"]

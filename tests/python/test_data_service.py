@@ -327,7 +327,7 @@ def test_a_connection_that_never_proves_the_token_is_dropped_and_a_silent_servic
         host, port = svc.address.rsplit(":", 1)
         with vd.ServiceControl(svc.address, token="s3cret") as ctl:
             stranger = socket.create_connection((host, int(port)), timeout=30)
-            greeting = _data_service._recv(stranger)[0]
+            greeting = _data_service._recv(stranger, 4096, 0)[0]
             assert greeting["service"] == "viper-data"
             start = time.monotonic()
             assert stranger.recv(1) == b"", "the service closes a connection that sent nothing"
@@ -372,12 +372,12 @@ class FakeService:
                     try:
                         _data_service._send(conn, {"service": "viper-data", "protocol": _data_service.PROTOCOL,
                                                    "nonce": "00" * 16})
-                        _data_service._recv(conn)
+                        _data_service._recv(conn, 4096, 0)
                         reply = {"ok": True, "node": "127.0.0.1:1", "pid": 1, "samples": N}
                         if proof is not None:
                             reply["proof"] = proof
                         _data_service._send(conn, reply)
-                        self.after_hello.append(_data_service._recv(conn)[0])
+                        self.after_hello.append(_data_service._recv(conn, 16 << 20, 0)[0])
                     except (OSError, ConnectionError):
                         pass
 
@@ -455,6 +455,98 @@ def test_the_token_is_proven_both_ways_and_a_stranger_on_the_port_gets_nothing(t
             fake.close()
 
 
+def _frame(obj, blob_bytes=0):
+    import struct
+    data = json.dumps(obj).encode() if not isinstance(obj, bytes) else obj
+    return struct.pack(">II", len(data), blob_bytes) + data
+
+
+def _closed_without_reply(sock):
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_a_stranger_cannot_make_the_service_read_more_than_a_hello(tree, capsys):
+    """Before it proves the token, a connection's first frame may hold a hello and nothing more:
+    before, the service read any frame of up to 16 MiB of JSON and 1 GiB of blob into memory from
+    anyone who connected (a few connections could take a node's memory). A frame over the limit is
+    refused from its header, none of its bytes read; after the proof, requests carry no blob, and
+    malformed numbers get an error reply instead of a traceback in the service's log."""
+    import socket
+    from viper import _data_service
+    svc = vd.DataService(tree, "127.0.0.1:0", token="s3cret")
+    host, port = svc.address.rsplit(":", 1)
+    try:
+        # A header announcing a 1 GiB blob: the service closes at once, so a sender pushing the
+        # bytes is reset long before 256 MiB (the old service read them all, buffering 1 GiB).
+        with socket.create_connection((host, int(port)), timeout=30) as s:
+            _data_service._recv(s, 4096, 0)  # its hello
+            s.sendall(_frame({"op": "hello"}, 1 << 30))
+            chunk, sent = bytes(4 << 20), 0
+            with pytest.raises((BrokenPipeError, ConnectionResetError)):
+                while sent < 256 << 20:
+                    s.sendall(chunk)
+                    sent += len(chunk)
+        # A well-formed hello of 5,000 bytes: over the 4 KiB a hello may take, so no reply at all
+        # (the old service parsed it and answered "unauthenticated").
+        with socket.create_connection((host, int(port)), timeout=30) as s:
+            _data_service._recv(s, 4096, 0)
+            s.sendall(_frame({"op": "hello", "auth": "x" * 5000}))
+            assert _closed_without_reply(s)
+        # Proven, then a request with a blob: refused from its header too.
+        with socket.create_connection((host, int(port)), timeout=30) as s:
+            hello, _ = _data_service._recv(s, 4096, 0)
+            _data_service._send(s, {"op": "hello", "auth": _data_service._client_proof("s3cret", hello["nonce"]),
+                                    "nonce": "ab"})
+            assert _data_service._recv(s, 4096, 0)[0]["ok"]
+            for bad, why in (({"op": "next", "stream": 1e400}, "stream=inf"),
+                             ({"op": "next", "stream": 1, "release": "12"}, "release='12'"),
+                             ({"op": "next", "stream": 1, "release": [1.5]}, "pin=1.5"),
+                             ({"op": "detach", "stream": "1"}, "stream='1'")):
+                _data_service._send(s, bad)
+                reply, _ = _data_service._recv(s, 1 << 20, 0)
+                assert why in reply.get("error", ""), (bad, reply)
+            s.sendall(_frame(b"[" * 100000 + b"]" * 100000))  # nested past Python's recursion limit
+            assert _closed_without_reply(s)
+        with socket.create_connection((host, int(port)), timeout=30) as s:
+            hello, _ = _data_service._recv(s, 4096, 0)
+            _data_service._send(s, {"op": "hello", "auth": _data_service._client_proof("s3cret", hello["nonce"])})
+            _data_service._recv(s, 4096, 0)
+            s.sendall(_frame({"op": "jobs"}, 1))
+            assert _closed_without_reply(s)
+        # The service still serves; a client's request over the limit is refused before it is sent,
+        # with the reason, and its connection stays usable.
+        with vd.ServiceControl(svc.address, token="s3cret") as ctl:
+            assert ctl.jobs() == []
+        with pytest.raises(ValueError, match=r"over the data service's limit of 16777216 \(an attach with fewer ids\)"):
+            _data_service.ServiceStream(svc.address, job="j", token="s3cret", ids=range(3_000_000))
+        stream = _data_service.ServiceStream(svc.address, job="j", token="s3cret", ids=range(8))
+        assert sorted(int(i) for i in stream.next_batch(8)[2]) == list(range(8))
+        stream.close()
+    finally:
+        svc.close()
+    assert "Traceback" not in capsys.readouterr().err, "every bad frame is handled, none escapes as a traceback"
+
+    # The other way: a "service" whose greeting announces 1 GiB is refused from the header.
+    liar = socket.create_server(("127.0.0.1", 0))
+    import threading
+
+    def greet():
+        conn, _ = liar.accept()
+        with conn:
+            conn.sendall(_frame({"service": "viper-data"}, 1 << 30))
+            _closed_without_reply(conn)  # the client hangs up (a reset: it read nothing more)
+
+    t = threading.Thread(target=greet, daemon=True)
+    t.start()
+    with pytest.raises(vd.ServiceError, match=r"not a viper data service \(frame of 25 \+ 1073741824 bytes is over"):
+        vd.ServiceControl("127.0.0.1:%d" % liar.getsockname()[1], timeout=10)
+    t.join(10)
+    liar.close()
+
+
 def test_a_request_cut_short_leaves_the_connection_refusing_instead_of_out_of_step(tree, monkeypatch):
     """A KeyboardInterrupt between a request and its reply: before, the next call on that
     connection read the old reply (DataLoader.stats() raised KeyError: 'stats'); now it says the
@@ -465,7 +557,7 @@ def test_a_request_cut_short_leaves_the_connection_refusing_instead_of_out_of_st
         conn = _data_service._Connection("test", svc.address, "", 5)
         real = _data_service._recv
 
-        def interrupted(sock):
+        def interrupted(*args):
             raise KeyboardInterrupt
 
         monkeypatch.setattr(_data_service, "_recv", interrupted)

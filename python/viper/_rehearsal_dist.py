@@ -89,7 +89,7 @@ def decode_pack(data: bytes, sample_bytes: int, shard: int) -> dict:
         raise _bad(f"meta of {meta_len} bytes does not fit the {len(data)}-byte pack (limit {_MAX_META})")
     try:
         meta = json.loads(bytes(data[_HEADER.size:_HEADER.size + meta_len]))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (ValueError, RecursionError) as e:  # not UTF-8, not JSON, or nested past the parser's depth
         raise _bad(f"meta is not JSON: {e}") from None
     if not isinstance(meta, dict):
         raise _bad("meta is not an object")

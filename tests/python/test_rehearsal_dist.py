@@ -210,6 +210,9 @@ def test_pack_parser_names_each_fault():
         (with_meta(class_seen={"x": 5}), "label 'x': not an integer"),
         (with_meta(class_seen=[]), "class_seen is not an object"),
         (good[:12] + b"{" * meta_len + good[12 + meta_len:], "meta is not JSON"),
+        # Nested past Python's recursion limit: before, a RecursionError instead of viper.Error.
+        (good[:8] + struct.pack("<I", 200000) + b"[" * 100000 + b"]" * 100000 + good[12 + meta_len:],
+         "meta is not JSON"),
     ]
     for data, message in cases:
         with pytest.raises(viper.Error, match="rehearsal pack: .*" + __import__("re").escape(message)):

@@ -50,6 +50,7 @@ Status StatusFromError(const proto::Error& e) {
     case proto::ErrorCode::kBadRequest: return Status::InvalidArgument(e.text);
     case proto::ErrorCode::kBusy:
     case proto::ErrorCode::kAborted: return Status::Unavailable(e.text);
+    case proto::ErrorCode::kExhausted: return Status::ResourceExhausted(e.text);
     case proto::ErrorCode::kInternal: break;
   }
   return Status::Internal(e.text);

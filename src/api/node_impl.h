@@ -195,6 +195,11 @@ struct Node::Impl {
 
   void Send(net::PeerId peer, const proto::Message& message);
   void SendError(net::PeerId peer, uint64_t request_id, proto::ErrorCode code, const std::string& text);
+  // The ERROR code for a failure of this node's own (not of the request): kExhausted when its
+  // budget is spent (the client can tell "full" from "broken"), else kInternal.
+  static proto::ErrorCode OwnFailureCode(const Status& st) {
+    return st.code() == StatusCode::kResourceExhausted ? proto::ErrorCode::kExhausted : proto::ErrorCode::kInternal;
+  }
   void Refuse(net::PeerId peer, const std::string& why);  // REQUIRES: mu held
   // Answers a FETCH (SEND) with FETCH_OK for `info` and starts sending `send` (hold and bytes set).
   void StartBulkSend(net::PeerId peer, const proto::Fetch& m, const proto::VersionInfo& info,

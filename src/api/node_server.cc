@@ -265,7 +265,7 @@ void Node::Impl::HandlePublish(net::PeerId peer, const proto::Publish& m) {
     return SendError(peer, m.request_id, proto::ErrorCode::kBadRequest,
                      "snapshot size " + std::to_string(m.size) + " is out of range");
   auto lease = host->Allocate(m.size);
-  if (!lease.ok()) return SendError(peer, m.request_id, proto::ErrorCode::kInternal, lease.status().message());
+  if (!lease.ok()) return SendError(peer, m.request_id, OwnFailureCode(lease.status()), lease.status().message());
   struct Incoming {
     WriteLease lease;
     uint32_t pending = 0;
@@ -329,7 +329,7 @@ void Node::Impl::FinishClientPublish(net::PeerId peer, uint64_t request_id, std:
   if (!stamped.ok()) return SendError(peer, request_id, proto::ErrorCode::kInternal, stamped.status().message());
   for (const auto& [k, v] : stamped->metadata()) info.metadata[k] = v;
   auto committed = CommitVersion(std::move(lease), std::move(info));
-  if (!committed.ok()) return SendError(peer, request_id, proto::ErrorCode::kInternal, committed.status().message());
+  if (!committed.ok()) return SendError(peer, request_id, OwnFailureCode(committed.status()), committed.status().message());
   Send(peer, proto::PublishOk{request_id, committed->version});
   QueueSpare(committed->size);  // the next PUBLISH lands in a ready segment, as the Publisher's do
 }

@@ -189,11 +189,11 @@ void Node::Impl::LeaseFromFile(net::PeerId peer, const proto::Fetch& m, const pr
       return fail(proto::ErrorCode::kInternal, Status::Corruption("its file has " + std::to_string(entry->size) +
                                                                   " bytes, the catalog " + std::to_string(info.size)));
     auto lease = host->Allocate(info.size);
-    if (!lease.ok()) return fail(proto::ErrorCode::kInternal, lease.status());
+    if (!lease.ok()) return fail(OwnFailureCode(lease.status()), lease.status());
     auto read = files->ReadInto(info.model, info.version, lease->data());  // checksum verified
     if (!read.ok()) return fail(proto::ErrorCode::kNotFound, read.status());
     auto held = host->CommitDetached(std::move(lease).value(), info.model, info.version);
-    if (!held.ok()) return fail(proto::ErrorCode::kInternal, held.status());
+    if (!held.ok()) return fail(OwnFailureCode(held.status()), held.status());
     std::lock_guard<std::mutex> lock(mu);
     auto p = peers.find(peer);
     if (p == peers.end()) return;  // gone meanwhile: the segment goes back to the pool with `held`

@@ -16,6 +16,7 @@
 #include <optional>
 #include <set>
 #include <thread>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -101,6 +102,7 @@ struct SampleCache::Impl {
     std::shared_ptr<Client> client;
     std::optional<Clock::time_point> down_until;
     bool ever_connected = false;
+    bool said_full = false;  // RefusedPut warned that this node is full
   };
   mutable std::vector<Peer> peers;
 
@@ -113,6 +115,9 @@ struct SampleCache::Impl {
   // The client of node i (connected on first use); nullptr while it is down.
   std::shared_ptr<Client> PeerClient(size_t i) const;
   void MarkDown(size_t i, const Status& why) const;
+  // A put into node i refused: counted; a full node (its budget) is said once, at warn level, in
+  // the cache's terms (the refusals that follow go to debug), anything else at info.
+  void RefusedPut(size_t i, uint64_t id, const Status& why) const;
   bool ReadLocal(uint64_t id, std::span<std::byte> dst) const;
   bool ReadAttached(uint64_t id, std::span<std::byte> dst) const;
   bool ReadRemote(size_t owner, uint64_t id, std::span<std::byte> dst) const;
@@ -149,6 +154,29 @@ void SampleCache::Impl::MarkDown(size_t i, const Status& why) const {
   }
   log(LogLevel::kWarn, "sample-cache", "cache node {} unreachable ({}): its samples go to the next owner for {} ms",
       opt.nodes[i], why.ToString(), opt.retry_down.count());
+}
+
+void SampleCache::Impl::RefusedPut(size_t i, uint64_t id, const Status& why) const {
+  put_failures++;
+  if (why.code() != StatusCode::kResourceExhausted) {
+    log(LogLevel::kInfo, "sample-cache", "{} did not cache {}: {}", opt.nodes[i], source->Describe(id),
+        why.ToString());
+    return;
+  }
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    first = !std::exchange(peers[i].said_full, true);
+  }
+  if (!first) {
+    log(LogLevel::kDebug, "sample-cache", "{} is full: not caching {}", opt.nodes[i], source->Describe(id));
+    return;
+  }
+  log(LogLevel::kWarn, "sample-cache",
+      "cache '{}' node {} is full: the samples it owns beyond what it holds are read from the source on every "
+      "read (counted in put_failures). To cache more, give the node more memory (max_bytes) or samples "
+      "(max_samples, at most {} here: one mapping each, bounded by sysctl vm.max_map_count). The node said: {}",
+      opt.name, opt.nodes[i], MaxCachedSamples(), why.message());
 }
 
 std::shared_ptr<Client> SampleCache::Impl::PeerClient(size_t i) const {
@@ -270,8 +298,7 @@ void SampleCache::Impl::PutLocal(uint64_t id, std::span<const std::byte> bytes) 
     // read ahead): the later-numbered one commits first and the other is refused as not newer.
     // The sample is cached all the same: not a failure.
     if (node->host_tier().latest(model).has_value()) return;
-    put_failures++;
-    log(LogLevel::kInfo, "sample-cache", "not caching {}: {}", source->Describe(id), st.ToString());
+    RefusedPut(opt.self, id, st);
   };
   auto layout = SampleLayout(bytes.size());
   if (!layout.ok()) return fail(layout.status());
@@ -314,12 +341,11 @@ void SampleCache::Impl::PutRemote(size_t owner, uint64_t id, std::span<const std
   if (!v.ok() && v.status().message().find("is not newer than its latest committed version") != std::string::npos)
     return;
   if (!v.ok()) {
-    put_failures++;
     if (v.status().code() == StatusCode::kUnavailable || v.status().code() == StatusCode::kTimeout) {
+      put_failures++;
       MarkDown(owner, v.status());
     } else {
-      log(LogLevel::kInfo, "sample-cache", "{} refused {}: {}", opt.nodes[owner], source->Describe(id),
-          v.status().ToString());
+      RefusedPut(owner, id, v.status());
     }
     return;
   }

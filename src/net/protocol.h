@@ -156,6 +156,7 @@ enum class ErrorCode : uint16_t {
   kMalformed = 1, kBadVersion = 2, kUnauthorized = 3, kNotFound = 4, kBadRequest = 5, kInternal = 6,
   kBusy = 7,
   kAborted = 8,  // a SEND announced by FETCH_OK will not complete: abandon its receives
+  kExhausted = 9,  // the node's budget (shared memory, models held) is spent; older peers read it as kInternal
 };
 struct Error {
   uint64_t request_id = 0;  // 0 if not about a request

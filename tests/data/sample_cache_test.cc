@@ -53,6 +53,12 @@ class CountingSource : public SampleSource {
 constexpr int kClasses = 4, kPerClass = 30;  // 120 samples
 constexpr size_t kBytes = 3000;
 
+size_t CountOf(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + what.size())) ++n;
+  return n;
+}
+
 std::shared_ptr<CountingSource> Tree(const TempDir& dir) {
   MakeSampleTree(dir.path(), kClasses, kPerClass, kBytes);
   DirectorySourceOptions o;
@@ -411,6 +417,7 @@ TEST(SampleCacheTest, BudgetRefusesPutsAndTheSourceServesTheRest) {
   co.max_samples = 10;  // the node holds 10 of the 120
   auto c = SampleCache::Open(src, co);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ::testing::internal::CaptureStderr();
   for (int pass = 0; pass < 2; ++pass) {
     for (uint64_t id = 0; id < 120; ++id) {
       std::vector<std::byte> buf(kBytes);
@@ -418,11 +425,49 @@ TEST(SampleCacheTest, BudgetRefusesPutsAndTheSourceServesTheRest) {
       EXPECT_EQ(buf, SampleBytes(id, kBytes));
     }
   }
+  const std::string said = ::testing::internal::GetCapturedStderr();
   SampleCacheStats s = (*c)->stats();
   EXPECT_EQ(s.node_samples, 10u);
   EXPECT_EQ(s.local_hits, 10u);
   EXPECT_EQ(s.source_reads, 230u);
   EXPECT_EQ(s.put_failures, 220u);
+  // Said once, in the cache's terms, at the default level (before: one info line per refused
+  // sample, about "models", and nothing at all at the default level).
+  EXPECT_EQ(CountOf(said, "is full"), 1u) << said;
+  EXPECT_NE(said.find("warn sample-cache: cache 'budget' node " + nodes[0] + " is full"), std::string::npos) << said;
+  EXPECT_NE(said.find("max_samples"), std::string::npos) << said;
+}
+
+// A node that another rank puts into is full: that rank says so once, naming the node.
+TEST(SampleCacheTest, ARankSaysOnceThatAnotherRanksNodeIsFull) {
+  TempDir dir;
+  auto src = Tree(dir);
+  auto nodes = LoopbackNodes(2);
+  std::vector<std::shared_ptr<SampleCache>> caches;
+  for (size_t r = 0; r < 2; ++r) {
+    SampleCacheOptions co;
+    co.nodes = nodes;
+    co.self = r;
+    co.name = "full";
+    co.max_samples = r == 0 ? 5 : 0;  // node 0 holds 5 samples at most
+    auto c = SampleCache::Open(src, co);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    caches.push_back(*c);
+  }
+  ::testing::internal::CaptureStderr();
+  size_t owned_by_0 = 0;
+  for (uint64_t id = 0; id < 120; ++id) {
+    std::vector<std::byte> buf(kBytes);
+    ASSERT_TRUE(caches[1]->ReadInto(id, buf).ok());  // rank 1 puts node 0's samples there
+    EXPECT_EQ(buf, SampleBytes(id, kBytes));
+    owned_by_0 += caches[1]->OwnerOf(id) == 0;
+  }
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  ASSERT_GT(owned_by_0, 5u);
+  EXPECT_EQ(caches[0]->stats().node_samples, 5u);
+  EXPECT_EQ(caches[1]->stats().put_failures, owned_by_0 - 5);
+  EXPECT_EQ(CountOf(said, "is full"), 1u) << said;
+  EXPECT_NE(said.find("cache 'full' node " + nodes[0] + " is full"), std::string::npos) << said;
 }
 
 // Named objects (the distributed rehearsal buffer's packs) travel over the same nodes: a put

@@ -218,8 +218,10 @@ TEST_P(FrozenTree, FrozenRelaysChildrenReattachThroughTheRegistry) {
     EXPECT_TRUE(back) << "relay" << i << " did not leave its frozen parent\n" << Logs();
     heal_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - frozen_at).count());
   }
-  for (int i = 0; i < kRelays; ++i)
-    if (i != victim) EXPECT_TRUE(checkers_[i].sub->WaitFor(2, 30s).ok()) << "relay" << i << "\n" << Logs();
+  for (int i = 0; i < kRelays; ++i) {
+    if (i == victim) continue;
+    EXPECT_TRUE(checkers_[i].sub->WaitFor(2, 30s).ok()) << "relay" << i << "\n" << Logs();
+  }
   auto tree = Tree();
   EXPECT_FALSE(tree.contains(relays_[victim]->address())) << "the frozen relay is still a member";
   for (int i : orphans) EXPECT_NE(tree[relays_[i]->address()], relays_[victim]->address());

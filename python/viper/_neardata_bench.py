@@ -204,8 +204,8 @@ class _Bench:
                     tuner.address, "--name", s, "--features-listen", f"10.77.0.{host}:{7800 + n}", "--path", "remote",
                     "--json"], self.log, self.pin))
                 servers.append(subprocess.Popen(["ip", "netns", "exec", f"{self.prefix}-h{host}", *self.pin, PY, "-m",
-                                                 "viper.neardata", "fileserver", "--dir", shard_dir, "--listen",
-                                                 f"10.77.0.{host}:{8000 + n}"], stdout=subprocess.DEVNULL,
+                                                 "viper.neardata", "fileserver", "--dir", shard_dir, "--insecure",
+                                                 "--listen", f"10.77.0.{host}:{8000 + n}"], stdout=subprocess.DEVNULL,
                                                 stderr=self.log, start_new_session=True))
             deadline = time.time() + 300
             for st in stores:

@@ -104,6 +104,9 @@ def _fileserver(args) -> int:
     if not os.path.isdir(args.dir):
         raise Error(f"--dir {args.dir!r} is not a directory")
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not (host in ("localhost", "::1") or host.startswith("127.")) and not args.insecure:
+        raise Error(f"--listen {args.listen!r}: beyond loopback anyone who reaches the port reads every file under "
+                    f"--dir (plain HTTP, no token: it is the baseline's storage side); give --insecure to mean it")
 
     class Server(http.server.ThreadingHTTPServer):
         address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -168,6 +171,8 @@ def main(argv=None) -> int:
     f = commands.add_parser("fileserver", help="serve a directory's files over HTTP (the disaggregated baseline)")
     f.add_argument("--dir", required=True)
     f.add_argument("--listen", default="127.0.0.1:0")
+    f.add_argument("--insecure", action="store_true",
+                   help="listen beyond loopback (no authentication: anyone who reaches the port reads --dir)")
     f.set_defaults(run=_fileserver)
     b = commands.add_parser("bench", help="near-data against the disaggregated baseline on network-namespace hosts")
     _bench_arguments(b)

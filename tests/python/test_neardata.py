@@ -434,7 +434,10 @@ def test_bad_paths_factories_and_tuner_arguments_get_one_line(tmp_path):
     for args, why in ((["labels", str(tmp_path)], "is a directory"),
                       (["labels", str(tmp_path / "no" / "l.db")], "does not exist"),
                       (["fileserver", "--dir", str(tmp_path / "no")], "is not a directory"),
-                      (["fileserver", "--dir", str(tmp_path), "--listen", "nohost.invalid:0"], "cannot listen there"),
+                      (["fileserver", "--dir", str(tmp_path), "--listen", "nohost.invalid:0", "--insecure"],
+                       "cannot listen there"),
+                      # Plain HTTP, no token: beyond loopback only when asked for.
+                      (["fileserver", "--dir", str(tmp_path), "--listen", "0.0.0.0:0"], "give --insecure to mean it"),
                       (["serve", "--model", "m", "--factory", "os:getcwd", "--data", "x", "--labels",
                         str(tmp_path / "l.db"), "--connect", "127.0.0.1:1"], "returned a str, not a torch.nn.Module")):
         out = subprocess.run([PY, "-m", "viper.neardata", *args], capture_output=True, text=True, timeout=60)

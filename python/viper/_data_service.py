@@ -85,8 +85,7 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 def _send(sock: socket.socket, obj: dict, blob: bytes | memoryview = b"", max_json: int = MAX_REPLY_JSON) -> None:
     data = json.dumps(obj, separators=(",", ":")).encode()
     if len(data) > max_json:  # refused here, with the reason, rather than by the peer with a close
-        raise _viper.InvalidArgumentError(f"a request of {len(data)} bytes is over the data service's limit of "
-                                          f"{max_json} (an attach with fewer ids)")
+        raise _viper.InvalidArgumentError(f"{len(data)} bytes of JSON, over the data service's limit of {max_json}")
     sock.sendall(_HEADER.pack(len(data), len(blob)) + data)
     if len(blob):
         sock.sendall(blob)
@@ -575,7 +574,7 @@ class _Connection:
             try:
                 _send(self.sock, req, max_json=MAX_REQUEST_JSON)
             except _viper.InvalidArgumentError as e:  # over the limit: nothing was sent, the stream is in step
-                raise _viper.InvalidArgumentError(f"{owner}: {e}") from None
+                raise _viper.InvalidArgumentError(f"{owner}: a request of {e} (an attach with fewer ids)") from None
             except (OSError, ValueError) as e:
                 self._break(str(e))
                 raise ServiceError(f"{owner}: the data service at {self.address} is gone ({e})") from None

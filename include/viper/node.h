@@ -65,6 +65,14 @@ struct NodeOptions {
   // flushes, and failed ones (a full disk) until a retry writes them. Past it the oldest failed
   // one is dropped and, held by no tier then, de-listed with a warning naming it.
   uint64_t unflushed_budget_bytes = 2ull << 30;
+  // Liveness of the node's peers (consumers, relays, publishers): one from which nothing came for
+  // peer_liveness_probe is pinged (by the engine, answered by every peer's engine); if it does not
+  // answer within peer_liveness_timeout it is dropped as if it had disconnected: its leases go,
+  // it is no longer listed as a relay of the versions it relays, transfers to it end. A host cut
+  // off without FIN or RST is otherwise noticed only when TCP gives up (minutes). 0: never pinged
+  // (`viper serve --peer-liveness SECONDS` sets both; counted in NodeStats::peers_silent).
+  std::chrono::milliseconds peer_liveness_probe{5000};
+  std::chrono::milliseconds peer_liveness_timeout{5000};
   uint32_t chunk_bytes = 4u << 20;     // bulk transfer chunk size (a client may ask for another)
   uint32_t chunks_in_flight = 8;       // bulk sends outstanding per transfer
   // Shared-memory segments are /dev/shm/<prefix>.<pid>.<n>. With a store_dir the prefix becomes
@@ -131,6 +139,7 @@ struct NodeStats {
   uint64_t handshakes_timed_out = 0;
   uint64_t handshakes_evicted = 0;
   uint64_t handshakes_malformed = 0;
+  uint64_t peers_silent = 0;  // peers dropped because they stopped answering (peer_liveness_probe)
   uint64_t malformed_messages = 0;
   uint64_t files_flushed = 0;
   uint64_t flush_errors = 0;

@@ -39,6 +39,11 @@ OptionsTable<viper::NodeOptions> NodeOptionsTable() {
       .Plain("recover", &O::recover, "on start, load each model's latest file into memory")
       .Plain("unflushed_budget_bytes", &O::unflushed_budget_bytes,
              "shared memory kept by versions not yet on the file tier (queued or failed flushes)")
+      .Seconds("peer_liveness_probe", &O::peer_liveness_probe,
+               "seconds without a sign of life from a peer before the node pings it (0: never; a peer whose host "
+               "or network was cut sends nothing)")
+      .Seconds("peer_liveness_timeout", &O::peer_liveness_timeout,
+               "seconds a pinged peer has to answer before the node drops it (its leases released)")
       .Plain("chunk_bytes", &O::chunk_bytes, "bulk transfer chunk size")
       .Plain("chunks_in_flight", &O::chunks_in_flight, "bulk sends outstanding per transfer")
       .Plain("segment_prefix", &O::segment_prefix, "name prefix of the shared-memory segments")

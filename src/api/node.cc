@@ -91,6 +91,11 @@ Result<std::unique_ptr<Node>> Node::Start(const NodeOptions& options) {
   if (options.keep_host_versions < 1) return Status::InvalidArgument("keep_host_versions must be >= 1");
   if (options.keep_file_versions < 1) return Status::InvalidArgument("keep_file_versions must be >= 1");
   if (options.chunks_in_flight < 1) return Status::InvalidArgument("chunks_in_flight must be >= 1");
+  if (options.peer_liveness_probe.count() < 0 ||
+      (options.peer_liveness_probe.count() > 0 && options.peer_liveness_timeout.count() <= 0))
+    return Status::InvalidArgument("peer_liveness_probe must be >= 0 ms (0: no pings), and peer_liveness_timeout > 0 ms "
+                                   "with it; got " + std::to_string(options.peer_liveness_probe.count()) + " and " +
+                                   std::to_string(options.peer_liveness_timeout.count()) + " ms");
   VIPER_RETURN_IF_ERROR(CheckListenIsGuarded(options));
   std::unique_ptr<Node> node(new Node(options));
   auto impl = std::make_shared<Impl>();
@@ -122,6 +127,8 @@ Result<std::unique_ptr<Node>> Node::Start(const NodeOptions& options) {
   net::EngineOptions engine_options;
   engine_options.listen = options.listen.empty() ? "127.0.0.1:0" : options.listen;
   engine_options.token = options.token;  // proven by challenge-response in the bootstrap handshake
+  engine_options.peer_silence = options.peer_liveness_probe;
+  engine_options.peer_answer = options.peer_liveness_timeout;
   net::EngineHandlers handlers;
   Impl* raw = impl.get();  // the engine is destroyed before the Impl
   handlers.on_message = [raw](net::PeerId peer, std::span<const std::byte> bytes) {
@@ -244,6 +251,7 @@ NodeStats Node::Impl::StatsLocked() const {
   s.handshakes_timed_out = es.handshakes_timed_out;
   s.handshakes_evicted = es.handshakes_evicted;
   s.handshakes_malformed = es.handshakes_malformed;
+  s.peers_silent = es.peers_silent;
   if (deltas) s.delta = deltas->stats();
   s.flushes_queued = flushing.size();
   s.unflushed_versions = unflushed.size();

@@ -232,6 +232,7 @@ void Engine::Impl::Run() {
     active |= Progress();
     Clock::time_point now = Clock::now();
     CheckDeadlines(now);
+    CheckLiveness(now);
     if (active) {
       last_activity = now;
     } else if (now - last_activity >= options.spin) {
@@ -293,11 +294,13 @@ void Engine::Impl::WaitForEvents(Clock::time_point now, int max_timeout_ms) {
 }
 
 int Engine::Impl::EpollTimeoutMs(Clock::time_point now) const {
-  if (connecting == 0 && closing == 0) return -1;
   Clock::time_point next = Clock::time_point::max();
-  for (const auto& [id, peer] : peers) {
-    if (peer->connect) next = std::min(next, peer->connect_deadline);
-    if (peer->closing()) next = std::min(next, peer->close_deadline);
+  if (LivenessOn() && peer_count.load(std::memory_order_relaxed) > 0) next = next_liveness_check;
+  if (connecting != 0 || closing != 0) {
+    for (const auto& [id, peer] : peers) {
+      if (peer->connect) next = std::min(next, peer->connect_deadline);
+      if (peer->closing()) next = std::min(next, peer->close_deadline);
+    }
   }
   if (next == Clock::time_point::max()) return -1;
   if (next <= now) return 0;
@@ -318,6 +321,44 @@ void Engine::Impl::CheckDeadlines(Clock::time_point now) {
     ClosePeer(id, reason, /*notify=*/false, /*graceful=*/false);
   }
   for (PeerId id : close_expired) FinishClose(id);
+}
+
+void Engine::Impl::Heard(PeerId id) {
+  if (!LivenessOn()) return;
+  if (detail::Peer* peer = FindPeer(id)) peer->heard = Clock::now();
+}
+
+// Runs a few times per peer_silence (not on every loop turn: a node may have thousands of peers).
+// A ping waits behind what is already queued to the peer; a bulk send completing meanwhile, or
+// anything the peer sends, counts as its answer.
+void Engine::Impl::CheckLiveness(Clock::time_point now) {
+  if (!LivenessOn() || now < next_liveness_check) return;
+  auto tick = std::max(std::chrono::milliseconds(10), std::min(options.peer_silence, options.peer_answer) / 4);
+  next_liveness_check = now + tick;
+  std::vector<PeerId> silent;
+  for (auto& [id, peer] : peers) {
+    if (!peer->open()) continue;
+    if (peer->pinged != Clock::time_point{} && peer->heard >= peer->pinged) peer->pinged = {};
+    if (peer->pinged == Clock::time_point{}) {
+      if (now - peer->heard < options.peer_silence) continue;
+      peer->pinged = now;
+      SendAm(*peer, detail::kPingAm, nullptr, nullptr);
+    } else if (now - peer->pinged >= options.peer_answer) {
+      silent.push_back(id);
+    }
+  }
+  for (PeerId id : silent) {
+    detail::Peer* peer = FindPeer(id);
+    if (peer == nullptr || !peer->open()) continue;
+    auto quiet = std::chrono::duration_cast<std::chrono::milliseconds>(now - peer->heard).count();
+    Status reason = Status::Unavailable(fmt::format(
+        "peer {} ({}) sent nothing for {} ms and did not answer a ping within {} ms (its host down or cut off, or "
+        "the process frozen)",
+        id, peer->address, quiet, options.peer_answer.count()));
+    log(LogLevel::kWarn, kLog, "{}: closing it", reason.message());
+    peers_silent.fetch_add(1, std::memory_order_relaxed);
+    ClosePeer(id, reason, /*notify=*/true, /*graceful=*/false);
+  }
 }
 
 // Closes every peer (flushing sends for at most close_timeout), completes every pending
@@ -390,6 +431,10 @@ Result<std::unique_ptr<Engine>> Engine::Start(const EngineOptions& options, Engi
     Result<std::pair<std::string, uint16_t>> parsed = ParseHostPort(options.listen);
     if (!parsed.ok()) return parsed.status().WithContext("engine listen address");
   }
+  if (options.peer_silence.count() < 0 || (options.peer_silence.count() > 0 && options.peer_answer.count() <= 0))
+    return Status::InvalidArgument(fmt::format(
+        "engine peer_silence must be >= 0 ms (0: no pings), and peer_answer > 0 ms with it; got {} and {} ms",
+        options.peer_silence.count(), options.peer_answer.count()));
   VIPER_RETURN_IF_ERROR(CheckSanitizerEnvironment());  // before any thread exists
   RouteUcxLog();
   auto impl = std::make_unique<Impl>(options, std::move(handlers));
@@ -515,6 +560,7 @@ Engine::Stats Engine::stats() const {
   s.messages_out = impl_->messages_out.load(std::memory_order_relaxed);
   s.peers = impl_->peer_count.load(std::memory_order_relaxed);
   s.requests_pending = impl_->outstanding.load(std::memory_order_relaxed);
+  s.peers_silent = impl_->peers_silent.load(std::memory_order_relaxed);
   if (const auto& c = impl_->acceptor_counters) {
     s.handshakes_refused_token = c->auth.load(std::memory_order_relaxed);
     s.handshakes_timed_out = c->timed_out.load(std::memory_order_relaxed);

@@ -81,6 +81,16 @@ struct EngineOptions {
   std::chrono::milliseconds handshake_timeout{5000};
   size_t max_pending_handshakes = 1024;
   size_t max_pending_per_address = 128;
+  // Liveness of open peers; 0 = off. A peer from which nothing came for `peer_silence` (no
+  // message, no answer to a ping, no bulk receive completed, no bulk send to it completed) is
+  // pinged; if it stays silent for `peer_answer` more it is failed: on_peer_closed with
+  // Unavailable, counted in Stats::peers_silent. Every engine answers pings on its progress thread
+  // (so do engines of earlier releases), busy or not; a peer whose host lost power or network,
+  // or a frozen process, does not. Without this an engine learns of such a peer only when TCP
+  // gives up: keepalive on an idle connection (~30 s), retransmission once anything was sent to it
+  // (minutes: a node publishing every 2 s still listed a cut-off relay after 255 s).
+  std::chrono::milliseconds peer_silence{0};
+  std::chrono::milliseconds peer_answer{5000};
 };
 
 // Constant-time (in the length of `expected`) comparison of a presented token.
@@ -163,6 +173,7 @@ class Engine {
     uint64_t handshakes_timed_out = 0;          // no HELLO in time, or the handshake not finished
     uint64_t handshakes_evicted = 0;            // made room for newer ones (pending caps, fds)
     uint64_t handshakes_malformed = 0;          // not the protocol, closed early, endpoint failed
+    uint64_t peers_silent = 0;  // open peers failed because they did not answer a ping (peer_silence)
   };
   Stats stats() const;
 

@@ -69,6 +69,7 @@ struct SendOp : Op {
   std::shared_ptr<const std::vector<std::byte>> copy;  // control messages are copied
   Completion done;                                     // may be empty
   bool control = false;
+  bool bulk = false;  // its completion is a sign of life: the peer took the bytes (EngineOptions::peer_silence)
 };
 struct RecvOp : Op {
   uint64_t tag = 0;
@@ -111,6 +112,10 @@ struct Peer {
   std::shared_ptr<std::promise<Result<PeerId>>> connect;
   Clock::time_point connect_deadline{};
   Clock::time_point close_deadline{};
+  // Liveness (EngineOptions::peer_silence): the last sign of life, and when a ping went out that
+  // nothing has answered since (epoch: none outstanding).
+  Clock::time_point heard = Clock::now();
+  Clock::time_point pinged{};
   std::unordered_map<void*, Op*> ops;  // pending sends and tag receives, by UCX request
   std::deque<std::shared_ptr<Inbound>> inbox;
 
@@ -146,7 +151,7 @@ struct Engine::Impl {
   std::thread thread;
   mutable std::mutex live_mu;
   std::unordered_set<PeerId> live;  // guarded by live_mu: open peers, for Send's fast check
-  std::atomic<uint64_t> wakeups{0}, messages_in{0}, messages_out{0}, peer_count{0};
+  std::atomic<uint64_t> wakeups{0}, messages_in{0}, messages_out{0}, peer_count{0}, peers_silent{0};
   // UCX requests whose callback has not run yet (written by the progress thread only).
   std::atomic<uint64_t> outstanding{0};
 
@@ -170,6 +175,7 @@ struct Engine::Impl {
   std::vector<detail::RndvPending> rndv_pending;
   size_t closing = 0;     // peers in a graceful close
   bool stopping = false;
+  Clock::time_point next_liveness_check{};
 
   // engine.cc: lifecycle and loop
   Status Init();
@@ -179,6 +185,10 @@ struct Engine::Impl {
   void WaitForEvents(Clock::time_point now, int max_timeout_ms);
   int EpollTimeoutMs(Clock::time_point now) const;
   void CheckDeadlines(Clock::time_point now);
+  bool LivenessOn() const { return options.peer_silence.count() > 0; }
+  // Pings open peers silent for peer_silence and fails those silent for peer_answer after it.
+  void CheckLiveness(Clock::time_point now);
+  void Heard(PeerId id);
   void Shutdown();
   void CompleteAbandonedOps();
   void ReleaseUcx();

@@ -116,6 +116,7 @@ ucs_status_t Engine::Impl::OnControlAm(void* data, size_t length, const ucp_am_r
     log(LogLevel::kDebug, kLog, "dropped a {}-byte control message from an unknown or closing endpoint", length);
     return UCS_OK;
   }
+  if (LivenessOn()) peer->heard = Clock::now();
   if (length > options.max_message_bytes) {
     PeerId id = peer->id;
     Status reason = Status::InvalidArgument(fmt::format("peer {} ({}) sent a {}-byte control message; the limit is {}",
@@ -197,7 +198,9 @@ void Engine::Impl::DeliverReady(detail::Peer& peer) {
 
 void Engine::Impl::OnPing(const ucp_am_recv_param_t* param) {
   detail::Peer* peer = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? PeerOfEp(param->reply_ep) : nullptr;
-  if (peer != nullptr && !peer->closing()) SendAm(*peer, detail::kPongAm, nullptr, nullptr);
+  if (peer == nullptr || peer->closing()) return;
+  if (LivenessOn()) peer->heard = Clock::now();
+  SendAm(*peer, detail::kPongAm, nullptr, nullptr);
 }
 
 // The remote closes gracefully: everything it sent has arrived (it says bye after its last send
@@ -212,6 +215,7 @@ void Engine::Impl::OnBye(const ucp_am_recv_param_t* param) {
 
 void Engine::Impl::OnPong(const ucp_am_recv_param_t* param) {
   detail::Peer* peer = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? PeerOfEp(param->reply_ep) : nullptr;
+  if (peer != nullptr && LivenessOn()) peer->heard = Clock::now();
   if (peer != nullptr && peer->connect) {
     log(LogLevel::kInfo, kLog, "connected to {} as peer {}", peer->address, peer->id);
     MarkOpen(*peer);
@@ -278,6 +282,7 @@ void Engine::Impl::DoSendBulk(PeerId id, uint64_t tag, std::span<const std::byte
   auto* op = new detail::SendOp;
   op->impl = this;
   op->peer = id;
+  op->bulk = true;
   op->done = std::move(done);
   ucp_request_param_t param = CallbackParam(op);
   param.cb.send = SendCb;
@@ -335,6 +340,7 @@ void Engine::Impl::OnSendDone(detail::SendOp* op, ucs_status_t status) {
   std::unique_ptr<detail::SendOp> owned(op);
   Untrack(op);
   if (status == UCS_OK && op->control) messages_out.fetch_add(1, std::memory_order_relaxed);
+  if (status == UCS_OK && op->bulk) Heard(op->peer);
   if (!op->done) return;
   if (status == UCS_OK) {
     op->done(Status::OK());
@@ -348,6 +354,7 @@ void Engine::Impl::OnSendDone(detail::SendOp* op, ucs_status_t status) {
 void Engine::Impl::OnRecvDone(detail::RecvOp* op, ucs_status_t status, size_t length) {
   std::unique_ptr<detail::RecvOp> owned(op);
   Untrack(op);
+  if (status == UCS_OK) Heard(op->peer);
   if (!op->done) return;
   std::string what = fmt::format("bulk receive of tag {:#x} from peer {}", op->tag, op->peer);
   if (status == UCS_OK && length == op->expected) {

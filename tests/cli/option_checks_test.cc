@@ -209,6 +209,7 @@ const std::vector<Option>& Table() {
       {"serve", "--segment-prefix", Kind::kSegmentPrefix},
       {"serve", "--delta", Kind::kChoice},
       {"serve", "--delta-bases", Kind::kInteger, 0, 100000},
+      {"serve", "--peer-liveness", Kind::kSeconds, 0.1, 3600},  // or 0 (off)
       {"serve", "--address-file", Kind::kNewFile},
       {"serve", "--registry", Kind::kRegistry},
       {"serve", "--registry-password-file", Kind::kReadableFile},

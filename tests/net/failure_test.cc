@@ -164,6 +164,76 @@ TEST_F(EngineTest, KilledAcceptedPeerIsReported) {
   EXPECT_EQ(engine->stats().peers, 0u);
 }
 
+// Liveness (EngineOptions::peer_silence): a peer that stops answering (its host cut off without
+// FIN or RST, or, here, its process frozen) is failed once it has been silent and left a ping
+// unanswered; one that answers, idle or busy moving bulk data, is kept.
+TEST_F(EngineTest, FrozenPeerIsDroppedAfterAnUnansweredPing) {
+  EngineOptions options;
+  options.listen = "127.0.0.1:0";
+  options.peer_silence = 300ms;
+  options.peer_answer = 500ms;
+  auto engine = StartEngine(options);
+  auto child = ChildProcess::Start({HelperPath(), "--connect", engine->listen_address()});
+  ASSERT_TRUE(child);
+  auto accepted = events_.WaitAccepted(10s);
+  ASSERT_TRUE(accepted);
+  EXPECT_EQ(NextText(), "hello from helper");
+  std::this_thread::sleep_for(2s);  // idle for about six pings, each answered
+  EXPECT_EQ(engine->stats().peers, 1u);
+  EXPECT_EQ(engine->stats().peers_silent, 0u);
+  std::vector<std::byte> in(4096);
+  CompletionLatch recv;
+  engine->RecvBulk(accepted->first, 42, in, recv.Callback());
+  child->Kill(SIGSTOP);
+  const auto frozen = std::chrono::steady_clock::now();
+  auto reason = events_.WaitClosed(accepted->first, 10s);
+  const auto took = std::chrono::steady_clock::now() - frozen;
+  child->Kill(SIGCONT);
+  ASSERT_TRUE(reason) << "a frozen peer was kept for 10 s";
+  EXPECT_EQ(reason->code(), StatusCode::kUnavailable) << reason->ToString();
+  EXPECT_NE(reason->message().find("did not answer a ping within 500 ms"), std::string::npos) << reason->ToString();
+  EXPECT_LT(took, 5s);
+  auto r = recv.Wait(5s);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->code(), StatusCode::kUnavailable) << r->ToString();
+  EXPECT_EQ(engine->stats().peers, 0u);
+  EXPECT_EQ(engine->stats().peers_silent, 1u);
+}
+
+// One 256 MiB message each way: while it moves nothing else comes from the peer, so the engine
+// pings it (every 50 ms of silence); the ping waits behind the data and the peer still answers.
+TEST_F(EngineTest, PeerBusyWithOneLongTransferIsNotTakenForSilent) {
+  EngineOptions options;
+  options.peer_silence = 50ms;
+  options.peer_answer = 3s;
+  auto engine = StartEngine(options);
+  auto helper = StartHelper();
+  ASSERT_TRUE(helper);
+  Result<PeerId> peer = engine->Connect(helper->address);
+  ASSERT_TRUE(peer.ok()) << peer.status().ToString();
+  constexpr size_t kTotal = 256u << 20;
+  std::vector<std::byte> buffer(kTotal);
+  CompletionLatch received;
+  engine->RecvBulk(*peer, 700, buffer, received.Callback());
+  ASSERT_TRUE(engine->Send(*peer, AsBytes("cmd:send-bulk 700 268435456 268435456 1 31 0")).ok());
+  auto in = received.Wait(60s);
+  ASSERT_TRUE(in);
+  ASSERT_TRUE(in->ok()) << in->ToString();
+  EXPECT_EQ(NextText(), "done:send-bulk ok");
+  EXPECT_EQ(FindPatternMismatch(buffer, 31, 0), -1);
+
+  FillPattern(buffer, 32, 0);
+  ASSERT_TRUE(engine->Send(*peer, AsBytes("cmd:recv-bulk 800 268435456 268435456 1 32")).ok());
+  CompletionLatch sent;
+  engine->SendBulk(*peer, 800, buffer, sent.Callback());
+  auto out = sent.Wait(60s);
+  ASSERT_TRUE(out);
+  EXPECT_TRUE(out->ok()) << out->ToString();
+  EXPECT_EQ(NextText(), "done:recv-bulk ok");
+  EXPECT_EQ(engine->stats().peers_silent, 0u);
+  EXPECT_EQ(engine->stats().peers, 1u);
+}
+
 TEST_F(EngineTest, ConnectToPortWithoutListenerFailsWithinTimeout) {
   EngineOptions options;
   options.connect_timeout = 3s;

@@ -275,8 +275,15 @@ test_failover_to_relay() {
 # h2's link goes down: no FIN, no RST, nothing reaches the consumer on h3 from relay B any more. The
 # consumer's liveness probe (SubscriberOptions::liveness_probe) finds B silent, gives the connection
 # up and takes the next version from its alternate, the producer's node A.
+# a_stat NODE NAME: one counter of NODE's STATS (viper stats --json, run on h1).
+a_stat() { on h1 "$VIPER" stats --connect "$1" --json | $PY -c 'import json,sys; print(json.load(sys.stdin)[sys.argv[1]])' "$2"; }
+# a_dropped_the_relay NODE RELAY: NODE counts a peer dropped for silence and lists RELAY nowhere.
+a_dropped_the_relay() {
+  [[ $(a_stat "$1" peers_silent) -ge 1 ]] && ! on h1 "$VIPER" ls --connect "$1" --json | grep -q "$2"
+}
+
 test_partition() {
-  serve h1 a8 --listen $A:7360 --insecure || return
+  serve h1 a8 --listen $A:7360 --insecure --peer-liveness 2 || return
   serve h2 b8 --listen $B:7361 --insecure --upstream $A:7360 --relay-model pt || return
   local relay=$PID_b8
   VIPER_LOG=info on h3 "$VIPER" watch pt --connect $B:7361 --alternate $A:7360 --liveness 2 --json --count 2 --timeout 60 \
@@ -298,6 +305,13 @@ test_partition() {
   local want
   want=$(source_checksum $A 7360 pt 2 "$TMP/mid2.safetensors")
   check "pt v2 on h3 is A's, bit-exact" test -n "$want" -a "$(field "$TMP/pt.json" 1 checksum 2>/dev/null)" = "$want"
+  # A, for its part, pings the silent relay (--peer-liveness 2) and drops it: no longer a peer, no
+  # longer listed as a relay of pt (a consumer whose transfer from A broke would try it first).
+  wait_for 20 a_dropped_the_relay $A:7360 $B:7361
+  local dropped=$((SECONDS - cut))
+  check "A dropped its cut-off relay ($dropped s after the cut; peers_silent $(a_stat $A:7360 peers_silent))" \
+    a_dropped_the_relay $A:7360 $B:7361
+  check "A's --peer-liveness 2 took effect ($dropped s < 12 s)" test "$dropped" -lt 12
   on h2 ip link set eth0 up
   wait "$watch" 2>/dev/null
   kill -TERM "$relay" 2>/dev/null; wait "$relay" 2>/dev/null

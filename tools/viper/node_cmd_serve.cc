@@ -30,6 +30,8 @@ struct ServeFlags {
   RelayOptions relay;  // with --relay-model: this node replicates the models (--upstream, or placed)
   // --upstream-liveness: the relay's silence before a probe, and the wait for its answer.
   double upstream_liveness_s = std::chrono::duration<double>(RelayOptions{}.liveness_probe).count();
+  // --peer-liveness: the node's silence before it pings a peer, and the wait for the answer.
+  double peer_liveness_s = std::chrono::duration<double>(NodeOptions{}.peer_liveness_probe).count();
 };
 
 // Writes "HOST:PORT\n" to `path` through a temporary beside it (removed if anything fails), so a
@@ -75,6 +77,7 @@ int RunServe(const ServeFlags& flags) {
   auto max_bytes = ParseBytes(flags.host_max_bytes, "--host-max-bytes");
   if (!max_bytes.ok()) return Fail("serve", max_bytes.status());
   options.host_max_bytes = *max_bytes;
+  SetLiveness(flags.peer_liveness_s, &options.peer_liveness_probe, &options.peer_liveness_timeout);
   if (!options.registry.empty()) {
     auto password = RegistryPassword(flags.registry_password_file);
     if (!password.ok()) return Fail("serve", password.status());
@@ -181,6 +184,12 @@ ViperCommand serve_command(
                      "Older versions per model kept as delta bases (each pins one snapshot in memory)")
           ->capture_default_str()
           ->check(IntegerIn(0, kMaxKeptVersions));
+      app.add_option("--peer-liveness", flags->peer_liveness_s,
+                     "Seconds of silence from a peer (consumer, relay) before the node pings it, and then for its "
+                     "answer; no answer and the peer is dropped (its leases released, no longer listed as a relay). "
+                     "0: never pinged (a host cut off without a word is then kept until TCP gives up, minutes)")
+          ->capture_default_str()
+          ->check(ZeroOrSecondsIn(0.1, 3600));
       app.add_option("--address-file", flags->address_file, "Write the bound HOST:PORT to this file once listening (removed on a clean stop)")
           ->check(NewFile());
       AddRegistry(app, flags->node.registry, flags->registry_password_file);

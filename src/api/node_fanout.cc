@@ -121,7 +121,9 @@ void Node::Impl::AnnounceIncoming(const std::shared_ptr<IncomingVersion::State>&
 IncomingVersion::IncomingVersion(std::shared_ptr<State> state) : state_(std::move(state)) {}
 
 IncomingVersion::~IncomingVersion() {
-  if (!committed_) state_->node->AbortIncoming(state_, "the transfer into this node broke off");
+  if (committed_) return;
+  state_->node->AbortIncoming(state_, state_->producing ? "its producer abandoned it before sealing it"
+                                                        : "the transfer into this node broke off");
 }
 
 std::span<std::byte> IncomingVersion::data() const { return state_->bytes; }
@@ -362,7 +364,7 @@ void Node::Impl::AbortSends(const std::shared_ptr<IncomingVersion::State>& state
     send->failed = true;
     SendError(send->peer, send->request_id, proto::ErrorCode::kAborted,
               "transfer of " + state->info.model + " version " + std::to_string(state->info.version) +
-                  " aborted: " + why + "; fetch it from another replica");
+                  " aborted: " + why + (state->producing ? "" : "; fetch it from another replica"));
   }
 }
 

@@ -236,6 +236,7 @@ TEST(CutThrough, AbandonedVersionNeverGoesLive) {
   ASSERT_TRUE(consumer.sub->WaitFor(1, 30s).ok());
   Version v2 = MakeVersion(16 << 20, 2, 12);
   const uint64_t before = node->stats().bytes_sent_incoming;
+  ::testing::internal::CaptureStderr();  // what the node and the consumer say of the abandoned version
   {
     Producing p(*node, v2);
     ASSERT_TRUE(p.in);
@@ -245,6 +246,13 @@ TEST(CutThrough, AbandonedVersionNeverGoesLive) {
   }  // abandoned: destroyed without Seal and Commit
   ASSERT_TRUE(WaitUntil([&] { return consumer.sub->stats().fetch_failures >= 1; }, 10s))
       << "the consumer did not drop the abandoned version promptly";
+  // The consumer's transfer (half landed) ends with the reason: its producer abandoned the
+  // version (not "the transfer into this node broke off", nor to fetch it from another replica:
+  // no node has it).
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("m version 2 aborted: its producer abandoned it before sealing it"), std::string::npos) << said;
+  EXPECT_EQ(said.find("another replica"), std::string::npos) << said;
+  EXPECT_EQ(said.find("broke off"), std::string::npos) << said;
   EXPECT_EQ(node->stats().incoming_aborted, 1u);
   EXPECT_EQ(node->Latest("m")->version, 1u);
   auto still = consumer.sub->latest();

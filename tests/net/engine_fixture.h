@@ -39,6 +39,26 @@ class EngineTest : public ::testing::Test {
     if (!address) return std::nullopt;
     return Helper{std::move(*child), *address};
   }
+  // An engine listening on loopback and a helper process connected to it, whose hello has
+  // arrived; nullopt (the test failed) if either did not come up.
+  struct Accepted {
+    std::unique_ptr<Engine> engine;
+    ChildProcess child;
+    PeerId peer = 0;
+  };
+  std::optional<Accepted> StartEngineWithHelper(EngineOptions options = {}) {
+    options.listen = "127.0.0.1:0";
+    auto engine = StartEngine(options);
+    if (!engine) return std::nullopt;
+    auto child = ChildProcess::Start({HelperPath(), "--connect", engine->listen_address()});
+    EXPECT_TRUE(child) << "the helper did not start";
+    if (!child) return std::nullopt;
+    auto accepted = events_.WaitAccepted(10s);
+    EXPECT_TRUE(accepted) << "the helper never connected";
+    if (!accepted) return std::nullopt;
+    EXPECT_EQ(NextText(), "hello from helper");
+    return Accepted{std::move(engine), std::move(*child), accepted->first};
+  }
   std::string NextText(Ms timeout = 10s) {
     auto m = events_.NextMessage(timeout);
     return m ? m->text() : "<no message within timeout>";

@@ -143,25 +143,19 @@ TEST_F(EngineTest, SenderOutlivesReceiversKilledMidTransfer) {
 }
 
 TEST_F(EngineTest, KilledAcceptedPeerIsReported) {
-  EngineOptions options;
-  options.listen = "127.0.0.1:0";
-  auto engine = StartEngine(options);
-  auto child = ChildProcess::Start({HelperPath(), "--connect", engine->listen_address()});
-  ASSERT_TRUE(child);
-  auto accepted = events_.WaitAccepted(10s);
-  ASSERT_TRUE(accepted);
-  EXPECT_EQ(NextText(), "hello from helper");
+  auto a = StartEngineWithHelper();
+  ASSERT_TRUE(a);
   std::vector<std::byte> in(4096);
   CompletionLatch recv;
-  engine->RecvBulk(accepted->first, 42, in, recv.Callback());
-  child->Kill(SIGKILL);
-  auto reason = events_.WaitClosed(accepted->first, 15s);
+  a->engine->RecvBulk(a->peer, 42, in, recv.Callback());
+  a->child.Kill(SIGKILL);
+  auto reason = events_.WaitClosed(a->peer, 15s);
   ASSERT_TRUE(reason);
   EXPECT_EQ(reason->code(), StatusCode::kUnavailable) << reason->ToString();
   auto r = recv.Wait(5s);
   ASSERT_TRUE(r);
   EXPECT_EQ(r->code(), StatusCode::kUnavailable);
-  EXPECT_EQ(engine->stats().peers, 0u);
+  EXPECT_EQ(a->engine->stats().peers, 0u);
 }
 
 // Liveness (EngineOptions::peer_silence): a peer that stops answering (its host cut off without
@@ -169,26 +163,22 @@ TEST_F(EngineTest, KilledAcceptedPeerIsReported) {
 // unanswered; one that answers, idle or busy moving bulk data, is kept.
 TEST_F(EngineTest, FrozenPeerIsDroppedAfterAnUnansweredPing) {
   EngineOptions options;
-  options.listen = "127.0.0.1:0";
   options.peer_silence = 300ms;
   options.peer_answer = 500ms;
-  auto engine = StartEngine(options);
-  auto child = ChildProcess::Start({HelperPath(), "--connect", engine->listen_address()});
-  ASSERT_TRUE(child);
-  auto accepted = events_.WaitAccepted(10s);
-  ASSERT_TRUE(accepted);
-  EXPECT_EQ(NextText(), "hello from helper");
+  auto a = StartEngineWithHelper(options);
+  ASSERT_TRUE(a);
+  Engine* engine = a->engine.get();
   std::this_thread::sleep_for(2s);  // idle for about six pings, each answered
   EXPECT_EQ(engine->stats().peers, 1u);
   EXPECT_EQ(engine->stats().peers_silent, 0u);
   std::vector<std::byte> in(4096);
   CompletionLatch recv;
-  engine->RecvBulk(accepted->first, 42, in, recv.Callback());
-  child->Kill(SIGSTOP);
+  engine->RecvBulk(a->peer, 42, in, recv.Callback());
+  a->child.Kill(SIGSTOP);
   const auto frozen = std::chrono::steady_clock::now();
-  auto reason = events_.WaitClosed(accepted->first, 10s);
+  auto reason = events_.WaitClosed(a->peer, 10s);
   const auto took = std::chrono::steady_clock::now() - frozen;
-  child->Kill(SIGCONT);
+  a->child.Kill(SIGCONT);
   ASSERT_TRUE(reason) << "a frozen peer was kept for 10 s";
   EXPECT_EQ(reason->code(), StatusCode::kUnavailable) << reason->ToString();
   EXPECT_NE(reason->message().find("did not answer a ping within 500 ms"), std::string::npos) << reason->ToString();

@@ -282,6 +282,15 @@ a_dropped_the_relay() {
   [[ $(a_stat "$1" peers_silent) -ge 1 ]] && ! on h1 "$VIPER" ls --connect "$1" --json | grep -q "$2"
 }
 
+# listed_checksum HOST NODE MODEL VERSION: the checksum NODE lists for that version (empty if none).
+listed_checksum() {
+  on "$1" "$VIPER" ls --connect "$2" --json 2>/dev/null | $PY -c '
+import json, sys
+for v in json.load(sys.stdin):
+    if v["model"] == sys.argv[1] and v["version"] == int(sys.argv[2]): print(v["checksum"])' "$3" "$4"
+}
+holds() { [[ -n $(listed_checksum "$@") ]]; }
+
 test_partition() {
   serve h1 a8 --listen $A:7360 --insecure --peer-liveness 2 || return
   serve h2 b8 --listen $B:7361 --insecure --upstream $A:7360 --relay-model pt || return
@@ -312,7 +321,13 @@ test_partition() {
   check "A dropped its cut-off relay ($dropped s after the cut; peers_silent $(a_stat $A:7360 peers_silent))" \
     a_dropped_the_relay $A:7360 $B:7361
   check "A's --peer-liveness 2 took effect ($dropped s < 12 s)" test "$dropped" -lt 12
+  # The link comes back: the relay notices A dropped it (its own probe) and relays again.
   on h2 ip link set eth0 up
+  local back=$SECONDS
+  on h1 "$VIPER" publish pt "$TMP/mid1.safetensors" --connect $A:7360 >/dev/null || { failed "publish pt v3"; return; }
+  wait_for 40 holds h2 $B:7361 pt 3
+  check "the relay relays again once its link is back (pt v3 on B $((SECONDS - back)) s after)" holds h2 $B:7361 pt 3
+  check "pt v3 on B is A's (same checksum)" test "$(listed_checksum h1 $A:7360 pt 3)" = "$(listed_checksum h2 $B:7361 pt 3)"
   wait "$watch" 2>/dev/null
   kill -TERM "$relay" 2>/dev/null; wait "$relay" 2>/dev/null
   stop "$PID_a8"

@@ -68,9 +68,10 @@ struct NodeOptions {
   // Liveness of the node's peers (consumers, relays, publishers): one from which nothing came for
   // peer_liveness_probe is pinged (by the engine, answered by every peer's engine); if it does not
   // answer within peer_liveness_timeout it is dropped as if it had disconnected: its leases go,
-  // it is no longer listed as a relay of the versions it relays, transfers to it end. A host cut
-  // off without FIN or RST is otherwise noticed only when TCP gives up (minutes). 0: never pinged
-  // (`viper serve --peer-liveness SECONDS` sets both; counted in NodeStats::peers_silent).
+  // it is no longer listed as a relay of the versions it relays, transfers to it end; a peer on
+  // this host is kept while its process lives (a frozen one may still read what its leases pin).
+  // A host cut off without FIN or RST is otherwise noticed only when TCP gives up (minutes).
+  // 0: never pinged (`viper serve --peer-liveness SECONDS` sets both; NodeStats::peers_silent).
   std::chrono::milliseconds peer_liveness_probe{5000};
   std::chrono::milliseconds peer_liveness_timeout{5000};
   uint32_t chunk_bytes = 4u << 20;     // bulk transfer chunk size (a client may ask for another)

@@ -143,6 +143,10 @@ Result<std::unique_ptr<Node>> Node::Start(const NodeOptions& options) {
     raw->AwaitStarted();
     raw->OnPeerClosed(peer, why);
   };
+  handlers.on_peer_silent = [raw](net::PeerId peer) {
+    raw->AwaitStarted();
+    return raw->DropSilentPeer(peer);
+  };
   auto engine = net::Engine::Start(engine_options, std::move(handlers));
   if (!engine.ok()) return engine.status().WithContext("node: cannot listen on " + engine_options.listen);
   impl->engine = std::move(engine).value();

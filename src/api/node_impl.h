@@ -123,6 +123,7 @@ struct Node::Impl {
     bool hello = false;
     std::string host_key;
     std::string name;
+    uint32_t pid = 0;  // as its HELLO says (checked only for a peer on this host: DropSilentPeer)
     int strikes = 0;
     bool fetches_bytes = false;  // asked for SEND transfers: a consumer that takes deltas
     std::multimap<std::pair<std::string, uint64_t>, ReadLease> leases;
@@ -134,6 +135,7 @@ struct Node::Impl {
     std::vector<std::pair<std::string, uint64_t>> announced;  // versions this relay said it holds
     std::set<std::string> relayed_models;                      // ...and their models
     proto::Replica replica;                                    // ...as this replica
+    bool kept_silent = false;  // said once that it is silent and kept (DropSilentPeer)
   };
 
   mutable std::mutex mu;
@@ -168,6 +170,9 @@ struct Node::Impl {
   void OnMessage(net::PeerId peer, std::span<const std::byte> bytes);
   void OnPeerAccepted(net::PeerId peer, const std::string& address);
   void OnPeerClosed(net::PeerId peer, const Status& reason);
+  // The engine found `peer` silent (NodeOptions::peer_liveness_probe): true to drop it. A peer on
+  // this node's host is kept while its process lives (see the definition).
+  bool DropSilentPeer(net::PeerId peer);
   void Dispatch(net::PeerId peer, PeerState& p, proto::Message& message);
   void HandleHello(net::PeerId peer, PeerState& p, const proto::Hello& m);
   void HandleSubscribe(net::PeerId peer, PeerState& p, const proto::Subscribe& m);

@@ -1,9 +1,12 @@
 // Node: the control-message server (HELLO, SUBSCRIBE, FETCH, LIST, REPLICA, PUBLISH, ...).
 #include "viper/node.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <fstream>
 #include <mutex>
 
 #include "net/engine.h"
@@ -18,6 +21,20 @@ namespace {
 constexpr std::string_view kLog = "node";
 constexpr int kMaxStrikes = 3;                   // malformed messages before a peer is dropped
 constexpr uint64_t kMaxPublishBytes = 1ull << 40;
+
+// True while process `pid` of this host runs or is stopped; false once it is gone or a zombie
+// (killed, not yet reaped by its parent).
+bool ProcessLives(pid_t pid) {
+  if (pid <= 0) return false;
+  if (::kill(pid, 0) != 0 && errno != EPERM) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text;
+  std::getline(stat, text);
+  const size_t name_end = text.rfind(')');  // "pid (name) S ...": the name may hold anything
+  if (name_end == std::string::npos || name_end + 2 >= text.size()) return true;  // unreadable: kill says it exists
+  const char state = text[name_end + 2];
+  return state != 'Z' && state != 'X';
+}
 }  // namespace
 
 // ---------------------------------------------------------------- messages
@@ -56,6 +73,24 @@ void Node::Impl::OnPeerClosed(net::PeerId peer, const Status& reason) {
   for (auto& [model, state] : models) state.subscribers.erase(peer);
   ForgetReplicasLocked(it->second);
   peers.erase(it);  // drops its leases: their segments become recyclable
+}
+
+// A peer on this host is dropped for silence only once its process is gone (its death the kernel
+// normally reports at once). The network cannot cut it off, and while it lives it is frozen (a
+// debugger, a suspended job) or starved: it may still read the segments its leases pin, and
+// releasing them would let a new version overwrite bytes it reads. (UCX's own keepalive still
+// fails the endpoint of a peer frozen for about a minute: 61 s measured.)
+bool Node::Impl::DropSilentPeer(net::PeerId peer) {
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = peers.find(peer);
+  if (it == peers.end() || !it->second.hello || it->second.host_key != host_key) return true;
+  PeerState& p = it->second;
+  if (!ProcessLives(static_cast<pid_t>(p.pid))) return true;
+  if (!p.kept_silent)
+    log(LogLevel::kInfo, kLog, "peer {} ({}, pid {} on this host) does not answer pings: kept while it lives, with its "
+        "{} lease(s)", peer, p.name, p.pid, p.leases.size());
+  p.kept_silent = true;
+  return false;
 }
 
 void Node::Impl::OnMessage(net::PeerId peer, std::span<const std::byte> bytes) {
@@ -119,6 +154,7 @@ void Node::Impl::HandleHello(net::PeerId peer, PeerState& p, const proto::Hello&
   p.hello = true;
   p.name = m.client_name;
   p.host_key = m.host_key;
+  p.pid = m.pid;
   log(LogLevel::kDebug, kLog, "peer {} is {} (pid {})", peer, m.client_name, m.pid);
   Send(peer, proto::HelloOk{options.name, host_key, static_cast<uint32_t>(::getpid())});
 }

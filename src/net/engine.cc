@@ -350,6 +350,13 @@ void Engine::Impl::CheckLiveness(Clock::time_point now) {
   for (PeerId id : silent) {
     detail::Peer* peer = FindPeer(id);
     if (peer == nullptr || !peer->open()) continue;
+    if (handlers.on_peer_silent && !handlers.on_peer_silent(id)) {  // kept: a new period of silence starts
+      if ((peer = FindPeer(id)) != nullptr) {
+        peer->heard = now;
+        peer->pinged = {};
+      }
+      continue;
+    }
     auto quiet = std::chrono::duration_cast<std::chrono::milliseconds>(now - peer->heard).count();
     Status reason = Status::Unavailable(fmt::format(
         "peer {} ({}) sent nothing for {} ms and did not answer a ping within {} ms (its host down or cut off, or "

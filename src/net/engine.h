@@ -83,8 +83,8 @@ struct EngineOptions {
   size_t max_pending_per_address = 128;
   // Liveness of open peers; 0 = off. A peer from which nothing came for `peer_silence` (no
   // message, no answer to a ping, no bulk receive completed, no bulk send to it completed) is
-  // pinged; if it stays silent for `peer_answer` more it is failed: on_peer_closed with
-  // Unavailable, counted in Stats::peers_silent. Every engine answers pings on its progress thread
+  // pinged; if it stays silent for `peer_answer` more it is failed (unless on_peer_silent keeps
+  // it): on_peer_closed with Unavailable, counted in Stats::peers_silent. Every engine answers pings on its progress thread
   // (so do engines of earlier releases), busy or not; a peer whose host lost power or network,
   // or a frozen process, does not. Without this an engine learns of such a peer only when TCP
   // gives up: keepalive on an idle connection (~30 s), retransmission once anything was sent to it
@@ -106,6 +106,10 @@ struct EngineHandlers {
   // pending operations have completed with `reason` (code Unavailable, or InvalidArgument for a
   // peer that broke the protocol). Not called for Disconnect() or engine destruction.
   std::function<void(PeerId, const Status& reason)> on_peer_closed;
+  // A peer left a liveness ping unanswered (EngineOptions::peer_silence): return true to fail it
+  // (on_peer_closed follows), false to keep it (it is pinged again after the next silence). Unset:
+  // failed.
+  std::function<bool(PeerId)> on_peer_silent;
 };
 
 using Completion = std::function<void(const Status&)>;

@@ -203,6 +203,37 @@ TEST(SameNode, KilledConsumerLeasesAreReleased) {
   EXPECT_EQ(r["errors"], 0) << r.dump();
 }
 
+// A consumer on the node's host that stops answering (frozen: a debugger, a suspended job) is not
+// dropped for silence while its process lives: it may still read the segment its lease pins,
+// which must not be recycled. (Peers on other hosts are: xnode test_partition.)
+TEST(SameNode, AFrozenConsumerOnThisHostKeepsItsLease) {
+  TempDir dir;
+  PublisherOptions options;
+  options.model = "m";
+  options.node.peer_liveness_probe = 300ms;
+  options.node.peer_liveness_timeout = 300ms;
+  auto started = Publisher::Start(options);
+  ASSERT_TRUE(started.ok()) << started.status().ToString();
+  auto& pub = *started;
+  ASSERT_TRUE(PublishPattern(*pub, 1).ok());
+  ASSERT_TRUE(pub->Wait().ok());
+  Process holder({testing::PeerBinary(), "hold", "--model", "m", "--connect", pub->address(), "--state-file",
+                  dir / "hold.state"},
+                 dir / "hold.log");
+  ASSERT_EQ(WaitForFile(dir / "hold.state", 20s), "holding 1") << holder.log();
+  ASSERT_EQ(::kill(holder.pid(), SIGSTOP), 0);  // (Process::Kill would wait for it to exit)
+  for (int v = 2; v <= 4; ++v) ASSERT_TRUE(PublishPattern(*pub, v).ok());
+  ASSERT_TRUE(pub->Wait().ok());
+  std::this_thread::sleep_for(2s);  // three times the silence and the wait for an answer
+  const NodeStats frozen = pub->node().stats();
+  const uint64_t retired_leased = pub->node().host_tier().stats().retired_leased_segments;
+  ::kill(holder.pid(), SIGCONT);
+  EXPECT_EQ(frozen.peers_silent, 0u);
+  EXPECT_EQ(frozen.peers, 1u);
+  EXPECT_GE(frozen.leases_active, 1u);
+  EXPECT_GE(retired_leased, 1u) << "version 1's segment (retired, still leased) must not be recycled";
+}
+
 // A producer killed in the middle of writing version 4: the consumer keeps serving version 3,
 // version 4 is never announced, and a `viper serve` restarted on the same directory serves 3.
 TEST(SameNode, KilledProducerLeavesTheLastCompleteVersion) {

@@ -84,11 +84,12 @@ struct EngineOptions {
   // Liveness of open peers; 0 = off. A peer from which nothing came for `peer_silence` (no
   // message, no answer to a ping, no bulk receive completed, no bulk send to it completed) is
   // pinged; if it stays silent for `peer_answer` more it is failed (unless on_peer_silent keeps
-  // it): on_peer_closed with Unavailable, counted in Stats::peers_silent. Every engine answers pings on its progress thread
-  // (so do engines of earlier releases), busy or not; a peer whose host lost power or network,
-  // or a frozen process, does not. Without this an engine learns of such a peer only when TCP
-  // gives up: keepalive on an idle connection (~30 s), retransmission once anything was sent to it
-  // (minutes: a node publishing every 2 s still listed a cut-off relay after 255 s).
+  // it): on_peer_closed with Unavailable, counted in Stats::peers_silent. Every engine answers
+  // pings on its progress thread (so do engines of earlier releases), busy or not; a peer whose
+  // host lost power or network, or a frozen process, does not. Without this an engine learns of
+  // such a peer only when TCP gives up: keepalive on an idle connection (~30 s), retransmission
+  // once anything was sent to it (minutes: a node publishing every 2 s still listed a cut-off
+  // relay after 255 s).
   std::chrono::milliseconds peer_silence{0};
   std::chrono::milliseconds peer_answer{5000};
 };

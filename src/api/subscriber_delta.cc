@@ -51,8 +51,10 @@ std::optional<Subscriber::Impl::DeltaAttempt> Subscriber::Impl::LoadRemoteDelta(
     // A full answer that stalled or lost its connection may still have receives posted into the
     // buffer (see LoadRemote); a delta's parts land in the client's own memory, never in it.
     if (code == StatusCode::kTimeout || code == StatusCode::kUnavailable) poisoned_buffer = std::move(buffer.owner);
-    // A delta that did not decode, or that the node gave up (base evicted), is fetched in full.
-    bool retry = code == StatusCode::kCorruption || code == StatusCode::kNotFound;
+    // A delta that did not decode, or that the node gave up after it started (base evicted), is
+    // fetched in full. A FETCH the node refused before any FETCH_OK (it has no such version) is
+    // not: the same request in full would get the same answer.
+    bool retry = code == StatusCode::kCorruption || (code == StatusCode::kNotFound && as_delta);
     return DeltaAttempt{fetched.status(), retry};
   }
   const bool delta = fetched->ok.encoding == proto::Encoding::kDelta;

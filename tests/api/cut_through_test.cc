@@ -526,6 +526,8 @@ TEST(CutThrough, RelayForwardsAVersionStillBeingProduced) {
 
   Version v2 = MakeVersion(16 << 20, 2, 32);
   const uint64_t before = Settled([&] { return b->stats().bytes_sent_incoming; });
+  const uint64_t failures = consumer.sub->stats().fetch_failures;
+  ::testing::internal::CaptureStderr();
   {
     Producing p(*a, v2);
     ASSERT_TRUE(p.in);
@@ -534,9 +536,15 @@ TEST(CutThrough, RelayForwardsAVersionStillBeingProduced) {
         << "the relay did not forward version 2 while it was produced";
   }  // abandoned
   ASSERT_TRUE(WaitUntil([&] { return b->stats().incoming_aborted >= 1; }, 30s)) << "the relay kept the abandoned version";
+  ASSERT_TRUE(WaitUntil([&] { return consumer.sub->stats().fetch_failures > failures; }, 30s))
+      << "the consumer never gave the abandoned version up";
   std::this_thread::sleep_for(200ms);
+  const std::string said = ::testing::internal::GetCapturedStderr();
   EXPECT_EQ(b->Latest("m")->version, 1u);
   EXPECT_EQ(consumer.Live(), std::vector<uint64_t>{1});
+  // Asked for a delta of a version it does not have, a node refuses the FETCH itself: the same
+  // request in full would get the same answer, so none is sent.
+  EXPECT_EQ(said.find("fetching it in full"), std::string::npos) << said;
   relay->reset();
 }
 

@@ -54,13 +54,26 @@ Result<PublishResult> PublishPattern(Publisher& pub, uint64_t version) {
   return pub.Commit(std::move(draft), {});
 }
 
-std::unique_ptr<Publisher> StartPublisher(const std::string& store_dir = "") {
+std::unique_ptr<Publisher> StartPublisher(const std::string& store_dir = "", NodeOptions node = {}) {
   PublisherOptions options;
   options.model = "m";
+  options.node = std::move(node);
   options.node.store_dir = store_dir;
   auto pub = Publisher::Start(options);
   EXPECT_TRUE(pub.ok()) << pub.status().ToString();
   return pub.ok() ? std::move(pub).value() : nullptr;
+}
+
+// Publishes version 1 and starts a consumer process that leases it and holds it.
+std::unique_ptr<Process> PublishAndHoldVersion1(Publisher& pub, const std::filesystem::path& dir) {
+  EXPECT_TRUE(PublishPattern(pub, 1).ok());
+  EXPECT_TRUE(pub.Wait().ok());
+  auto holder = std::make_unique<Process>(std::vector<std::string>{testing::PeerBinary(), "hold", "--model", "m",
+                                                                   "--connect", pub.address(), "--state-file",
+                                                                   dir / "hold.state"},
+                                          dir / "hold.log");
+  EXPECT_EQ(WaitForFile(dir / "hold.state", 20s), "holding 1") << holder->log();
+  return holder;
 }
 
 // A push notification arrives in milliseconds (BENCHMARKS.md); the bound leaves room for a loaded
@@ -176,12 +189,8 @@ TEST(SameNode, KilledConsumerLeasesAreReleased) {
   TempDir dir;
   auto pub = StartPublisher();
   ASSERT_TRUE(pub);
-  ASSERT_TRUE(PublishPattern(*pub, 1).ok());
-  ASSERT_TRUE(pub->Wait().ok());
-  Process holder({testing::PeerBinary(), "hold", "--model", "m", "--connect", pub->address(), "--state-file",
-                  dir / "hold.state"},
-                 dir / "hold.log");
-  ASSERT_EQ(WaitForFile(dir / "hold.state", 20s), "holding 1") << holder.log();
+  auto holder = PublishAndHoldVersion1(*pub, dir.path());
+  ASSERT_FALSE(HasFailure());
   EXPECT_GE(pub->node().stats().leases_active, 1u);
   Process consumer({testing::PeerBinary(), "consume", "--model", "m", "--connect", pub->address(), "--until", "12",
                     "--threads", "2", "--result", dir / "c.json"},
@@ -190,7 +199,7 @@ TEST(SameNode, KilledConsumerLeasesAreReleased) {
   ASSERT_TRUE(pub->Wait().ok());
   // Version 1 is retired (retention 2) but still leased: its segment must not be recycled.
   EXPECT_GE(pub->node().host_tier().stats().retired_leased_segments, 1u);
-  holder.Kill(SIGKILL);
+  holder->Kill(SIGKILL);
   ASSERT_TRUE(WaitUntil([&] { return pub->node().host_tier().stats().retired_leased_segments == 0; }, 15s))
       << "the dead consumer's lease was not released";
   uint64_t recycled_before = pub->node().host_tier().stats().recycled_allocations;
@@ -208,26 +217,20 @@ TEST(SameNode, KilledConsumerLeasesAreReleased) {
 // which must not be recycled. (Peers on other hosts are: xnode test_partition.)
 TEST(SameNode, AFrozenConsumerOnThisHostKeepsItsLease) {
   TempDir dir;
-  PublisherOptions options;
-  options.model = "m";
-  options.node.peer_liveness_probe = 300ms;
-  options.node.peer_liveness_timeout = 300ms;
-  auto started = Publisher::Start(options);
-  ASSERT_TRUE(started.ok()) << started.status().ToString();
-  auto& pub = *started;
-  ASSERT_TRUE(PublishPattern(*pub, 1).ok());
-  ASSERT_TRUE(pub->Wait().ok());
-  Process holder({testing::PeerBinary(), "hold", "--model", "m", "--connect", pub->address(), "--state-file",
-                  dir / "hold.state"},
-                 dir / "hold.log");
-  ASSERT_EQ(WaitForFile(dir / "hold.state", 20s), "holding 1") << holder.log();
-  ASSERT_EQ(::kill(holder.pid(), SIGSTOP), 0);  // (Process::Kill would wait for it to exit)
+  NodeOptions node;
+  node.peer_liveness_probe = 300ms;
+  node.peer_liveness_timeout = 300ms;
+  auto pub = StartPublisher("", node);
+  ASSERT_TRUE(pub);
+  auto holder = PublishAndHoldVersion1(*pub, dir.path());
+  ASSERT_FALSE(HasFailure());
+  ASSERT_EQ(::kill(holder->pid(), SIGSTOP), 0);  // (Process::Kill would wait for it to exit)
   for (int v = 2; v <= 4; ++v) ASSERT_TRUE(PublishPattern(*pub, v).ok());
   ASSERT_TRUE(pub->Wait().ok());
   std::this_thread::sleep_for(2s);  // three times the silence and the wait for an answer
   const NodeStats frozen = pub->node().stats();
   const uint64_t retired_leased = pub->node().host_tier().stats().retired_leased_segments;
-  ::kill(holder.pid(), SIGCONT);
+  ::kill(holder->pid(), SIGCONT);
   EXPECT_EQ(frozen.peers_silent, 0u);
   EXPECT_EQ(frozen.peers, 1u);
   EXPECT_GE(frozen.leases_active, 1u);

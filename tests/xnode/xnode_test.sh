@@ -271,10 +271,6 @@ test_failover_to_relay() {
   kill -TERM "$relay" 2>/dev/null; wait "$relay" 2>/dev/null
 }
 
-# ---------------------------------------------------------------- 7. a relay's host cut off silently -> the alternate
-# h2's link goes down: no FIN, no RST, nothing reaches the consumer on h3 from relay B any more. The
-# consumer's liveness probe (SubscriberOptions::liveness_probe) finds B silent, gives the connection
-# up and takes the next version from its alternate, the producer's node A.
 # a_stat NODE NAME: one counter of NODE's STATS (viper stats --json, run on h1).
 a_stat() { on h1 "$VIPER" stats --connect "$1" --json | $PY -c 'import json,sys; print(json.load(sys.stdin)[sys.argv[1]])' "$2"; }
 # a_dropped_the_relay NODE RELAY: NODE counts a peer dropped for silence and lists RELAY nowhere.
@@ -291,6 +287,11 @@ for v in json.load(sys.stdin):
 }
 holds() { [[ -n $(listed_checksum "$@") ]]; }
 
+# ---------------------------------------------------------------- 7. a relay's host cut off silently -> the alternate
+# h2's link goes down: no FIN, no RST, nothing reaches the consumer on h3 from relay B any more. The
+# consumer's liveness probe (SubscriberOptions::liveness_probe) finds B silent, gives the connection
+# up and takes the next version from its alternate, the producer's node A. A, for its part, pings
+# the silent relay and drops it (--peer-liveness 2); once the link is back B relays again.
 test_partition() {
   serve h1 a8 --listen $A:7360 --insecure --peer-liveness 2 || return
   serve h2 b8 --listen $B:7361 --insecure --upstream $A:7360 --relay-model pt || return

@@ -122,7 +122,7 @@ struct SubscriberOptions {
   // "What a subscriber verifies"). verify_checksum = false verifies nothing.
   bool verify_checksum = true;
   bool verify_local = false;            // also verify map and copy (one more pass over the bytes)
-  std::filesystem::path file_dir;       // the node's store dir as seen from here (fallback)
+  std::filesystem::path file_dir;       // the node's store dir as seen from here (fallback; after `path` if set)
   uint32_t chunk_bytes = 4u << 20;
   std::chrono::milliseconds request_timeout{30000};
   size_t buffers = 3;                   // reused receive buffers kept (copy/remote/file paths)

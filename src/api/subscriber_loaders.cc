@@ -39,7 +39,12 @@ std::vector<internal::PathChoice> Subscriber::Impl::RankPaths(const proto::Versi
     if (connected) candidates.push_back(FetchPath::kRemote);
   }
   if (!options.file_dir.empty() && options.path != FetchPath::kFile) candidates.push_back(FetchPath::kFile);
-  return estimator.Rank(candidates, info.size, same_host, connected);
+  auto ranked = estimator.Rank(candidates, info.size, same_host, connected);
+  // A path the user chose comes first even where the file tier is predicted faster: the file tier
+  // is its fallback (on a machine whose file tier is memory, tmpfs, it was tried first).
+  if (options.path != FetchPath::kAuto)
+    std::stable_partition(ranked.begin(), ranked.end(), [&](const auto& c) { return c.path == options.path; });
+  return ranked;
 }
 
 bool Subscriber::Impl::Replaced(const proto::VersionInfo& info, Client* client) {

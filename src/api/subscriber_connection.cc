@@ -283,6 +283,7 @@ void Subscriber::Impl::Run() {
     proto::VersionInfo info = *announced;
     int64_t notified = announced_ns;
     const bool device_only = announced_device_only;
+    const bool incoming = announced_incoming;
     loading_version = info.version;
     lock.unlock();
 
@@ -298,6 +299,7 @@ void Subscriber::Impl::Run() {
       // failure (a consumer slower than the publishes sees these; the newer one is loaded next).
       stats.skipped++;
       failed_version = info.version;
+      failed_awaits_complete = false;
       log(LogLevel::kInfo, kLog, "{} version {} skipped: {}; version {} replaces it", options.model, info.version,
           loaded.status().message(), announced->version);
       continue;
@@ -309,8 +311,12 @@ void Subscriber::Impl::Run() {
       // NOTIFY came meanwhile is retried through the host path at once.
       if (!(device_only && announced && announced->version == info.version && !announced_device_only))
         failed_version = info.version;
+      failed_awaits_complete = incoming;
       if (device_only)  // e.g. a newer version is live on the producer's GPU already
         log(LogLevel::kWarn, kLog, "{} version {} not loaded from the producer's GPU: {}; the host path takes it once committed",
+            options.model, info.version, last_error.message());
+      else if (failed_awaits_complete)  // e.g. its producer abandoned it: retried if it is ever complete
+        log(LogLevel::kWarn, kLog, "{} version {} not loaded while it arrived: {}; loaded if a node announces it complete",
             options.model, info.version, last_error.message());
       else
         log(LogLevel::kError, kLog, "could not load {} version {}: {}", options.model, info.version, last_error.message());
@@ -404,7 +410,7 @@ void Subscriber::Impl::WaitConnected(std::unique_lock<std::mutex>& lock, const s
     bool connected = EnsureClient().ok();
     lock.lock();
     if (connected) {
-      failed_version = 0;  // a version whose load failed while the node was away: try again
+      if (!failed_awaits_complete) failed_version = 0;  // a version whose load failed while the node was away: try again
       next_preferred_probe = Clock::now() + options.preferred_probe;  // it was just tried
       continue;
     }

@@ -71,6 +71,10 @@ struct Subscriber::Impl : std::enable_shared_from_this<Subscriber::Impl> {
   bool announced_device_only = false;  // by a device-only NOTIFY (options.gpu_early): no host bytes yet
   int64_t announced_ns = 0;
   uint64_t failed_version = 0;     // the last version whose load failed on every path
+  // The failed version was still arriving at the node (INCOMING): it is loaded again once a node
+  // announces it complete (OnAnnounce; on a reconnect the node's first NOTIFY does), not on every
+  // reconnect: the node that aborted it may have nothing to send (its producer abandoned it).
+  bool failed_awaits_complete = false;
   uint64_t loading_version = 0;    // the version Run is loading (0 between loads)
   // The receive buffer of a transfer that broke midway: receives may still be posted into it, so
   // it returns to the pool only after the client (and its engine) that posted them is gone.

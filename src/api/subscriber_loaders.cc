@@ -98,8 +98,9 @@ Result<std::shared_ptr<ModelVersion>> Subscriber::Impl::Load(const proto::Versio
     }
     last = mv.status();
     if (last.code() == StatusCode::kNotFound && Replaced(info, c.get())) return last;  // skipped: see Replaced
-    log(LogLevel::kWarn, kLog, "{} version {} via {} failed: {}; trying the next path", options.model, info.version,
-        fetch_path_name(choice.path), last.message());
+    if (&choice != &ranked.back())  // the last path's failure is the load's: the caller reports it
+      log(LogLevel::kWarn, kLog, "{} version {} via {} failed: {}; trying the next path", options.model, info.version,
+          fetch_path_name(choice.path), last.message());
     fallbacks += (fallbacks.empty() ? "" : "; ") + std::string(fetch_path_name(choice.path)) +
                  (choice.node.empty() ? "" : " from " + choice.node) + " failed: " + last.message();
     // The node refusing a request (no such version any more) leaves the connection healthy and

@@ -16,9 +16,21 @@ import time
 from . import Error, _viper
 
 
+_stdout_lock = threading.Lock()
+
+
+def _say(line: str) -> None:
+    """One whole line to stdout. The store's threads report events while the main thread prints
+    `ready` and `stats`: print() writes the text and its newline separately, and two of them at
+    once gave a reader of --json two events on one line."""
+    with _stdout_lock:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+
 def _print_event(as_json: bool, event: dict) -> None:
     if as_json:
-        print(json.dumps(event), flush=True)
+        _say(json.dumps(event))
         return
     kind, store = event["event"], event["store"]
     if kind == "version":
@@ -28,23 +40,23 @@ def _print_event(as_json: bool, event: dict) -> None:
         else:
             how = f"{event['path']} path: no bytes over the network"
         when = " mid-pass (taken at a batch boundary)" if event.get("mid_pass") else ""
-        print(f"{store}: version {event['version']}{when} ({how}); "
-              f"{event['done']}/{event['total']} labels already at it", flush=True)
+        _say(f"{store}: version {event['version']}{when} ({how}); "
+             f"{event['done']}/{event['total']} labels already at it")
     elif kind == "progress":
-        print(f"{store}: version {event['version']}: {event['done']}/{event['total']} labelled, "
-              f"{event['samples_per_s']} samples/s", flush=True)
+        _say(f"{store}: version {event['version']}: {event['done']}/{event['total']} labelled, "
+             f"{event['samples_per_s']} samples/s")
     elif kind == "refreshed":
-        print(f"{store}: version {event['version']}: all {event['total']} labels refreshed (pass {event['pass_seconds']} s, "
-              f"{event['since_publish_seconds']} s since publish, {event['samples_per_s']} samples/s)", flush=True)
+        _say(f"{store}: version {event['version']}: all {event['total']} labels refreshed (pass {event['pass_seconds']} s, "
+             f"{event['since_publish_seconds']} s since publish, {event['samples_per_s']} samples/s)")
     elif kind == "finetune":
-        print(f"{store}: fine-tuning job {event['job']}: extracting features for {event['rounds']} rounds "
-              f"(depth {event['depth']})", flush=True)
+        _say(f"{store}: fine-tuning job {event['job']}: extracting features for {event['rounds']} rounds "
+             f"(depth {event['depth']})")
     elif kind == "features":
-        print(f"{store}: fine-tuning job {event['job']}: round {event['round']}: features of {event['samples']} samples "
-              f"extracted in {event['extract_seconds']} s ({event['extract_cpu_seconds']} s CPU), published after waiting "
-              f"{event['wait_seconds']} s for the Tuner's version before and {event['hold_seconds']} s after", flush=True)
+        _say(f"{store}: fine-tuning job {event['job']}: round {event['round']}: features of {event['samples']} samples "
+             f"extracted in {event['extract_seconds']} s ({event['extract_cpu_seconds']} s CPU), published after waiting "
+             f"{event['wait_seconds']} s for the Tuner's version before and {event['hold_seconds']} s after")
     else:
-        print(f"{store}: {kind}: {event}", flush=True)
+        _say(f"{store}: {kind}: {event}")
 
 
 def _serve(args) -> int:
@@ -64,8 +76,8 @@ def _serve(args) -> int:
                       on_event=functools.partial(_print_event, args.json), **options)
     ready = {"event": "ready", "store": args.name, "total": store.stats()["total"], "time": time.time(),
              "features_address": store.features_address}
-    print(json.dumps(ready) if args.json else f"{args.name}: serving {ready['total']} samples of {args.data} "
-          f"(labels in {args.labels})", flush=True)
+    _say(json.dumps(ready) if args.json else f"{args.name}: serving {ready['total']} samples of {args.data} "
+         f"(labels in {args.labels})")
     try:
         while not stop.wait(0.2):
             s = store.stats()
@@ -76,7 +88,7 @@ def _serve(args) -> int:
         if args.json:
             s = store.stats()
             s.pop("subscriber", None)
-            print(json.dumps({"event": "stats", "store": args.name, **s}), flush=True)
+            _say(json.dumps({"event": "stats", "store": args.name, **s}))
         store.close()
     return 0
 

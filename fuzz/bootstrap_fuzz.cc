@@ -1,10 +1,10 @@
 // libFuzzer target for what either side of the bootstrap handshake receives (src/net/bootstrap.h):
 // any frame a TCP client sends a node's listener (HELLO, PROOF, RESULT) or a node sends a client
-// (CHALLENGE, RESULT), then the UCX worker address a PROOF or CHALLENGE carries, the way the
-// engine takes it. Any byte string must give a size or an error from its header, a frame or an
+// (CHALLENGE, RESULT), then the UCX worker address a PROOF or an accepted RESULT carries, the way
+// the engine takes it. Any byte string must give a size or an error from its header, a frame or an
 // error from its whole, never crash; a parsed frame must re-encode to the same bytes, and so must
 // whatever its typed decoder accepts. Proofs are computed and checked over what was decoded (the
-// node's path for a PROOF, the client's for a CHALLENGE). A decoded worker address then goes
+// node's path for a PROOF, the client's for a CHALLENGE and a RESULT). A decoded worker address then goes
 // through CheckUcxWorkerAddress (src/net/ucx_address.h), and every address it accepts is handed to
 // a real UCX worker's ucp_ep_create, as the engine does: UCX must not abort or read out of bounds
 // on it. The worker has only UCX's "self" transport, so no endpoint ever connects to
@@ -103,23 +103,31 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case FrameType::kHello:
       if (auto m = DecodeHello(*frame); m.ok()) same(EncodeHello(*m));
       return 0;
-    case FrameType::kResult:
-      if (auto m = DecodeResult(*frame); m.ok()) (void)ResultCodeText(m->code);
-      return 0;
-    case FrameType::kChallenge: {
-      auto m = DecodeChallenge(*frame);
+    case FrameType::kResult: {
+      auto m = DecodeResult(*frame);
       if (!m.ok()) return 0;
-      same(EncodeChallenge(*m));
-      if (m->proof) (void)viper::crypto::EqualConstantTime(NodeProof("token", nonce, m->nonce, m->node_address), *m->proof);
+      (void)ResultCodeText(m->code);
+      if (m->code != ResultCode::kAccepted) return 0;  // a refusal's text is sanitised, not re-encoded
+      same(EncodeResult(*m));
+      if (m->address_proof)
+        (void)viper::crypto::EqualConstantTime(AddressProof("token", nonce, nonce, self.address, m->node_address),
+                                               *m->address_proof);
       address = m->node_address;
       break;
+    }
+    case FrameType::kChallenge: {
+      auto m = DecodeChallenge(*frame);
+      if (m.ok()) {
+        same(EncodeChallenge(*m));
+        if (m->proof) (void)viper::crypto::EqualConstantTime(NodeProof("token", nonce, m->nonce), *m->proof);
+      }
+      return 0;
     }
     case FrameType::kProof: {
       auto m = DecodeProof(*frame);
       if (!m.ok()) return 0;
       same(EncodeProof(*m));
-      if (m->proof)
-        (void)viper::crypto::EqualConstantTime(ClientProof("token", nonce, nonce, self.address, m->client_address), *m->proof);
+      if (m->proof) (void)viper::crypto::EqualConstantTime(ClientProof("token", nonce, nonce, m->client_address), *m->proof);
       address = m->client_address;
       break;
     }

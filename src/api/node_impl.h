@@ -146,7 +146,6 @@ struct Node::Impl {
   std::map<std::string, proto::VersionInfo> device_announced;
   std::map<net::PeerId, PeerState> peers;
   NodeStats stats;
-  std::atomic<uint64_t> next_tag{1};
   // Versions arriving here (IncomingVersion), by (model, version); guarded by mu.
   std::map<std::pair<std::string, uint64_t>, std::shared_ptr<IncomingVersion::State>> incoming;
   // Counted on the progress thread as sends complete (no lock there).

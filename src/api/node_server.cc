@@ -6,9 +6,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <mutex>
 
+#include "core/crypto.h"
 #include "net/engine.h"
 #include "node_impl.h"
 #include "viper/log.h"
@@ -21,6 +23,8 @@ namespace {
 constexpr std::string_view kLog = "node";
 constexpr int kMaxStrikes = 3;                   // malformed messages before a peer is dropped
 constexpr uint64_t kMaxPublishBytes = 1ull << 40;
+constexpr int kChunkIndexBits = 24;  // a PUBLISH's chunk i has tag (transfer's tag | i)
+static_assert(kMaxPublishBytes / (64 << 10) <= (uint64_t{1} << kChunkIndexBits));
 
 // True while process `pid` of this host runs or is stopped; false once it is gone or a zombie
 // (killed, not yet reaped by its parent).
@@ -311,7 +315,16 @@ void Node::Impl::HandlePublish(net::PeerId peer, const proto::Publish& m) {
   in->lease = std::move(lease).value();
   uint32_t chunk = proto::ClampChunkBytes(m.chunk_bytes, options.chunk_bytes);
   uint32_t chunks = static_cast<uint32_t>((m.size + chunk - 1) / chunk);
-  uint64_t tag = next_tag.fetch_add(1) << 32;
+  // The receives are posted on the node's worker, whose address any client learns, and UCX
+  // matches a tagged message from ANY endpoint, even one that never proved the token: a tag an
+  // outsider could guess would let it queue its own bytes for this PUBLISH. So the transfer's
+  // tag is 40 bits from the CSPRNG above the chunk index (chunks < 2^24: 1 TiB of 64 KiB);
+  // two PUBLISHes drawing the same 40 bits while both are outstanding is a 2^-40 event per pair.
+  auto random = crypto::RandomBytes(sizeof(uint64_t));
+  if (!random.ok()) return SendError(peer, m.request_id, proto::ErrorCode::kInternal, random.status().message());
+  uint64_t tag = 0;
+  std::memcpy(&tag, random->data(), sizeof tag);
+  tag &= ~((uint64_t{1} << kChunkIndexBits) - 1);
   in->pending = chunks;
   for (uint32_t i = 0; i < chunks; ++i) {
     uint64_t begin = static_cast<uint64_t>(i) * chunk;

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <initializer_list>
 #include <map>
 #include <set>
 #include <thread>
@@ -30,8 +31,9 @@ namespace {
 
 constexpr const char* kLog = "net";
 constexpr char kMagic[4] = {'V', 'I', 'P', 'B'};
-constexpr std::string_view kNodeLabel = "viper-bootstrap-v2 node";
-constexpr std::string_view kClientLabel = "viper-bootstrap-v2 client";
+constexpr std::string_view kNodeLabel = "viper-bootstrap-v3 node";
+constexpr std::string_view kClientLabel = "viper-bootstrap-v3 client";
+constexpr std::string_view kAddressLabel = "viper-bootstrap-v3 address";
 using SteadyClock = std::chrono::steady_clock;
 
 uint32_t LoadLe(const std::byte* p, int bytes) {
@@ -53,9 +55,9 @@ void Append(std::vector<std::byte>& out, std::span<const std::byte> bytes) { out
 uint32_t MaxBody(FrameType type) {
   switch (type) {
     case FrameType::kHello: return kNonceSize;
-    case FrameType::kChallenge: return kNonceSize + crypto::kMacSize + kMaxWorkerAddress;
+    case FrameType::kChallenge: return kNonceSize + crypto::kMacSize;
     case FrameType::kProof: return crypto::kMacSize + kMaxWorkerAddress;
-    case FrameType::kResult: return 1 + kMaxResultText;
+    case FrameType::kResult: return 1 + crypto::kMacSize + kMaxWorkerAddress;  // an accepted one
   }
   return 0;
 }
@@ -132,16 +134,26 @@ Status RefusalStatus(const BootstrapResult& r, const std::string& what, const st
   return Status::Unavailable(text);
 }
 
+// label | nonce_c | nonce_n, then each address as u32 length | bytes.
 std::vector<std::byte> ProofMessage(std::string_view label, const Nonce& client_nonce, const Nonce& node_nonce,
-                                    std::span<const std::byte> node_address) {
+                                    std::initializer_list<std::span<const std::byte>> addresses = {}) {
   std::vector<std::byte> m;
-  m.reserve(label.size() + 2 * kNonceSize + 8 + node_address.size() + 512);
+  m.reserve(label.size() + 2 * kNonceSize + 1024);
   Append(m, std::as_bytes(std::span(label.data(), label.size())));
   Append(m, client_nonce);
   Append(m, node_nonce);
-  AppendLe32(m, static_cast<uint32_t>(node_address.size()));
-  Append(m, node_address);
+  for (std::span<const std::byte> address : addresses) {
+    AppendLe32(m, static_cast<uint32_t>(address.size()));
+    Append(m, address);
+  }
   return m;
+}
+
+BootstrapResult Refusal(ResultCode code, std::string text) {
+  BootstrapResult r;
+  r.code = code;
+  r.text = std::move(text);
+  return r;
 }
 
 std::span<const std::byte> TokenBytes(std::string_view token) { return std::as_bytes(std::span(token.data(), token.size())); }
@@ -180,7 +192,7 @@ Result<size_t> BootstrapFrameSize(std::span<const std::byte> head) {
   const auto type = static_cast<uint8_t>(head[6]);
   if (type < 1 || type > 4) return Status::InvalidArgument(fmt::format("bootstrap frame: unknown type {}", type));
   const auto flags = static_cast<uint8_t>(head[7]);
-  if ((flags & ~kHasToken) != 0 || (flags != 0 && static_cast<FrameType>(type) == FrameType::kResult))
+  if ((flags & ~kHasToken) != 0)
     return Status::InvalidArgument(fmt::format("bootstrap frame: unknown flags 0x{:02x}", flags));
   uint32_t length = LoadLe(head.data() + 8, 4);
   if (length > MaxBody(static_cast<FrameType>(type)))
@@ -207,7 +219,6 @@ std::vector<std::byte> EncodeHello(const Hello& m) {
 std::vector<std::byte> EncodeChallenge(const Challenge& m) {
   std::vector<std::byte> body(m.nonce.begin(), m.nonce.end());
   if (m.proof) Append(body, *m.proof);
-  Append(body, m.node_address);
   return EncodeBootstrapFrame(FrameType::kChallenge, m.proof ? kHasToken : 0, body);
 }
 
@@ -220,6 +231,11 @@ std::vector<std::byte> EncodeProof(const Proof& m) {
 
 std::vector<std::byte> EncodeResult(const BootstrapResult& m) {
   std::vector<std::byte> body{static_cast<std::byte>(m.code)};
+  if (m.code == ResultCode::kAccepted) {
+    if (m.address_proof) Append(body, *m.address_proof);
+    Append(body, m.node_address);
+    return EncodeBootstrapFrame(FrameType::kResult, m.address_proof ? kHasToken : 0, body);
+  }
   std::string_view text = std::string_view(m.text).substr(0, kMaxResultText);
   Append(body, std::as_bytes(std::span(text.data(), text.size())));
   return EncodeBootstrapFrame(FrameType::kResult, 0, body);
@@ -251,15 +267,15 @@ Result<Hello> DecodeHello(const BootstrapFrame& f) {
 Result<Challenge> DecodeChallenge(const BootstrapFrame& f) {
   if (f.type != FrameType::kChallenge) return WrongType(f, FrameType::kChallenge);
   const size_t proof = (f.flags & kHasToken) ? crypto::kMacSize : 0;
-  if (f.body.size() < kNonceSize + proof + 1)
-    return Status::InvalidArgument(fmt::format("bootstrap CHALLENGE: body of {} bytes is truncated", f.body.size()));
+  if (f.body.size() != kNonceSize + proof)
+    return Status::InvalidArgument(fmt::format("bootstrap CHALLENGE: body of {} bytes, not {} (nonce{})", f.body.size(),
+                                               kNonceSize + proof, proof ? " and proof" : ""));
   Challenge m;
   std::copy_n(f.body.begin(), kNonceSize, m.nonce.begin());
   if (proof) {
     m.proof.emplace();
     std::copy_n(f.body.begin() + kNonceSize, crypto::kMacSize, m.proof->begin());
   }
-  VIPER_ASSIGN_OR_RETURN(m.node_address, WorkerAddress(std::span(f.body).subspan(kNonceSize + proof)));
   return m;
 }
 
@@ -285,6 +301,20 @@ Result<BootstrapResult> DecodeResult(const BootstrapFrame& f) {
     return Status::InvalidArgument(fmt::format("bootstrap RESULT: unknown code {}", code));
   BootstrapResult m;
   m.code = static_cast<ResultCode>(code);
+  if (m.code == ResultCode::kAccepted) {
+    const size_t proof = (f.flags & kHasToken) ? crypto::kMacSize : 0;
+    if (f.body.size() < 1 + proof + 1)
+      return Status::InvalidArgument(fmt::format("bootstrap RESULT: accepted, but its body of {} bytes is truncated", f.body.size()));
+    if (proof) {
+      m.address_proof.emplace();
+      std::copy_n(f.body.begin() + 1, crypto::kMacSize, m.address_proof->begin());
+    }
+    VIPER_ASSIGN_OR_RETURN(m.node_address, WorkerAddress(std::span(f.body).subspan(1 + proof)));
+    return m;
+  }
+  if (f.flags != 0) return Status::InvalidArgument("bootstrap RESULT: a refusal with flags");
+  if (f.body.size() > 1 + kMaxResultText)
+    return Status::InvalidArgument(fmt::format("bootstrap RESULT: refusal text of {} bytes over {}", f.body.size() - 1, kMaxResultText));
   // Shown to a user: printable ASCII only, whatever the node sent.
   for (auto it = f.body.begin() + 1; it != f.body.end(); ++it) {
     const char c = static_cast<char>(*it);
@@ -293,17 +323,19 @@ Result<BootstrapResult> DecodeResult(const BootstrapFrame& f) {
   return m;
 }
 
-crypto::Mac NodeProof(std::string_view token, const Nonce& client_nonce, const Nonce& node_nonce,
-                      std::span<const std::byte> node_address) {
-  return crypto::HmacSha256(TokenBytes(token), ProofMessage(kNodeLabel, client_nonce, node_nonce, node_address));
+crypto::Mac NodeProof(std::string_view token, const Nonce& client_nonce, const Nonce& node_nonce) {
+  return crypto::HmacSha256(TokenBytes(token), ProofMessage(kNodeLabel, client_nonce, node_nonce));
 }
 
 crypto::Mac ClientProof(std::string_view token, const Nonce& client_nonce, const Nonce& node_nonce,
-                        std::span<const std::byte> node_address, std::span<const std::byte> client_address) {
-  std::vector<std::byte> m = ProofMessage(kClientLabel, client_nonce, node_nonce, node_address);
-  AppendLe32(m, static_cast<uint32_t>(client_address.size()));
-  Append(m, client_address);
-  return crypto::HmacSha256(TokenBytes(token), m);
+                        std::span<const std::byte> client_address) {
+  return crypto::HmacSha256(TokenBytes(token), ProofMessage(kClientLabel, client_nonce, node_nonce, {client_address}));
+}
+
+crypto::Mac AddressProof(std::string_view token, const Nonce& client_nonce, const Nonce& node_nonce,
+                         std::span<const std::byte> client_address, std::span<const std::byte> node_address) {
+  return crypto::HmacSha256(TokenBytes(token),
+                            ProofMessage(kAddressLabel, client_nonce, node_nonce, {client_address, node_address}));
 }
 
 Result<std::vector<std::byte>> ExchangeWorkerAddresses(const SockAddr& to, std::string_view token,
@@ -352,18 +384,18 @@ Result<std::vector<std::byte>> ExchangeWorkerAddresses(const SockAddr& to, std::
     // Nothing more leaves this side until the node proved that it holds our token.
     // Refusing, the client says why (the node logs and counts it), and sends nothing else.
     if (!challenge->proof) {
-      (void)WriteAll(fd.get(), EncodeResult({ResultCode::kTokenRequired, ""}), deadline, what);
+      (void)WriteAll(fd.get(), EncodeResult(Refusal(ResultCode::kTokenRequired, "")), deadline, what);
       return Status::PermissionDenied(fmt::format(
           "{}: the node at {} holds no token, so it cannot prove it belongs to this fleet (not connecting)", what, node));
     }
-    crypto::Mac expected = NodeProof(token, hello.nonce, challenge->nonce, challenge->node_address);
+    crypto::Mac expected = NodeProof(token, hello.nonce, challenge->nonce);
     if (!crypto::EqualConstantTime(expected, *challenge->proof)) {
-      (void)WriteAll(fd.get(), EncodeResult({ResultCode::kWrongToken, ""}), deadline, what);
+      (void)WriteAll(fd.get(), EncodeResult(Refusal(ResultCode::kWrongToken, "")), deadline, what);
       return Status::PermissionDenied(fmt::format(
           "{}: wrong token: the node at {} holds another token than this side (its proof does not match; not "
           "connecting)", what, node));
     }
-    proof.proof = ClientProof(token, hello.nonce, challenge->nonce, challenge->node_address, ours);
+    proof.proof = ClientProof(token, hello.nonce, challenge->nonce, ours);
   }
   VIPER_RETURN_IF_ERROR(WriteAll(fd.get(), EncodeProof(proof), deadline, what));
 
@@ -372,7 +404,16 @@ Result<std::vector<std::byte>> ExchangeWorkerAddresses(const SockAddr& to, std::
   Result<BootstrapResult> result = DecodeResult(*last);
   if (!result.ok()) return not_a_node(result.status().WithContext(what));
   if (result->code != ResultCode::kAccepted) return RefusalStatus(*result, what, node);
-  return std::move(challenge->node_address);
+  if (!token.empty()) {
+    // The address the node accepted us with, from the node that proved the token: not one that
+    // anyone between the two put there.
+    crypto::Mac expected = AddressProof(token, hello.nonce, challenge->nonce, ours, result->node_address);
+    if (!result->address_proof || !crypto::EqualConstantTime(expected, *result->address_proof))
+      return Status::PermissionDenied(fmt::format(
+          "{}: the node at {} accepted this side, but its worker address does not carry the token's proof (not "
+          "connecting)", what, node));
+  }
+  return std::move(result->node_address);
 }
 
 // ---------------------------------------------------------------- Acceptor
@@ -632,13 +673,13 @@ void Acceptor::Impl::AcceptSome() {
     if (mine.size() >= options.max_pending_per_address) {
       const uint64_t oldest = *mine.begin();
       Refuse(pending.at(oldest), n_evicted,
-             fmt::format("evicted: {} pending connections from {}", mine.size(), p.host), BootstrapResult{ResultCode::kBusy, ""});
+             fmt::format("evicted: {} pending connections from {}", mine.size(), p.host), Refusal(ResultCode::kBusy, ""));
       Remove(oldest);
     }
     if (pending.size() >= options.max_pending) {
       const uint64_t oldest = pending.begin()->first;
       Refuse(pending.begin()->second, n_evicted, fmt::format("evicted: {} pending connections", pending.size()),
-             BootstrapResult{ResultCode::kBusy, ""});
+             Refusal(ResultCode::kBusy, ""));
       Remove(oldest);
     }
     const uint64_t id = next_id++;
@@ -691,7 +732,7 @@ bool Acceptor::Impl::Serve(uint64_t id, Pending& p) {
       if (!size.ok()) {
         // A peer of another version is told so (it can print it); garbage just gets closed.
         std::optional<BootstrapResult> answer;
-        if (std::memcmp(p.frame.data(), kMagic, 4) == 0) answer = BootstrapResult{ResultCode::kRejected, size.status().message()};
+        if (std::memcmp(p.frame.data(), kMagic, 4) == 0) answer = Refusal(ResultCode::kRejected, size.status().message());
         Refuse(p, n_malformed, size.status().message(), answer);
         return true;
       }
@@ -713,18 +754,17 @@ bool Acceptor::Impl::Serve(uint64_t id, Pending& p) {
         return true;
       }
       if (need_token && !hello->has_token) {
-        Refuse(p, n_auth, "it holds no token (this node requires one)", BootstrapResult{ResultCode::kTokenRequired, ""});
+        Refuse(p, n_auth, "it holds no token (this node requires one)", Refusal(ResultCode::kTokenRequired, ""));
         return true;
       }
       Challenge challenge;
       Result<std::vector<std::byte>> nonce = crypto::RandomBytes(kNonceSize);
       if (!nonce.ok()) {
-        Refuse(p, n_malformed, nonce.status().message(), BootstrapResult{ResultCode::kRejected, "no randomness"});
+        Refuse(p, n_malformed, nonce.status().message(), Refusal(ResultCode::kRejected, "no randomness"));
         return true;
       }
       std::copy(nonce->begin(), nonce->end(), challenge.nonce.begin());
-      challenge.node_address = our_address;
-      if (need_token) challenge.proof = NodeProof(options.token, hello->nonce, challenge.nonce, our_address);
+      if (need_token) challenge.proof = NodeProof(options.token, hello->nonce, challenge.nonce);
       p.client_nonce = hello->nonce;
       p.node_nonce = challenge.nonce;
       p.stage = Stage::kProof;
@@ -747,24 +787,28 @@ bool Acceptor::Impl::Serve(uint64_t id, Pending& p) {
     }
     if (need_token) {
       if (!proof->proof) {
-        Refuse(p, n_auth, "it holds no token (this node requires one)", BootstrapResult{ResultCode::kTokenRequired, ""});
+        Refuse(p, n_auth, "it holds no token (this node requires one)", Refusal(ResultCode::kTokenRequired, ""));
         return true;
       }
-      crypto::Mac expected = ClientProof(options.token, p.client_nonce, p.node_nonce, our_address, proof->client_address);
+      crypto::Mac expected = ClientProof(options.token, p.client_nonce, p.node_nonce, proof->client_address);
       if (!crypto::EqualConstantTime(expected, *proof->proof)) {
-        Refuse(p, n_auth, "wrong token (its proof does not match)", BootstrapResult{ResultCode::kWrongToken, ""});
+        Refuse(p, n_auth, "wrong token (its proof does not match)", Refusal(ResultCode::kWrongToken, ""));
         return true;
       }
     }
     // Only now, from a peer that proved the token (or to a node without one), does UCX see the
-    // worker address (admit checks it before ucp_ep_create).
+    // worker address (admit checks it before ucp_ep_create), and the peer see ours.
+    BootstrapResult accepted;
+    accepted.node_address = our_address;
+    if (need_token)
+      accepted.address_proof = AddressProof(options.token, p.client_nonce, p.node_nonce, proof->client_address, our_address);
     Status admitted = admit(std::move(proof->client_address), p.peer);
     if (!admitted.ok()) {
-      Refuse(p, n_malformed, admitted.message(), BootstrapResult{ResultCode::kRejected, admitted.message()});
+      Refuse(p, n_malformed, admitted.message(), Refusal(ResultCode::kRejected, admitted.message()));
       return true;
     }
     n_accepted.fetch_add(1, std::memory_order_relaxed);
-    if (!SendNow(p, EncodeResult({ResultCode::kAccepted, ""})))
+    if (!SendNow(p, EncodeResult(accepted)))
       log(LogLevel::kWarn, kLog, "answering {}: could not send the RESULT at once; the peer will time out", p.peer);
     return true;
   }

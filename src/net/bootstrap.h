@@ -7,28 +7,34 @@
 // listening socket is ours: a connection must complete the handshake below within deadlines or
 // it is closed, and only then does UCX see anything from that peer.
 //
-// Handshake (version 2, docs/PROTOCOL.md "Bootstrap"): four frames, the token never crosses the
-// wire. Every frame is "VIPB" | u16 version | u8 type | u8 flags | u32 body length | body,
-// integers little-endian.
+// Handshake (version 3, docs/PROTOCOL.md "Bootstrap"): four frames, the token never crosses the
+// wire, and the node's worker address only goes to a client that proved it (or to anyone when
+// the node holds no token). Every frame is "VIPB" | u16 version | u8 type | u8 flags | u32 body
+// length | body, integers little-endian.
 //   1. client -> node  HELLO      body: nonce_c (32 bytes); flag kHasToken: the client holds one.
-//   2. node -> client  CHALLENGE  body: nonce_n (32) | [node proof (32) if kHasToken] | node's
-//                                 worker address. Or a RESULT refusal (a node with a token
-//                                 refuses a client that says it holds none).
+//   2. node -> client  CHALLENGE  body: nonce_n (32) | [node proof (32) if kHasToken]. Or a
+//                                 RESULT refusal (a node with a token refuses a client that says
+//                                 it holds none).
 //   3. client -> node  PROOF      body: [client proof (32) if kHasToken] | client's worker address.
 //                                 A client with a token sends this only after the node's proof
 //                                 verified: it knows it reached a node of its fleet first.
-//   4. node -> client  RESULT     body: u8 code (0 = accepted) | short text. Sent after the node
-//                                 made its endpoint to the client (accepted) or refused it.
-// node proof   = HMAC-SHA256(token, "viper-bootstrap-v2 node"   | nonce_c | nonce_n | len | node address)
-// client proof = HMAC-SHA256(token, "viper-bootstrap-v2 client" | nonce_c | nonce_n | len | node address
-//                                                                 | len | client address)
-// (len: u32 little-endian), compared in constant time. The role labels keep one side's proof from
-// being replayed as the other's; fresh nonces from both sides keep old proofs from being replayed;
-// the worker addresses are bound into the proofs so that nobody between the two can substitute
-// its own. Without a token on either side no proof is sent or checked (as before version 2).
-// The node verifies the client's proof before its worker address reaches UCX, because UCX
-// aborts the process on a malformed worker address (an assertion in ucp_address_unpack); the
-// address is also checked by CheckUcxWorkerAddress (ucx_address.h) either way.
+//   4. node -> client  RESULT     body: u8 code | short text (a refusal), or, accepted (code 0):
+//                                 u8 0 | [address proof (32) if kHasToken] | node's worker
+//                                 address. Sent after the node made its endpoint to the client.
+// node proof    = HMAC-SHA256(token, "viper-bootstrap-v3 node"    | nonce_c | nonce_n)
+// client proof  = HMAC-SHA256(token, "viper-bootstrap-v3 client"  | nonce_c | nonce_n | len | client address)
+// address proof = HMAC-SHA256(token, "viper-bootstrap-v3 address" | nonce_c | nonce_n | len | client address
+//                                                                  | len | node address)
+// (len: u32 little-endian), compared in constant time. The role labels keep one proof from being
+// replayed as another; fresh nonces from both sides keep old proofs from being replayed; the
+// worker addresses are bound into the proofs so that nobody between the two can substitute its
+// own. Why the node's address waits for the client's proof (version 2 sent it in the CHALLENGE):
+// UCX matches tagged messages from any endpoint, including one that never passed this
+// handshake, and keeps unmatched ones in memory; whoever has the address can open an endpoint.
+// Without a token on either side no proof is sent or checked. The node verifies the client's
+// proof before the client's worker address reaches UCX, because UCX aborts the process on a
+// malformed worker address (an assertion in ucp_address_unpack); the address is also checked by
+// CheckUcxWorkerAddress (ucx_address.h) either way.
 #pragma once
 
 #include <array>
@@ -51,14 +57,14 @@
 namespace viper::net::detail {
 
 inline constexpr size_t kBootstrapHeader = 12;
-inline constexpr uint16_t kBootstrapVersion = 2;
+inline constexpr uint16_t kBootstrapVersion = 3;
 inline constexpr size_t kNonceSize = 32;
 inline constexpr uint32_t kMaxWorkerAddress = 64 << 10;  // UCX's are a few hundred bytes
 inline constexpr uint32_t kMaxResultText = 256;
-inline constexpr uint32_t kMaxBootstrapBody = kNonceSize + crypto::kMacSize + kMaxWorkerAddress;
+inline constexpr uint32_t kMaxBootstrapBody = 1 + crypto::kMacSize + kMaxWorkerAddress;  // an accepted RESULT
 
 enum class FrameType : uint8_t { kHello = 1, kChallenge = 2, kProof = 3, kResult = 4 };
-inline constexpr uint8_t kHasToken = 1;  // the only flag
+inline constexpr uint8_t kHasToken = 1;  // the only flag (a RESULT: it carries the address proof)
 
 // RESULT codes. What a refused client is told, no more: nothing here helps a guesser.
 enum class ResultCode : uint8_t {
@@ -95,7 +101,6 @@ struct Hello {
 struct Challenge {
   Nonce nonce{};
   std::optional<crypto::Mac> proof;
-  std::vector<std::byte> node_address;
 };
 struct Proof {
   std::optional<crypto::Mac> proof;
@@ -103,7 +108,9 @@ struct Proof {
 };
 struct BootstrapResult {
   ResultCode code = ResultCode::kAccepted;
-  std::string text;
+  std::string text;                          // a refusal's (code != 0)
+  std::optional<crypto::Mac> address_proof;  // accepted, by a node with a token
+  std::vector<std::byte> node_address;       // accepted: 1..kMaxWorkerAddress bytes
 };
 
 std::vector<std::byte> EncodeHello(const Hello& m);
@@ -116,10 +123,11 @@ Result<Challenge> DecodeChallenge(const BootstrapFrame& f);
 Result<Proof> DecodeProof(const BootstrapFrame& f);
 Result<BootstrapResult> DecodeResult(const BootstrapFrame& f);
 
-crypto::Mac NodeProof(std::string_view token, const Nonce& client_nonce, const Nonce& node_nonce,
-                      std::span<const std::byte> node_address);
+crypto::Mac NodeProof(std::string_view token, const Nonce& client_nonce, const Nonce& node_nonce);
 crypto::Mac ClientProof(std::string_view token, const Nonce& client_nonce, const Nonce& node_nonce,
-                        std::span<const std::byte> node_address, std::span<const std::byte> client_address);
+                        std::span<const std::byte> client_address);
+crypto::Mac AddressProof(std::string_view token, const Nonce& client_nonce, const Nonce& node_nonce,
+                         std::span<const std::byte> client_address, std::span<const std::byte> node_address);
 
 // Client side: connects to `to`, runs the handshake with `token` (empty = none) and `ours`,
 // returns the node's worker address once the node accepted us. Blocks until `deadline` at most;

@@ -478,8 +478,8 @@ TEST_F(EngineTest, GarbageOnTheListenerIsDroppedAndTheEngineKeepsServing) {
       {"UCX connection-manager header with trailing bytes", std::string("\x10", 1) + std::string(7, '\0') + std::string(100, 'x')},
       {"bytes 0..255 repeated", ascending},
       {"an HTTP request", "GET / HTTP/1.0\r\n\r\n"},
-      {"a PROOF before the HELLO", frame(2, 3, 8, "12345678")},
-      {"a HELLO with a short nonce", frame(2, 1, 8, "12345678")},
+      {"a PROOF before the HELLO", frame(3, 3, 8, "12345678")},
+      {"a HELLO with a short nonce", frame(3, 1, 8, "12345678")},
   };
   for (const auto& [what, bytes] : garbage) {
     std::string answer = RawClient(port, bytes, 3s);
@@ -490,7 +490,7 @@ TEST_F(EngineTest, GarbageOnTheListenerIsDroppedAndTheEngineKeepsServing) {
   const std::vector<std::pair<std::string, std::string>> told = {
       {"a frame of another version", frame(9, 1, 8, "12345678")},
       {"a version-1 frame (the token in clear)", frame(1, 0, 8, "12345678")},
-      {"a frame claiming 2 GiB", frame(2, 3, 0x7fffffffu, "xx")},
+      {"a frame claiming 2 GiB", frame(3, 3, 0x7fffffffu, "xx")},
   };
   for (const auto& [what, bytes] : told) {
     std::string answer = RawClient(port, bytes, 3s);

@@ -115,7 +115,7 @@ def test_idle_and_slow_connections_do_not_lock_clients_out(work):
             slow.append(s)
 
         def loris():  # one byte a second of a well-formed HELLO, on every slow connection
-            hello = b"VIPB" + struct.pack("<HBBI", 2, 1, 1, 32) + bytes(32)
+            hello = b"VIPB" + struct.pack("<HBBI", 3, 1, 1, 32) + bytes(32)
             i = 0
             while not stop.wait(1.0):
                 for s in slow:
@@ -212,8 +212,8 @@ class FakeListener:
 
 
 def challenge(with_proof):
-    body = os.urandom(32) + (os.urandom(32) if with_proof else b"") + bytes([0x11]) * 40
-    return b"VIPB" + struct.pack("<HBBI", 2, 2, 1 if with_proof else 0, len(body)) + body
+    body = os.urandom(32) + (os.urandom(32) if with_proof else b"")
+    return b"VIPB" + struct.pack("<HBBI", 3, 2, 1 if with_proof else 0, len(body)) + body
 
 
 @pytest.mark.parametrize("answer", ["silent", "challenge with a forged proof", "challenge without proof"])
@@ -229,13 +229,92 @@ def test_a_fake_listener_never_sees_the_token(work, answer):
     sent = fake.received
     # A HELLO: header and a fresh 32-byte nonce, nothing derived from the token; then, refusing a
     # node that could not prove the token, a 13-byte RESULT. Nothing else.
-    assert sent[:4] == b"VIPB" and sent[4:8] == struct.pack("<HBB", 2, 1, 1), sent[:12]
+    assert sent[:4] == b"VIPB" and sent[4:8] == struct.pack("<HBB", 3, 1, 1), sent[:12]
     assert len(sent) == (44 if answer == "silent" else 44 + 13), (len(sent), sent)
     assert TOKEN.encode() not in sent
     if answer != "silent":
-        assert sent[44:] in (b"VIPB" + struct.pack("<HBBI", 2, 4, 0, 1) + b"\x01",
-                             b"VIPB" + struct.pack("<HBBI", 2, 4, 0, 1) + b"\x02"), sent[44:]
+        assert sent[44:] in (b"VIPB" + struct.pack("<HBBI", 3, 4, 0, 1) + b"\x01",
+                             b"VIPB" + struct.pack("<HBBI", 3, 4, 0, 1) + b"\x02"), sent[44:]
         assert "PermissionDenied" in r.stderr or "token" in r.stderr, r.stderr
+
+
+def read_frame(s):
+    head = b""
+    while len(head) < 12:
+        chunk = s.recv(12 - len(head))
+        assert chunk, f"closed after {len(head)} header bytes"
+        head += chunk
+    assert head[:4] == b"VIPB", head
+    version, kind, flags, length = struct.unpack("<HBBI", head[4:])
+    body = b""
+    while len(body) < length:
+        chunk = s.recv(length - len(body))
+        assert chunk, "closed inside a frame"
+        body += chunk
+    return version, kind, flags, body
+
+
+def test_a_stranger_never_learns_the_nodes_worker_address(work):
+    # UCX matches tagged messages from any endpoint, even one that never proved the token: whoever
+    # has the node's worker address can queue bytes on it. So a node with a token shows it only to
+    # a client that proved the token: the CHALLENGE is a nonce and the node's proof, nothing else,
+    # and a PROOF without the right MAC is answered with a bare refusal.
+    token_file = secret_file(work, "token", TOKEN)
+    node = Serve(work, token_file)
+    try:
+        with socket.create_connection(("127.0.0.1", node.port), timeout=10) as s:
+            s.sendall(b"VIPB" + struct.pack("<HBBI", 3, 1, 1, 32) + os.urandom(32))
+            version, kind, flags, body = read_frame(s)
+            assert (version, kind, flags, len(body)) == (3, 2, 1, 64), (version, kind, flags, len(body))
+            address = bytes(range(1, 200))  # never reaches UCX: the proof is checked first
+            proof = os.urandom(32) + address
+            s.sendall(b"VIPB" + struct.pack("<HBBI", 3, 3, 1, len(proof)) + proof)
+            version, kind, flags, body = read_frame(s)
+            assert (kind, flags, body) == (4, 0, b"\x02"), (kind, flags, body)
+        # The client with the token still gets in (and so is given the address).
+        r = viper("ls", "--connect", node.address, "--token-file", token_file)
+        assert r.returncode == 0, r.stderr
+    finally:
+        node.stop()
+
+
+def test_an_accepted_result_without_the_address_proof_is_refused(work):
+    # A node's worker address comes in the accepted RESULT, bound to the session by an HMAC of the
+    # token: someone between the client and its node (here a listener that knows the token's proof
+    # for the CHALLENGE but not for the address it hands out) cannot point the client elsewhere.
+    import hashlib
+    import hmac
+    token_file = secret_file(work, "token", TOKEN)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    port = listener.getsockname()[1]
+    seen = {}
+
+    def serve():
+        conn, _ = listener.accept()
+        conn.settimeout(10)
+        with conn:
+            _, _, _, nonce_c = read_frame(conn)
+            nonce_n = os.urandom(32)
+            proof = hmac.new(TOKEN.encode(), b"viper-bootstrap-v3 node" + nonce_c + nonce_n, hashlib.sha256).digest()
+            conn.sendall(b"VIPB" + struct.pack("<HBBI", 3, 2, 1, 64) + nonce_n + proof)
+            seen["proof"] = read_frame(conn)
+            body = b"\x00" + os.urandom(32) + bytes([0x11]) * 40
+            conn.sendall(b"VIPB" + struct.pack("<HBBI", 3, 4, 1, len(body)) + body)
+            try:
+                conn.recv(1)
+            except OSError:
+                pass
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    r = viper("ls", "--connect", f"127.0.0.1:{port}", "--token-file", token_file, timeout=30)
+    t.join(10)
+    listener.close()
+    assert seen["proof"][1] == 3, seen  # the node's proof verified: the client sent its PROOF
+    assert r.returncode != 0
+    assert "does not carry the token's proof" in r.stderr, r.stderr
 
 
 def test_wrong_or_missing_token_is_refused_and_told(work):

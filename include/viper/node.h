@@ -132,6 +132,7 @@ struct NodeStats {
   uint64_t leases_granted = 0;
   uint64_t leases_active = 0;
   uint64_t peers = 0;
+  uint64_t models = 0;  // models this node tracks: with versions, or subscribed to
   // Connections refused: at the listener's handshake (no or wrong token, timed out, evicted by
   // newer ones, malformed; broken down below) and peers dropped later (wrong protocol version,
   // too many bad messages).

@@ -248,6 +248,7 @@ NodeStats Node::stats() const {
 NodeStats Node::Impl::StatsLocked() const {
   NodeStats s = stats;
   s.peers = peers.size();
+  s.models = models.size();
   // Connections the listener refused before they became peers count as refused peers too.
   const net::Engine::Stats es = engine ? engine->stats() : net::Engine::Stats{};
   s.peers_refused += es.handshakes_refused;

@@ -19,6 +19,7 @@ std::map<std::string, uint64_t> StatsCounters(const NodeStats& s) {
   std::map<std::string, uint64_t> counters = {{"versions_committed", s.versions_committed}, {"notifies_sent", s.notifies_sent},
           {"leases_granted", s.leases_granted},         {"leases_active", s.leases_active},
           {"peers", s.peers},                           {"peers_refused", s.peers_refused},
+          {"models", s.models},
           {"handshakes_refused_token", s.handshakes_refused_token}, {"handshakes_timed_out", s.handshakes_timed_out},
           {"handshakes_evicted", s.handshakes_evicted}, {"handshakes_malformed", s.handshakes_malformed},
           {"peers_silent", s.peers_silent},

@@ -190,6 +190,8 @@ struct Node::Impl {
     return p.host_key == host_key && p.device_models.count(model) != 0;
   }
   void HandlePublish(net::PeerId peer, const proto::Publish& m);
+  void EraseIfUnusedLocked(std::map<std::string, ModelState>::iterator state);
+  void ForgetSubscriberLocked(net::PeerId peer);  // from every model, erasing entries left unused
   void HandleList(net::PeerId peer, const proto::List& m);
   void HandleReplica(net::PeerId peer, PeerState& p, const proto::ReplicaAnnounce& m);
   void ForgetReplicasLocked(PeerState& p);

@@ -10,6 +10,8 @@
 #include <fstream>
 #include <mutex>
 
+#include <fmt/format.h>
+
 #include "core/crypto.h"
 #include "net/engine.h"
 #include "node_impl.h"
@@ -22,6 +24,7 @@ namespace {
 
 constexpr std::string_view kLog = "node";
 constexpr int kMaxStrikes = 3;                   // malformed messages before a peer is dropped
+constexpr size_t kMaxSubscriptionsPerPeer = 4096;  // models one peer may subscribe to at once
 constexpr uint64_t kMaxPublishBytes = 1ull << 40;
 constexpr int kChunkIndexBits = 24;  // a PUBLISH's chunk i has tag (transfer's tag | i)
 static_assert(kMaxPublishBytes / (64 << 10) <= (uint64_t{1} << kChunkIndexBits));
@@ -56,10 +59,25 @@ void Node::Impl::Refuse(net::PeerId peer, const std::string& why) {
   auto it = peers.find(peer);
   log(LogLevel::kWarn, kLog, "refusing peer {} ({}): {}", peer, it != peers.end() ? it->second.address : "?", why);
   stats.peers_refused++;
-  for (auto& [model, state] : models) state.subscribers.erase(peer);
+  ForgetSubscriberLocked(peer);
   if (it != peers.end()) ForgetReplicasLocked(it->second);
   peers.erase(peer);
   engine->Disconnect(peer);
+}
+
+// A model's entry that a subscription alone made (no version, none reserved) goes with its last
+// subscriber: names that peers subscribe to and leave do not pile up in the table.
+void Node::Impl::EraseIfUnusedLocked(std::map<std::string, ModelState>::iterator state) {
+  const ModelState& s = state->second;
+  if (s.subscribers.empty() && s.versions.empty() && s.reserved == 0) models.erase(state);
+}
+
+void Node::Impl::ForgetSubscriberLocked(net::PeerId peer) {
+  for (auto it = models.begin(); it != models.end();) {
+    auto next = std::next(it);
+    if (it->second.subscribers.erase(peer) != 0) EraseIfUnusedLocked(it);
+    it = next;
+  }
 }
 
 void Node::Impl::OnPeerAccepted(net::PeerId peer, const std::string& address) {
@@ -74,7 +92,7 @@ void Node::Impl::OnPeerClosed(net::PeerId peer, const Status& reason) {
   if (it == peers.end()) return;
   log(LogLevel::kInfo, kLog, "peer {} ({}) gone: {}; releasing {} lease(s)", peer, it->second.name,
       reason.message(), it->second.leases.size());
-  for (auto& [model, state] : models) state.subscribers.erase(peer);
+  ForgetSubscriberLocked(peer);
   ForgetReplicasLocked(it->second);
   peers.erase(it);  // drops its leases: their segments become recyclable
 }
@@ -126,7 +144,10 @@ void Node::Impl::Dispatch(net::PeerId peer, PeerState& p, proto::Message& messag
   if (auto* m = std::get_if<proto::Hello>(&message)) return HandleHello(peer, p, *m);
   if (auto* m = std::get_if<proto::Subscribe>(&message)) return HandleSubscribe(peer, p, *m);
   if (auto* m = std::get_if<proto::Unsubscribe>(&message)) {
-    models[m->model].subscribers.erase(peer);
+    if (auto state = models.find(m->model); state != models.end()) {
+      state->second.subscribers.erase(peer);
+      EraseIfUnusedLocked(state);
+    }
     p.subscriptions.erase(m->model);
     p.incoming_models.erase(m->model);
     p.device_models.erase(m->model);
@@ -166,6 +187,9 @@ void Node::Impl::HandleHello(net::PeerId peer, PeerState& p, const proto::Hello&
 void Node::Impl::HandleSubscribe(net::PeerId peer, PeerState& p, const proto::Subscribe& m) {
   if (Status st = ValidateModelName(m.model); !st.ok())
     return SendError(peer, 0, proto::ErrorCode::kBadRequest, st.message());
+  if (p.subscriptions.size() >= kMaxSubscriptionsPerPeer && !p.subscriptions.count(m.model))
+    return SendError(peer, 0, proto::ErrorCode::kBadRequest,
+                     fmt::format("subscribed to {} models already, the most one connection may", p.subscriptions.size()));
   models[m.model].subscribers.insert(peer);
   p.subscriptions.insert(m.model);
   if ((m.flags & proto::kSubscribeIncoming) != 0) p.incoming_models.insert(m.model);

@@ -32,6 +32,7 @@ const std::map<std::string_view, Known>& KnownCounters() {
       {"leases_granted", {"Same-host leases granted on versions.", false}},
       {"leases_active", {"Same-host leases held now.", true}},
       {"peers", {"Connected peers.", true}},
+      {"models", {"Models the node tracks (with versions, or subscribed to).", true}},
       {"peers_refused", {"Peers refused (token, protocol version, too many bad messages).", false}},
       {"handshakes_refused_token", {"Handshakes refused for a missing or wrong token.", false}},
       {"handshakes_timed_out", {"Handshakes that did not finish in time.", false}},

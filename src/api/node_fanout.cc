@@ -22,7 +22,7 @@ std::map<std::string, uint64_t> StatsCounters(const NodeStats& s) {
           {"models", s.models},
           {"handshakes_refused_token", s.handshakes_refused_token}, {"handshakes_timed_out", s.handshakes_timed_out},
           {"handshakes_evicted", s.handshakes_evicted}, {"handshakes_malformed", s.handshakes_malformed},
-          {"peers_silent", s.peers_silent},
+          {"peers_silent", s.peers_silent},             {"peers_stalled", s.peers_stalled},
           {"malformed_messages", s.malformed_messages}, {"files_flushed", s.files_flushed},
           {"flush_errors", s.flush_errors},             {"bytes_sent", s.bytes_sent},
           {"bytes_sent_incoming", s.bytes_sent_incoming}, {"incoming_versions", s.incoming_versions},

@@ -295,7 +295,7 @@ void Engine::Impl::WaitForEvents(Clock::time_point now, int max_timeout_ms) {
 
 int Engine::Impl::EpollTimeoutMs(Clock::time_point now) const {
   Clock::time_point next = Clock::time_point::max();
-  if (LivenessOn() && peer_count.load(std::memory_order_relaxed) > 0) next = next_liveness_check;
+  if (PeerChecksOn() && peer_count.load(std::memory_order_relaxed) > 0) next = next_liveness_check;
   if (connecting != 0 || closing != 0) {
     for (const auto& [id, peer] : peers) {
       if (peer->connect) next = std::min(next, peer->connect_deadline);
@@ -328,16 +328,24 @@ void Engine::Impl::Heard(PeerId id) {
   if (detail::Peer* peer = FindPeer(id)) peer->heard = Clock::now();
 }
 
-// Runs a few times per peer_silence (not on every loop turn: a node may have thousands of peers).
-// A ping waits behind what is already queued to the peer; a bulk send completing meanwhile, or
-// anything the peer sends, counts as its answer.
+// Runs a few times per peer_silence or send_stall (not on every loop turn: a node may have
+// thousands of peers). A ping waits behind what is already queued to the peer; a bulk send
+// completing meanwhile, or anything the peer sends, counts as its answer.
 void Engine::Impl::CheckLiveness(Clock::time_point now) {
-  if (!LivenessOn() || now < next_liveness_check) return;
-  auto tick = std::max(std::chrono::milliseconds(10), std::min(options.peer_silence, options.peer_answer) / 4);
-  next_liveness_check = now + tick;
+  if (!PeerChecksOn() || now < next_liveness_check) return;
+  auto period = std::chrono::milliseconds::max();
+  if (LivenessOn()) period = std::min(options.peer_silence, options.peer_answer);
+  if (SendStallOn()) period = std::min(period, options.send_stall);
+  next_liveness_check = now + std::max(std::chrono::milliseconds(10), period / 4);
   std::vector<PeerId> silent;
+  std::vector<PeerId> stalled;
   for (auto& [id, peer] : peers) {
     if (!peer->open()) continue;
+    if (SendStallOn() && peer->bulk_sends > 0 && now - peer->bulk_progress >= options.send_stall) {
+      stalled.push_back(id);
+      continue;
+    }
+    if (!LivenessOn()) continue;
     if (peer->pinged != Clock::time_point{} && peer->heard >= peer->pinged) peer->pinged = {};
     if (peer->pinged == Clock::time_point{}) {
       if (now - peer->heard < options.peer_silence) continue;
@@ -346,6 +354,17 @@ void Engine::Impl::CheckLiveness(Clock::time_point now) {
     } else if (now - peer->pinged >= options.peer_answer) {
       silent.push_back(id);
     }
+  }
+  for (PeerId id : stalled) {
+    detail::Peer* peer = FindPeer(id);
+    if (peer == nullptr || !peer->open()) continue;
+    auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - peer->bulk_progress).count();
+    Status reason = Status::Unavailable(fmt::format(
+        "peer {} ({}) took none of the {} bulk send(s) to it for {} ms (it does not post the receives for what it "
+        "asked)", id, peer->address, peer->bulk_sends, waited));
+    log(LogLevel::kWarn, kLog, "{}: closing it", reason.message());
+    peers_stalled.fetch_add(1, std::memory_order_relaxed);
+    ClosePeer(id, reason, /*notify=*/true, /*graceful=*/false);
   }
   for (PeerId id : silent) {
     detail::Peer* peer = FindPeer(id);
@@ -442,6 +461,9 @@ Result<std::unique_ptr<Engine>> Engine::Start(const EngineOptions& options, Engi
     return Status::InvalidArgument(fmt::format(
         "engine peer_silence must be >= 0 ms (0: no pings), and peer_answer > 0 ms with it; got {} and {} ms",
         options.peer_silence.count(), options.peer_answer.count()));
+  if (options.send_stall.count() < 0)
+    return Status::InvalidArgument(fmt::format("engine send_stall must be >= 0 ms (0: never); got {} ms",
+                                               options.send_stall.count()));
   VIPER_RETURN_IF_ERROR(CheckSanitizerEnvironment());  // before any thread exists
   RouteUcxLog();
   auto impl = std::make_unique<Impl>(options, std::move(handlers));
@@ -568,6 +590,7 @@ Engine::Stats Engine::stats() const {
   s.peers = impl_->peer_count.load(std::memory_order_relaxed);
   s.requests_pending = impl_->outstanding.load(std::memory_order_relaxed);
   s.peers_silent = impl_->peers_silent.load(std::memory_order_relaxed);
+  s.peers_stalled = impl_->peers_stalled.load(std::memory_order_relaxed);
   if (const auto& c = impl_->acceptor_counters) {
     s.handshakes_refused_token = c->auth.load(std::memory_order_relaxed);
     s.handshakes_timed_out = c->timed_out.load(std::memory_order_relaxed);

@@ -116,6 +116,10 @@ struct Peer {
   // nothing has answered since (epoch: none outstanding).
   Clock::time_point heard = Clock::now();
   Clock::time_point pinged{};
+  // Bulk sends to it pending in UCX, and when one last completed or, none pending before, was
+  // posted (EngineOptions::send_stall).
+  size_t bulk_sends = 0;
+  Clock::time_point bulk_progress{};
   std::unordered_map<void*, Op*> ops;  // pending sends and tag receives, by UCX request
   std::deque<std::shared_ptr<Inbound>> inbox;
 
@@ -151,7 +155,7 @@ struct Engine::Impl {
   std::thread thread;
   mutable std::mutex live_mu;
   std::unordered_set<PeerId> live;  // guarded by live_mu: open peers, for Send's fast check
-  std::atomic<uint64_t> wakeups{0}, messages_in{0}, messages_out{0}, peer_count{0}, peers_silent{0};
+  std::atomic<uint64_t> wakeups{0}, messages_in{0}, messages_out{0}, peer_count{0}, peers_silent{0}, peers_stalled{0};
   // UCX requests whose callback has not run yet (written by the progress thread only).
   std::atomic<uint64_t> outstanding{0};
 
@@ -186,6 +190,8 @@ struct Engine::Impl {
   int EpollTimeoutMs(Clock::time_point now) const;
   void CheckDeadlines(Clock::time_point now);
   bool LivenessOn() const { return options.peer_silence.count() > 0; }
+  bool SendStallOn() const { return options.send_stall.count() > 0; }
+  bool PeerChecksOn() const { return LivenessOn() || SendStallOn(); }
   // Pings open peers silent for peer_silence and fails those silent for peer_answer after it.
   void CheckLiveness(Clock::time_point now);
   void Heard(PeerId id);

@@ -252,6 +252,7 @@ void Engine::Impl::Track(detail::Peer& peer, detail::Op* op, ucs_status_ptr_t re
     outstanding++;
     op->request = request;
     peer.ops[request] = op;
+    if (!op->is_recv && static_cast<detail::SendOp*>(op)->bulk && peer.bulk_sends++ == 0) peer.bulk_progress = Clock::now();
     return;
   }
   ucs_status_t status = op->ended_inline ? op->inline_status : request == nullptr ? UCS_OK : UCS_PTR_STATUS(request);
@@ -328,6 +329,10 @@ void Engine::Impl::Untrack(detail::Op* op) {
   detail::Peer* peer = FindPeer(op->peer);
   if (peer == nullptr) return;
   peer->ops.erase(op->request);
+  if (!op->is_recv && static_cast<detail::SendOp*>(op)->bulk && peer->bulk_sends > 0) {
+    peer->bulk_sends--;
+    peer->bulk_progress = Clock::now();
+  }
   if (peer->closing() && peer->ops.empty()) {
     PeerId id = op->peer;
     deferred.push_back([this, id] {

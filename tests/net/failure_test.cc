@@ -190,6 +190,39 @@ TEST_F(EngineTest, FrozenPeerIsDroppedAfterAnUnansweredPing) {
   EXPECT_EQ(engine->stats().peers_silent, 1u);
 }
 
+// A peer that answers pings but never posts the receive for bytes sent to it (a client that asks
+// for a version and does not take it) is failed once none of the sends to it completed for
+// send_stall: otherwise the sends, and the segments they read, would be pinned for ever.
+TEST_F(EngineTest, PeerThatTakesNoneOfItsBulkSendsIsDropped) {
+  EngineOptions options;
+  options.peer_silence = 300ms;
+  options.peer_answer = 500ms;
+  options.send_stall = 1500ms;
+  auto a = StartEngineWithHelper(options);
+  ASSERT_TRUE(a);
+  Engine* engine = a->engine.get();
+  std::vector<std::byte> out(8u << 20);  // rendezvous: the send waits for the peer's receive
+  CompletionLatch sent;
+  const auto start = std::chrono::steady_clock::now();
+  engine->SendBulk(a->peer, 4242, out, sent.Callback());
+  auto reason = events_.WaitClosed(a->peer, 10s);
+  const auto took = std::chrono::steady_clock::now() - start;
+  ASSERT_TRUE(reason) << "a peer that takes nothing was kept for 10 s";
+  EXPECT_EQ(reason->code(), StatusCode::kUnavailable) << reason->ToString();
+  EXPECT_NE(reason->message().find("took none of the 1 bulk send(s) to it"), std::string::npos) << reason->ToString();
+  EXPECT_GE(took, 1500ms);
+  EXPECT_LT(took, 5s);
+  // The send itself ends when UCX gives up on the force-closed endpoint (20 s measured), which
+  // releases what its buffer pins; until the peer is dropped it would never end.
+  auto r = sent.Wait(90s);
+  std::printf("peer dropped after %.1f s, its send ended after %.1f s\n", std::chrono::duration<double>(took).count(),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->code(), StatusCode::kUnavailable) << r->ToString();
+  EXPECT_EQ(engine->stats().peers_stalled, 1u);
+  EXPECT_EQ(engine->stats().peers_silent, 0u);  // it answered every ping
+}
+
 // One 256 MiB message each way: while it moves nothing else comes from the peer, so the engine
 // pings it (every 50 ms of silence); the ping waits behind the data and the peer still answers.
 TEST_F(EngineTest, PeerBusyWithOneLongTransferIsNotTakenForSilent) {

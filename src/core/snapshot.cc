@@ -11,7 +11,6 @@
 
 #include <algorithm>
 #include <charconv>
-#include <unordered_set>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -50,53 +49,89 @@ std::string Describe(const json& value) {
   return value.type_name();
 }
 
-// Thrown by the parser callback to stop at the first duplicate key or excessive nesting.
-struct HeaderFault {
-  std::string message;
-};
-
-// nlohmann::json keeps one of two duplicate keys silently; this parser callback refuses them
-// and names the tensor or metadata entry they belong to.
-class DuplicateKeyCheck {
+// Builds the header's JSON value from the parser's events, stopping at the first duplicate key
+// (nlohmann::json would keep one of the two silently) or at excessive nesting, and naming the
+// tensor or metadata entry a duplicate belongs to. A parse callback could check the same, but
+// nlohmann then rescans the parent object each time an object closes: quadratic in the tensors.
+class HeaderBuilder final : public nlohmann::json_sax<json> {
  public:
-  bool operator()(json::parse_event_t event, const json& parsed) {
-    switch (event) {
-      case json::parse_event_t::object_start:
-      case json::parse_event_t::array_start:
-        Push();
-        break;
-      case json::parse_event_t::object_end:
-      case json::parse_event_t::array_end:
-        frames_.pop_back();
-        break;
-      case json::parse_event_t::key:
-        Key(parsed.get_ref<const std::string&>());
-        break;
-      case json::parse_event_t::value:
-        break;
+  json Take() { return std::move(root_); }
+  const std::string& fault() const { return fault_; }
+
+  bool null() override { return Value(nullptr); }
+  bool boolean(bool value) override { return Value(value); }
+  bool number_integer(number_integer_t value) override { return Value(value); }
+  bool number_unsigned(number_unsigned_t value) override { return Value(value); }
+  bool number_float(number_float_t value, const string_t&) override { return Value(value); }
+  bool string(string_t& value) override { return Value(std::move(value)); }
+  bool binary(binary_t& value) override { return Value(json::binary(std::move(value))); }
+  bool start_object(std::size_t) override { return Open(json::object()); }
+  bool start_array(std::size_t) override { return Open(json::array()); }
+  bool end_object() override { return Close(); }
+  bool end_array() override { return Close(); }
+
+  bool key(string_t& key) override {
+    Frame& frame = frames_.back();
+    auto [it, inserted] = frame.value->get_ref<json::object_t&>().emplace(std::move(key), nullptr);
+    if (!inserted) {
+      fault_ = DuplicateMessage(it->first);
+      return false;
     }
+    frame.last_key = &it->first;
+    next_ = &it->second;
     return true;
+  }
+
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+    std::string what = e.what();
+    if (what.size() > 200) what = what.substr(0, 200) + "...";  // "last read:" may quote a long token
+    fault_ = "header is not valid JSON: " + what;
+    return false;
   }
 
  private:
   struct Frame {
-    std::string name;  // the key this object or array is the value of
-    std::string last_key;
-    std::unordered_set<std::string> keys;
+    json* value;                            // the object or array being filled
+    std::string name;                       // the key it is the value of
+    const std::string* last_key = nullptr;  // in value's map, where it stays while value lives
   };
 
-  void Push() {
-    if (frames_.size() >= kMaxJsonDepth) {
-      throw HeaderFault{fmt::format("header JSON nests deeper than {} levels", kMaxJsonDepth)};
+  // Stores `value` where the parser is (the root, the next array element, or the value of the
+  // last key) and returns where it went.
+  json* Add(json value) {
+    if (frames_.empty()) {
+      root_ = std::move(value);
+      return &root_;
     }
-    std::string name = frames_.empty() ? std::string() : frames_.back().last_key;
-    frames_.push_back(Frame{std::move(name), {}, {}});
+    json& parent = *frames_.back().value;
+    if (parent.is_array()) {
+      parent.get_ref<json::array_t&>().push_back(std::move(value));
+      return &parent.get_ref<json::array_t&>().back();
+    }
+    *next_ = std::move(value);
+    return next_;
   }
 
-  void Key(const std::string& key) {
-    Frame& frame = frames_.back();
-    if (!frame.keys.insert(key).second) throw HeaderFault{DuplicateMessage(key)};
-    frame.last_key = key;
+  bool Value(json value) {
+    Add(std::move(value));
+    return true;
+  }
+
+  bool Open(json empty) {
+    if (frames_.size() >= kMaxJsonDepth) {
+      fault_ = fmt::format("header JSON nests deeper than {} levels", kMaxJsonDepth);
+      return false;
+    }
+    const std::string* key = frames_.empty() ? nullptr : frames_.back().last_key;
+    std::string name = key == nullptr ? std::string() : *key;
+    json* slot = Add(std::move(empty));
+    frames_.push_back(Frame{slot, std::move(name)});
+    return true;
+  }
+
+  bool Close() {
+    frames_.pop_back();
+    return true;
   }
 
   std::string DuplicateMessage(const std::string& key) const {
@@ -109,21 +144,16 @@ class DuplicateKeyCheck {
     return "duplicate key " + Quote(key) + " in header JSON";
   }
 
+  json root_;
   std::vector<Frame> frames_;
+  json* next_ = nullptr;  // the value slot of the last key
+  std::string fault_;
 };
 
 Result<json> ParseHeaderJson(std::string_view text) {
-  DuplicateKeyCheck check;
-  try {
-    return json::parse(text.begin(), text.end(),
-                       [&check](int, json::parse_event_t event, json& parsed) { return check(event, parsed); });
-  } catch (const HeaderFault& fault) {
-    return Fault(fault.message);
-  } catch (const json::exception& e) {
-    std::string what = e.what();
-    if (what.size() > 200) what = what.substr(0, 200) + "...";  // "last read:" may quote a long token
-    return Fault("header is not valid JSON: " + what);
-  }
+  HeaderBuilder builder;
+  if (!json::sax_parse(text.begin(), text.end(), &builder)) return Fault(builder.fault());
+  return builder.Take();
 }
 
 Result<DType> ParseDTypeField(const std::string& where, const json& value) {

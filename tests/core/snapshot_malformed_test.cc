@@ -121,6 +121,8 @@ std::vector<BadCase> Cases() {
        "tensor \"w\": duplicate field \"dtype\""},
       {"DuplicateMetadataKey", Raw(R"({"__metadata__":{"k":"1","k":"2"}})"), "__metadata__: duplicate key \"k\""},
       {"DuplicateMetadata", Raw(R"({"__metadata__":{},"__metadata__":{}})"), "duplicate key \"__metadata__\""},
+      {"DuplicateKeyInArrayElement", Raw(R"({"__metadata__":{"k":[{"a":1},{"b":2,"b":3}]}})"),
+       "duplicate key \"b\" in header JSON"},
       {"MetadataNotObject", Raw(R"({"__metadata__":["k"]})"), "\"__metadata__\" must be an object, got array"},
       {"MetadataValueNotString", Raw(R"({"__metadata__":{"k":3}})"),
        "__metadata__ key \"k\": value must be a string, got number 3"},

@@ -41,7 +41,9 @@ py::dtype NumpyDtype(viper::DType dtype) {
   return py::dtype("uint8");
 }
 
-// A read-only numpy array over the tensor's bytes inside `snap`; `base` keeps them alive.
+// A read-only numpy array over the tensor's bytes inside `snap`; `base` keeps them alive. The
+// strides cannot overflow: the parser refuses a shape whose nonzero dims times the dtype size
+// pass 2^63-1 bytes, even where a zero dim leaves the tensor empty.
 py::array TensorView(const viper::Snapshot& snap, const viper::TensorInfo& tensor, py::handle base) {
   std::vector<py::ssize_t> shape(tensor.shape.begin(), tensor.shape.end());
   std::vector<py::ssize_t> strides(shape.size());

@@ -212,12 +212,14 @@ Status CheckTensorExtent(const std::string& where, const TensorInfo& t, uint64_t
     return Fault(fmt::format("{}: {} end beyond the data region of {} bytes", where, offsets, data_size));
   }
   const std::string what = fmt::format("shape {} of {}", internal::ShapeString(t.shape), dtype_name(t.dtype));
-  std::optional<uint64_t> count = internal::ElementCount(t.shape);
-  if (!count) return Fault(fmt::format("{}: {} has more than 2^64-1 elements", where, what));
-  uint64_t nbytes;
-  if (__builtin_mul_overflow(*count, dtype_size(t.dtype), &nbytes)) {
-    return Fault(fmt::format("{}: {} is more than 2^64-1 bytes", where, what));
+  if (!internal::StrideSpan(t.shape, dtype_size(t.dtype))) {
+    if (std::find(t.shape.begin(), t.shape.end(), 0) != t.shape.end()) {
+      return Fault(fmt::format("{}: {} has no elements, but its other dims span more than 2^63-1 bytes (a view's "
+                               "strides would overflow)", where, what));
+    }
+    return Fault(fmt::format("{}: {} is more than 2^63-1 bytes", where, what));
   }
+  const uint64_t nbytes = *internal::ElementCount(t.shape) * dtype_size(t.dtype);  // within the span
   if (nbytes > data_size) {
     return Fault(fmt::format("{}: {} needs {} bytes but the data region has only {}", where, what, nbytes, data_size));
   }

@@ -77,4 +77,13 @@ std::optional<uint64_t> ElementCount(const std::vector<int64_t>& shape) {
   return count;
 }
 
+std::optional<uint64_t> StrideSpan(const std::vector<int64_t>& shape, size_t elem_size) {
+  uint64_t span = elem_size;
+  for (int64_t dim : shape) {
+    if (dim != 0 && __builtin_mul_overflow(span, static_cast<uint64_t>(dim), &span)) return std::nullopt;
+  }
+  if (span > static_cast<uint64_t>(INT64_MAX)) return std::nullopt;
+  return span;
+}
+
 }  // namespace viper::internal

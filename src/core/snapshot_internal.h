@@ -30,6 +30,12 @@ std::string ShapeString(const std::vector<int64_t>& shape);
 // REQUIRES: no negative dim.
 std::optional<uint64_t> ElementCount(const std::vector<int64_t>& shape);
 
+// The bytes a view of the tensor spans if each zero dim were 1: its nonzero dims times
+// `elem_size`; nullopt above 2^63-1. Numpy and torch compute strides and sizes in signed 64 bits
+// even for an empty tensor, so a valid shape keeps this within 2^63-1 ([0, 2^62, 2^62] does not).
+// REQUIRES: no negative dim.
+std::optional<uint64_t> StrideSpan(const std::vector<int64_t>& shape, size_t elem_size);
+
 inline uint64_t RoundUp(uint64_t value, uint64_t alignment) {  // REQUIRES: power of two
   return (value + alignment - 1) & ~(alignment - 1);
 }

@@ -126,12 +126,12 @@ Result<std::vector<TensorInfo>> PlaceTensors(const std::vector<TensorSpec>& spec
   uint64_t pos = 0;
   for (const TensorSpec& spec : specs) {
     VIPER_RETURN_IF_ERROR(CheckSpec(spec, names));
-    std::optional<uint64_t> count = internal::ElementCount(spec.shape);
-    uint64_t nbytes = 0;
-    uint64_t begin = internal::RoundUp(pos, alignment);
-    if (!count || __builtin_mul_overflow(*count, dtype_size(spec.dtype), &nbytes) || begin < pos ||
-        begin + nbytes < begin) {
-      return Status::InvalidArgument(fmt::format("tensor {}: shape {} of {} overflows a 64-bit byte size",
+    const uint64_t begin = internal::RoundUp(pos, alignment);
+    const bool fits = internal::StrideSpan(spec.shape, dtype_size(spec.dtype)).has_value();
+    const uint64_t nbytes = fits ? *internal::ElementCount(spec.shape) * dtype_size(spec.dtype) : 0;
+    if (!fits || begin < pos || begin + nbytes < begin) {
+      return Status::InvalidArgument(fmt::format("tensor {}: shape {} of {} overflows a signed 64-bit byte size "
+                                                 "(its nonzero dims times the dtype size)",
                                                  Quote(spec.name), internal::ShapeString(spec.shape),
                                                  dtype_name(spec.dtype)));
     }

@@ -378,6 +378,8 @@ TEST(SnapshotLayoutTest, MakeRejectsBadArguments) {
       {{{"a", DType::kF32, {2, -1}}}, {}, 64, "tensor \"a\": shape[1] = -1 is negative"},
       {{{"a\xff", DType::kF32, {1}}}, {}, 64, "name is not valid UTF-8"},
       {{{"a", DType::kF64, {INT64_MAX, 4}}}, {}, 64, "tensor \"a\": shape [9223372036854775807, 4] of F64 overflows"},
+      {{{"a", DType::kU8, {0, INT64_MAX, INT64_MAX}}}, {}, 64,
+       "tensor \"a\": shape [0, 9223372036854775807, 9223372036854775807] of U8 overflows"},
       {{}, {{"viper.step", "1"}}, 64, "user metadata key \"viper.step\" starts with \"viper.\", which is reserved"},
       {{}, {{"k", "\xc0"}}, 64, "user metadata value of key \"k\" is not valid UTF-8"},
   };
@@ -529,6 +531,14 @@ TEST(IndependentWriter, DeclaredAlignmentPaddingIsAccepted) {
       R"("x":{"dtype":"U8","shape":[3],"data_offsets":[0,3]},)"
       R"("z":{"dtype":"U8","shape":[2],"data_offsets":[3,5]}})";
   EXPECT_TRUE(Snapshot::FromBuffer(Raw(packed, std::string(5, 'q'))).ok());
+}
+
+// An empty tensor's other dims may be large while they span at most 2^63-1 bytes (numpy's limit).
+TEST(IndependentWriter, EmptyTensorWithLargeOtherDimsIsAccepted) {
+  auto s = Snapshot::FromBuffer(Raw(R"({"w":{"dtype":"F32","shape":[0,2305843009213693951],"data_offsets":[0,0]}})"));
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ(s->find("w")->num_elements(), 0u);
+  EXPECT_EQ(s->find("w")->nbytes(), 0u);
 }
 
 TEST(IndependentWriter, UnknownViperKeysAndNonNumericValuesAreMetadataOnly) {

@@ -88,9 +88,17 @@ std::vector<BadCase> Cases() {
       {"DimBeyondInt64", Raw("{" + Entry("w", "U8", "[9223372036854775808]", 0, 4) + "}", Zeros(4)),
        "tensor \"w\": shape[0] = 9223372036854775808 is larger than 2^63-1"},
       {"ElementCountOverflow", Raw("{" + Entry("w", "U8", "[4294967296,4294967296,2]", 0, 4) + "}", Zeros(4)),
-       "tensor \"w\": shape [4294967296, 4294967296, 2] of U8 has more than 2^64-1 elements"},
+       "tensor \"w\": shape [4294967296, 4294967296, 2] of U8 is more than 2^63-1 bytes"},
       {"ByteSizeOverflow", Raw("{" + Entry("w", "F64", "[4611686018427387904]", 0, 4) + "}", Zeros(4)),
-       "tensor \"w\": shape [4611686018427387904] of F64 is more than 2^64-1 bytes"},
+       "tensor \"w\": shape [4611686018427387904] of F64 is more than 2^63-1 bytes"},
+      // Empty, but a view's strides (numpy's, torch's: signed 64-bit) multiply the other dims.
+      {"EmptyShapeElementCountOverflow",
+       Raw("{" + Entry("w", "U8", "[0,9223372036854775807,9223372036854775807]", 0, 0) + "}"),
+       "tensor \"w\": shape [0, 9223372036854775807, 9223372036854775807] of U8 has no elements, but its other dims "
+       "span more than 2^63-1 bytes"},
+      {"EmptyShapeByteSizeBeyondInt64", Raw("{" + Entry("w", "F32", "[2305843009213693952,0]", 0, 0) + "}"),
+       "tensor \"w\": shape [2305843009213693952, 0] of F32 has no elements, but its other dims span more than "
+       "2^63-1 bytes"},
       {"ShapeBeyondBuffer", Raw("{" + Entry("w", "F32", "[1000000]", 0, 4) + "}", Zeros(4)),
        "tensor \"w\": shape [1000000] of F32 needs 4000000 bytes but the data region has only 4"},
       {"SizeMismatch", Raw("{" + Entry("w", "F32", "[2,3]", 0, 20) + "}", Zeros(24)),

@@ -361,6 +361,23 @@ std::string MismatchMessage(uint64_t declared, const Snapshot& snapshot, uint64_
                      checksum_hex(declared), snapshot.data_region().size(), checksum_hex(computed));
 }
 
+// What a buffer whose header length failed is, where it is a torch.save file: a zip archive
+// (torch >= 1.6) or a pickle (before). Its first 8 bytes read as a length are nonsense.
+std::optional<std::string> TorchSaveMessage(std::span<const std::byte> bytes) {
+  const auto at = [&](size_t i) { return std::to_integer<uint8_t>(bytes[i]); };
+  std::string what;
+  if (at(0) == 'P' && at(1) == 'K' && at(2) == 3 && at(3) == 4) {
+    what = "a zip archive's signature, as a torch.save file does";
+  } else if (at(0) == 0x80 && at(1) >= 2 && at(1) <= 5) {
+    what = fmt::format("a pickle's protocol {} opcode, as a legacy torch.save file does", at(1));
+  } else {
+    return std::nullopt;
+  }
+  return "not a safetensors file: it begins with " + what +
+         "; convert it with safetensors.torch.save_file(torch.load(path), \"model.safetensors\"), or publish "
+         "the state_dict from Python with viper.Publisher(model).publish(torch.load(path))";
+}
+
 }  // namespace
 
 size_t dtype_size(DType dtype) { return kDTypeTable[static_cast<size_t>(dtype)].size; }
@@ -382,6 +399,9 @@ Result<Snapshot> Snapshot::Parse(std::span<const std::byte> bytes, std::shared_p
     return Fault(fmt::format("buffer is {} bytes, shorter than the 8-byte header length prefix", bytes.size()));
   }
   const uint64_t n = internal::LoadLe64(bytes.data());
+  if (n > options.max_header_bytes || n > bytes.size() - 8) {
+    if (std::optional<std::string> torch = TorchSaveMessage(bytes)) return Fault(*torch);
+  }
   if (n > options.max_header_bytes) {
     return Fault(fmt::format("header length {} exceeds the limit of {} bytes (ParseOptions.max_header_bytes)", n,
                              options.max_header_bytes));

@@ -145,6 +145,8 @@ TEST_F(InspectCli, MalformedFilesGiveOneLineWithPathAndReason) {
                     R"("b":{"dtype":"U8","shape":[1],"data_offsets":[4,5]}})",
                     testing::Zeros(5)),
        "gap of 3 bytes between tensor \"a\" (ends at 1) and tensor \"b\" (begins at 4)"},
+      {testing::ToBytes(std::string("PK\x03\x04\x00\x00\x08\x08", 8) + std::string(40, '\0')),
+       "not a safetensors file: it begins with a zip archive's signature, as a torch.save file does"},
   };
   int n = 0;
   for (const auto& [bytes, reason] : cases) {

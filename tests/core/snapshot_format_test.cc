@@ -533,6 +533,18 @@ TEST(IndependentWriter, DeclaredAlignmentPaddingIsAccepted) {
   EXPECT_TRUE(Snapshot::FromBuffer(Raw(packed, std::string(5, 'q'))).ok());
 }
 
+// A header of 640 bytes: the length prefix begins 0x80 0x02 like a pickle, and is not taken for one.
+TEST(IndependentWriter, HeaderLengthThatBeginsLikeAPickleIsRead) {
+  std::string header = R"({"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})";
+  header += std::string(640 - header.size(), ' ');
+  auto bytes = Raw(header, "q", 0);
+  ASSERT_EQ(bytes[0], std::byte{0x80});
+  ASSERT_EQ(bytes[1], std::byte{0x02});
+  auto s = Snapshot::FromBuffer(bytes);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ(s->tensors().size(), 1u);
+}
+
 // An empty tensor's other dims may be large while they span at most 2^63-1 bytes (numpy's limit).
 TEST(IndependentWriter, EmptyTensorWithLargeOtherDimsIsAccepted) {
   auto s = Snapshot::FromBuffer(Raw(R"({"w":{"dtype":"F32","shape":[0,2305843009213693951],"data_offsets":[0,0]}})"));

@@ -40,6 +40,16 @@ std::vector<std::byte> TamperedViperBuffer() {
   return bytes;
 }
 
+// The first bytes of what torch.save writes: a zip archive (torch >= 1.6), or a protocol 2 pickle
+// that opens with torch's magic number (the legacy format).
+std::vector<std::byte> TorchZipStart() {
+  return testing::ToBytes(std::string("PK\x03\x04\x00\x00\x08\x08\x00\x00", 10) + std::string(20, '\0') +
+                          "archive/data.pkl");
+}
+std::vector<std::byte> TorchPickleStart() {
+  return testing::ToBytes("\x80\x02\x8a\x0a" "l\xfc\x9c" "F\xf9 j\xa8" "P\x19.\x80\x02}q");
+}
+
 std::string Deep(int levels) { return std::string(levels, '[') + std::string(levels, ']'); }
 
 std::vector<BadCase> Cases() {
@@ -52,6 +62,11 @@ std::vector<BadCase> Cases() {
       {"Empty", {}, "buffer is 0 bytes, shorter than the 8-byte header length prefix"},
       {"HeaderBeyondBuffer", RawWithLength(1000, "{}", "xxxx"),
        "header length 1000 runs past the end of the buffer: only 6 bytes follow the 8-byte prefix"},
+      {"TorchSaveZip", TorchZipStart(),
+       "not a safetensors file: it begins with a zip archive's signature, as a torch.save file does; convert it with "
+       "safetensors.torch.save_file(torch.load(path), \"model.safetensors\")"},
+      {"TorchSavePickle", TorchPickleStart(),
+       "not a safetensors file: it begins with a pickle's protocol 2 opcode, as a legacy torch.save file does"},
       {"HeaderBeyondDefaultLimit", RawWithLength(200ull << 20, "{}"),
        "header length 209715200 exceeds the limit of 104857600 bytes (ParseOptions.max_header_bytes)"},
       {"HeaderBeyondOptionLimit", Raw("{" + std::string(200, ' ') + "}"),

@@ -43,7 +43,11 @@ Result<uint64_t> ParseBytes(std::string_view text, std::string_view what) {
       {"Ti", 1099511627776.0}};
   for (const auto& [name, scale] : kUnits) {
     if (suffix != name) continue;
-    const double bytes = std::round(number * scale);
+    const double exact = number * scale;
+    if (exact > 0 && exact < 1) {  // rounding to 0 would turn it into the caller's "0" (often: the default)
+      return Status::InvalidArgument(named + " is less than one byte; give 0 itself or at least 1 byte");
+    }
+    const double bytes = std::round(exact);
     if (bytes > 9007199254740992.0) return Status::InvalidArgument(named + " is too large (at most 2^53 bytes)");
     return static_cast<uint64_t>(bytes);
   }

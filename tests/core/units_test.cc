@@ -36,6 +36,27 @@ TEST(ParseBytes, RefusesWhatIsNotAByteCountAndSaysWhy) {
   EXPECT_FALSE(ParseBytes("9000000Ti").ok()) << "beyond 2^53 bytes";
 }
 
+// A positive size below one byte would round to 0, which callers such as --host-max-bytes read as
+// "the default" (half of /dev/shm): refused. Fractions of larger units still round to whole bytes.
+TEST(ParseBytes, RefusesAPositiveSizeBelowOneByte) {
+  for (const char* text : {"0.4", "0.5", "0.999", "1e-9", "0.0001k", "0.0009KiB", "0.4B"}) {
+    auto got = ParseBytes(text, "--host-max-bytes");
+    ASSERT_FALSE(got.ok()) << text << " gave " << *got;
+    EXPECT_EQ(got.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(got.status().message().find(std::string("--host-max-bytes '") + text + "' is less than one byte"),
+              std::string::npos)
+        << got.status().ToString();
+  }
+  const std::pair<const char*, uint64_t> kept[] = {
+      {"0", 0}, {"0.0", 0}, {"0k", 0}, {"1", 1}, {"1.4", 1}, {"1.5", 2}, {"0.001k", 1}, {"1e-9G", 1},
+      {"0.4k", 400}, {"1.5G", 1500000000}, {"1.3Gi", 1395864371}};
+  for (const auto& [text, want] : kept) {
+    auto got = ParseBytes(text);
+    ASSERT_TRUE(got.ok()) << text << ": " << got.status().ToString();
+    EXPECT_EQ(*got, want) << text;
+  }
+}
+
 TEST(HumanUnits, PrintOneDecimalInTheLargestUnitBelowTheValue) {
   EXPECT_EQ(HumanBytes(512), "512.0 B");
   EXPECT_EQ(HumanBytes(1.7e9), "1.7 GB");

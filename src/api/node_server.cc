@@ -180,6 +180,18 @@ void Node::Impl::HandleHello(net::PeerId peer, PeerState& p, const proto::Hello&
   p.name = m.client_name;
   p.host_key = m.host_key;
   p.pid = m.pid;
+  // A peer that says it shares this host (leases, device copies, kept while its process lives)
+  // must have connected from one of this host's addresses: the key itself is no secret (HELLO_OK
+  // tells every peer).
+  if (m.host_key == host_key) {
+    Result<bool> here = net::IsAddressOfThisHost(p.address);
+    if (!here.ok() || !*here) {
+      log(LogLevel::kWarn, kLog, "peer {} ({}) says it shares this host but connected from {}, {}: treated as a peer "
+          "on another host", peer, m.client_name, p.address.empty() ? "an unknown address" : p.address,
+          here.ok() ? "an address this host does not have" : here.status().message());
+      p.host_key = "elsewhere:" + m.host_key;
+    }
+  }
   log(LogLevel::kDebug, kLog, "peer {} is {} (pid {})", peer, m.client_name, m.pid);
   Send(peer, proto::HelloOk{options.name, host_key, static_cast<uint32_t>(::getpid())});
 }

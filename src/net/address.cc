@@ -2,10 +2,13 @@
 
 #include <arpa/inet.h>
 #include <netdb.h>
+#include <sys/socket.h>
 
+#include <cerrno>
 #include <cstring>
 #include <fmt/format.h>
 
+#include "core/fd.h"
 #include "net/engine.h"
 
 namespace viper::net {
@@ -23,6 +26,16 @@ Result<bool> IsLoopbackAddress(const std::string& host_port) {
     return IN6_IS_ADDR_V4MAPPED(&a) && a.s6_addr[12] == 127;
   }
   return false;
+}
+
+Result<bool> IsAddressOfThisHost(const std::string& host_port) {
+  VIPER_ASSIGN_OR_RETURN(auto parsed, ParseHostPort(host_port));
+  VIPER_ASSIGN_OR_RETURN(detail::SockAddr addr, detail::Resolve(parsed.first, 0));
+  Fd fd(::socket(addr.storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (fd.get() < 0) return Status::FromErrno("socket to check " + host_port);
+  if (::bind(fd.get(), addr.get(), addr.length) == 0) return true;
+  if (errno == EADDRNOTAVAIL) return false;
+  return Status::FromErrno("bind to check whether " + host_port + " is this host's");
 }
 
 namespace detail {

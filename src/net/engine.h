@@ -201,5 +201,10 @@ using viper::ParseHostPort;
 // is a loopback address (127.0.0.0/8, ::1): only processes of this host can reach it. "0.0.0.0"
 // and "::" (every interface) are not. Errors as ParseHostPort, NotFound for an unknown host.
 Result<bool> IsLoopbackAddress(const std::string& host_port);
+// True if HOST of "HOST:PORT" (a peer's source address, as the listener saw it) is an address of
+// this host's network namespace: one a socket here can bind. A peer elsewhere cannot connect from
+// one (unless net.ipv4.ip_nonlocal_bind lets any address bind: then every address reads as ours).
+// Errors as ParseHostPort, NotFound for an unknown host, and the bind's own failures.
+Result<bool> IsAddressOfThisHost(const std::string& host_port);
 
 }  // namespace viper::net

@@ -1,4 +1,8 @@
-// ParseHostPort: accepted forms and clear errors for every malformed one.
+// ParseHostPort: accepted forms and clear errors for every malformed one; IsAddressOfThisHost.
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+
 #include <gtest/gtest.h>
 
 #include "net/engine.h"
@@ -52,6 +56,37 @@ TEST(ParseHostPort, RejectsEmptyOrGarbageHost) {
   ExpectRejected("[zz]:5000", "not an IPv6 address");
   ExpectRejected("[]:5000", "not an IPv6 address");
   ExpectRejected("::1:5000", "characters not allowed");  // bare IPv6 must be bracketed
+}
+
+// A peer that claims this host's key must have connected from an address of this host (the node's
+// HELLO check): loopback and the addresses of this namespace's interfaces are; TEST-NET-1
+// (192.0.2.0/24, reserved for documentation) is on no interface here.
+TEST(IsAddressOfThisHost, TellsThisHostsAddressesFromOthers) {
+  auto loopback = IsAddressOfThisHost("127.0.0.1:4000");
+  ASSERT_TRUE(loopback.ok()) << loopback.status().ToString();
+  EXPECT_TRUE(*loopback);
+  auto v6 = IsAddressOfThisHost("[::1]:4000");
+  if (v6.ok()) {  // (a host without IPv6 cannot bind it: an error, not "another host")
+    EXPECT_TRUE(*v6);
+  }
+  auto elsewhere = IsAddressOfThisHost("192.0.2.7:4000");
+  ASSERT_TRUE(elsewhere.ok()) << elsewhere.status().ToString();
+  EXPECT_FALSE(*elsewhere);
+  ifaddrs* list = nullptr;
+  ASSERT_EQ(::getifaddrs(&list), 0);
+  int checked = 0;
+  for (ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
+    char text[INET_ADDRSTRLEN];
+    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(a->ifa_addr)->sin_addr, text, sizeof text);
+    auto own = IsAddressOfThisHost(std::string(text) + ":1");
+    ASSERT_TRUE(own.ok()) << text << ": " << own.status().ToString();
+    EXPECT_TRUE(*own) << text;
+    ++checked;
+  }
+  ::freeifaddrs(list);
+  EXPECT_GE(checked, 1);
+  EXPECT_FALSE(IsAddressOfThisHost("not-an-address").ok());
 }
 
 }  // namespace

@@ -290,8 +290,12 @@ void Node::Impl::HandleList(net::PeerId peer, const proto::List& m) {
 // A relay holds a version too: list it among the version's replicas until the relay disconnects.
 void Node::Impl::HandleReplica(net::PeerId peer, PeerState& p, const proto::ReplicaAnnounce& m) {
   const proto::Replica& r = m.replica;
+  // A relay announces itself: its own host (as its HELLO said, and as checked there) and a
+  // HOST:PORT consumers can be sent to; nothing else gets into NOTIFY, LIST or the registry.
   std::string bad = r.kind != proto::ReplicaKind::kNode ? "only a node replica can be announced"
-                    : r.locator.empty() || r.locator.size() > 256 ? "replica locator must be a host:port"
+                    : r.locator.empty() || r.locator.size() > 256 || !ParseHostPort(r.locator).ok()
+                        ? "replica locator '" + r.locator.substr(0, 64) + "' is not a HOST:PORT"
+                    : r.host_key != p.host_key ? "a peer announces a replica on its own host only"
                     : !p.announced.empty() && !(r == p.replica) ? "a peer announces one replica (itself)"
                                                                  : "";
   if (bad.empty() && r.locator == address) bad = "replica locator is this node";

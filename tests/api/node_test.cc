@@ -447,6 +447,50 @@ TEST(SameNode, SubscriptionsDoNotGrowTheModelTable) {
   EXPECT_EQ(pub->node().stats().peers, 0u);
 }
 
+// REPLICA: a relay announces itself, no one else: a locator that is no HOST:PORT, or a replica on
+// another host than the peer's own, is refused (an audit listed "10.66.6.6:7300" under the node's
+// own host key, and "not a host port at all", among a version's replicas); a relay's real
+// announcement is listed.
+TEST(SameNode, ReplicaAnnouncementsNameTheAnnouncerOnly) {
+  auto pub = StartPublisher();
+  ASSERT_TRUE(pub);
+  ASSERT_TRUE(PublishPattern(*pub, 1).ok());
+  std::mutex mu;
+  std::vector<std::string> errors;
+  net::EngineHandlers handlers;
+  handlers.on_message = [&](net::PeerId, std::span<const std::byte> bytes) {
+    auto m = proto::Decode(bytes);
+    std::lock_guard<std::mutex> lock(mu);
+    if (m.ok() && std::holds_alternative<proto::Error>(*m)) errors.push_back(std::get<proto::Error>(*m).text);
+  };
+  auto engine = net::Engine::Start({}, handlers);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  auto peer = (*engine)->Connect(pub->address());
+  ASSERT_TRUE(peer.ok()) << peer.status().ToString();
+  auto send = [&](const proto::Message& m) { ASSERT_TRUE((*engine)->Send(*peer, proto::Encode(m)).ok()); };
+  send(proto::Hello{"", "relay", "boot:relay-host", 1});
+  send(proto::ReplicaAnnounce{"m", 1, {proto::ReplicaKind::kNode, "boot:relay-host", "not a host port at all"}});
+  send(proto::ReplicaAnnounce{"m", 1, {proto::ReplicaKind::kNode, pub->node().host_key(), "10.66.6.6:7300"}});
+  ASSERT_TRUE(WaitUntil([&] { std::lock_guard<std::mutex> lock(mu); return errors.size() == 2; }, 10s));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_NE(errors[0].find("is not a HOST:PORT"), std::string::npos) << errors[0];
+    EXPECT_NE(errors[1].find("on its own host only"), std::string::npos) << errors[1];
+  }
+  send(proto::ReplicaAnnounce{"m", 1, {proto::ReplicaKind::kNode, "boot:relay-host", "10.0.0.9:7301"}});
+  auto listed = [&] {
+    auto v = pub->node().Latest("m");
+    return v && std::count_if(v->replicas.begin(), v->replicas.end(), [](const proto::Replica& r) {
+             return r.kind == proto::ReplicaKind::kNode && r.locator == "10.0.0.9:7301";
+           }) == 1;
+  };
+  ASSERT_TRUE(WaitUntil(listed, 10s));
+  auto v = pub->node().Latest("m");
+  for (const auto& r : v->replicas) EXPECT_NE(r.locator, "10.66.6.6:7300");
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_EQ(errors.size(), 2u);
+}
+
 // Leases of versions only the file tier holds, while the producer keeps publishing: each lease is
 // the version's bytes (loaded into a segment of their own, never recycled while leased), from
 // several threads at once (TSan stage: the node's loader thread against commits and flushes).

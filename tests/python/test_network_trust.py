@@ -6,6 +6,7 @@ and a real redis-server as the registry a stranger may write to.
 - The token never crosses the wire (challenge-response): a fake listener learns nothing from it.
 - A refused client is told why; a consumer whose registry holder does not answer tries the next.
 - Redis AUTH from a password file, with a secret file's hygiene.
+- The stop reads `--address-file` without blocking on whatever was put at its path.
 """
 import json
 import os
@@ -454,3 +455,19 @@ def test_python_options_take_the_password_file(work, redis_server):
             version = sub.wait_for(1, timeout=30)
             assert version.version == 1
             assert np.array_equal(version["w"], np.arange(8, dtype=np.float32))
+
+
+def test_the_stop_reads_the_address_file_without_blocking(work):
+    # On a clean stop `viper serve` removes its --address-file if it still names the node. What was
+    # put at the path since must not hold the stop (and its last flushes) up: a FIFO made an
+    # ifstream wait for a writer for ever.
+    node = Serve(work)
+    os.unlink(node.address_file)
+    os.mkfifo(node.address_file)
+    node.proc.terminate()
+    assert node.proc.wait(20) == 0
+    node.log.close()
+    assert os.path.exists(node.address_file)  # not ours to remove
+    again = Serve(work)
+    again.stop()
+    assert not os.path.exists(again.address_file)  # a regular file naming the node goes

@@ -1,11 +1,13 @@
 // viper serve: a standalone node (host tier, optional file tier, UCX listener, registry).
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <csignal>
 #include <cstdio>
-#include <fstream>
 
 #include "command.h"
+#include "core/fd.h"
 #include "node_common.h"
 #include "registry_cli.h"
 #include "temp_file.h"
@@ -59,11 +61,16 @@ Status WriteAddressFile(const std::string& path, const std::string& address) {
 
 // On a clean stop: the address file goes, if it still names this node (another node may have
 // taken the path since, on another port), so that a script waiting for the file never takes a stopped node's
-// address for a live one. After SIGKILL it stays: readers check that the node answers.
+// address for a live one. After SIGKILL it stays: readers check that the node answers. Only a
+// regular file of ours is read, without blocking and at most one line's worth: whatever was put
+// at the path since (a FIFO, a link, a huge file) must not hold up the stop and its last flushes.
 void RemoveAddressFile(const std::string& path, const std::string& address) {
-  std::ifstream in(path);
-  std::string line;
-  if (std::getline(in, line) && line == address) ::unlink(path.c_str());
+  Fd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC));
+  struct stat st {};
+  if (fd.get() < 0 || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) return;
+  std::string line(address.size() + 1, '\0');
+  ssize_t n = ::read(fd.get(), line.data(), line.size());
+  if (n == static_cast<ssize_t>(line.size()) && line == address + "\n") ::unlink(path.c_str());
 }
 
 int RunServe(const ServeFlags& flags) {

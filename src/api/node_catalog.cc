@@ -33,9 +33,9 @@ uint64_t Node::Impl::ReserveLocked(const std::string& model) {
   uint64_t highest = state.reserved;
   if (!state.versions.empty()) highest = std::max(highest, state.versions.rbegin()->first);
   if (auto latest = host->latest(model)) highest = std::max(highest, *latest);
-  if (files) {  // also when recovery is off: a new version must never reuse a file's number
-    if (auto file = files->Latest(model)) highest = std::max(highest, file->version);
-  }
+  // Also when recovery is off, and for files the tier skipped (unreadable, corrupt): a new version
+  // never reuses the number of a file on disk.
+  if (files) highest = std::max(highest, files->HighestVersionNamed(model));
   state.reserved = highest + 1;
   return state.reserved;
 }

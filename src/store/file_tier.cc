@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -100,6 +101,18 @@ Result<Snapshot> OpenVersionFile(int dir_fd, const std::string& name, const fs::
 
 std::string VersionFileName(uint64_t version) { return std::to_string(version) + std::string(kSuffix); }
 
+// renameat that never replaces `to` (EEXIST if it exists): renameat2(RENAME_NOREPLACE), or, where
+// the file system does not support it (EINVAL, e.g. NFS), link then unlink, which also fails with
+// EEXIST. 0 or -1 with errno.
+int RenameNoReplace(int dir_fd, const char* from, const char* to) {
+  constexpr unsigned kNoReplace = 1;  // RENAME_NOREPLACE (linux/fs.h); the syscall needs no glibc wrapper
+  if (::syscall(SYS_renameat2, dir_fd, from, dir_fd, to, kNoReplace) == 0) return 0;
+  if (errno != EINVAL && errno != ENOSYS) return -1;
+  if (::linkat(dir_fd, from, dir_fd, to, 0) != 0) return -1;
+  ::unlinkat(dir_fd, from, 0);
+  return 0;
+}
+
 // Writes all of `bytes` at the current offset, in large chunks straight from the caller's buffer.
 // With `start_writeback`, each chunk's writeback to the device starts as soon as the chunk is in
 // the page cache (sync_file_range, asynchronous), so that copying the next chunk overlaps with
@@ -189,12 +202,15 @@ struct FileTier::Impl {
   const std::string host = store_internal::HostName();
   mutable std::mutex mu;
   Index index;                                         // guarded by mu
+  // Per model, the highest version whose <version>.safetensors name this instance has seen on disk
+  // (files skipped at a scan included) or written; guarded by mu. Never lowered.
+  std::map<std::string, uint64_t> named;
   std::set<std::pair<std::string, uint64_t>> writing;  // guarded by mu
 
   fs::path PathFor(const std::string& model, uint64_t version) const {
     return options.dir / model / (std::to_string(version) + std::string(kSuffix));
   }
-  void ScanModel(const std::string& model, Index* index) const;
+  void ScanModel(const std::string& model, Index* index, std::map<std::string, uint64_t>* named) const;
   void HandleTemp(int dir_fd, const std::string& name, const fs::path& path) const;
   // The declared checksum of `bytes` if they may be written as (model, version).
   Result<uint64_t> CheckWritable(const std::string& model, uint64_t version, std::span<const std::byte> bytes) const;
@@ -271,13 +287,15 @@ Status FileTier::Rescan() {
     models.push_back(std::move(name));
   }
   ::closedir(dir);
-  for (const std::string& model : models) impl_->ScanModel(model, &index);
+  std::map<std::string, uint64_t> named;
+  for (const std::string& model : models) impl_->ScanModel(model, &index, &named);
   std::lock_guard<std::mutex> lock(impl_->mu);
   impl_->index = std::move(index);
+  for (const auto& [model, version] : named) impl_->named[model] = std::max(impl_->named[model], version);
   return Status::OK();
 }
 
-void FileTier::Impl::ScanModel(const std::string& model, Index* index) const {
+void FileTier::Impl::ScanModel(const std::string& model, Index* index, std::map<std::string, uint64_t>* named) const {
   const fs::path dir = options.dir / model;
   auto dir_fd = OpenModelDir(store.get(), options.dir, model, /*create=*/false, /*sync=*/false);
   if (!dir_fd.ok()) {
@@ -308,6 +326,8 @@ void FileTier::Impl::ScanModel(const std::string& model, Index* index) const {
           path.string());
       continue;
     }
+    // Counted whether or not the file is served: its number is never handed out again.
+    (*named)[model] = std::max((*named)[model], *version);
     auto file = ValidateFile(dir_fd->get(), path, model, *version, options.verify_on_open);
     if (!file.ok()) {
       // The status message starts with the path.
@@ -363,6 +383,9 @@ Status FileTier::Write(const std::string& model, uint64_t version, std::span<con
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     impl_->writing.erase({model, version});
+    if (written.ok() || written.status().code() == StatusCode::kAlreadyExists) {
+      impl_->named[model] = std::max(impl_->named[model], version);
+    }
     if (!written.ok()) return written.status();
     auto& versions = impl_->index[model];
     versions[version] = *std::move(written);
@@ -439,7 +462,14 @@ Result<FileEntry> FileTier::Impl::WriteFile(const std::string& model, uint64_t v
     return fail(Status::FromErrno(fmt::format("file tier: fsync of {} ({})", tmp.string(), FormatBytes(bytes.size()))));
   }
   if (fd.Close() != 0) return fail(Status::FromErrno(fmt::format("file tier: close of {}", tmp.string())));
-  if (::renameat(dir_fd.get(), tmp_name.c_str(), dir_fd.get(), VersionFileName(version).c_str()) != 0) {
+  if (RenameNoReplace(dir_fd.get(), tmp_name.c_str(), VersionFileName(version).c_str()) != 0) {
+    if (errno == EEXIST) {
+      return fail(Status::AlreadyExists(fmt::format(
+          "file tier: {} already exists but is not indexed (it failed validation at start-up, or another process "
+          "wrote it); versions are immutable, so model {} version {} is not written over it (move the file away "
+          "if it is not wanted)",
+          final_path.string(), model, version)));
+    }
     return fail(Status::FromErrno(fmt::format("file tier: rename {} -> {}", tmp.string(), final_path.string())));
   }
   if (options.fsync && ::fsync(dir_fd.get()) != 0) {
@@ -551,6 +581,12 @@ std::optional<FileEntry> FileTier::Latest(const std::string& model) const {
   auto it = impl_->index.find(model);
   if (it == impl_->index.end() || it->second.empty()) return std::nullopt;
   return it->second.rbegin()->second;
+}
+
+uint64_t FileTier::HighestVersionNamed(const std::string& model) const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  auto it = impl_->named.find(model);
+  return it == impl_->named.end() ? 0 : it->second;
 }
 
 std::vector<uint64_t> FileTier::versions(const std::string& model) const {

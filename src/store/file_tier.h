@@ -6,7 +6,8 @@
 // `stale_temp_age` (a writer on another host of a shared file system). Open() scans and indexes
 // the directory; a file that does not parse, has no viper.checksum, whose checksum fails, or whose
 // viper.model / viper.version disagree with its path is skipped with a warning, never served (and
-// left in place for the operator). Retention keeps the latest `keep_versions` files per model.
+// left in place for the operator; its number is never written again, see HighestVersionNamed).
+// Retention keeps the latest `keep_versions` files per model.
 //
 // Several processes may share one directory (a PFS): the index is what Open()/Rescan() saw plus
 // this instance's writes; Read/ReadInto of a version not in the index look on disk.
@@ -57,7 +58,8 @@ class FileTier {
   // Atomically writes `bytes` (a complete, sealed snapshot buffer: it must parse and declare
   // viper.checksum; its viper.model / viper.version, if present, must match) as (model, version),
   // straight from `bytes` (no copy); applies retention. AlreadyExists if the version is already
-  // in the tier or being written.
+  // in the tier or being written, or if a file of its name exists on disk though not indexed (one
+  // skipped at the scan): the final rename never replaces a file (RENAME_NOREPLACE).
   Status Write(const std::string& model, uint64_t version, std::span<const std::byte> bytes);
   // Opens (model, version) as a Snapshot over a read-only mapping; checksum verified.
   Result<Snapshot> Read(const std::string& model, uint64_t version) const;
@@ -69,6 +71,10 @@ class FileTier {
   std::optional<FileEntry> Latest(const std::string& model) const;
   std::vector<FileEntry> List() const;  // every indexed entry, by model then version
   std::vector<uint64_t> versions(const std::string& model) const;  // indexed versions, ascending
+  // The highest version of `model` whose <version>.safetensors this instance has seen in a scan
+  // (a file skipped as unreadable or corrupt included) or written; 0 if none. A new version must
+  // be numbered above it: Write never replaces an existing file.
+  uint64_t HighestVersionNamed(const std::string& model) const;
   // Scans the directory again (as Open() does) and replaces the index.
   Status Rescan();
   const FileTierOptions& options() const { return options_; }

@@ -277,6 +277,39 @@ TEST(SameNode, KilledProducerLeavesTheLastCompleteVersion) {
   serve.Kill(SIGTERM);
 }
 
+// A version file the restarted node does not serve (here corrupt; unreadable is the same) keeps
+// its number: the next version is numbered above it, and the file is left as it was for the
+// operator, not replaced.
+TEST(SameNode, AVersionFileSkippedAtStartKeepsItsNumber) {
+  TempDir dir;
+  const std::string store = (dir / "store").string();
+  {
+    auto pub = StartPublisher(store);
+    ASSERT_TRUE(pub);
+    for (uint64_t v = 1; v <= 2; ++v) ASSERT_TRUE(PublishPattern(*pub, v).ok());
+    ASSERT_TRUE(pub->Wait().ok());
+    ASSERT_TRUE(pub->node().WaitFlushed().ok());
+  }
+  const std::filesystem::path path = dir / "store" / "m" / "2.safetensors";
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-10, std::ios::end);
+    char c = static_cast<char>(f.get() ^ 1);
+    f.seekp(-10, std::ios::end);
+    f.put(c);
+  }
+  const std::string before = ReadFile(path);
+  auto pub = StartPublisher(store);
+  ASSERT_TRUE(pub);
+  ASSERT_EQ(pub->node().Latest("m")->version, 1u) << "version 2 is corrupt: not served";
+  auto published = PublishPattern(*pub, 3);
+  ASSERT_TRUE(published.ok()) << published.status().ToString();
+  EXPECT_EQ(published->version, 3u) << "the number of a file on disk was handed out again";
+  ASSERT_TRUE(pub->Wait().ok());
+  ASSERT_TRUE(pub->node().WaitFlushed().ok());
+  EXPECT_TRUE(ReadFile(path) == before) << "the operator's file was replaced";
+}
+
 // The CLI round trip with a file written by hand in the plain safetensors format (no viper.*
 // keys, no padding): `viper publish` to a `viper serve` with a file tier, `viper pull` back. The
 // node stamps model, version and checksum into the header of every replica.

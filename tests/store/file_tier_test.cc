@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -52,6 +53,11 @@ void FlipByte(const fs::path& path, uint64_t offset) {
   b ^= 0x01;
   ASSERT_EQ(::pwrite(fd, &b, 1, static_cast<off_t>(offset)), 1);
   ::close(fd);
+}
+
+std::string ReadAll(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
 // A pid that surely belongs to no process: a child that has exited and been reaped.
@@ -352,6 +358,35 @@ TEST(FileTier, ASecondInstanceOnTheSameDirectorySeesNewVersions) {
   ASSERT_TRUE(writer->Write("m", 2, MakeSnapshot("m", 2, 1 << 16, 4)).ok());
   ASSERT_TRUE(reader->Rescan().ok());
   EXPECT_EQ(Versions(*reader, "m"), (std::vector<uint64_t>{1, 2}));
+}
+
+// A file that is skipped at start-up (corrupt, or unreadable) keeps its version number: a write
+// of that number fails with AlreadyExists and never replaces the file.
+TEST(FileTier, ASkippedFileIsNeverReplaced) {
+  TempDir dir;
+  auto v2 = MakeSnapshot("m", 2, 1 << 16, 2);
+  {
+    auto tier = OpenTier(dir.path());
+    ASSERT_TRUE(tier);
+    ASSERT_TRUE(tier->Write("m", 1, MakeSnapshot("m", 1, 1 << 16, 1)).ok());
+    ASSERT_TRUE(tier->Write("m", 2, v2).ok());
+  }
+  const fs::path path = dir.path() / "m" / "2.safetensors";
+  FlipByte(path, v2.size() - 10);
+  const std::string before = ReadAll(path);
+  ::testing::internal::CaptureStderr();
+  auto tier = OpenTier(dir.path());
+  std::string log = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(tier);
+  EXPECT_EQ(Versions(*tier, "m"), std::vector<uint64_t>{1}) << log;
+  Status st = tier->Write("m", 2, MakeSnapshot("m", 2, 1 << 16, 7));
+  EXPECT_EQ(st.code(), StatusCode::kAlreadyExists) << st.ToString();
+  EXPECT_NE(st.message().find(path.string()), std::string::npos) << st.message();
+  EXPECT_TRUE(ReadAll(path) == before) << "the skipped file was replaced";
+  EXPECT_FALSE(tier->Find("m", 2).has_value());
+  for (const auto& e : fs::directory_iterator(dir.path() / "m")) {
+    EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << "left behind: " << e.path();
+  }
 }
 
 TEST(FileTier, ConcurrentWritesOfDifferentVersions) {

@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -31,6 +32,7 @@ using store_internal::FormatBytes;
 constexpr std::string_view kLog = "file_tier";
 constexpr std::string_view kSuffix = ".safetensors";
 constexpr std::string_view kTempMarker = ".safetensors.tmp.";
+constexpr std::string_view kLockName = ".viper.lock";  // not a valid model name: never scanned
 // Sequential I/O unit: large enough that syscall overhead vanishes, small enough to stay well
 // under the kernel's 2 GiB per-call limit.
 constexpr uint64_t kReadChunk = 8ull << 20;
@@ -205,12 +207,14 @@ struct FileTier::Impl {
   // Per model, the highest version whose <version>.safetensors name this instance has seen on disk
   // (files skipped at a scan included) or written; guarded by mu. Never lowered.
   std::map<std::string, uint64_t> named;
+  Fd lock_file;  // <dir>/.viper.lock, flock'ed exclusively for the tier's life
   std::set<std::pair<std::string, uint64_t>> writing;  // guarded by mu
 
   fs::path PathFor(const std::string& model, uint64_t version) const {
     return options.dir / model / (std::to_string(version) + std::string(kSuffix));
   }
   void ScanModel(const std::string& model, Index* index, std::map<std::string, uint64_t>* named) const;
+  Status Lock();
   void HandleTemp(int dir_fd, const std::string& name, const fs::path& path) const;
   // The declared checksum of `bytes` if they may be written as (model, version).
   Result<uint64_t> CheckWritable(const std::string& model, uint64_t version, std::span<const std::byte> bytes) const;
@@ -251,8 +255,36 @@ Result<std::unique_ptr<FileTier>> FileTier::Open(const FileTierOptions& options)
   if (tier->impl_->store.get() < 0) {
     return Status::FromErrno(fmt::format("file tier: cannot open directory {}", options.dir.string()));
   }
+  VIPER_RETURN_IF_ERROR(tier->impl_->Lock());
   VIPER_RETURN_IF_ERROR(tier->Rescan());
   return tier;
+}
+
+// One writer per store: two would number versions independently and write over each other's
+// files. flock(LOCK_EX) on <dir>/.viper.lock, held until the tier is destroyed (or its process
+// dies); the holder writes its pid and host into the file for the next one's error message.
+Status FileTier::Impl::Lock() {
+  const fs::path path = options.dir / kLockName;
+  Fd fd(::openat(store.get(), std::string(kLockName).c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (fd.get() < 0) return Status::FromErrno(fmt::format("file tier: cannot open lock file {}", path.string()));
+  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+    if (errno != EWOULDBLOCK) return Status::FromErrno(fmt::format("file tier: cannot lock {}", path.string()));
+    char buf[256] = {};
+    ssize_t n = ::pread(fd.get(), buf, sizeof buf - 1, 0);
+    std::string holder(buf, n > 0 ? static_cast<size_t>(n) : 0);
+    while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+    return Status::FailedPrecondition(fmt::format(
+        "file tier: store directory {} is in use by another node ({}; {} is locked); two nodes on one store would "
+        "number versions independently and overwrite each other's files: stop that node, or give this one its own "
+        "store directory",
+        options.dir.string(), holder.empty() ? "holder unknown" : holder, path.string()));
+  }
+  const std::string me = fmt::format("pid {} on host {}\n", ::getpid(), host);
+  if (::ftruncate(fd.get(), 0) != 0 || ::pwrite(fd.get(), me.data(), me.size(), 0) != static_cast<ssize_t>(me.size())) {
+    log(LogLevel::kWarn, kLog, "cannot write the holder into {}: {}", path.string(), std::strerror(errno));
+  }
+  lock_file = std::move(fd);
+  return Status::OK();
 }
 
 fs::path FileTier::PathFor(const std::string& model, uint64_t version) const {

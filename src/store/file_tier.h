@@ -9,8 +9,12 @@
 // left in place for the operator; its number is never written again, see HighestVersionNamed).
 // Retention keeps the latest `keep_versions` files per model.
 //
-// Several processes may share one directory (a PFS): the index is what Open()/Rescan() saw plus
-// this instance's writes; Read/ReadInto of a version not in the index look on disk.
+// One instance per directory: Open() takes an exclusive flock on <dir>/.viper.lock (holding its
+// pid and host) for the tier's life and fails with FailedPrecondition, naming the directory and
+// the holder, while another instance (in any process) holds it. Two writers would number versions
+// independently and replace each other's files. The index is what Open()/Rescan() saw plus this
+// instance's writes; Read/ReadInto of a version not in the index (a file an operator put back, or
+// written from another host of a file system whose locks do not reach it) look on disk.
 //
 // Thread-safety: all methods are thread-safe; writes of different versions may run concurrently.
 #pragma once

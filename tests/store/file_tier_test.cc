@@ -343,21 +343,70 @@ TEST(FileTier, BadNamesVersionsAndBuffersGiveClearErrors) {
   EXPECT_EQ(FileTier::Open(o).status().code(), StatusCode::kInvalidArgument);
 }
 
-TEST(FileTier, ASecondInstanceOnTheSameDirectorySeesNewVersions) {
+// A version file put in the directory behind the tier's back (an operator restoring a backup) is
+// found by a read, verified, and only then indexed.
+TEST(FileTier, AFileAddedBehindTheTiersBackIsReadOnceVerified) {
   TempDir dir;
-  auto writer = OpenTier(dir.path());
-  auto reader = OpenTier(dir.path());
-  ASSERT_TRUE(writer && reader);
+  auto tier = OpenTier(dir.path());
+  ASSERT_TRUE(tier);
   auto bytes = MakeSnapshot("m", 1, 1 << 16, 3);
-  ASSERT_TRUE(writer->Write("m", 1, bytes).ok());
-  EXPECT_FALSE(reader->Find("m", 1).has_value()) << "not scanned yet";
-  auto snap = reader->Read("m", 1);  // looks on disk
+  ASSERT_TRUE(tier->Write("m", 1, bytes).ok());
+  auto restored = MakeSnapshot("m", 2, 1 << 16, 4);
+  std::ofstream(dir.path() / "m" / "2.safetensors", std::ios::binary)
+      .write(reinterpret_cast<const char*>(restored.data()), static_cast<std::streamsize>(restored.size()));
+  EXPECT_FALSE(tier->Find("m", 2).has_value()) << "not scanned yet";
+  auto snap = tier->Read("m", 2);  // looks on disk
   ASSERT_TRUE(snap.ok()) << snap.status().ToString();
-  EXPECT_TRUE(SameBytes(snap->bytes(), bytes));
-  EXPECT_TRUE(reader->Find("m", 1).has_value()) << "indexed once verified";
-  ASSERT_TRUE(writer->Write("m", 2, MakeSnapshot("m", 2, 1 << 16, 4)).ok());
-  ASSERT_TRUE(reader->Rescan().ok());
-  EXPECT_EQ(Versions(*reader, "m"), (std::vector<uint64_t>{1, 2}));
+  EXPECT_TRUE(SameBytes(snap->bytes(), restored));
+  EXPECT_TRUE(tier->Find("m", 2).has_value()) << "indexed once verified";
+  ASSERT_TRUE(tier->Rescan().ok());
+  EXPECT_EQ(Versions(*tier, "m"), (std::vector<uint64_t>{1, 2}));
+}
+
+// Two writers on one directory would number versions independently and replace each other's
+// files: a second tier on a directory in use is refused, naming the directory and the holder,
+// until the first is gone (destroyed, or its process killed).
+TEST(FileTier, ASecondInstanceOnTheSameDirectoryIsRefused) {
+  TempDir dir;
+  {
+    auto first = OpenTier(dir.path());
+    ASSERT_TRUE(first);
+    FileTierOptions o;
+    o.dir = dir.path();
+    auto second = FileTier::Open(o);
+    ASSERT_FALSE(second.ok()) << "two tiers on one directory";
+    EXPECT_NE(second.status().message().find(dir.path().string()), std::string::npos) << second.status().message();
+    EXPECT_NE(second.status().message().find("pid " + std::to_string(::getpid())), std::string::npos)
+        << second.status().message();
+  }
+  EXPECT_TRUE(OpenTier(dir.path())) << "the lock goes with the tier";
+
+  // Held by another process, which is then killed: the lock goes with it.
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  pid_t child = ::fork();
+  if (child == 0) {
+    FileTierOptions o;
+    o.dir = dir.path();
+    auto tier = FileTier::Open(o);
+    char c = tier.ok() ? 'y' : 'n';
+    (void)::write(ready[1], &c, 1);
+    for (;;) ::pause();
+  }
+  char c = 0;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  ::close(ready[0]);
+  ::close(ready[1]);
+  EXPECT_EQ(c, 'y');
+  FileTierOptions o;
+  o.dir = dir.path();
+  auto refused = FileTier::Open(o);
+  EXPECT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("pid " + std::to_string(child)), std::string::npos)
+      << refused.status().message();
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  EXPECT_TRUE(OpenTier(dir.path())) << "a killed holder's lock is released";
 }
 
 // A file that is skipped at start-up (corrupt, or unreadable) keeps its version number: a write

@@ -118,8 +118,11 @@ Result<std::unique_ptr<Node>> Node::Start(const NodeOptions& options) {
     file_options.keep_versions = options.keep_file_versions;
     file_options.file_mode = options.file_mode;
     VIPER_ASSIGN_OR_RETURN(impl->files, FileTier::Open(file_options));
-    // Before the host tier removes a killed predecessor's segments: keep what it had sealed.
-    internal::AdoptStaleSegments(host_options.prefix, host_options.mode, *impl->files);
+    // Before the host tier removes a killed predecessor's segments: keep what it had sealed, in
+    // the file tier, or else in its segment (and above its number, new versions).
+    internal::Adoption adoption = internal::AdoptStaleSegments(host_options.prefix, host_options.mode, *impl->files);
+    host_options.keep_stale = std::move(adoption.kept);
+    for (const auto& [model, version] : adoption.kept_versions) impl->models[model].reserved = version;
   }
   VIPER_ASSIGN_OR_RETURN(impl->host, HostTier::Open(host_options));
   impl->worker = std::make_unique<internal::TaskQueue>("node-worker");

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <system_error>
 
@@ -71,8 +72,8 @@ std::string SegmentPrefixFor(const NodeOptions& options) {
   return fmt::format("{}-{:08x}", options.segment_prefix, static_cast<uint32_t>(hash));
 }
 
-size_t AdoptStaleSegments(const std::string& prefix, mode_t mode, FileTier& files) {
-  size_t adopted = 0;
+Adoption AdoptStaleSegments(const std::string& prefix, mode_t mode, FileTier& files) {
+  Adoption out;
   for (const std::string& name : HostTier::FindStaleSegments(prefix)) {
     Result<Snapshot> snapshot = ReadSealed(name, mode);
     if (!snapshot.ok() && snapshot.status().code() == StatusCode::kPermissionDenied) {
@@ -85,15 +86,20 @@ size_t AdoptStaleSegments(const std::string& prefix, mode_t mode, FileTier& file
     if (files.Find(model, version)) continue;
     Status written = files.Write(model, version, snapshot->bytes());
     if (!written.ok()) {
-      log(LogLevel::kError, kLog, "{} version {} in segment {} of a dead process not recovered: {}", model, version,
-          name, written.message());
+      // Its segment may be the version's only copy: kept, and tried again at the next start.
+      log(LogLevel::kError, kLog,
+          "{} version {} in segment /dev/shm/{} of a dead process could not be written to the file tier: {}; the "
+          "segment is kept (not served; version {} is not reused) and written at the next start that can",
+          model, version, name, written.message(), version);
+      out.kept.insert(name);
+      out.kept_versions[model] = std::max(out.kept_versions[model], version);
       continue;
     }
     log(LogLevel::kWarn, kLog, "recovered {} version {} ({} bytes) from segment {} of a dead process", model, version,
         snapshot->bytes().size(), name);
-    ++adopted;
+    ++out.adopted;
   }
-  return adopted;
+  return out;
 }
 
 }  // namespace viper::internal

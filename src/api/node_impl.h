@@ -276,10 +276,19 @@ inline uint64_t HeaderLength(std::span<const std::byte> bytes) {
 // when there is one, so that only a node restarted on the same store adopts (and removes) the
 // segments a killed node left (node_adopt.cc).
 std::string SegmentPrefixFor(const NodeOptions& options);
+// What AdoptStaleSegments did: how many versions it wrote, and the segments of sealed versions it
+// could not write (the file tier failed: a full disk, ...), which HostTier::Open must keep so that
+// a later start can try again, with the highest such version per model, which new versions must
+// be numbered above.
+struct Adoption {
+  size_t adopted = 0;
+  std::set<std::string> kept;
+  std::map<std::string, uint64_t> kept_versions;
+};
 // Writes every sealed version found in segments of dead processes with `prefix` to `files`
-// (unless it holds that version already); returns how many. The segments stay for HostTier::Open
-// to remove.
-size_t AdoptStaleSegments(const std::string& prefix, mode_t mode, FileTier& files);
+// (unless it holds that version already). The segments stay for HostTier::Open to remove, but
+// for those in Adoption::kept.
+Adoption AdoptStaleSegments(const std::string& prefix, mode_t mode, FileTier& files);
 }  // namespace internal
 
 }  // namespace viper

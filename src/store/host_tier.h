@@ -28,6 +28,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -50,6 +51,7 @@ struct HostTierOptions {
   uint64_t max_bytes = 0;
   size_t max_models = 128;
   bool remove_stale = true;        // Open() unlinks segments of dead processes with our prefix
+  std::set<std::string> keep_stale;  // ... but these (a node's crash recovery could not save them)
 };
 
 class HostTier;

@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <random>
 #include <set>
 #include <thread>
@@ -22,7 +23,9 @@
 
 #include "fault/cluster.h"
 #include "fault/content.h"
+#include "store/file_tier.h"
 #include "store/host_tier.h"
+#include "viper/node.h"
 #include "viper/snapshot.h"
 #ifdef VIPER_FAULT_REDIS
 #include "fleet.h"  // tests/registry: RedisServer, HeldBy, RegisteredFor
@@ -340,6 +343,70 @@ TEST(Fault, DiskFullOnTheFileTierKeepsTheMemoryPathWorking) {
               "by SEND and by lease\n", files, versions.c_str(), fetched);
   ::kill(producer.pid(), SIGTERM);
   EXPECT_EQ(producer.Wait(60s), 0) << producer.log();
+}
+
+// Entries of /dev/shm whose names start with `lead`.
+std::vector<std::string> ShmNamesStartingWith(const std::string& lead) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator("/dev/shm")) {
+    if (e.path().filename().string().starts_with(lead)) out.push_back(e.path().filename().string());
+  }
+  return out;
+}
+
+// A killed producer left versions in shared memory that its flushes could not write (here its
+// model's directory is a file; a full disk fails the same way). A restart that cannot write them
+// either keeps their segments (and numbers new versions above them); the next restart that can,
+// recovers them. Before, the first restart logged "not recovered" and then removed the segments.
+TEST(Fault, RecoveryKeepsTheSegmentsItCouldNotSave) {
+  TempDir dir;
+  const fs::path store = dir / "store";
+  fs::create_directories(store);
+  std::ofstream(store / "fm") << "in the way of the model directory";
+  const std::string segment_prefix = "vkeep" + std::to_string(::getpid());
+  Process producer({std::string(VIPER_BINARY_DIR) + "/bin/viper_fault_peer", "produce", "--model", "fm", "--listen",
+                    "127.0.0.1:0", "--store-dir", store.string(), "--segment-prefix", segment_prefix, "--min-bytes",
+                    "100000", "--max-bytes", "100000", "--versions", "2", "--interval-ms", "10", "--address-file",
+                    (dir / "addr").string(), "--state-file", (dir / "state").string()},
+                   dir / "producer.log");
+  ASSERT_EQ(WaitForFile(dir / "state", 60s), "published 2") << producer.log();
+  ASSERT_NE(producer.log().find("kept in memory"), std::string::npos) << producer.log();
+  producer.Kill(SIGKILL);
+  const std::string lead = segment_prefix + "-";  // the node adds its store's hash
+  const std::string dead = "." + std::to_string(producer.pid()) + ".";
+  ASSERT_FALSE(ShmNamesStartingWith(lead).empty()) << "the killed producer left no segment";
+
+  NodeOptions options;
+  options.store_dir = store;
+  options.segment_prefix = segment_prefix;
+  ::testing::internal::CaptureStderr();
+  auto node = Node::Start(options);
+  std::string log = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(node.ok()) << node.status().ToString() << log;
+  std::vector<std::string> kept;
+  for (const std::string& name : ShmNamesStartingWith(lead)) {
+    if (name.find(dead) != std::string::npos) kept.push_back(name);
+  }
+  ASSERT_FALSE(kept.empty()) << "the segments recovery could not save were removed:\n" << log;
+  for (const std::string& name : kept) EXPECT_NE(log.find("/dev/shm/" + name), std::string::npos) << log;
+  EXPECT_NE(log.find("fm version 2"), std::string::npos) << log;
+  auto next = (*node)->ReserveVersion("fm");
+  ASSERT_TRUE(next.ok());
+  EXPECT_GT(*next, 2u) << "the number of a kept version was handed out again";
+  node->reset();
+
+  fs::remove(store / "fm");  // the operator makes room
+  ::testing::internal::CaptureStderr();
+  node = Node::Start(options);
+  log = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(node.ok()) << node.status().ToString() << log;
+  EXPECT_TRUE((*node)->file_tier()->Find("fm", 2)) << log;
+  ASSERT_TRUE((*node)->Latest("fm")) << log;
+  EXPECT_EQ((*node)->Latest("fm")->version, 2u) << log;
+  for (const std::string& name : ShmNamesStartingWith(lead)) {
+    EXPECT_EQ(name.find(dead), std::string::npos) << "left after it was saved: " << name;
+  }
+  node->reset();
 }
 
 }  // namespace

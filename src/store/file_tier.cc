@@ -56,7 +56,17 @@ Result<Fd> OpenModelDir(int store_fd, const fs::path& store, const std::string& 
     }
   }
   Fd fd(::openat(store_fd, model.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-  if (fd.get() >= 0) return fd;
+  if (fd.get() >= 0) {
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0) return Status::FromErrno(fmt::format("cannot stat directory {}", dir.string()));
+    if (st.st_uid != ::geteuid()) {
+      return Status::PermissionDenied(fmt::format(
+          "model directory {} is owned by uid {}, not by this process's uid {}: the file tier neither serves nor "
+          "writes another user's directory (move it out of the store)",
+          dir.string(), st.st_uid, ::geteuid()));
+    }
+    return fd;
+  }
   struct stat st {};
   // O_DIRECTORY | O_NOFOLLOW on a link fails with ENOTDIR (or ELOOP): which one it is, lstat says.
   if ((errno == ELOOP || errno == ENOTDIR) && ::fstatat(store_fd, model.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
@@ -81,6 +91,12 @@ Result<Fd> OpenRegular(int dir_fd, const std::string& name, const fs::path& path
   if (fd.get() < 0) return Status::FromErrno(fmt::format("cannot open {}", path.string()));
   if (::fstat(fd.get(), st) != 0) return Status::FromErrno(fmt::format("cannot stat {}", path.string()));
   if (!S_ISREG(st->st_mode)) return Status::InvalidArgument(fmt::format("{} is not a regular file", path.string()));
+  if (st->st_uid != ::geteuid()) {
+    return Status::PermissionDenied(fmt::format(
+        "{} is owned by uid {}, not by this process's uid {}: another user's file is never served (move it out of "
+        "the store)",
+        path.string(), st->st_uid, ::geteuid()));
+  }
   return fd;
 }
 
@@ -184,6 +200,63 @@ Result<FileEntry> ValidateFile(int dir_fd, const fs::path& path, const std::stri
   return e;
 }
 
+// Creates `dir` and each missing parent with mode 0700, chmod'ed after mkdir so that neither the
+// umask nor its absence decides: a parent other users could write would let them swap the store.
+Status CreateDirs(const fs::path& dir) {
+  fs::path at;
+  for (const fs::path& part : dir) {
+    at /= part;
+    struct stat st {};
+    if (::lstat(at.c_str(), &st) == 0) continue;
+    if (errno != ENOENT) return Status::FromErrno(fmt::format("file tier: cannot create {}: stat of {}", dir.string(), at.string()));
+    if (::mkdir(at.c_str(), 0700) != 0 && errno != EEXIST) {
+      return Status::FromErrno(fmt::format("file tier: cannot create {}", at.string()));
+    }
+    if (::chmod(at.c_str(), 0700) != 0) return Status::FromErrno(fmt::format("file tier: chmod 0700 {}", at.string()));
+  }
+  return Status::OK();
+}
+
+// The store directory, created 0700 if missing, and refused unless this process's effective uid
+// owns it and neither group nor others may write it: whoever can write the store can plant
+// versions that the node seals with the fleet token and serves, or delete and swap its files. It
+// is opened O_NOFOLLOW, but for a link that root or this uid owns (systemd's StateDirectory with
+// DynamicUser is /var/lib/<name> -> private/<name>): the checks then apply to its target.
+Result<Fd> OpenStoreDir(const fs::path& dir) {
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0) {
+    if (errno != ENOENT) return Status::FromErrno(fmt::format("file tier: cannot stat {}", dir.string()));
+    VIPER_RETURN_IF_ERROR(CreateDirs(dir));
+    if (::lstat(dir.c_str(), &st) != 0) return Status::FromErrno(fmt::format("file tier: cannot stat {}", dir.string()));
+  }
+  const bool trusted_link = S_ISLNK(st.st_mode) && (st.st_uid == ::geteuid() || st.st_uid == 0);
+  if (S_ISLNK(st.st_mode) && !trusted_link) {
+    return Status::PermissionDenied(fmt::format(
+        "file tier: store directory {} is a symbolic link owned by uid {} (neither this process's uid {} nor root), "
+        "who could point it elsewhere; give the directory itself",
+        dir.string(), st.st_uid, ::geteuid()));
+  }
+  Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | (trusted_link ? 0 : O_NOFOLLOW)));
+  if (fd.get() < 0) {
+    if (errno == ELOOP) {
+      return Status::PermissionDenied(fmt::format("file tier: store directory {} is a symbolic link; give the "
+                                                  "directory itself", dir.string()));
+    }
+    if (errno == ENOTDIR) return Status::InvalidArgument(fmt::format("file tier: {} is not a directory", dir.string()));
+    return Status::FromErrno(fmt::format("file tier: cannot open directory {}", dir.string()));
+  }
+  if (::fstat(fd.get(), &st) != 0) return Status::FromErrno(fmt::format("file tier: cannot stat {}", dir.string()));
+  if (st.st_uid != ::geteuid() || (st.st_mode & 022) != 0) {
+    return Status::PermissionDenied(fmt::format(
+        "file tier: store directory {} is owned by uid {} with mode {:04o}; a store must be owned by this process's "
+        "uid {} and not writable by group or others, or another local user could plant, replace or delete versions "
+        "that this node then seals and serves. Use a directory of your own (e.g. $HOME/viper-store or "
+        "/var/lib/viper), or, if it is yours: chown {} {} && chmod 0700 {}",
+        dir.string(), st.st_uid, st.st_mode & 07777, ::geteuid(), ::geteuid(), dir.string(), dir.string()));
+  }
+  return fd;
+}
+
 using Index = std::map<std::string, std::map<uint64_t, FileEntry>>;
 
 std::string ListVersions(const Index& index, const std::string& model) {
@@ -239,22 +312,8 @@ Result<std::unique_ptr<FileTier>> FileTier::Open(const FileTierOptions& options)
         "file tier file_mode {:o} must be permission bits (<= 0777) that include owner read-write (0600)",
         options.file_mode));
   }
-  std::error_code ec;
-  if (!fs::exists(options.dir, ec)) {
-    fs::create_directories(options.dir, ec);
-    if (ec) {
-      return Status::FromErrno(fmt::format("file tier: cannot create {}", options.dir.string()), ec.value());
-    }
-    fs::permissions(options.dir, fs::perms::owner_all, ec);
-  }
-  if (!fs::is_directory(options.dir, ec)) {
-    return Status::InvalidArgument(fmt::format("file tier: {} is not a directory", options.dir.string()));
-  }
   std::unique_ptr<FileTier> tier(new FileTier(options));
-  tier->impl_->store = Fd(::open(options.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (tier->impl_->store.get() < 0) {
-    return Status::FromErrno(fmt::format("file tier: cannot open directory {}", options.dir.string()));
-  }
+  VIPER_ASSIGN_OR_RETURN(tier->impl_->store, OpenStoreDir(options.dir));
   VIPER_RETURN_IF_ERROR(tier->impl_->Lock());
   VIPER_RETURN_IF_ERROR(tier->Rescan());
   return tier;

@@ -288,6 +288,73 @@ TEST(LocalTrust, FileTierRefusesLinks) {
   EXPECT_TRUE(std::filesystem::exists(elsewhere / "1.safetensors"));
 }
 
+// A store another local user owns (the audit's squatted /tmp/viper-store), one group or others
+// may write, or a symbolic link another user owns: the node refuses to start, naming the path,
+// the owner and the mode. In its own store, another user's model directory and version file are
+// not served, are left where they are, and their numbers are not handed out again.
+TEST(LocalTrust, StoreMustBeTheNodesOwnAndNotWritableByOthers) {
+  REQUIRE_OTHER_USER(other);
+  TempDir dir;
+  ::chmod(dir.path().c_str(), 0755);  // the other user reaches pub/ in it
+  NodeOptions options;
+  options.segment_prefix = UniqueName("vstore");
+  auto refused = [&](const std::filesystem::path& store) {
+    options.store_dir = store;
+    auto node = Node::Start(options);
+    EXPECT_FALSE(node.ok()) << store;
+    return node.ok() ? std::string() : node.status().message();
+  };
+  std::filesystem::create_directories(dir / "pub");  // stands for /tmp
+  ::chmod((dir / "pub").c_str(), 01777);
+  ASSERT_EQ(other.Run("mkdir -m 0777 " + (dir / "pub" / "theirs").string()), 0);
+  std::string why = refused(dir / "pub" / "theirs");
+  EXPECT_NE(why.find((dir / "pub" / "theirs").string() + " is owned by uid " + std::to_string(other.uid()) +
+                     " with mode 0777"),
+            std::string::npos)
+      << why;
+  EXPECT_NE(why.find("$HOME/viper-store"), std::string::npos) << why;
+  std::filesystem::create_directories(dir / "wide");
+  ::chmod((dir / "wide").c_str(), 0777);
+  why = refused(dir / "wide");
+  EXPECT_NE(why.find("with mode 0777"), std::string::npos) << why;
+  std::filesystem::create_directories(dir / "real");
+  ASSERT_EQ(other.Run("ln -s " + (dir / "real").string() + " " + (dir / "pub" / "link").string()), 0);
+  why = refused(dir / "pub" / "link");  // the other user's link, to a good store of ours
+  EXPECT_NE(why.find("is a symbolic link owned by uid " + std::to_string(other.uid())), std::string::npos) << why;
+  std::filesystem::create_directory_symlink(dir / "wide", dir / "ourlink");
+  why = refused(dir / "ourlink");  // our own link: its target is checked
+  EXPECT_NE(why.find((dir / "ourlink").string() + " is owned by uid 0 with mode 0777"), std::string::npos) << why;
+
+  // The node's own store, with the other user's files in it.
+  const std::filesystem::path store = dir / "real";
+  std::filesystem::create_directories(store / "m");
+  std::filesystem::create_directories(store / "x");
+  WriteBytes(store / "m" / "1.safetensors", MakeSnapshot("m", 1, 4096, 1), 0600);
+  WriteBytes(store / "m" / "2.safetensors", MakeSnapshot("m", 2, 4096, 2), 0600);
+  WriteBytes(store / "x" / "1.safetensors", MakeSnapshot("x", 1, 4096, 3), 0600);
+  ASSERT_EQ(::chown((store / "m" / "2.safetensors").c_str(), other.uid(), static_cast<gid_t>(-1)), 0);
+  ASSERT_EQ(::chown((store / "x").c_str(), other.uid(), static_cast<gid_t>(-1)), 0);
+  options.store_dir = store;
+  ::testing::internal::CaptureStderr();
+  auto node = Node::Start(options);
+  std::string log = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(node.ok()) << node.status().ToString() << log;
+  ASSERT_TRUE((*node)->Latest("m")) << log;
+  EXPECT_EQ((*node)->Latest("m")->version, 1u) << log;
+  EXPECT_FALSE((*node)->Latest("x")) << log;
+  EXPECT_NE(log.find("2.safetensors is owned by uid " + std::to_string(other.uid())), std::string::npos) << log;
+  EXPECT_NE(log.find("model directory " + (store / "x").string() + " is owned by uid " + std::to_string(other.uid())),
+            std::string::npos)
+      << log;
+  auto next = (*node)->ReserveVersion("m");
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(*next, 3u) << "the number of the other user's file was handed out again";
+  node->reset();
+  EXPECT_EQ(OwnerOf(store / "m" / "2.safetensors"), other.uid()) << "left where it is";
+  EXPECT_EQ(OwnerOf(store / "x"), other.uid());
+  EXPECT_TRUE(std::filesystem::exists(store / "x" / "1.safetensors"));
+}
+
 // `viper pull -o OUT` in a directory another user can write to: a link planted at the temporary
 // name the old code used (OUT.tmp.<pid>) is not written through; OUT gets the pulled bytes.
 TEST(LocalTrust, PullOutputTemporaryIsNotPredictableOrFollowed) {

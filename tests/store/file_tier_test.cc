@@ -115,6 +115,8 @@ TEST(FileTier, FilesAreOwnerOnlyWhateverTheUmask) {
   EXPECT_EQ(st.st_mode & 0777, 0600u);
   ASSERT_EQ(::stat((dir.path() / "new" / "tier").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0700u);
+  ASSERT_EQ(::stat((dir.path() / "new").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u) << "a parent the tier created takes the umask's 0777";
   ASSERT_EQ(::stat((dir.path() / "new" / "tier" / "m").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0700u);
 

@@ -34,6 +34,11 @@ Result<std::string> ReadTokenFile(const std::string& path) {
     return refuse(std::string("has mode ") + mode +
                   ": group or others may access it, so the token is not secret; run chmod 600 " + path);
   }
+  if (st.st_uid != ::geteuid() && st.st_uid != 0) {
+    return refuse("is owned by uid " + std::to_string(st.st_uid) + ", not by this process's uid " +
+                  std::to_string(::geteuid()) + " (or root): its owner chooses the fleet's secret; use a token file "
+                  "of your own");
+  }
   if (st.st_size > 4096) return refuse("is " + std::to_string(st.st_size) + " bytes; a token file holds at most 4096");
   std::string text(static_cast<size_t>(st.st_size), '\0');
   ssize_t n = ::read(fd.get(), text.data(), text.size());

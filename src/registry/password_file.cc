@@ -29,6 +29,11 @@ Result<std::string> ReadRegistryPasswordFile(const std::string& path) {
     return Status::InvalidArgument(fmt::format(
         "{}: mode {:04o} lets group or others access it; a secret file must be owner-only (chmod 600 {})", what,
         st.st_mode & 07777, path));
+  if (st.st_uid != ::geteuid() && st.st_uid != 0)
+    return Status::InvalidArgument(fmt::format(
+        "{}: is owned by uid {}, not by this process's uid {} (or root): its owner chooses the password; use a "
+        "password file of your own",
+        what, st.st_uid, ::geteuid()));
   if (static_cast<size_t>(st.st_size) > kMax)
     return Status::InvalidArgument(fmt::format("{}: {} bytes, over the {}-byte limit for a password", what, st.st_size, kMax));
   std::string text(kMax + 1, '\0');

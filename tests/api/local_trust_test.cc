@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "core/token_file.h"
 #include "node_impl.h"
 #include "pattern.h"
 #include "process.h"
@@ -17,6 +18,7 @@
 #include "store/host_tier.h"
 #include "viper/log.h"
 #include "viper/node.h"
+#include "viper/registry.h"
 
 namespace viper {
 namespace {
@@ -353,6 +355,27 @@ TEST(LocalTrust, StoreMustBeTheNodesOwnAndNotWritableByOthers) {
   EXPECT_EQ(OwnerOf(store / "m" / "2.safetensors"), other.uid()) << "left where it is";
   EXPECT_EQ(OwnerOf(store / "x"), other.uid());
   EXPECT_TRUE(std::filesystem::exists(store / "x" / "1.safetensors"));
+}
+
+// A token file or registry password file another user owns is refused, as ssh refuses such a key:
+// its owner chooses the secret (or can replace the file). Root's and the process's own are taken.
+TEST(LocalTrust, SecretFilesOfAnotherUserAreRefused) {
+  REQUIRE_OTHER_USER(other);
+  TempDir dir;
+  const std::filesystem::path secret = dir / "secret";
+  std::ofstream(secret) << "s3cret\n";
+  ::chmod(secret.c_str(), 0600);
+  ASSERT_EQ(::chown(secret.c_str(), other.uid(), static_cast<gid_t>(-1)), 0);
+  const std::string owned = "is owned by uid " + std::to_string(other.uid());
+  auto token = ReadTokenFile(secret.string());
+  ASSERT_FALSE(token.ok());
+  EXPECT_NE(token.status().message().find(owned), std::string::npos) << token.status().message();
+  auto password = ReadRegistryPasswordFile(secret.string());
+  ASSERT_FALSE(password.ok());
+  EXPECT_NE(password.status().message().find(owned), std::string::npos) << password.status().message();
+  ASSERT_EQ(::chown(secret.c_str(), ::geteuid(), static_cast<gid_t>(-1)), 0);
+  EXPECT_TRUE(ReadTokenFile(secret.string()).ok());
+  EXPECT_TRUE(ReadRegistryPasswordFile(secret.string()).ok());
 }
 
 // `viper pull -o OUT` in a directory another user can write to: a link planted at the temporary

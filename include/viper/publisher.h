@@ -42,7 +42,7 @@ struct PublisherOptions {
   std::string model;               // REQUIRED: see ValidateModelName
   NodeOptions node;                // the embedded node (listen address, store_dir, token, ...)
   PublishMode mode = PublishMode::kAsync;
-  uint64_t alignment = 64;         // tensor alignment in the snapshot (1 = gap-free safetensors)
+  uint64_t alignment = 64;         // tensor alignment in the snapshot (1 = gap-free), a power of two <= kMaxAlignment
   size_t max_in_flight = 2;        // async versions queued before Publish() blocks
   // Cut-through (docs/ARCHITECTURE.md "Cut-through from the producer"): while a remote reader
   // (a consumer or relay on another host) is subscribed, Publish() announces each version before

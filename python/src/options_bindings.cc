@@ -65,7 +65,7 @@ OptionsTable<viper::PublisherOptions> PublisherOptionsTable() {
   t.Plain("model", &O::model, "the model's name")
       .Named("mode", &O::mode, viper::ParsePublishMode, viper::publish_mode_name,
              "async: publish() returns after the copy; sync: after the version is announced")
-      .Plain("alignment", &O::alignment, "tensor alignment in the snapshot (1 = gap-free safetensors)")
+      .Plain("alignment", &O::alignment, "tensor alignment in the snapshot, a power of two in [1, 4096] (1 = gap-free)")
       .Plain("max_in_flight", &O::max_in_flight, "async versions queued before publish() blocks")
       .Plain("cut_through", &O::cut_through,
              "announce a version to remote readers while publish() copies it (False: after its commit)")

@@ -102,6 +102,10 @@ Publisher::~Publisher() {
 Result<std::unique_ptr<Publisher>> Publisher::Start(const PublisherOptions& options) {
   VIPER_RETURN_IF_ERROR(ValidateModelName(options.model));
   if (options.max_in_flight < 1) return Status::InvalidArgument("max_in_flight must be >= 1");
+  // Checked here, not at the first Begin(): a publisher that cannot lay out any version is refused.
+  if (options.alignment == 0 || options.alignment > kMaxAlignment || (options.alignment & (options.alignment - 1)) != 0)
+    return Status::InvalidArgument("alignment " + std::to_string(options.alignment) + " is not a power of two in [1, " +
+                                   std::to_string(kMaxAlignment) + "]");
   NodeOptions node_options = options.node;
   std::shared_ptr<internal::PolicyFeedback> feedback;
   if (options.scheduler) {

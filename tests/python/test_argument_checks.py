@@ -232,6 +232,17 @@ def test_found_instances(live):
         live["sub"].load_into(42)
 
 
+def test_a_publisher_refuses_an_alignment_it_cannot_lay_out():
+    """Publisher(alignment=3) (also 0 or 2**64 - 1) was accepted and every publish() then failed."""
+    for alignment in (0, 3, 8192, 2**64 - 1):
+        with pytest.raises(viper.InvalidArgumentError, match=rf"alignment {alignment} is not a power of two in "
+                                                              rf"\[1, 4096\]"):
+            viper.Publisher("m", alignment=alignment)
+    for alignment in (1, 4096):
+        with viper.Publisher("m", alignment=alignment) as pub:
+            pub.publish(T)
+
+
 def test_zz_report_counts():
     """Prints the inputs tried per class (docs/RELIABILITY.md quotes them)."""
     total = sum(TRIED.values())

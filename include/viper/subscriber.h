@@ -34,7 +34,7 @@ enum class FetchPath {
   kMap,     // map the node's segment read-only under a lease (zero copy; same host only)
   kCopy,    // copy from the node's segment into our own reused buffer (same host only)
   kRemote,  // chunked UCX transfer into our own reused buffer
-  kFile,    // read <file_dir>/<model>/<version>.safetensors
+  kFile,    // read <file_dir>/<model>/<version>.safetensors (Start refuses it without a file_dir)
 };
 Result<FetchPath> ParseFetchPath(std::string_view name);  // "auto" | "map" | "copy" | "remote" | "file"
 std::string_view fetch_path_name(FetchPath path);

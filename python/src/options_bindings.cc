@@ -91,7 +91,8 @@ OptionsTable<viper::SubscriberOptions> SubscriberOptionsTable() {
              "file holding the registry's Redis AUTH password (owner-only, whitespace stripped)")
       .Plain("token", &O::token, "the node's shared secret")
       .Plain("name", &O::name, "shown to the node")
-      .Named("path", &O::path, viper::ParseFetchPath, viper::fetch_path_name, "auto, map, copy, remote or file")
+      .Named("path", &O::path, viper::ParseFetchPath, viper::fetch_path_name,
+             "auto, map, copy, remote or file (needs file_dir)")
       .Plain("verify_checksum", &O::verify_checksum, "verify bytes that crossed the network or came from a file")
       .Plain("verify_local", &O::verify_local, "also verify mapped and copied bytes of this host's node")
       .Path("file_dir", &O::file_dir, "the node's store_dir as seen from here (the file fallback)")

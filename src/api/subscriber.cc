@@ -55,6 +55,8 @@ Result<std::unique_ptr<Subscriber>> Subscriber::Start(const SubscriberOptions& o
     return Status::InvalidArgument("liveness_probe must be >= 0 ms (0: no probes), and liveness_timeout > 0 ms with it; got " +
                                    std::to_string(options.liveness_probe.count()) + " and " +
                                    std::to_string(options.liveness_timeout.count()) + " ms");
+  if (options.path == FetchPath::kFile && options.file_dir.empty())  // (it read ./MODEL/ of wherever it ran)
+    return Status::InvalidArgument("path=file needs file_dir (the node's store_dir as seen from here)");
   auto impl = std::make_shared<Impl>();
   impl->options = options;
   impl->pool = std::make_shared<internal::BufferPool>(std::max<size_t>(options.buffers, 1));

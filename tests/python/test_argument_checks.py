@@ -243,6 +243,13 @@ def test_a_publisher_refuses_an_alignment_it_cannot_lay_out():
             pub.publish(T)
 
 
+def test_a_subscriber_refuses_path_file_without_file_dir(live):
+    """Subscriber(path="file") without file_dir read ./MODEL/ of the current directory until
+    wait_for timed out; the CLI's watch refuses --path file without --file-dir."""
+    with pytest.raises(viper.InvalidArgumentError, match=r"path=file needs file_dir \(the node's store_dir"):
+        viper.Subscriber("checks", connect=live["pub"].address, path="file")
+
+
 def test_zz_report_counts():
     """Prints the inputs tried per class (docs/RELIABILITY.md quotes them)."""
     total = sum(TRIED.values())

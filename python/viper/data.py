@@ -52,8 +52,10 @@ naming it, unless on_error="skip" (then it is skipped and counted in stats()).
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import textwrap
+import warnings
 from collections.abc import Mapping
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Tuple
 
@@ -712,6 +714,50 @@ class DataLoader(_Closable):
             self.cache.close()
 
 
+def _exact_samples(owner: str, x: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """`x` as a C-contiguous array of `dtype`. InvalidArgumentError naming the first value that
+    dtype cannot hold exactly: for an integer or bool buffer a fraction, NaN, inf or a number out
+    of its range; for a float buffer a finite number that would become inf (rounding to the
+    buffer's precision is accepted, as numpy's assignment does)."""
+    if x.dtype == dtype:
+        return np.ascontiguousarray(x)
+    if x.dtype.kind not in "biuf":
+        raise TypeError(f"{owner}: x of dtype {x.dtype}: expected numbers (bool, integer or float)")
+    with np.errstate(invalid="ignore", over="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # NaN or out of range into an integer: refused below
+        out = np.ascontiguousarray(x, dtype=dtype)
+        bad = (np.isfinite(x) & ~np.isfinite(out)) if dtype.kind == "f" else (out != x)
+    if bad.any():
+        at = np.unravel_index(int(np.flatnonzero(bad)[0]), x.shape)
+        where = ", ".join(str(int(i)) for i in at)
+        raise _viper.InvalidArgumentError(f"{owner}: x[{where}]={x[at].item()!r}: the buffer's dtype {dtype} cannot hold "
+                                          f"it exactly (it would be stored as {out[at].item()!r})")
+    return out
+
+
+def _labels(owner: str, y) -> list:
+    """The labels as Python ints; InvalidArgumentError naming the first that is not an integer
+    (1.7; 2.0 is taken as 2) or does not fit in int64, TypeError for one that is not a number."""
+    values = y.tolist() if hasattr(y, "tolist") else y
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise TypeError(f"{owner}: y={_check.shown(y)}: expected a sequence of integer labels, got {type(y).__name__}")
+    out = []
+    for i, v in enumerate(values):
+        if type(v) is not int:
+            if isinstance(v, numbers.Integral):
+                v = int(v)
+            elif isinstance(v, numbers.Real) and math.isfinite(v) and float(v).is_integer():
+                v = int(v)
+            elif isinstance(v, numbers.Real):
+                raise _viper.InvalidArgumentError(f"{owner}: y[{i}]={v!r}: a label must be an integer")
+            else:
+                raise TypeError(f"{owner}: y[{i}]={_check.shown(v)}: expected an integer label, got {type(v).__name__}")
+        if not -(1 << 63) <= v < (1 << 63):
+            raise _viper.InvalidArgumentError(f"{owner}: y[{i}]={v}: a label must fit in int64")
+        out.append(v)
+    return out
+
+
 def _numpy_dtype(dtype) -> np.dtype:
     if torch is not None and isinstance(dtype, torch.dtype):
         return torch.empty((), dtype=dtype).numpy().dtype
@@ -753,18 +799,20 @@ class RehearsalBuffer(_Handle):
     def _rows(self, x) -> np.ndarray:
         if torch is not None and isinstance(x, torch.Tensor):
             x = x.detach().cpu().numpy()
-        x = np.ascontiguousarray(x, dtype=self.dtype)
+        x = np.asarray(x)
         if x.shape[1:] != self.sample_shape:
             raise _viper.InvalidArgumentError(f"samples of shape {x.shape[1:]}, the buffer holds {self.sample_shape}")
-        return x
+        return _exact_samples("RehearsalBuffer.add()", x, self.dtype)
 
     def add(self, x, y) -> int:
-        """Offers a batch (x [B, *sample_shape], labels y [B]); returns how many samples stayed.
-        GIL released."""
+        """Offers a batch (x [B, *sample_shape], integer labels y [B]); returns how many samples
+        stayed. Values the buffer's dtype cannot hold exactly are refused (InvalidArgumentError
+        naming the first): fractions or out-of-range numbers for an integer buffer, non-integer
+        labels; nothing is added then. GIL released."""
         rows = self._rows(x)
-        labels = [int(v) for v in (y.tolist() if hasattr(y, "tolist") else y)]
+        labels = _labels("RehearsalBuffer.add()", y)
         if len(labels) != len(rows):
-            raise _viper.InvalidArgumentError(f"{len(rows)} samples but {len(labels)} labels")
+            raise _viper.InvalidArgumentError(f"RehearsalBuffer.add(): {len(rows)} samples but {len(labels)} labels")
         return self._live().add_rows(rows, labels)
 
     def sample(self, k: int, as_numpy: bool = False):

@@ -217,6 +217,47 @@ def test_rehearsal_mix_balance_and_restore(tmp_path):
         again.add(np.zeros((2, 3), np.float32), [0, 1])
 
 
+HOLD = r": the buffer's dtype (\w+) cannot hold it exactly"
+
+
+@pytest.mark.parametrize("dtype,x,y,message", [
+    ("uint8", np.array([[0.2, 0.9]]), [0], r"x\[0, 0\]=0.2" + HOLD + r" \(it would be stored as 0\)"),
+    ("uint8", np.array([[1, 300], [-1, 256]]), [0, 1], r"x\[0, 1\]=300" + HOLD),
+    ("uint8", torch.tensor([[1, -1]]), [0], r"x\[0, 1\]=-1" + HOLD),
+    ("int32", np.array([[1.0, np.nan]]), [0], r"x\[0, 1\]=nan" + HOLD),
+    ("float16", np.array([[1.0, 1e6]]), [0], r"x\[0, 1\]=1000000.0" + HOLD + r" \(it would be stored as inf\)"),
+    ("float32", np.zeros((2, 2), np.float32), [1, 1.7], r"y\[1\]=1.7: a label must be an integer"),
+    ("float32", np.zeros((1, 2), np.float32), torch.tensor([0.5]), r"y\[0\]=0.5: a label must be an integer"),
+    ("float32", np.zeros((1, 2), np.float32), [2**63], r"y\[0\]=9223372036854775808: a label must fit in int64"),
+], ids=["fraction", "over", "negative", "nan", "float-overflow", "label", "torch-label", "label-range"])
+def test_rehearsal_add_refuses_values_the_buffer_cannot_hold(dtype, x, y, message):
+    """add() cast silently: 0.2 and 0.9 were stored as 0 in a uint8 buffer, [300, -1, 256] as
+    [44, 255, 0], label 1.7 as 1. Nothing is added when a value is refused."""
+    buf = vd.RehearsalBuffer(8, sample_shape=(2,), dtype=dtype)
+    with pytest.raises(viper.InvalidArgumentError, match=r"RehearsalBuffer.add\(\): " + message):
+        buf.add(x, y)
+    assert len(buf) == 0 and buf.seen == 0
+    with pytest.raises(TypeError, match=r"y\[0\]='1': expected an integer label, got str"):
+        buf.add(np.zeros((1, 2)), ["1"])
+    buf.close()
+
+
+def test_rehearsal_add_takes_what_the_buffer_holds_exactly():
+    ints = vd.RehearsalBuffer(8, sample_shape=(2,), dtype="uint8", seed=3)
+    ints.add(np.array([[0, 255]], np.int64), np.array([1]))           # ints in range
+    ints.add(torch.tensor([[1.0, 2.0]]), torch.tensor([2.0]))        # integral floats, a float label of an integer
+    ints.add([[True, False]], [3])                                   # bools, a list
+    x, y = ints.sample(8, as_numpy=True)
+    assert sorted(map(tuple, x.tolist())) == [(0, 255), (1, 0), (1, 2)] and sorted(y.tolist()) == [1, 2, 3]
+    floats = vd.RehearsalBuffer(8, sample_shape=(2,), dtype="float32", seed=3)
+    floats.add(np.array([[0.1, -1e30]]), [0])                        # float64 rounds to float32
+    floats.add(np.array([[np.nan, np.inf]], np.float32), [1])       # the same dtype: taken as it is
+    floats.add(torch.randn(3, 2), torch.tensor([1, 2, 3]))
+    assert len(floats) == 5
+    ints.close()
+    floats.close()
+
+
 def test_rehearsal_buffer_closed_while_another_thread_uses_it():
     # close() on one thread while another adds and draws (both release the GIL): the calls hold
     # their own reference, so the buffer is never freed under one; the other thread gets "closed".

@@ -372,6 +372,8 @@ Other keyword options go to the shard (viper.data.RehearsalBuffer)."""
         t0 = time.perf_counter()
         r = self.ratio if ratio is None else _check.number("DistributedRehearsalBuffer.mix()", "ratio", ratio, lo=0.0)
         _check.boolean("DistributedRehearsalBuffer.mix()", "add", add)
+        from .data import _same_length  # noqa: PLC0415 (data imports this module)
+        _same_length("DistributedRehearsalBuffer.mix()", x, y)
         k = int(round(len(x) * r))
         torch = _torch()
         is_torch = torch is not None and isinstance(x, torch.Tensor)

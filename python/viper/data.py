@@ -758,6 +758,12 @@ def _labels(owner: str, y) -> list:
     return out
 
 
+def _same_length(owner: str, x, y) -> None:
+    """InvalidArgumentError unless the batch has one label per sample (mix() returns them side by side)."""
+    if len(x) != len(y):
+        raise _viper.InvalidArgumentError(f"{owner}: {len(x)} samples in x but {len(y)} labels in y")
+
+
 def _numpy_dtype(dtype) -> np.dtype:
     if torch is not None and isinstance(dtype, torch.dtype):
         return torch.empty((), dtype=dtype).numpy().dtype
@@ -831,6 +837,7 @@ class RehearsalBuffer(_Handle):
         when x is one, else numpy arrays."""
         r = self.ratio if ratio is None else _check.number("RehearsalBuffer.mix()", "ratio", ratio, lo=0.0)
         _check.boolean("RehearsalBuffer.mix()", "add", add)
+        _same_length("RehearsalBuffer.mix()", x, y)
         k = int(round(len(x) * r))
         is_torch = torch is not None and isinstance(x, torch.Tensor)
         old_x, old_y = self.sample(k, as_numpy=not is_torch) if k > 0 and len(self) > 0 else (None, None)

@@ -258,6 +258,19 @@ def test_rehearsal_add_takes_what_the_buffer_holds_exactly():
     floats.close()
 
 
+def test_rehearsal_mix_refuses_labels_of_another_length():
+    """mix(add=False) returned x of 7 rows and y of 4."""
+    buf = vd.RehearsalBuffer(8, sample_shape=(1,), ratio=1.0)
+    buf.add(np.zeros((4, 1), np.float32), [0, 1, 2, 3])
+    for add in (False, True):
+        with pytest.raises(viper.InvalidArgumentError, match=r"mix\(\): 7 samples in x but 4 labels in y"):
+            buf.mix(np.ones((7, 1), np.float32), np.zeros(4, np.int64), add=add)
+    assert buf.seen == 4
+    x, y = buf.mix(torch.ones(3, 1), torch.zeros(3, dtype=torch.int64), add=False)
+    assert x.shape == (6, 1) and y.shape == (6,)
+    buf.close()
+
+
 def test_rehearsal_buffer_closed_while_another_thread_uses_it():
     # close() on one thread while another adds and draws (both release the GIL): the calls hold
     # their own reference, so the buffer is never freed under one; the other thread gets "closed".

@@ -8,10 +8,12 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -83,13 +85,37 @@ void BindTensorMapping(Class& cls) {
       }, "Address of the buffer the views point into (for checking where the memory lives).");
 }
 
+// Registers the buffer of a Snapshot or ModelVersion object while the object (and so every numpy
+// view of it) lives, so that load_into can refuse a target tensor inside one: such a tensor is a
+// read-only view (version.state_dict()), and writing into a mapped version kills the process
+// (SIGSEGV), into a private one changes it for every holder. Thread-safe (a process-wide registry).
+class ViewedBuffer {
+ public:
+  explicit ViewedBuffer(std::span<const std::byte> bytes);
+  ViewedBuffer(const ViewedBuffer& other);  // registers the range once more
+  ViewedBuffer& operator=(const ViewedBuffer&) = delete;
+  ~ViewedBuffer();
+
+ private:
+  uintptr_t begin_;
+  uintptr_t end_;
+};
+
+// The index of the first (address, nbytes) range that overlaps a registered buffer, or -1.
+int64_t FirstInViewedBuffer(const std::vector<std::pair<uintptr_t, uint64_t>>& ranges);
+
 struct SnapshotHandle {
+  explicit SnapshotHandle(viper::Snapshot s) : snap(std::move(s)), viewed(snap.bytes()) {}
   viper::Snapshot snap;
+  ViewedBuffer viewed;
   const viper::Snapshot& snapshot() const { return snap; }
 };
 
 struct VersionHandle {
+  explicit VersionHandle(std::shared_ptr<const viper::ModelVersion> v)
+      : version(std::move(v)), viewed(version->snapshot.bytes()) {}
   std::shared_ptr<const viper::ModelVersion> version;
+  ViewedBuffer viewed;
   const viper::Snapshot& snapshot() const { return version->snapshot; }
 };
 

@@ -83,6 +83,9 @@ void BindSnapshot(py::module_& m) {
         return "Snapshot(tensors=" + std::to_string(h.snap.tensors().size()) + ", nbytes=" +
                std::to_string(h.snap.bytes().size()) + ")";
       });
+  m.def("_first_in_viewed_buffer", &FirstInViewedBuffer, py::arg("ranges"),
+        "Internal (load_into): the index of the first (address, nbytes) range that overlaps the buffer of a live "
+        "Snapshot or ModelVersion (read-only views), or -1.");
 }
 
 }  // namespace viper_py

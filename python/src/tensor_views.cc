@@ -6,6 +6,7 @@
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -73,6 +74,53 @@ void CopyTensorsInto(const viper::Snapshot& snap,
   }
   py::gil_scoped_release release;
   for (const auto& [dst, src] : copies) viper::StreamingCopy(dst, src);
+}
+
+namespace {
+
+std::mutex viewed_mu;
+std::multimap<uintptr_t, uintptr_t>& ViewedRanges() {  // begin -> end, one entry per ViewedBuffer
+  static auto* ranges = new std::multimap<uintptr_t, uintptr_t>();  // never destroyed: outlives the handles
+  return *ranges;
+}
+
+}  // namespace
+
+ViewedBuffer::ViewedBuffer(std::span<const std::byte> bytes)
+    : begin_(reinterpret_cast<uintptr_t>(bytes.data())), end_(begin_ + bytes.size()) {
+  std::lock_guard<std::mutex> lock(viewed_mu);
+  if (begin_ != end_) ViewedRanges().emplace(begin_, end_);
+}
+
+ViewedBuffer::ViewedBuffer(const ViewedBuffer& other) : begin_(other.begin_), end_(other.end_) {
+  std::lock_guard<std::mutex> lock(viewed_mu);
+  if (begin_ != end_) ViewedRanges().emplace(begin_, end_);
+}
+
+ViewedBuffer::~ViewedBuffer() {
+  if (begin_ == end_) return;
+  std::lock_guard<std::mutex> lock(viewed_mu);
+  auto [first, last] = ViewedRanges().equal_range(begin_);
+  for (auto it = first; it != last; ++it) {
+    if (it->second == end_) {
+      ViewedRanges().erase(it);
+      return;
+    }
+  }
+}
+
+int64_t FirstInViewedBuffer(const std::vector<std::pair<uintptr_t, uint64_t>>& ranges) {
+  std::lock_guard<std::mutex> lock(viewed_mu);
+  const auto& viewed = ViewedRanges();
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    auto [begin, nbytes] = ranges[i];
+    if (nbytes == 0) continue;
+    // Buffers beginning before the range's end; one of them overlaps if it ends after its begin.
+    for (auto it = viewed.begin(); it != viewed.end() && it->first < begin + nbytes; ++it) {
+      if (it->second > begin) return static_cast<int64_t>(i);
+    }
+  }
+  return -1;
 }
 
 py::dict TensorDescriptions(const viper::Snapshot& snap) {

@@ -249,8 +249,8 @@ def to_state_dict(version: Any, *, copy: bool = False) -> "collections.OrderedDi
     `version.path`: "map" and "file" versions are mapped read-only and the process dies with
     SIGSEGV; "copy" and "remote" versions sit in a private buffer and the write changes the version
     for every holder in this process (its checksum no longer matches). load_state_dict copies out
-    of them (Tensor.copy_), so it is safe. copy=True returns tensors of their own (one memcpy of
-    the model, writable) instead.
+    of them (Tensor.copy_), so it is safe; Subscriber.load_into refuses them as targets. copy=True
+    returns tensors of their own (one memcpy of the model, writable) instead.
 
     Dtypes: BF16 comes back as torch.bfloat16 (same bits). F8_E4M3 / F8_E5M2 come back as
     torch.float8_e4m3fn / float8_e5m2 where torch has them (2.1 and later), else as uint8 tensors
@@ -599,7 +599,8 @@ class Subscriber(_Handle):
         version's GPU copy (torch's current stream, then synchronized); others from host memory.
         With gpu_early=True a version may live on the GPU only (no host bytes: the mapping is
         empty): every target must then be on that device (ValueError otherwise).
-        Raises NotFoundError if no version is live yet, ValueError if names or shapes differ."""
+        Raises NotFoundError if no version is live yet, ValueError if names or shapes differ or a
+        target lies in the memory of a version or snapshot (a state_dict() view, read-only)."""
         owner = "Subscriber.load_into()"
         if not (hasattr(module, "state_dict") or isinstance(module, Mapping)):
             raise TypeError(f"{owner}: module={_check.shown(module)}: expected a torch module or a mapping name -> "

@@ -246,6 +246,7 @@ def copy_into_module(version, module, strict: bool = True) -> None:
             raise ValueError(f"load_into: version {version.version} is on GPU {version.device['device']} only "
                              f"(gpu_early: no host bytes) and tensor {name!r} of the module is on {target.device}")
         pairs.append((name, target, dtype_name, shape))
+    _refuse_viewed_targets(pairs)
     device_info = version.device  # with Subscriber(device=N): the version's GPU copy
     offsets = version._offsets() if device_info is not None else None
     on_device = False
@@ -256,7 +257,7 @@ def copy_into_module(version, module, strict: bool = True) -> None:
                     and dtype_name in _TORCH_DTYPES):
                 source = device_source(version, name, dtype_name, shape, device_info, offsets)  # device to device
                 on_device = True
-            elif _plain_copy(torch, version, target, dtype_name):
+            elif _plain_copy(torch, target, dtype_name):
                 plain.append((name, target.data_ptr(), target.numel() * target.element_size()))
                 plain_targets.append(target)
                 continue
@@ -271,21 +272,41 @@ def copy_into_module(version, module, strict: bool = True) -> None:
             torch.cuda.current_stream(device_info["device"]).synchronize()  # the version may go once we return
 
 
-def _plain_copy(torch, version, target, dtype_name: str) -> bool:
+def _refuse_viewed_targets(pairs) -> None:
+    """ValueError naming the first CPU target whose memory lies in the buffer of a live Viper
+    version or snapshot (a state_dict() view of one: read-only, and mapped read-only for map and
+    file versions, where the write would kill the process)."""
+    from . import _viper  # noqa: PLC0415
+
+    strided = _torch().strided
+    cpu = [(name, target) for name, target, _, _ in pairs
+           if target.device.type == "cpu" and target.layout == strided and target.numel() > 0]
+    ranges = [_extent(target) for _, target in cpu]
+    first = _viper._first_in_viewed_buffer(ranges) if ranges else -1
+    if first >= 0:
+        raise ValueError(f"load_into: tensor {cpu[first][0]!r} of the module lies in the memory of a Viper version or "
+                         f"snapshot (a view from state_dict() or to_state_dict()), which is read-only: load into "
+                         f"tensors of your own (to_state_dict(version, copy=True) makes them)")
+
+
+def _extent(target) -> Tuple[int, int]:
+    """(address, nbytes) of the memory a non-empty strided tensor's elements span."""
+    span = 1 + sum((size - 1) * stride for size, stride in zip(target.shape, target.stride()))
+    return target.data_ptr(), span * target.element_size()
+
+
+def _plain_copy(torch, target, dtype_name: str) -> bool:
     """Whether `target` takes tensor bytes as they are: a dense CPU tensor, contiguous, of exactly
-    the version's dtype, outside the version's own buffer. Then load_into copies with one streaming
-    copy in C++ (GIL released) instead of Tensor.copy_, which ran at 0.55-0.6x memcpy on one thread
-    (docs/ARCHITECTURE.md, "load_into copies with one streaming copy"); anything else (another
-    dtype, a GPU or strided target) goes through copy_, which converts."""
+    the version's dtype (targets inside a version's buffer are refused before). Then load_into
+    copies with one streaming copy in C++ (GIL released) instead of Tensor.copy_, which ran at
+    0.55-0.6x memcpy on one thread (docs/ARCHITECTURE.md, "load_into copies with one streaming
+    copy"); anything else (another dtype, a GPU or strided target) goes through copy_, which
+    converts."""
     if target.device.type != "cpu" or target.layout != torch.strided or not target.is_contiguous():
         return False
     if target.is_quantized or target.is_conj() or target.is_neg():
         return False
-    if target.dtype != _torch_dtype(torch, dtype_name):
-        return False
-    begin, end = target.data_ptr(), target.data_ptr() + target.numel() * target.element_size()
-    base = version.buffer_address
-    return end <= base or begin >= base + version.nbytes
+    return target.dtype == _torch_dtype(torch, dtype_name)
 
 
 def _torch_dtype(torch, dtype_name: str):

@@ -8,6 +8,9 @@ without page faults.
 Run: PYTHONPATH=<build>/python /usr/bin/python3 -m pytest tests/python/test_load_into.py
 """
 import ctypes
+import subprocess
+import sys
+import textwrap
 import time
 
 import numpy as np
@@ -66,6 +69,50 @@ def test_a_parameter_with_grad_loads_and_backward_still_works(pair):
     assert module.weight.requires_grad and torch.equal(module.weight.detach(), torch.ones(2, 4))
     module(torch.ones(3, 4)).sum().backward()
     assert torch.equal(module.weight.grad, torch.full((2, 4), 3.0))
+
+
+def test_a_target_in_an_older_versions_mapping_is_refused_and_the_process_lives():
+    """state_dict() of an earlier "map" version views a read-only mapping of the node's segment:
+    load_into used to write into it (SIGSEGV). A subprocess, so that a crash fails this test only."""
+    script = textwrap.dedent("""
+        import torch, viper
+        with viper.Publisher("m", mode="sync") as pub, viper.Subscriber("m", connect=pub.address) as sub:
+            pub.publish({"w": torch.ones(4, 4)}, step=1)
+            v1 = sub.wait_for(1, timeout=30)
+            assert v1.path == "map", v1.reason
+            old = v1.state_dict()
+            pub.publish({"w": torch.full((4, 4), 2.0)}, step=2)
+            sub.wait_for(2, timeout=30)
+            for target in (old, {"w": old["w"].t()}):  # the streaming copy, and copy_ (not contiguous)
+                try:
+                    sub.load_into(target)
+                    print("loaded")
+                except ValueError as e:
+                    assert "'w'" in str(e) and "read-only" in str(e), e
+                    print("refused")
+            assert bool((old["w"] == 1.0).all())
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.split() == ["refused", "refused"], (proc.returncode, proc.stdout,
+                                                                                  proc.stderr)
+
+
+def test_a_target_in_another_versions_private_buffer_is_refused():
+    """A "copy" version sits in a private buffer: writing there changed it for every holder."""
+    with viper.Publisher("m", listen="127.0.0.1:0", mode="sync") as pub, \
+            viper.Subscriber("m", connect=pub.address, path="copy") as sub:
+        pub.publish({"w": torch.ones(8)}, step=1)
+        v1 = sub.wait_for(1, timeout=30)
+        assert v1.path == "copy", v1.reason
+        old = v1.state_dict()
+        pub.publish({"w": torch.full((8,), 2.0)}, step=2)
+        sub.wait_for(2, timeout=30)
+        with pytest.raises(ValueError, match="tensor 'w' of the module lies in the memory of a Viper version"):
+            sub.load_into(old)
+        assert bool((v1.state_dict()["w"] == 1.0).all())
+        own = v1.state_dict(copy=True)  # tensors of its own load
+        sub.load_into(own)
+        assert bool((own["w"] == 2.0).all())
 
 
 @pytest.mark.parametrize("prepared", [False, True])

@@ -250,22 +250,24 @@ def copy_into_module(version, module, strict: bool = True) -> None:
     device_info = version.device  # with Subscriber(device=N): the version's GPU copy
     offsets = version._offsets() if device_info is not None else None
     on_device = False
+    # Every source first (views, no copy; as_torch may still refuse a dtype), then the copies: a
+    # failure leaves the module as it was.
+    plain, plain_targets, converted = [], [], []  # plain: (name, address, nbytes), one streaming copy each
+    for name, target, dtype_name, shape in pairs:
+        if (device_info is not None and target.is_cuda and target.device.index == device_info["device"]
+                and dtype_name in _TORCH_DTYPES):
+            converted.append((target, device_source(version, name, dtype_name, shape, device_info, offsets)))
+            on_device = True
+        elif _plain_copy(torch, target, dtype_name):
+            plain.append((name, target.data_ptr(), target.numel() * target.element_size()))
+            plain_targets.append(target)
+        else:
+            converted.append((target, as_torch(version[name], dtype_name, name)))
     with torch.no_grad():
-        plain, plain_targets = [], []  # (name, address, nbytes): one streaming copy each, in C++ without the GIL
-        for name, target, dtype_name, shape in pairs:
-            if (device_info is not None and target.is_cuda and target.device.index == device_info["device"]
-                    and dtype_name in _TORCH_DTYPES):
-                source = device_source(version, name, dtype_name, shape, device_info, offsets)  # device to device
-                on_device = True
-            elif _plain_copy(torch, target, dtype_name):
-                plain.append((name, target.data_ptr(), target.numel() * target.element_size()))
-                plain_targets.append(target)
-                continue
-            else:
-                source = as_torch(version[name], dtype_name, name)
+        for target, source in converted:
             target.copy_(source)  # keeps the parameter's storage, device and dtype
         if plain:
-            version._copy_into(plain)
+            version._copy_into(plain)  # in C++ without the GIL
             for target in plain_targets:  # as copy_ does: bumps the version counter autograd checks
                 target.detach().view(-1)[:0].zero_()
         if on_device:

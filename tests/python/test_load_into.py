@@ -115,6 +115,29 @@ def test_a_target_in_another_versions_private_buffer_is_refused():
         assert bool((own["w"] == 2.0).all())
 
 
+def test_a_failed_load_leaves_the_module_as_it_was(pair):
+    """The checks of every tensor come before the first copy: a good tensor (copy_ converts it)
+    followed by one that cannot load (U32 where torch has no uint32; a target inside another
+    version's memory) is not copied."""
+    pub, sub = pair
+    if not hasattr(torch, "uint32"):  # torch >= 2.3 loads U32
+        pub.publish({"good": torch.full((16,), 7.0), "bad": np.arange(3, dtype=np.uint32)}, step=1)
+        sub.wait_for(1, timeout=30)
+        module = {"good": torch.zeros(16, dtype=torch.float64), "bad": torch.zeros(3, dtype=torch.int64)}
+        with pytest.raises(TypeError, match="'bad'"):
+            sub.load_into(module)
+        assert module["good"].tolist() == [0.0] * 16, "the good tensor was copied before the bad one failed"
+    with viper.Subscriber("m", connect=pub.address, path="copy") as copying:  # private buffers: no SIGSEGV
+        pub.publish({"good": torch.full((16,), 8.0), "bad": torch.ones(4, 4)}, step=2)
+        v2 = copying.wait_for(2, timeout=30)
+        pub.publish({"good": torch.full((16,), 9.0), "bad": torch.ones(4, 4)}, step=3)
+        copying.wait_for(3, timeout=30)
+        module = {"good": torch.zeros(16, dtype=torch.float64), "bad": v2.state_dict()["bad"]}
+        with pytest.raises(ValueError, match="'bad' of the module lies in the memory"):
+            copying.load_into(module)
+        assert module["good"].tolist() == [0.0] * 16
+
+
 @pytest.mark.parametrize("prepared", [False, True])
 def test_prepare_makes_the_first_segment_ahead(prepared):
     """Without prepare() the first publish creates its segment on the caller's thread (not

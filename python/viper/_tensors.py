@@ -245,6 +245,7 @@ def copy_into_module(version, module, strict: bool = True) -> None:
         if device_only and not (target.is_cuda and target.device.index == version.device["device"]):
             raise ValueError(f"load_into: version {version.version} is on GPU {version.device['device']} only "
                              f"(gpu_early: no host bytes) and tensor {name!r} of the module is on {target.device}")
+        _check_bits_target(torch, name, dtype_name, target)
         pairs.append((name, target, dtype_name, shape))
     _refuse_viewed_targets(pairs)
     device_info = version.device  # with Subscriber(device=N): the version's GPU copy
@@ -272,6 +273,21 @@ def copy_into_module(version, module, strict: bool = True) -> None:
                 target.detach().view(-1)[:0].zero_()
         if on_device:
             torch.cuda.current_stream(device_info["device"]).synchronize()  # the version may go once we return
+
+
+def _check_bits_target(torch, name: str, dtype_name: str, target) -> None:
+    """A dtype this torch lacks (F8 before torch 2.1) comes as its raw bits (uint8): loading those
+    into another dtype would convert the integers, so only a uint8 target takes them."""
+    if dtype_name not in _NEWER_TORCH_DTYPES or _torch_dtype(torch, dtype_name) is not None:
+        return
+    attr, fallback = _NEWER_TORCH_DTYPES[dtype_name]
+    if fallback is None:
+        raise TypeError(f"load_into: tensor {name!r}: torch {torch.__version__} has no {attr} tensors to load the "
+                        f"version's {dtype_name} into (read it as a numpy view: version[{name!r}])")
+    if target.dtype != getattr(torch, fallback):
+        raise TypeError(f"load_into: tensor {name!r} is {dtype_name} in the version and {target.dtype} in the module: "
+                        f"torch {torch.__version__} has no torch.{attr}, so only its raw bits load (into a "
+                        f"torch.{fallback} tensor); copy_ would convert the bits as integers")
 
 
 def _refuse_viewed_targets(pairs) -> None:

@@ -115,6 +115,33 @@ def test_a_target_in_another_versions_private_buffer_is_refused():
         assert bool((own["w"] == 2.0).all())
 
 
+def _publish_raw(pub, entries, step):
+    """Publishes (name, safetensors dtype, shape, numpy bits) entries as they are (F8 has no numpy
+    or torch 1.13 dtype for Publisher.publish to take)."""
+    pub._live().publish(entries, step, None, {})
+
+
+def test_f8_loads_only_into_uint8_where_torch_has_no_float8(pair):
+    """torch 1.13 has no float8: the version's F8 tensor is its raw bits (uint8), and copy_ into a
+    float target converted those integers (1.0, 2.0, -1.0, 0.0 came out 56, 64, 184, 0)."""
+    pub, sub = pair
+    bits = np.array([0x38, 0x40, 0xB8, 0x00], dtype=np.uint8)  # F8_E4M3 1.0, 2.0, -1.0, 0.0
+    _publish_raw(pub, [("e4", "F8_E4M3", [4], bits)], 1)
+    sub.wait_for(1, timeout=30)
+    if hasattr(torch, "float8_e4m3fn"):  # torch >= 2.1: a real float8 tensor, copy_ converts the values
+        target = {"e4": torch.zeros(4)}
+        sub.load_into(target)
+        assert target["e4"].tolist() == [1.0, 2.0, -1.0, 0.0]
+        return
+    target = {"e4": torch.zeros(4)}
+    with pytest.raises(TypeError, match=r"'e4' is F8_E4M3 in the version and torch.float32 in the module"):
+        sub.load_into(target)
+    assert target["e4"].tolist() == [0.0] * 4
+    bits_target = {"e4": torch.zeros(4, dtype=torch.uint8)}
+    sub.load_into(bits_target)
+    assert bits_target["e4"].numpy().tobytes() == bits.tobytes()
+
+
 def test_a_failed_load_leaves_the_module_as_it_was(pair):
     """The checks of every tensor come before the first copy: a good tensor (copy_ converts it)
     followed by one that cannot load (U32 where torch has no uint32; a target inside another

@@ -601,8 +601,9 @@ class Subscriber(_Handle):
         empty): every target must then be on that device (ValueError otherwise).
         Raises NotFoundError if no version is live yet, ValueError if names or shapes differ or a
         target lies in the memory of a version or snapshot (a state_dict() view, read-only),
-        TypeError for a dtype torch cannot load it as (F8 before torch 2.1 loads only into uint8:
-        its raw bits). Nothing is copied unless every target passes."""
+        TypeError for a target that is not a torch tensor or a dtype torch cannot load it as (F8
+        before torch 2.1 loads only into uint8: its raw bits). Nothing is copied unless every
+        target passes."""
         owner = "Subscriber.load_into()"
         if not (hasattr(module, "state_dict") or isinstance(module, Mapping)):
             raise TypeError(f"{owner}: module={_check.shown(module)}: expected a torch module or a mapping name -> "

@@ -220,7 +220,7 @@ def copy_into_module(version, module, strict: bool = True) -> None:
     check passes, so a bad version leaves the module as it was."""
     import torch  # noqa: PLC0415 (lazy: only load_into needs torch)
 
-    state: Dict[str, Any] = module.state_dict(keep_vars=True) if hasattr(module, "state_dict") else dict(module)
+    state = _module_state(torch, module)
     device_only = len(version) == 0 and version.device is not None  # gpu_early: no host bytes
     dtypes = version._device_tensors() if device_only else version.dtypes
     names = set(dtypes)
@@ -273,6 +273,20 @@ def copy_into_module(version, module, strict: bool = True) -> None:
                 target.detach().view(-1)[:0].zero_()
         if on_device:
             torch.cuda.current_stream(device_info["device"]).synchronize()  # the version may go once we return
+
+
+def _module_state(torch, module) -> Dict[str, Any]:
+    """name -> tensor of a torch module (parameters and buffers) or of a mapping, whose every value
+    must be a torch tensor (TypeError naming the first that is not)."""
+    if hasattr(module, "state_dict"):
+        state = module.state_dict(keep_vars=True)
+    else:
+        state = dict(module)
+    for name, value in state.items():
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"load_into: {name!r} is a {type(value).__name__}: load_into copies into a torch module or "
+                            f"a mapping name -> torch tensor (read numpy arrays from the version: version[{name!r}])")
+    return state
 
 
 def _check_bits_target(torch, name: str, dtype_name: str, target) -> None:

@@ -165,6 +165,16 @@ def test_a_failed_load_leaves_the_module_as_it_was(pair):
         assert module["good"].tolist() == [0.0] * 16
 
 
+@pytest.mark.parametrize("value", [np.zeros(2, np.float32), 3], ids=["numpy", "int"])
+def test_load_into_a_mapping_of_other_things_than_tensors_says_what_it_takes(pair, value):
+    pub, sub = pair
+    pub.publish({"w": np.ones(2, np.float32)}, step=1)
+    sub.wait_for(1, timeout=30)
+    with pytest.raises(TypeError, match=r"load_into: 'w' is a (ndarray|int): load_into copies into a torch module or "
+                                        r"a mapping name -> torch tensor"):
+        sub.load_into({"w": value})
+
+
 @pytest.mark.parametrize("prepared", [False, True])
 def test_prepare_makes_the_first_segment_ahead(prepared):
     """Without prepare() the first publish creates its segment on the caller's thread (not

@@ -122,6 +122,7 @@ Result<std::unique_ptr<Node>> Node::Start(const NodeOptions& options) {
     // the file tier, or else in its segment (and above its number, new versions).
     internal::Adoption adoption = internal::AdoptStaleSegments(host_options.prefix, host_options.mode, *impl->files);
     host_options.keep_stale = std::move(adoption.kept);
+    host_options.prefix_is_exclusive = true;  // the store's lock is ours, and the prefix names the store
     for (const auto& [model, version] : adoption.kept_versions) impl->models[model].reserved = version;
   }
   VIPER_ASSIGN_OR_RETURN(impl->host, HostTier::Open(host_options));

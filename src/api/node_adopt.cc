@@ -74,7 +74,9 @@ std::string SegmentPrefixFor(const NodeOptions& options) {
 
 Adoption AdoptStaleSegments(const std::string& prefix, mode_t mode, FileTier& files) {
   Adoption out;
-  for (const std::string& name : HostTier::FindStaleSegments(prefix)) {
+  // The caller holds the store's lock and the prefix names the store: every segment with it is a
+  // predecessor's, whatever the pid in its name (HostTierOptions::prefix_is_exclusive).
+  for (const std::string& name : HostTier::FindStaleSegments(prefix, /*exclusive=*/true)) {
     Result<Snapshot> snapshot = ReadSealed(name, mode);
     if (!snapshot.ok() && snapshot.status().code() == StatusCode::kPermissionDenied) {
       log(LogLevel::kWarn, kLog, "not adopting segment {}: {}", name, snapshot.status().message());

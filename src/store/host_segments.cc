@@ -40,7 +40,7 @@ Status ForeignSegment(const std::string& name) {
 
 }  // namespace
 
-std::vector<std::string> HostTier::FindStaleSegments(const std::string& prefix) {
+std::vector<std::string> HostTier::FindStaleSegments(const std::string& prefix, bool exclusive) {
   std::vector<std::string> stale;
   DIR* dir = ::opendir(kShmDir);
   if (dir == nullptr) {
@@ -57,7 +57,9 @@ std::vector<std::string> HostTier::FindStaleSegments(const std::string& prefix) 
     auto pid = store_internal::ParseDecimal(rest.substr(0, dot));
     auto seq = store_internal::ParseDecimal(rest.substr(dot + 1));
     if (!pid || !seq) continue;
-    if (static_cast<int64_t>(*pid) == ::getpid() || store_internal::ProcessAlive(static_cast<int64_t>(*pid))) continue;
+    if (!exclusive &&
+        (static_cast<int64_t>(*pid) == ::getpid() || store_internal::ProcessAlive(static_cast<int64_t>(*pid))))
+      continue;
     // Only our own: another local user may create any name in /dev/shm, a dead pid's included.
     // O_PATH | O_NOFOLLOW: a link is looked at, not followed; fstat then tells who owns what.
     Fd fd(::openat(::dirfd(dir), entry->d_name, O_PATH | O_NOFOLLOW | O_CLOEXEC));

@@ -430,7 +430,7 @@ Result<std::unique_ptr<HostTier>> HostTier::Open(const HostTierOptions& options)
         options.mode));
   }
   if (options.remove_stale) {
-    for (const std::string& name : FindStaleSegments(options.prefix)) {
+    for (const std::string& name : FindStaleSegments(options.prefix, options.prefix_is_exclusive)) {
       if (options.keep_stale.count(name) != 0) continue;
       log(LogLevel::kWarn, kLog, "removing stale segment {}{}: its creating process is dead", "/dev/shm/", name);
       UnlinkSegment(name);

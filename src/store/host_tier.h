@@ -52,6 +52,11 @@ struct HostTierOptions {
   size_t max_models = 128;
   bool remove_stale = true;        // Open() unlinks segments of dead processes with our prefix
   std::set<std::string> keep_stale;  // ... but these (a node's crash recovery could not save them)
+  // The prefix is this tier's alone while it lives (a node with a store holds the store's lock,
+  // and its prefix names the store): every segment with it found at Open is a predecessor's,
+  // whatever the pid in its name (a container restarted after an OOM kill has the same pid, and a
+  // pid of the name may also run some unrelated process now).
+  bool prefix_is_exclusive = false;
 };
 
 class HostTier;
@@ -136,11 +141,12 @@ class HostTier {
   HostTierStats stats() const;
   const HostTierOptions& options() const { return options_; }
 
-  // Names of segments with `prefix` in /dev/shm whose creating process is dead and that this
-  // process's effective uid owns (regular files, not links: checked with fstat on a descriptor
-  // opened O_NOFOLLOW). Entries with the pattern that another user created are logged and left
-  // alone: nothing another local user puts in /dev/shm is removed, mapped or adopted.
-  static std::vector<std::string> FindStaleSegments(const std::string& prefix);
+  // Names of segments with `prefix` in /dev/shm whose creating process is dead (any process, with
+  // `exclusive`: see HostTierOptions::prefix_is_exclusive) and that this process's effective uid
+  // owns (regular files, not links: checked with fstat on a descriptor opened O_NOFOLLOW). Entries
+  // with the pattern that another user created are logged and left alone: nothing another local
+  // user puts in /dev/shm is removed, mapped or adopted.
+  static std::vector<std::string> FindStaleSegments(const std::string& prefix, bool exclusive = false);
 
  private:
   struct Impl;

@@ -409,5 +409,56 @@ TEST(Fault, RecoveryKeepsTheSegmentsItCouldNotSave) {
   node->reset();
 }
 
+
+// A node restarted with its predecessor's pid (a container restarted after an OOM kill, whose
+// memory-backed /dev/shm survives, gets the same small pid) recovers the predecessor's segments:
+// with a store, the store's lock, not the pid in a segment's name, says whose they are. Before,
+// a segment named with this process's pid was taken for its own: neither recovered nor removed,
+// and the version's number handed out again.
+TEST(Fault, RecoveryDoesNotGoByThePidInTheSegmentsName) {
+  TempDir dir;
+  const fs::path store = dir / "store";
+  fs::create_directories(store);
+  std::ofstream(store / "fm") << "in the way of the model directory";  // the producer's flushes fail
+  const std::string segment_prefix = "vsamepid" + std::to_string(::getpid());
+  Process producer({std::string(VIPER_BINARY_DIR) + "/bin/viper_fault_peer", "produce", "--model", "fm", "--listen",
+                    "127.0.0.1:0", "--store-dir", store.string(), "--segment-prefix", segment_prefix, "--min-bytes",
+                    "100000", "--max-bytes", "100000", "--versions", "2", "--interval-ms", "10", "--address-file",
+                    (dir / "addr").string(), "--state-file", (dir / "state").string()},
+                   dir / "producer.log");
+  ASSERT_EQ(WaitForFile(dir / "state", 60s), "published 2") << producer.log();
+  producer.Kill(SIGKILL);
+  const std::string lead = segment_prefix + "-";
+  const std::string dead = "." + std::to_string(producer.pid()) + ".";
+  const std::string mine = "." + std::to_string(::getpid()) + ".";
+  int renamed = 0;
+  for (const std::string& name : ShmNamesStartingWith(lead)) {
+    const size_t at = name.find(dead);
+    if (at == std::string::npos) continue;
+    std::string as_mine = name;
+    as_mine.replace(at, dead.size(), mine);
+    fs::rename(fs::path("/dev/shm") / name, fs::path("/dev/shm") / as_mine);
+    ++renamed;
+  }
+  ASSERT_GT(renamed, 0) << "the killed producer left no segment";
+  fs::remove(store / "fm");
+
+  NodeOptions options;
+  options.store_dir = store;
+  options.segment_prefix = segment_prefix;
+  ::testing::internal::CaptureStderr();
+  auto node = Node::Start(options);
+  std::string log = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(node.ok()) << node.status().ToString() << log;
+  EXPECT_TRUE((*node)->file_tier()->Find("fm", 2)) << log;
+  ASSERT_TRUE((*node)->Latest("fm")) << log;
+  EXPECT_EQ((*node)->Latest("fm")->version, 2u) << log;
+  auto next = (*node)->ReserveVersion("fm");
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(*next, 3u);
+  node->reset();
+  EXPECT_TRUE(ShmNamesStartingWith(lead).empty()) << "a predecessor's segment was left in /dev/shm";
+}
+
 }  // namespace
 }  // namespace viper::testing

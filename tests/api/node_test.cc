@@ -436,6 +436,41 @@ TEST(SameNode, MalformedControlMessagesDoNotHurtOthers) {
 }
 
 
+// A peer that speaks the control protocol by hand (what no Client would send), keeping the text of
+// every ERROR the node answers.
+class RawPeer {
+ public:
+  // Connects to `address` and sends HELLO with `host_key`; check connected() before use.
+  RawPeer(const std::string& address, const std::string& host_key) {
+    net::EngineHandlers handlers;
+    handlers.on_message = [this](net::PeerId, std::span<const std::byte> bytes) {
+      auto m = proto::Decode(bytes);
+      std::lock_guard<std::mutex> lock(mu_);
+      if (m.ok() && std::holds_alternative<proto::Error>(*m)) errors_.push_back(std::get<proto::Error>(*m).text);
+    };
+    auto engine = net::Engine::Start({}, handlers);
+    if (!engine.ok()) return;
+    engine_ = std::move(engine).value();
+    auto peer = engine_->Connect(address);
+    if (!peer.ok()) return;
+    peer_ = *peer;
+    Send(proto::Hello{"", "raw-peer", host_key, 1});
+  }
+  bool connected() const { return peer_.has_value(); }
+  void Send(const proto::Message& m) { EXPECT_TRUE(engine_->Send(*peer_, proto::Encode(m)).ok()); }
+  void Disconnect() { engine_->Disconnect(*peer_); }
+  std::vector<std::string> errors() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return errors_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<std::string> errors_;
+  std::unique_ptr<net::Engine> engine_;
+  std::optional<net::PeerId> peer_;
+};
+
 // The model table holds models with versions and those someone subscribes to, no more: names a
 // peer unsubscribes from without having subscribed, subscribes to and leaves, or subscribes to and
 // disconnects from do not pile up (an audit grew a node by 190 MB with 3,000 UNSUBSCRIBEs of 64 KB
@@ -446,21 +481,9 @@ TEST(SameNode, SubscriptionsDoNotGrowTheModelTable) {
   ASSERT_TRUE(PublishPattern(*pub, 1).ok());
   const uint64_t before = pub->node().stats().models;
   EXPECT_EQ(before, 1u);
-  std::mutex mu;
-  int errors = 0;
-  std::string last_error;
-  net::EngineHandlers handlers;
-  handlers.on_message = [&](net::PeerId, std::span<const std::byte> bytes) {
-    auto m = proto::Decode(bytes);
-    std::lock_guard<std::mutex> lock(mu);
-    if (m.ok() && std::holds_alternative<proto::Error>(*m)) ++errors, last_error = std::get<proto::Error>(*m).text;
-  };
-  auto engine = net::Engine::Start({}, handlers);
-  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
-  auto peer = (*engine)->Connect(pub->address());
-  ASSERT_TRUE(peer.ok()) << peer.status().ToString();
-  auto send = [&](const proto::Message& m) { ASSERT_TRUE((*engine)->Send(*peer, proto::Encode(m)).ok()); };
-  send(proto::Hello{"", "subscriber", "elsewhere", 1});
+  RawPeer raw(pub->address(), "elsewhere");
+  ASSERT_TRUE(raw.connected());
+  auto send = [&](const proto::Message& m) { raw.Send(m); };
   for (int i = 0; i < 200; ++i) send(proto::Unsubscribe{std::string(60'000, 'a') + std::to_string(i)});
   for (int i = 0; i < 100; ++i) send(proto::Subscribe{"left-" + std::to_string(i), 0});
   for (int i = 0; i < 100; ++i) send(proto::Unsubscribe{"left-" + std::to_string(i)});
@@ -470,12 +493,9 @@ TEST(SameNode, SubscriptionsDoNotGrowTheModelTable) {
   for (int i = 0; i < 4097; ++i) send(proto::Subscribe{"kept-" + std::to_string(i), 0});
   ASSERT_TRUE(WaitUntil([&] { return pub->node().stats().models == before + 4096; }, 20s))
       << pub->node().stats().models;
-  ASSERT_TRUE(WaitUntil([&] { std::lock_guard<std::mutex> lock(mu); return errors == 1; }, 10s));
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    EXPECT_NE(last_error.find("subscribed to 4096 models already"), std::string::npos) << last_error;
-  }
-  (*engine)->Disconnect(*peer);
+  ASSERT_TRUE(WaitUntil([&] { return raw.errors().size() == 1; }, 10s));
+  EXPECT_NE(raw.errors()[0].find("subscribed to 4096 models already"), std::string::npos) << raw.errors()[0];
+  raw.Disconnect();
   ASSERT_TRUE(WaitUntil([&] { return pub->node().stats().models == before; }, 10s)) << pub->node().stats().models;
   EXPECT_EQ(pub->node().stats().peers, 0u);
 }
@@ -488,28 +508,15 @@ TEST(SameNode, ReplicaAnnouncementsNameTheAnnouncerOnly) {
   auto pub = StartPublisher();
   ASSERT_TRUE(pub);
   ASSERT_TRUE(PublishPattern(*pub, 1).ok());
-  std::mutex mu;
-  std::vector<std::string> errors;
-  net::EngineHandlers handlers;
-  handlers.on_message = [&](net::PeerId, std::span<const std::byte> bytes) {
-    auto m = proto::Decode(bytes);
-    std::lock_guard<std::mutex> lock(mu);
-    if (m.ok() && std::holds_alternative<proto::Error>(*m)) errors.push_back(std::get<proto::Error>(*m).text);
-  };
-  auto engine = net::Engine::Start({}, handlers);
-  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
-  auto peer = (*engine)->Connect(pub->address());
-  ASSERT_TRUE(peer.ok()) << peer.status().ToString();
-  auto send = [&](const proto::Message& m) { ASSERT_TRUE((*engine)->Send(*peer, proto::Encode(m)).ok()); };
-  send(proto::Hello{"", "relay", "boot:relay-host", 1});
+  RawPeer raw(pub->address(), "boot:relay-host");
+  ASSERT_TRUE(raw.connected());
+  auto send = [&](const proto::Message& m) { raw.Send(m); };
   send(proto::ReplicaAnnounce{"m", 1, {proto::ReplicaKind::kNode, "boot:relay-host", "not a host port at all"}});
   send(proto::ReplicaAnnounce{"m", 1, {proto::ReplicaKind::kNode, pub->node().host_key(), "10.66.6.6:7300"}});
-  ASSERT_TRUE(WaitUntil([&] { std::lock_guard<std::mutex> lock(mu); return errors.size() == 2; }, 10s));
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    EXPECT_NE(errors[0].find("is not a HOST:PORT"), std::string::npos) << errors[0];
-    EXPECT_NE(errors[1].find("on its own host only"), std::string::npos) << errors[1];
-  }
+  ASSERT_TRUE(WaitUntil([&] { return raw.errors().size() == 2; }, 10s));
+  const std::vector<std::string> errors = raw.errors();
+  EXPECT_NE(errors[0].find("is not a HOST:PORT"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[1].find("on its own host only"), std::string::npos) << errors[1];
   send(proto::ReplicaAnnounce{"m", 1, {proto::ReplicaKind::kNode, "boot:relay-host", "10.0.0.9:7301"}});
   auto listed = [&] {
     auto v = pub->node().Latest("m");
@@ -520,8 +527,7 @@ TEST(SameNode, ReplicaAnnouncementsNameTheAnnouncerOnly) {
   ASSERT_TRUE(WaitUntil(listed, 10s));
   auto v = pub->node().Latest("m");
   for (const auto& r : v->replicas) EXPECT_NE(r.locator, "10.66.6.6:7300");
-  std::lock_guard<std::mutex> lock(mu);
-  EXPECT_EQ(errors.size(), 2u);
+  EXPECT_EQ(raw.errors().size(), 2u);
 }
 
 // Leases of versions only the file tier holds, while the producer keeps publishing: each lease is

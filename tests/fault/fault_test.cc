@@ -354,16 +354,13 @@ std::vector<std::string> ShmNamesStartingWith(const std::string& lead) {
   return out;
 }
 
-// A killed producer left versions in shared memory that its flushes could not write (here its
-// model's directory is a file; a full disk fails the same way). A restart that cannot write them
-// either keeps their segments (and numbers new versions above them); the next restart that can,
-// recovers them. Before, the first restart logged "not recovered" and then removed the segments.
-TEST(Fault, RecoveryKeepsTheSegmentsItCouldNotSave) {
-  TempDir dir;
-  const fs::path store = dir / "store";
+// A producer of model "fm" on `store` whose flushes fail (the model's directory is a file; a full
+// disk fails the same way), killed after two versions: its segments (prefix `segment_prefix`
+// plus the store's hash) hold versions the file tier never got. *pid: the dead producer's.
+void KillProducerWithUnflushedVersions(const TempDir& dir, const fs::path& store, const std::string& segment_prefix,
+                                       pid_t* pid) {
   fs::create_directories(store);
   std::ofstream(store / "fm") << "in the way of the model directory";
-  const std::string segment_prefix = "vkeep" + std::to_string(::getpid());
   Process producer({std::string(VIPER_BINARY_DIR) + "/bin/viper_fault_peer", "produce", "--model", "fm", "--listen",
                     "127.0.0.1:0", "--store-dir", store.string(), "--segment-prefix", segment_prefix, "--min-bytes",
                     "100000", "--max-bytes", "100000", "--versions", "2", "--interval-ms", "10", "--address-file",
@@ -372,8 +369,22 @@ TEST(Fault, RecoveryKeepsTheSegmentsItCouldNotSave) {
   ASSERT_EQ(WaitForFile(dir / "state", 60s), "published 2") << producer.log();
   ASSERT_NE(producer.log().find("kept in memory"), std::string::npos) << producer.log();
   producer.Kill(SIGKILL);
+  *pid = producer.pid();
+}
+
+// A killed producer left versions in shared memory that its flushes could not write (here its
+// model's directory is a file; a full disk fails the same way). A restart that cannot write them
+// either keeps their segments (and numbers new versions above them); the next restart that can,
+// recovers them. Before, the first restart logged "not recovered" and then removed the segments.
+TEST(Fault, RecoveryKeepsTheSegmentsItCouldNotSave) {
+  TempDir dir;
+  const fs::path store = dir / "store";
+  const std::string segment_prefix = "vkeep" + std::to_string(::getpid());
+  pid_t producer = 0;
+  KillProducerWithUnflushedVersions(dir, store, segment_prefix, &producer);
+  if (HasFatalFailure()) return;
   const std::string lead = segment_prefix + "-";  // the node adds its store's hash
-  const std::string dead = "." + std::to_string(producer.pid()) + ".";
+  const std::string dead = "." + std::to_string(producer) + ".";
   ASSERT_FALSE(ShmNamesStartingWith(lead).empty()) << "the killed producer left no segment";
 
   NodeOptions options;
@@ -409,7 +420,6 @@ TEST(Fault, RecoveryKeepsTheSegmentsItCouldNotSave) {
   node->reset();
 }
 
-
 // A node restarted with its predecessor's pid (a container restarted after an OOM kill, whose
 // memory-backed /dev/shm survives, gets the same small pid) recovers the predecessor's segments:
 // with a store, the store's lock, not the pid in a segment's name, says whose they are. Before,
@@ -418,18 +428,12 @@ TEST(Fault, RecoveryKeepsTheSegmentsItCouldNotSave) {
 TEST(Fault, RecoveryDoesNotGoByThePidInTheSegmentsName) {
   TempDir dir;
   const fs::path store = dir / "store";
-  fs::create_directories(store);
-  std::ofstream(store / "fm") << "in the way of the model directory";  // the producer's flushes fail
   const std::string segment_prefix = "vsamepid" + std::to_string(::getpid());
-  Process producer({std::string(VIPER_BINARY_DIR) + "/bin/viper_fault_peer", "produce", "--model", "fm", "--listen",
-                    "127.0.0.1:0", "--store-dir", store.string(), "--segment-prefix", segment_prefix, "--min-bytes",
-                    "100000", "--max-bytes", "100000", "--versions", "2", "--interval-ms", "10", "--address-file",
-                    (dir / "addr").string(), "--state-file", (dir / "state").string()},
-                   dir / "producer.log");
-  ASSERT_EQ(WaitForFile(dir / "state", 60s), "published 2") << producer.log();
-  producer.Kill(SIGKILL);
+  pid_t producer = 0;
+  KillProducerWithUnflushedVersions(dir, store, segment_prefix, &producer);
+  if (HasFatalFailure()) return;
   const std::string lead = segment_prefix + "-";
-  const std::string dead = "." + std::to_string(producer.pid()) + ".";
+  const std::string dead = "." + std::to_string(producer) + ".";
   const std::string mine = "." + std::to_string(::getpid()) + ".";
   int renamed = 0;
   for (const std::string& name : ShmNamesStartingWith(lead)) {

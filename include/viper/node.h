@@ -74,12 +74,13 @@ struct NodeOptions {
   // 0: never pinged (`viper serve --peer-liveness SECONDS` sets both; NodeStats::peers_silent).
   std::chrono::milliseconds peer_liveness_probe{5000};
   std::chrono::milliseconds peer_liveness_timeout{5000};
-  // A peer that takes none of the bulk sends (SEND transfers) this node has pending to it for
-  // this long is dropped like a silent one (NodeStats::peers_stalled): it answers pings, but a
-  // client that asks for versions and never receives them would pin their segments forever.
-  // 0: never. The sends of one transfer complete at the receiver's pace, a chunk (4 MiB by
-  // default) at a time, so the default allows a link 300 times slower than 1 Mbit/s per chunk.
-  std::chrono::milliseconds peer_send_stall{120000};
+  // A peer with which none of this node's pending bulk transfers completes for this long is
+  // dropped like a silent one (NodeStats::peers_stalled): it answers pings, but a client that asks
+  // for versions (SEND) and never receives them would pin their segments for ever, and one that
+  // starts a PUBLISH and never sends the bytes would hold the segment it got. 0: never. A
+  // transfer's chunks complete at the link's pace, one (4 MiB by default) at a time, so the
+  // default allows a link 300 times slower than 1 Mbit/s per chunk.
+  std::chrono::milliseconds peer_transfer_stall{120000};
   uint32_t chunk_bytes = 4u << 20;     // bulk transfer chunk size (a client may ask for another)
   uint32_t chunks_in_flight = 8;       // bulk sends outstanding per transfer
   // Shared-memory segments are /dev/shm/<prefix>.<pid>.<n>. With a store_dir the prefix becomes
@@ -148,7 +149,7 @@ struct NodeStats {
   uint64_t handshakes_evicted = 0;
   uint64_t handshakes_malformed = 0;
   uint64_t peers_silent = 0;  // peers dropped because they stopped answering (peer_liveness_probe)
-  uint64_t peers_stalled = 0;  // ...because they took none of the bytes sent to them (peer_send_stall)
+  uint64_t peers_stalled = 0;  // ...because no bulk transfer with them completed (peer_transfer_stall)
   uint64_t malformed_messages = 0;
   uint64_t files_flushed = 0;
   uint64_t flush_errors = 0;

@@ -44,8 +44,9 @@ OptionsTable<viper::NodeOptions> NodeOptionsTable() {
                "or network was cut sends nothing)")
       .Seconds("peer_liveness_timeout", &O::peer_liveness_timeout,
                "seconds a pinged peer has to answer before the node drops it (its leases released)")
-      .Seconds("peer_send_stall", &O::peer_send_stall,
-               "seconds a peer may take none of the bytes the node sends it before it is dropped (0: never)")
+      .Seconds("peer_transfer_stall", &O::peer_transfer_stall,
+               "seconds a peer may let every bulk transfer with the node (bytes sent to it, PUBLISH bytes from it) "
+               "stand still before it is dropped (0: never)")
       .Plain("chunk_bytes", &O::chunk_bytes, "bulk transfer chunk size")
       .Plain("chunks_in_flight", &O::chunks_in_flight, "bulk sends outstanding per transfer")
       .Plain("segment_prefix", &O::segment_prefix, "name prefix of the shared-memory segments")

@@ -91,9 +91,9 @@ Result<std::unique_ptr<Node>> Node::Start(const NodeOptions& options) {
   if (options.keep_host_versions < 1) return Status::InvalidArgument("keep_host_versions must be >= 1");
   if (options.keep_file_versions < 1) return Status::InvalidArgument("keep_file_versions must be >= 1");
   if (options.chunks_in_flight < 1) return Status::InvalidArgument("chunks_in_flight must be >= 1");
-  if (options.peer_send_stall.count() < 0)
-    return Status::InvalidArgument("peer_send_stall must be >= 0 ms (0: never); got " +
-                                   std::to_string(options.peer_send_stall.count()) + " ms");
+  if (options.peer_transfer_stall.count() < 0)
+    return Status::InvalidArgument("peer_transfer_stall must be >= 0 ms (0: never); got " +
+                                   std::to_string(options.peer_transfer_stall.count()) + " ms");
   if (options.peer_liveness_probe.count() < 0 ||
       (options.peer_liveness_probe.count() > 0 && options.peer_liveness_timeout.count() <= 0))
     return Status::InvalidArgument("peer_liveness_probe must be >= 0 ms (0: no pings), and peer_liveness_timeout > 0 ms "
@@ -136,7 +136,7 @@ Result<std::unique_ptr<Node>> Node::Start(const NodeOptions& options) {
   engine_options.token = options.token;  // proven by challenge-response in the bootstrap handshake
   engine_options.peer_silence = options.peer_liveness_probe;
   engine_options.peer_answer = options.peer_liveness_timeout;
-  engine_options.send_stall = options.peer_send_stall;
+  engine_options.transfer_stall = options.peer_transfer_stall;
   net::EngineHandlers handlers;
   Impl* raw = impl.get();  // the engine is destroyed before the Impl
   handlers.on_message = [raw](net::PeerId peer, std::span<const std::byte> bytes) {

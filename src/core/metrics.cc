@@ -39,7 +39,7 @@ const std::map<std::string_view, Known>& KnownCounters() {
       {"handshakes_evicted", {"Pending handshakes evicted by newer ones.", false}},
       {"handshakes_malformed", {"Handshakes refused as malformed.", false}},
       {"peers_silent", {"Peers dropped because they stopped answering pings (host down or cut off).", false}},
-      {"peers_stalled", {"Peers dropped because they took none of the bytes sent to them for peer_send_stall.", false}},
+      {"peers_stalled", {"Peers dropped because no bulk transfer with them completed for peer_transfer_stall.", false}},
       {"malformed_messages", {"Malformed messages received.", false}},
       {"files_flushed", {"Versions written to the file tier.", false}},
       {"flush_errors", {"File-tier writes that failed.", false}},

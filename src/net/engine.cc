@@ -328,20 +328,20 @@ void Engine::Impl::Heard(PeerId id) {
   if (detail::Peer* peer = FindPeer(id)) peer->heard = Clock::now();
 }
 
-// Runs a few times per peer_silence or send_stall (not on every loop turn: a node may have
+// Runs a few times per peer_silence or transfer_stall (not on every loop turn: a node may have
 // thousands of peers). A ping waits behind what is already queued to the peer; a bulk send
 // completing meanwhile, or anything the peer sends, counts as its answer.
 void Engine::Impl::CheckLiveness(Clock::time_point now) {
   if (!PeerChecksOn() || now < next_liveness_check) return;
   auto period = std::chrono::milliseconds::max();
   if (LivenessOn()) period = std::min(options.peer_silence, options.peer_answer);
-  if (SendStallOn()) period = std::min(period, options.send_stall);
+  if (TransferStallOn()) period = std::min(period, options.transfer_stall);
   next_liveness_check = now + std::max(std::chrono::milliseconds(10), period / 4);
   std::vector<PeerId> silent;
   std::vector<PeerId> stalled;
   for (auto& [id, peer] : peers) {
     if (!peer->open()) continue;
-    if (SendStallOn() && peer->bulk_sends > 0 && now - peer->bulk_progress >= options.send_stall) {
+    if (TransferStallOn() && peer->bulk_ops > 0 && now - peer->bulk_progress >= options.transfer_stall) {
       stalled.push_back(id);
       continue;
     }
@@ -360,8 +360,8 @@ void Engine::Impl::CheckLiveness(Clock::time_point now) {
     if (peer == nullptr || !peer->open()) continue;
     auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - peer->bulk_progress).count();
     Status reason = Status::Unavailable(fmt::format(
-        "peer {} ({}) took none of the {} bulk send(s) to it for {} ms (it does not post the receives for what it "
-        "asked)", id, peer->address, peer->bulk_sends, waited));
+        "peer {} ({}) completed none of the {} bulk transfer(s) pending with it for {} ms (it does not take the "
+        "bytes it asked for, or does not send those it announced)", id, peer->address, peer->bulk_ops, waited));
     log(LogLevel::kWarn, kLog, "{}: closing it", reason.message());
     peers_stalled.fetch_add(1, std::memory_order_relaxed);
     ClosePeer(id, reason, /*notify=*/true, /*graceful=*/false);
@@ -461,9 +461,9 @@ Result<std::unique_ptr<Engine>> Engine::Start(const EngineOptions& options, Engi
     return Status::InvalidArgument(fmt::format(
         "engine peer_silence must be >= 0 ms (0: no pings), and peer_answer > 0 ms with it; got {} and {} ms",
         options.peer_silence.count(), options.peer_answer.count()));
-  if (options.send_stall.count() < 0)
-    return Status::InvalidArgument(fmt::format("engine send_stall must be >= 0 ms (0: never); got {} ms",
-                                               options.send_stall.count()));
+  if (options.transfer_stall.count() < 0)
+    return Status::InvalidArgument(fmt::format("engine transfer_stall must be >= 0 ms (0: never); got {} ms",
+                                               options.transfer_stall.count()));
   VIPER_RETURN_IF_ERROR(CheckSanitizerEnvironment());  // before any thread exists
   RouteUcxLog();
   auto impl = std::make_unique<Impl>(options, std::move(handlers));

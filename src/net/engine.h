@@ -92,11 +92,13 @@ struct EngineOptions {
   // relay after 255 s).
   std::chrono::milliseconds peer_silence{0};
   std::chrono::milliseconds peer_answer{5000};
-  // A peer with bulk sends to it pending, none of which completed for `send_stall`, is failed
-  // (on_peer_closed with Unavailable, counted in Stats::peers_stalled); 0 = never. It answers
-  // pings, so liveness keeps it; but a peer that asks for bytes and never posts the receives
-  // would hold the sends, and whatever their buffers pin, forever.
-  std::chrono::milliseconds send_stall{0};
+  // A peer with bulk transfers pending (sends to it, receives posted for it), none of which
+  // completed for `transfer_stall`, is failed (on_peer_closed with Unavailable, counted in
+  // Stats::peers_stalled); 0 = never. It answers pings, so liveness keeps it; but a peer that asks
+  // for bytes and never posts the receives, or announces bytes and never sends them, would hold
+  // the transfers, and whatever their buffers pin, for ever. (Not for an engine whose receives
+  // may legitimately wait long: a consumer's, for a version its producer is still writing.)
+  std::chrono::milliseconds transfer_stall{0};
 };
 
 // Constant-time (in the length of `expected`) comparison of a presented token.
@@ -184,7 +186,7 @@ class Engine {
     uint64_t handshakes_evicted = 0;            // made room for newer ones (pending caps, fds)
     uint64_t handshakes_malformed = 0;          // not the protocol, closed early, endpoint failed
     uint64_t peers_silent = 0;  // open peers failed because they did not answer a ping (peer_silence)
-    uint64_t peers_stalled = 0;  // ...because bulk sends to them made no progress (send_stall)
+    uint64_t peers_stalled = 0;  // ...because bulk transfers with them made no progress (transfer_stall)
   };
   Stats stats() const;
 

@@ -116,9 +116,9 @@ struct Peer {
   // nothing has answered since (epoch: none outstanding).
   Clock::time_point heard = Clock::now();
   Clock::time_point pinged{};
-  // Bulk sends to it pending in UCX, and when one last completed or, none pending before, was
-  // posted (EngineOptions::send_stall).
-  size_t bulk_sends = 0;
+  // Bulk sends to it and receives posted for it pending in UCX, and when one last completed or,
+  // none pending before, was posted (EngineOptions::transfer_stall).
+  size_t bulk_ops = 0;
   Clock::time_point bulk_progress{};
   std::unordered_map<void*, Op*> ops;  // pending sends and tag receives, by UCX request
   std::deque<std::shared_ptr<Inbound>> inbox;
@@ -190,8 +190,8 @@ struct Engine::Impl {
   int EpollTimeoutMs(Clock::time_point now) const;
   void CheckDeadlines(Clock::time_point now);
   bool LivenessOn() const { return options.peer_silence.count() > 0; }
-  bool SendStallOn() const { return options.send_stall.count() > 0; }
-  bool PeerChecksOn() const { return LivenessOn() || SendStallOn(); }
+  bool TransferStallOn() const { return options.transfer_stall.count() > 0; }
+  bool PeerChecksOn() const { return LivenessOn() || TransferStallOn(); }
   // Pings open peers silent for peer_silence and fails those silent for peer_answer after it.
   void CheckLiveness(Clock::time_point now);
   void Heard(PeerId id);

@@ -33,6 +33,10 @@ ucs_status_t PongAmCb(void* arg, const void* header, size_t header_length, void*
   return UCS_OK;
 }
 
+// Bulk data (tagged sends and receives), as EngineOptions::transfer_stall watches it; not control
+// messages or pings.
+bool IsBulk(const detail::Op* op) { return op->is_recv || static_cast<const detail::SendOp*>(op)->bulk; }
+
 // The completion callbacks release the request and hand the op to its completion, except while
 // the op is still being submitted: UCX 1.13 may call them inside the ucp_*_nbx call, and then the
 // submitter owns the op and completes it (engine_impl.h, Op).
@@ -252,7 +256,7 @@ void Engine::Impl::Track(detail::Peer& peer, detail::Op* op, ucs_status_ptr_t re
     outstanding++;
     op->request = request;
     peer.ops[request] = op;
-    if (!op->is_recv && static_cast<detail::SendOp*>(op)->bulk && peer.bulk_sends++ == 0) peer.bulk_progress = Clock::now();
+    if (IsBulk(op) && peer.bulk_ops++ == 0) peer.bulk_progress = Clock::now();
     return;
   }
   ucs_status_t status = op->ended_inline ? op->inline_status : request == nullptr ? UCS_OK : UCS_PTR_STATUS(request);
@@ -329,8 +333,8 @@ void Engine::Impl::Untrack(detail::Op* op) {
   detail::Peer* peer = FindPeer(op->peer);
   if (peer == nullptr) return;
   peer->ops.erase(op->request);
-  if (!op->is_recv && static_cast<detail::SendOp*>(op)->bulk && peer->bulk_sends > 0) {
-    peer->bulk_sends--;
+  if (IsBulk(op) && peer->bulk_ops > 0) {
+    peer->bulk_ops--;
     peer->bulk_progress = Clock::now();
   }
   if (peer->closing() && peer->ops.empty()) {

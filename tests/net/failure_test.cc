@@ -191,13 +191,13 @@ TEST_F(EngineTest, FrozenPeerIsDroppedAfterAnUnansweredPing) {
 }
 
 // A peer that answers pings but never posts the receive for bytes sent to it (a client that asks
-// for a version and does not take it) is failed once none of the sends to it completed for
-// send_stall: otherwise the sends, and the segments they read, would be pinned for ever.
+// for a version and does not take it) is failed once none of the transfers with it completed for
+// transfer_stall: otherwise the sends, and the segments they read, would be pinned for ever.
 TEST_F(EngineTest, PeerThatTakesNoneOfItsBulkSendsIsDropped) {
   EngineOptions options;
   options.peer_silence = 300ms;
   options.peer_answer = 500ms;
-  options.send_stall = 1500ms;
+  options.transfer_stall = 1500ms;
   auto a = StartEngineWithHelper(options);
   ASSERT_TRUE(a);
   Engine* engine = a->engine.get();
@@ -209,7 +209,8 @@ TEST_F(EngineTest, PeerThatTakesNoneOfItsBulkSendsIsDropped) {
   const auto took = std::chrono::steady_clock::now() - start;
   ASSERT_TRUE(reason) << "a peer that takes nothing was kept for 10 s";
   EXPECT_EQ(reason->code(), StatusCode::kUnavailable) << reason->ToString();
-  EXPECT_NE(reason->message().find("took none of the 1 bulk send(s) to it"), std::string::npos) << reason->ToString();
+  EXPECT_NE(reason->message().find("completed none of the 1 bulk transfer(s) pending with it"), std::string::npos)
+      << reason->ToString();
   EXPECT_GE(took, 1500ms);
   EXPECT_LT(took, 5s);
   // The send itself ends when UCX gives up on the force-closed endpoint (20 s measured), which
@@ -221,6 +222,34 @@ TEST_F(EngineTest, PeerThatTakesNoneOfItsBulkSendsIsDropped) {
   EXPECT_EQ(r->code(), StatusCode::kUnavailable) << r->ToString();
   EXPECT_EQ(engine->stats().peers_stalled, 1u);
   EXPECT_EQ(engine->stats().peers_silent, 0u);  // it answered every ping
+}
+
+// The other direction: bytes a peer announced (a client's PUBLISH, for which the node posted the
+// receives into a segment) that never come. The receive is cancelled with the peer.
+TEST_F(EngineTest, PeerThatSendsNoneOfWhatItAnnouncedIsDropped) {
+  EngineOptions options;
+  options.peer_silence = 300ms;
+  options.peer_answer = 500ms;
+  options.transfer_stall = 1500ms;
+  auto a = StartEngineWithHelper(options);
+  ASSERT_TRUE(a);
+  Engine* engine = a->engine.get();
+  std::vector<std::byte> in(1u << 20);
+  CompletionLatch received;
+  const auto start = std::chrono::steady_clock::now();
+  engine->RecvBulk(a->peer, 4343, in, received.Callback());
+  auto reason = events_.WaitClosed(a->peer, 10s);
+  const auto took = std::chrono::steady_clock::now() - start;
+  ASSERT_TRUE(reason) << "a peer that sends nothing was kept for 10 s";
+  EXPECT_NE(reason->message().find("completed none of the 1 bulk transfer(s) pending with it"), std::string::npos)
+      << reason->ToString();
+  EXPECT_GE(took, 1500ms);
+  EXPECT_LT(took, 5s);
+  auto r = received.Wait(5s);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->code(), StatusCode::kUnavailable) << r->ToString();
+  EXPECT_EQ(engine->stats().peers_stalled, 1u);
+  EXPECT_EQ(engine->stats().peers_silent, 0u);
 }
 
 // One 256 MiB message each way: while it moves nothing else comes from the peer, so the engine

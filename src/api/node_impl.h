@@ -130,6 +130,7 @@ struct Node::Impl {
     // Leases on GPU-resident copies (node_device.cc): each releases itself when dropped.
     std::multimap<std::pair<std::string, uint64_t>, std::shared_ptr<void>> device_leases;
     std::set<std::string> subscriptions;
+    std::map<std::string, uint64_t> acked;  // the last version of each model it acknowledged
     std::set<std::string> incoming_models;  // subscriptions that also get INCOMING
     std::set<std::string> device_models;    // ...that also get device-only NOTIFYs (same host only)
     std::vector<std::pair<std::string, uint64_t>> announced;  // versions this relay said it holds

@@ -156,6 +156,13 @@ void Node::Impl::Dispatch(net::PeerId peer, PeerState& p, proto::Message& messag
   if (auto* m = std::get_if<proto::Fetch>(&message)) return HandleFetch(peer, p, *m);
   if (auto* m = std::get_if<proto::Release>(&message)) return HandleRelease(p, *m);
   if (auto* m = std::get_if<proto::Ack>(&message)) {
+    // A peer acknowledges a version this node has announced (perhaps retired since), each once
+    // and in order: the publisher's scheduler takes ACK time as a consumer's update latency.
+    auto latest = FindLocked(m->model, 0);
+    if (!latest || m->version > latest->version) return;
+    uint64_t& last = p.acked[m->model];  // only models this node holds: bounded
+    if (m->version <= last) return;
+    last = m->version;
     if (options.on_ack) options.on_ack(m->model, m->version);
     return;
   }

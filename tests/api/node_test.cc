@@ -530,6 +530,31 @@ TEST(SameNode, ReplicaAnnouncementsNameTheAnnouncerOnly) {
   EXPECT_EQ(raw.errors().size(), 2u);
 }
 
+// ACK reaches on_ack (the publisher's scheduler takes it as a consumer's update latency) only for
+// a version the node has announced, once per peer and version, in order: a peer that acknowledges
+// a version that does not exist, or one version again and again, does not skew the latencies.
+TEST(SameNode, AcksCountOncePerVersionTheNodeHolds) {
+  std::mutex mu;
+  std::vector<uint64_t> acked;
+  NodeOptions node;
+  node.on_ack = [&](const std::string&, uint64_t version) {
+    std::lock_guard<std::mutex> lock(mu);
+    acked.push_back(version);
+  };
+  auto pub = StartPublisher("", node);
+  ASSERT_TRUE(pub);
+  ASSERT_TRUE(PublishPattern(*pub, 1).ok());
+  ASSERT_TRUE(PublishPattern(*pub, 2).ok());
+  RawPeer raw(pub->address(), "elsewhere");
+  ASSERT_TRUE(raw.connected());
+  for (uint64_t v : {99ull, 1ull, 1ull, 2ull, 1ull, 2ull}) raw.Send(proto::Ack{"m", v});
+  raw.Send(proto::Ack{"no-such-model", 1});
+  raw.Send(proto::Subscribe{"", 0});  // refused after the ACKs: they have been handled by then
+  ASSERT_TRUE(WaitUntil([&] { return raw.errors().size() == 1; }, 10s));
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_EQ(acked, (std::vector<uint64_t>{1, 2}));
+}
+
 // Leases of versions only the file tier holds, while the producer keeps publishing: each lease is
 // the version's bytes (loaded into a segment of their own, never recycled while leased), from
 // several threads at once (TSan stage: the node's loader thread against commits and flushes).

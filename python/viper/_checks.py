@@ -103,11 +103,22 @@ def boolean(owner: str, name: str, value: Any) -> bool:
     return value
 
 
+def utf8(owner: str, name: str, value: str) -> str:
+    """A str that UTF-8 can encode: no lone surrogate (which Python strings may hold, e.g. from
+    os.fsdecode of undecodable bytes, and the C++ side cannot take)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise _value_error(owner, name, value, f"valid Unicode text (a lone surrogate at position {e.start})") from None
+    return value
+
+
 def text(owner: str, name: str, value: Any, max_bytes: int = MAX_TEXT_BYTES, allow_empty: bool = False) -> str:
     """A str (not bytes) of at most max_bytes UTF-8 bytes, without NUL."""
     if not isinstance(value, str):
         raise _type_error(owner, name, value, "a str")
-    size = len(value.encode("utf-8", "surrogatepass"))
+    utf8(owner, name, value)
+    size = len(value.encode("utf-8"))
     if (not value and not allow_empty) or size > max_bytes or "\0" in value:
         raise _value_error(owner, name, value, f"a str of {0 if allow_empty else 1}-{max_bytes} bytes without NUL"
                            + (f" (it has {size})" if size > max_bytes else ""))

@@ -22,6 +22,8 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
+from . import _checks
+
 _NUMPY_TO_SAFETENSORS = {
     np.dtype("float64"): "F64", np.dtype("float32"): "F32", np.dtype("float16"): "F16",
     np.dtype("int64"): "I64", np.dtype("int32"): "I32", np.dtype("int16"): "I16", np.dtype("int8"): "I8",
@@ -90,6 +92,7 @@ def cuda_entries(tensors: Mapping[str, Any]):
     for name, value in tensors.items():
         if not isinstance(name, str):
             raise TypeError(f"tensor names must be str, got {type(name).__name__}")
+        _checks.utf8("tensors", "tensor name", name)
         t = value.detach()
         if not t.is_contiguous():
             t = t.contiguous()  # on the current stream: the publish's copy is ordered after it
@@ -111,6 +114,7 @@ def to_entries(tensors: Mapping[str, Any]) -> List[Tuple[str, str, List[int], An
     for name, value in tensors.items():
         if not isinstance(name, str):
             raise TypeError(f"tensor names must be str, got {type(name).__name__}")
+        _checks.utf8("tensors", "tensor name", name)
         if _is_torch_tensor(value):
             entries.append(_torch_entry(name, value))
         elif isinstance(value, (np.ndarray, np.generic)):
@@ -354,7 +358,6 @@ def cuda_specs(owner: str, tensors: Mapping[str, Any]) -> List[Tuple[str, str, L
     """[(name, safetensors dtype, shape)] from {name: (shape, dtype)} (dtype a torch.dtype or a
     safetensors name such as "F32"; shape a sequence of ints >= 0) or {name: tensor} (its shape and
     dtype), in the mapping's order. TypeError / viper.InvalidArgumentError naming the tensor."""
-    from . import _checks  # noqa: PLC0415
     torch = _torch()
     if not isinstance(tensors, Mapping):
         raise TypeError(f"{owner}: tensors={_checks.shown(tensors)}: expected a mapping name -> (shape, dtype), "
@@ -365,6 +368,7 @@ def cuda_specs(owner: str, tensors: Mapping[str, Any]) -> List[Tuple[str, str, L
     for name, value in tensors.items():
         if not isinstance(name, str):
             raise TypeError(f"{owner}: tensor names must be str, got {type(name).__name__} ({_checks.shown(name)})")
+        _checks.utf8(owner, "tensor name", name)
         if torch is not None and isinstance(value, torch.Tensor):
             shape, dtype = tuple(value.shape), value.dtype
         elif isinstance(value, (tuple, list)) and len(value) == 2:
@@ -463,7 +467,6 @@ class CudaDraft:
     def commit(self, step: Optional[int] = None, loss: Optional[float] = None):
         """Publishes the version (step/loss override those given to begin_cuda) and returns its
         PublishResult. Raises if already committed or aborted."""
-        from . import _checks  # noqa: PLC0415
         owner = "CudaDraft.commit()"
         step = self.step if step is None else _checks.integer(owner, "step", step)
         loss = self.loss if loss is None else _checks.optional_number(owner, "loss", loss)

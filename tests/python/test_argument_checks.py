@@ -250,6 +250,16 @@ def test_a_subscriber_refuses_path_file_without_file_dir(live):
         viper.Subscriber("checks", connect=live["pub"].address, path="file")
 
 
+def test_text_with_a_lone_surrogate_is_refused_by_name(live):
+    """A str may hold a lone surrogate (os.fsdecode of undecodable bytes) that UTF-8 cannot encode:
+    it got pybind's "Unable to cast Python instance to C++ type", naming nothing."""
+    with pytest.raises(viper.InvalidArgumentError, match=r"tensor name='w\\udc80': must be valid Unicode text "
+                                                          r"\(a lone surrogate at position 1\)"):
+        live["pub"].publish({"w\udc80": np.zeros(4, dtype=np.float32)})
+    with pytest.raises(viper.InvalidArgumentError, match=r"note='x\\ud800': must be valid Unicode text"):
+        live["pub"].publish(T, note="x\ud800")
+
+
 def test_zz_report_counts():
     """Prints the inputs tried per class (docs/RELIABILITY.md quotes them)."""
     total = sum(TRIED.values())

@@ -362,9 +362,9 @@ void Node::Impl::HandlePublish(net::PeerId peer, const proto::Publish& m) {
   in->lease = std::move(lease).value();
   uint32_t chunk = proto::ClampChunkBytes(m.chunk_bytes, options.chunk_bytes);
   uint32_t chunks = static_cast<uint32_t>((m.size + chunk - 1) / chunk);
-  // The receives are posted on the node's worker, whose address any client learns, and UCX
-  // matches a tagged message from ANY endpoint, even one that never proved the token: a tag an
-  // outsider could guess would let it queue its own bytes for this PUBLISH. So the transfer's
+  // The receives are posted on the node's worker, whose address every admitted client learns
+  // (anyone, on a node without a token), and UCX matches a tagged message from ANY endpoint: a
+  // tag another peer could guess would let it queue its own bytes for this PUBLISH. So the transfer's
   // tag is 40 bits from the CSPRNG above the chunk index (chunks < 2^24: 1 TiB of 64 KiB);
   // two PUBLISHes drawing the same 40 bits while both are outstanding is a 2^-40 event per pair.
   auto random = crypto::RandomBytes(sizeof(uint64_t));

@@ -116,8 +116,9 @@ struct NodeOptions {
   std::function<void(const std::string& model, uint64_t version)> on_ack;
 };
 
-// Identity of this host for "is shared memory reachable": boot id + network and mount namespaces
-// (network namespaces stand in for separate hosts in tests).
+// Identity of this host for "is shared memory reachable, and is a peer's pid a process here": boot
+// id + network, mount and pid namespaces (network namespaces stand in for separate hosts in tests;
+// a process in a pid namespace of its own, as in most containers, is served as a remote peer).
 std::string LocalHostKey();
 // CLOCK_REALTIME in nanoseconds: comparable across processes on one host.
 int64_t WallClockNs();

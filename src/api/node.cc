@@ -56,8 +56,10 @@ std::string_view delta_mode_name(DeltaMode mode) {
 }
 
 std::string LocalHostKey() {
+  // The pid namespace too: a node trusts a same-host peer's pid (a silent peer is kept while that
+  // process lives), and a pid from another namespace names another process here.
   return ReadFirstLine("/proc/sys/kernel/random/boot_id") + ":" + NamespaceInode("/proc/self/ns/net") + ":" +
-         NamespaceInode("/proc/self/ns/mnt");
+         NamespaceInode("/proc/self/ns/mnt") + ":" + NamespaceInode("/proc/self/ns/pid");
 }
 
 int64_t WallClockNs() {

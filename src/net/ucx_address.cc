@@ -4,6 +4,7 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -94,7 +95,10 @@ Status ParseInterfaces(Reader& r, int version, uint8_t md_index, size_t device_b
     if (length & kIfaceHasEpAddress) return r.Fault("endpoint addresses in a worker address");
     VIPER_ASSIGN_OR_RETURN(iface.interface_address_bytes,
                            Extended(r, length, kIfaceLengthMask, version, "interface address length (extended)"));
-    VIPER_RETURN_IF_ERROR(r.Bytes(iface.interface_address_bytes, "interface address").status());
+    iface.interface_address_offset = r.offset();
+    VIPER_ASSIGN_OR_RETURN(auto iface_address, r.Bytes(iface.interface_address_bytes, "interface address"));
+    for (size_t i = 0; i < 8 && i < iface_address.size(); ++i)
+      iface.interface_address_head |= static_cast<uint64_t>(static_cast<uint8_t>(iface_address[i])) << (8 * i);
     out.interfaces.push_back(iface);
   }
   return Status::OK();
@@ -162,6 +166,51 @@ Result<UcxWorkerAddress> ParseUcxWorkerAddress(std::span<const std::byte> addres
   return out;
 }
 
+namespace {
+
+// UCX's transport name checksum (ucs_crc16_string: CRC-16-CCITT, reflected, inverted).
+constexpr uint16_t TransportChecksum(std::string_view name) {
+  uint16_t crc = 0xffff;
+  for (char c : name) {
+    crc ^= static_cast<uint8_t>(c);
+    for (int bit = 0; bit < 8; ++bit) crc = static_cast<uint16_t>((crc >> 1) ^ ((crc & 1) ? 0x8408 : 0));
+  }
+  return static_cast<uint16_t>(~crc);
+}
+
+// Shared-memory transports whose interface address grows by the pid namespace when the process
+// runs in a namespace of its own, as a flag in the address says; UCX reads the namespace only
+// then (UCX 1.13: uct_posix_iface_addr_pack and uct_posix_is_reachable, uct_cma_iface_get_address
+// and uct_cma_iface_is_reachable).
+struct NamespacedAddress {
+  uint16_t transport;
+  uint64_t layout_bits;     // bits of the head that must be set for this layout (0: none)
+  uint64_t namespace_flag;  // the bit of the head that says the namespace follows
+  size_t base_bytes, extended_bytes;
+};
+constexpr NamespacedAddress kNamespacedAddresses[] = {
+    // posix: a u64 segment id; in procfs mode (bit 63, UCX's default) the namespace follows it.
+    {TransportChecksum("posix"), uint64_t{1} << 63, uint64_t{1} << 60, 8, 16},
+    // cma: a pid_t, then the u64 namespace after 4 bytes of padding.
+    {TransportChecksum("cma"), 0, uint64_t{1} << 31, 4, 16},
+};
+static_assert(kNamespacedAddresses[0].transport == 0xd3a7);  // as UCX 1.13 packs them (seen in real addresses)
+static_assert(kNamespacedAddresses[1].transport == 0x8b47);
+
+// The length UCX will read from a peer's interface address of a transport this worker has, given
+// this worker's own length for it.
+size_t LengthUcxReads(const UcxInterface& peer, size_t ours) {
+  for (const NamespacedAddress& n : kNamespacedAddresses) {
+    if (peer.transport != n.transport || peer.interface_address_bytes < n.base_bytes ||
+        (peer.interface_address_head & n.layout_bits) != n.layout_bits)
+      continue;
+    return (peer.interface_address_head & n.namespace_flag) != 0 ? n.extended_bytes : n.base_bytes;
+  }
+  return ours;
+}
+
+}  // namespace
+
 Status CheckUcxWorkerAddress(std::span<const std::byte> peer, std::span<const std::byte> ours) {
   VIPER_ASSIGN_OR_RETURN(UcxWorkerAddress theirs, ParseUcxWorkerAddress(peer));
   VIPER_ASSIGN_OR_RETURN(UcxWorkerAddress local, ParseUcxWorkerAddress(ours));
@@ -169,10 +218,10 @@ Status CheckUcxWorkerAddress(std::span<const std::byte> peer, std::span<const st
   for (const auto& i : local.interfaces) iface_bytes.emplace(i.transport, i.interface_address_bytes);
   for (const auto& i : theirs.interfaces) {
     auto known = iface_bytes.find(i.transport);
-    if (known != iface_bytes.end() && known->second != i.interface_address_bytes)
+    if (known != iface_bytes.end() && LengthUcxReads(i, known->second) != i.interface_address_bytes)
       return Status::InvalidArgument(fmt::format(
-          "UCX worker address: an interface of transport 0x{:04x} has a {}-byte address, this worker's has {} bytes",
-          i.transport, i.interface_address_bytes, known->second));
+          "UCX worker address: an interface of transport 0x{:04x} has a {}-byte address, UCX reads {} bytes from it",
+          i.transport, i.interface_address_bytes, LengthUcxReads(i, known->second)));
   }
   return Status::OK();
 }

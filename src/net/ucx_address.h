@@ -46,6 +46,8 @@ struct UcxInterface {
   uint8_t md_index = 0;
   size_t device_address_bytes = 0;
   size_t interface_address_bytes = 0;
+  size_t interface_address_offset = 0;  // where it starts in the worker address
+  uint64_t interface_address_head = 0;  // its first 8 bytes, little-endian (0 if shorter)
 };
 
 struct UcxWorkerAddress {
@@ -60,8 +62,13 @@ inline constexpr size_t kMaxUcxInterfaces = 128;  // UCP_MAX_RESOURCES
 Result<UcxWorkerAddress> ParseUcxWorkerAddress(std::span<const std::byte> address);
 
 // ParseUcxWorkerAddress, then: every interface of a transport this worker also has (same name
-// checksum) has the interface-address length this worker's own has, since UCX's transports
-// read their fixed-size interface addresses without a length.
+// checksum) has the interface-address length UCX's transport will read from it, since UCX's
+// transports read their interface addresses without a length. That is the length this worker's
+// own has, but for the shared-memory transports posix (in procfs mode, UCX's default) and cma,
+// whose addresses carry the pid namespace when the process runs in a namespace of its own (any
+// container), as a flag in the address says: there the length must match the peer's own flag, so
+// a process in a container and one outside still connect (UCX then finds those transports
+// unreachable between them and uses another).
 Status CheckUcxWorkerAddress(std::span<const std::byte> peer, std::span<const std::byte> ours);
 
 }  // namespace viper::net::detail

@@ -3,11 +3,14 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <ucp/api/ucp.h>
 
 #include <cstdlib>
+#include <cerrno>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -130,6 +133,90 @@ TEST(UcxAddress, WhatUcxAbortsOnOrCannotReadSafelyIsRefused) {
   ASSERT_TRUE(parsed.ok());
   std::vector<std::byte> same_size = address;
   ASSERT_TRUE(CheckUcxWorkerAddress(same_size, address).ok());
+}
+
+// When this binary runs with VIPER_TEST_UCX_ADDRESS_FD set (AddressInOwnPidNamespace below), it
+// writes a fresh worker address to that fd and exits, before main: UCX caches the namespaces it
+// sees once per process, so only a new program shows what UCX does inside a new one.
+const bool kWritesAddressAndExits = [] {
+  const char* fd = std::getenv("VIPER_TEST_UCX_ADDRESS_FD");
+  if (fd == nullptr) return false;
+  auto address = RealAddress({});
+  const bool sent = ::write(std::atoi(fd), address.data(), address.size()) == static_cast<ssize_t>(address.size());
+  ::_exit(::getpid() == 1 && sent ? 0 : 11);  // pid 1: it runs in the namespace made for it
+}();
+
+// The worker address UCX makes in a process of a pid namespace of its own (a container): a child
+// unshares the namespace and its child, the namespace's first process, runs this binary again to
+// make the address, sent back through a pipe. nullopt (and `why`) where namespaces cannot be made.
+std::optional<std::vector<std::byte>> AddressInOwnPidNamespace(std::string* why) {
+  int fds[2];
+  if (::pipe(fds) != 0) return *why = std::string("pipe: ") + std::strerror(errno), std::nullopt;
+  pid_t child = ::fork();
+  if (child == 0) {
+    ::close(fds[0]);
+    if (::unshare(CLONE_NEWPID) != 0) ::_exit(10);
+    pid_t inner = ::fork();
+    if (inner == 0) {
+      ::setenv("VIPER_TEST_UCX_ADDRESS_FD", std::to_string(fds[1]).c_str(), 1);
+      char* argv[] = {const_cast<char*>("viper_net_ucx_address_test"), nullptr};
+      ::execv("/proc/self/exe", argv);
+      ::_exit(12);
+    }
+    int status = 0;
+    ::waitpid(inner, &status, 0);
+    ::_exit(WIFEXITED(status) ? WEXITSTATUS(status) : 13);
+  }
+  ::close(fds[1]);
+  std::vector<std::byte> address;
+  std::byte buffer[4096];
+  for (ssize_t n; (n = ::read(fds[0], buffer, sizeof(buffer))) > 0;) address.insert(address.end(), buffer, buffer + n);
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 100 + WTERMSIG(status);
+  if (code == 10) return *why = "unshare(CLONE_NEWPID) is not permitted here (needs root or CAP_SYS_ADMIN)", std::nullopt;
+  if (code != 0) return *why = "the process in the new pid namespace failed (exit " + std::to_string(code) + ")", std::nullopt;
+  return address;
+}
+
+// A process in a container (a pid namespace of its own) and one outside both connect: UCX's posix
+// transport adds the namespace to its interface address there, 8 bytes more than outside. Either
+// side's check took the other's length for a malformed address and refused the connection.
+TEST(UcxAddress, APeerInAPidNamespaceOfItsOwnPasses) {
+  if (::geteuid() != 0) GTEST_SKIP() << "making a pid namespace needs root (CI runs as root)";
+  std::string why;
+  auto contained = AddressInOwnPidNamespace(&why);
+  ASSERT_TRUE(contained.has_value()) << why;
+  auto here = RealAddress({});
+  auto parsed_contained = ParseUcxWorkerAddress(*contained), parsed_here = ParseUcxWorkerAddress(here);
+  ASSERT_TRUE(parsed_contained.ok()) << parsed_contained.status().ToString();
+  ASSERT_TRUE(parsed_here.ok()) << parsed_here.status().ToString();
+  // posix and cma (UCX's name checksums) carry the namespace there.
+  const std::vector<std::pair<const char*, uint16_t>> namespaced = {{"posix", 0xd3a7}, {"cma", 0x8b47}};
+  for (const auto& [name, transport] : namespaced) {
+    size_t here_bytes = 0, contained_bytes = 0;
+    for (const auto& i : parsed_here->interfaces) if (i.transport == transport) here_bytes = i.interface_address_bytes;
+    for (const auto& i : parsed_contained->interfaces) if (i.transport == transport) contained_bytes = i.interface_address_bytes;
+    std::printf("%s interface address: %zu bytes here, %zu in the pid namespace\n", name, here_bytes, contained_bytes);
+    EXPECT_GT(here_bytes, 0u) << "this UCX has no " << name << " transport: the case is not exercised";
+    EXPECT_GT(contained_bytes, here_bytes) << name;
+  }
+  EXPECT_TRUE(CheckUcxWorkerAddress(*contained, here).ok()) << CheckUcxWorkerAddress(*contained, here).ToString();
+  EXPECT_TRUE(CheckUcxWorkerAddress(here, *contained).ok()) << CheckUcxWorkerAddress(here, *contained).ToString();
+  // What UCX reads still bounds the length: an address of this host whose flag says a namespace
+  // follows, without the bytes UCX would then read, is refused.
+  const std::vector<std::pair<uint16_t, size_t>> flag_byte = {{0xd3a7, 7}, {0x8b47, 3}};  // bits 60 and 31
+  for (const auto& [transport, at] : flag_byte) {
+    for (const auto& i : parsed_here->interfaces) {
+      if (i.transport != transport) continue;
+      auto flagged = here;
+      flagged[i.interface_address_offset + at] |= static_cast<std::byte>(at == 7 ? 0x10 : 0x80);
+      auto refused = CheckUcxWorkerAddress(flagged, here);
+      EXPECT_FALSE(refused.ok()) << "transport 0x" << std::hex << transport;
+      EXPECT_NE(refused.message().find("UCX reads 16 bytes"), std::string::npos) << refused.ToString();
+    }
+  }
 }
 
 // The token comparison runs over the whole expected token whatever the presented one holds (no

@@ -135,8 +135,13 @@ Status Reserve(int fd, const Mapping& map, uint64_t size) {
     PrefaultForWrite(map.base, size);
     return Status::OK();
   }
+  std::string room;  // what a full /dev/shm holds, for whoever sizes it (a container's is often 64 MiB)
+  struct statvfs vfs {};
+  if (err == ENOSPC && ::statvfs(kShmDir, &vfs) == 0)
+    room = fmt::format(" (which holds {} in all; a container's is often 64 MiB: docker run --shm-size, a memory-backed "
+                       "emptyDir on Kubernetes)", FormatBytes(uint64_t{vfs.f_blocks} * vfs.f_frsize));
   return Status::FromErrno(
-      fmt::format("segment {}: reserving {} in {} failed", map.name, FormatBytes(size), kShmDir), err);
+      fmt::format("segment {}: reserving {} in {}{} failed", map.name, FormatBytes(size), kShmDir, room), err);
 }
 
 // Reserve for a recycled segment asked for more than it reserved before: its name is opened again
@@ -271,6 +276,15 @@ class HostPool {
     return fitting >= n;
   }
 
+  // The budget is the node's host_max_bytes or, by default, half of /dev/shm: in a container,
+  // whose /dev/shm is often 64 MiB, it is /dev/shm that needs to grow.
+  std::string HowToRaiseTheBudget() const {
+    if (options_.max_bytes != 0) return "raise the node's host_max_bytes, `viper serve --host-max-bytes`";
+    return fmt::format("the default budget is half of {}'s {}: give {} more room (a container's is often 64 MiB: "
+                       "docker run --shm-size, a memory-backed emptyDir on Kubernetes) or set host_max_bytes, "
+                       "`viper serve --host-max-bytes`, within it", kShmDir, FormatBytes(max_bytes * 2), kShmDir);
+  }
+
   // Capacity of every segment held or being created.
   uint64_t UsedBytes() const { return pending_bytes + held_capacity_; }
 
@@ -281,9 +295,9 @@ class HostPool {
       if (free_by_tick_.empty()) {
         return Status::ResourceExhausted(fmt::format(
             "host tier: a new {} segment would bring the shared memory this node holds to {}, beyond its budget of "
-            "{} ({} segments for {} models; raise the node's host_max_bytes, `viper serve --host-max-bytes`)",
+            "{} ({} segments for {} models; {})",
             FormatBytes(capacity), FormatBytes(UsedBytes() + capacity), FormatBytes(max_bytes), segments.size(),
-            committed.size()));
+            committed.size(), HowToRaiseTheBudget()));
       }
       out->push_back(Remove(free_by_tick_.begin()->second));
     }

@@ -1,8 +1,11 @@
-// Consumers in containers: `viper watch` run in a pid namespace of its own (as Docker and
-// Kubernetes start processes), with and without a mount namespace and /proc of its own, against a
-// `viper serve` outside it, all with UCX's default transports (posix shared memory among them,
-// whose address differs inside such a namespace). Each gets the version, bit-exact, over the
-// network path: a pid from another namespace names no process the node could watch.
+// Viper in containers, as Docker and Kubernetes start processes:
+// - `viper watch` run in a pid namespace of its own, with and without a mount namespace and /proc
+//   of its own, against a `viper serve` outside it, all with UCX's default transports (posix
+//   shared memory and cma among them, whose addresses differ inside such a namespace). Each gets
+//   the version, bit-exact, over the network path: a pid from another namespace names no process
+//   the node could watch.
+// - `viper serve` with a /dev/shm of Docker's default 64 MiB: a version that does not fit is
+//   refused with what to grow.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -26,13 +29,19 @@ using testing::RunProgram;
 
 std::string Viper() { return std::string(VIPER_BINARY_DIR) + "/bin/viper"; }
 
-// Starts `viper serve` on loopback; returns its address ("" if it did not come up within 30 s).
-std::string StartServe(std::unique_ptr<Process>& serve, const std::filesystem::path& dir) {
-  const auto address_file = dir / "serve.address";
-  serve = std::make_unique<Process>(std::vector<std::string>{Viper(), "serve", "--listen", "127.0.0.1:0",
-                                                             "--segment-prefix", "ctr", "--address-file",
-                                                             address_file.string()},
-                                    dir / "serve.log");
+// Starts `viper serve` on loopback, run through `shell` (a /bin/sh script whose "$@" is the serve
+// command) when given; returns its address ("" if it did not come up within 30 s).
+std::string StartServe(std::unique_ptr<Process>& serve, const std::filesystem::path& dir, const std::string& tag,
+                       const std::vector<std::string>& extra = {}, const std::string& shell = "") {
+  const auto address_file = dir / (tag + ".address");
+  std::vector<std::string> argv;
+  if (!shell.empty()) argv = {"/usr/bin/unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", shell, "sh"};
+  for (const std::string& a : {Viper(), std::string("serve"), std::string("--listen"), std::string("127.0.0.1:0"),
+                               std::string("--segment-prefix"), "ctr" + tag, std::string("--address-file"),
+                               address_file.string()})
+    argv.push_back(a);
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  serve = std::make_unique<Process>(argv, dir / (tag + ".log"));
   std::string address;
   testing::WaitUntil([&] {
     address = testing::ReadFile(address_file);
@@ -42,21 +51,26 @@ std::string StartServe(std::unique_ptr<Process>& serve, const std::filesystem::p
   return address;
 }
 
+// A one-tensor model of `bytes` bytes written to `dir`/`name`.safetensors; returns its path.
+std::string WriteModel(const std::filesystem::path& dir, const std::string& name, size_t bytes) {
+  std::vector<float> w(bytes / sizeof(float));
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i) * 0.5f;
+  std::vector<TensorData> tensors = {{{"w", DType::kF32, {static_cast<int64_t>(w.size())}}, std::as_bytes(std::span(w))}};
+  auto built = BuildSnapshot(tensors, VersionStamp{.model = name, .step = 1}, {});
+  EXPECT_TRUE(built.ok()) << built.status().ToString();
+  const std::string file = (dir / (name + ".safetensors")).string();
+  std::ofstream(file, std::ios::binary)
+      .write(reinterpret_cast<const char*>(built->bytes().data()), static_cast<std::streamsize>(built->bytes().size()));
+  return file;
+}
+
 TEST(ContainerCli, ConsumersInPidNamespacesOfTheirOwnGetTheVersion) {
   if (::geteuid() != 0) GTEST_SKIP() << "making pid namespaces (unshare --pid) needs root; CI runs as root";
   ASSERT_EQ(::getenv("UCX_TLS"), nullptr) << "the case needs UCX's default transports (posix among them)";
   testing::TempDir dir;
-  std::vector<float> w(256 * 1024);
-  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i) * 0.5f;
-  std::vector<TensorData> tensors = {{{"w", DType::kF32, {static_cast<int64_t>(w.size())}}, std::as_bytes(std::span(w))}};
-  auto built = BuildSnapshot(tensors, VersionStamp{.model = "ctr", .step = 1}, {});
-  ASSERT_TRUE(built.ok()) << built.status().ToString();
-  const std::string file = (dir / "model.safetensors").string();
-  std::ofstream(file, std::ios::binary)
-      .write(reinterpret_cast<const char*>(built->bytes().data()), static_cast<std::streamsize>(built->bytes().size()));
-
+  const std::string file = WriteModel(dir.path(), "ctr", 1 << 20);
   std::unique_ptr<Process> serve;
-  const std::string address = StartServe(serve, dir.path());
+  const std::string address = StartServe(serve, dir.path(), "pid");
   ASSERT_FALSE(address.empty()) << serve->log();
   Outcome published = testing::RunViper({"publish", "ctr", file, "--connect", address}, dir.path(), 60s);
   ASSERT_EQ(published.exit_code, 0) << published.err;
@@ -91,6 +105,38 @@ TEST(ContainerCli, ConsumersInPidNamespacesOfTheirOwnGetTheVersion) {
   }
   EXPECT_FALSE(checksum.empty());
   EXPECT_EQ(serve->log().find("refused connection"), std::string::npos) << serve->log();
+}
+
+// A node in a container whose /dev/shm is Docker's default 64 MiB: a 100 MB version does not fit,
+// and the publisher is told what to grow (the default budget is half of /dev/shm; an explicit one
+// beyond it fails when the segment is reserved). The node keeps serving what fits.
+TEST(ContainerCli, ANodeWithASmallDevShmSaysWhatToGrow) {
+  if (::geteuid() != 0) GTEST_SKIP() << "mounting a small /dev/shm (unshare --mount) needs root; CI runs as root";
+  testing::TempDir dir;
+  const std::string big = WriteModel(dir.path(), "big", 100 << 20), small = WriteModel(dir.path(), "small", 1 << 20);
+  const std::string small_shm = "mount -t tmpfs -o size=64m tmpfs /dev/shm && exec \"$@\"";
+  struct Case {
+    const char* name;
+    std::vector<std::string> serve_args;
+    std::vector<const char*> says;
+  };
+  const std::vector<Case> cases = {
+      {"default budget", {}, {"beyond its budget of 32 MiB", "half of /dev/shm's 64 MiB", "--shm-size"}},
+      {"budget beyond /dev/shm", {"--host-max-bytes", "1G"},
+       {"which holds 64 MiB in all", "--shm-size", "No space left on device"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::unique_ptr<Process> serve;
+    const std::string address = StartServe(serve, dir.path(), c.serve_args.empty() ? "shm" : "shm1g", c.serve_args,
+                                           small_shm);
+    ASSERT_FALSE(address.empty()) << serve->log();
+    Outcome refused = testing::RunViper({"publish", "big", big, "--connect", address}, dir.path(), 60s);
+    EXPECT_NE(refused.exit_code, 0) << refused.out;
+    for (const char* text : c.says) EXPECT_NE(refused.err.find(text), std::string::npos) << text << "\n" << refused.err;
+    Outcome fits = testing::RunViper({"publish", "small", small, "--connect", address}, dir.path(), 60s);
+    EXPECT_EQ(fits.exit_code, 0) << fits.err << serve->log();
+  }
 }
 
 }  // namespace

@@ -41,6 +41,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--publish-every", type=int, default=10, help="publish after every N steps (and the last)")
     ap.add_argument("--listen", default="127.0.0.1:0",
                     help="rank 0's node: HOST:PORT (0.0.0.0:7300 with VIPER_TOKEN for consumers on other hosts)")
+    ap.add_argument("--advertise", default="",
+                    help="host consumers reach rank 0's node at (default: the --listen host, or this host's own "
+                         "address for 0.0.0.0)")
     ap.add_argument("--registry", default="", help="redis://HOST:PORT: register rank 0's node there")
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--check", action="store_true",
@@ -74,7 +77,8 @@ def main() -> int:
     publisher = None
     address = [None]
     if rank == 0:
-        publisher = viper.Publisher(args.model, listen=args.listen, registry=args.registry, token=token)
+        publisher = viper.Publisher(args.model, listen=args.listen, advertise=args.advertise, registry=args.registry,
+                                    token=token)
         address[0] = publisher.address
         print(f"rank 0: publishing {args.model} from {publisher.address}", flush=True)
     dist.broadcast_object_list(address, src=0)  # every rank learns where rank 0's node listens

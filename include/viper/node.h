@@ -44,6 +44,11 @@ struct NodeTestHooks;
 
 struct NodeOptions {
   std::string listen = "127.0.0.1:0";  // loopback unless told otherwise; port 0 = any free port
+  // The host other hosts reach this node at (a name or an address), which address() reports and
+  // the registry and replica lists carry, with the bound port. Empty: the listen address or, for
+  // 0.0.0.0 / :: (every interface), this host's: its name's address if that is one of this host's
+  // non-loopback addresses, else the first non-loopback address of an interface that is up.
+  std::string advertise;
   std::string name;                    // shown to peers; default "node-<pid>"
   std::filesystem::path store_dir;     // file tier directory; empty = no file tier
   size_t keep_host_versions = 2;       // versions per model kept in shared memory

@@ -26,6 +26,9 @@ OptionsTable<viper::NodeOptions> NodeOptionsTable() {
   using O = viper::NodeOptions;
   OptionsTable<O> t;
   t.Plain("listen", &O::listen, "HOST:PORT to listen on; port 0 = any free port")
+      .Plain("advertise", &O::advertise,
+             "host other hosts reach this node at (address, registry, replicas); empty = the listen address, or "
+             "this host's own for 0.0.0.0 / ::")
       .Plain("name", &O::name, "shown to peers; empty = node-<pid>")
       .Path("store_dir", &O::store_dir, "file tier directory; empty = no file tier")
       .Plain("keep_host_versions", &O::keep_host_versions, "versions per model kept in shared memory")

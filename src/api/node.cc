@@ -102,6 +102,8 @@ Result<std::unique_ptr<Node>> Node::Start(const NodeOptions& options) {
                                    "with it; got " + std::to_string(options.peer_liveness_probe.count()) + " and " +
                                    std::to_string(options.peer_liveness_timeout.count()) + " ms");
   VIPER_RETURN_IF_ERROR(CheckListenIsGuarded(options));
+  if (!options.advertise.empty())  // before anything starts: its port is the bound one, known later
+    VIPER_RETURN_IF_ERROR(net::Advertise("127.0.0.1:1", options.advertise).status().WithContext("node: advertise"));
   std::unique_ptr<Node> node(new Node(options));
   auto impl = std::make_shared<Impl>();
   impl->options = options;
@@ -160,7 +162,16 @@ Result<std::unique_ptr<Node>> Node::Start(const NodeOptions& options) {
   auto engine = net::Engine::Start(engine_options, std::move(handlers));
   if (!engine.ok()) return engine.status().WithContext("node: cannot listen on " + engine_options.listen);
   impl->engine = std::move(engine).value();
-  impl->address = impl->engine->listen_address();
+  auto advertised = net::Advertise(impl->engine->listen_address(), options.advertise);
+  if (!advertised.ok()) return advertised.status().WithContext("node: advertise");
+  impl->address = advertised->address;
+  if (impl->address != impl->engine->listen_address())
+    log(advertised->loopback_only ? LogLevel::kWarn : LogLevel::kInfo, kLog,
+        "listening on {}, advertised to peers and the registry as {} ({}){}", impl->engine->listen_address(),
+        impl->address, advertised->how,
+        advertised->loopback_only ? ": other hosts cannot reach it there; give the node the address they reach "
+                                    "(NodeOptions::advertise, `viper serve --advertise HOST`)"
+                                  : "");
   if (options.delta_bases > 0 && options.delta != DeltaMode::kOff)
     impl->deltas = std::make_unique<DeltaStore>(impl->options, impl->host.get(), impl->engine.get(), &impl->bytes_sent);
   // What the handlers use is set: they may run (Recover and the registry run beside them, as they

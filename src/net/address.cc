@@ -1,7 +1,10 @@
 #include "address.h"
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netdb.h>
+#include <unistd.h>
 #include <sys/socket.h>
 
 #include <cerrno>
@@ -36,6 +39,107 @@ Result<bool> IsAddressOfThisHost(const std::string& host_port) {
   if (::bind(fd.get(), addr.get(), addr.length) == 0) return true;
   if (errno == EADDRNOTAVAIL) return false;
   return Status::FromErrno("bind to check whether " + host_port + " is this host's");
+}
+
+namespace {
+
+bool IsWildcard(const detail::SockAddr& a) {
+  if (a.storage.ss_family == AF_INET)
+    return reinterpret_cast<const sockaddr_in*>(&a.storage)->sin_addr.s_addr == htonl(INADDR_ANY);
+  if (a.storage.ss_family == AF_INET6)
+    return IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<const sockaddr_in6*>(&a.storage)->sin6_addr);
+  return false;
+}
+
+bool IsLoopback(const sockaddr* a) {
+  if (a->sa_family == AF_INET) return (ntohl(reinterpret_cast<const sockaddr_in*>(a)->sin_addr.s_addr) >> 24) == 127;
+  if (a->sa_family == AF_INET6) {
+    const in6_addr& v6 = reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr;
+    return IN6_IS_ADDR_LOOPBACK(&v6) || (IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127);
+  }
+  return false;
+}
+
+// "HOST:PORT" of an address with `port` (brackets around IPv6).
+std::string WithPort(const sockaddr* a, uint16_t port) {
+  detail::SockAddr copy;
+  const socklen_t length = a->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+  std::memcpy(&copy.storage, a, length);
+  if (a->sa_family == AF_INET) reinterpret_cast<sockaddr_in*>(&copy.storage)->sin_port = htons(port);
+  else reinterpret_cast<sockaddr_in6*>(&copy.storage)->sin6_port = htons(port);
+  return detail::FormatSockAddr(copy.get());
+}
+
+// The first non-loopback address this host's name resolves to that a socket here can bind.
+std::string AddressOfHostName(uint16_t port, std::string* name) {
+  char host[256] = {};
+  if (::gethostname(host, sizeof(host) - 1) != 0 || host[0] == 0) return "";
+  *name = host;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host, nullptr, &hints, &found) != 0) return "";
+  std::string out;
+  for (int family : {AF_INET, AF_INET6}) {
+    for (const addrinfo* a = found; a != nullptr && out.empty(); a = a->ai_next) {
+      if (a->ai_family != family || IsLoopback(a->ai_addr)) continue;
+      const std::string candidate = WithPort(a->ai_addr, port);
+      Result<bool> here = IsAddressOfThisHost(WithPort(a->ai_addr, 0));
+      if (here.ok() && *here) out = candidate;
+    }
+  }
+  ::freeaddrinfo(found);
+  return out;
+}
+
+// The first non-loopback address of an interface that is up: IPv4, else IPv6 but link-local.
+std::string AddressOfAnInterface(uint16_t port, std::string* interface) {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return "";
+  std::string out;
+  for (int family : {AF_INET, AF_INET6}) {
+    for (const ifaddrs* i = list; i != nullptr && out.empty(); i = i->ifa_next) {
+      if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != family || !(i->ifa_flags & IFF_UP) ||
+          (i->ifa_flags & IFF_LOOPBACK) || IsLoopback(i->ifa_addr))
+        continue;
+      if (family == AF_INET6 && IN6_IS_ADDR_LINKLOCAL(&reinterpret_cast<const sockaddr_in6*>(i->ifa_addr)->sin6_addr))
+        continue;
+      out = WithPort(i->ifa_addr, port);
+      *interface = i->ifa_name;
+    }
+  }
+  ::freeifaddrs(list);
+  return out;
+}
+
+}  // namespace
+
+Result<AdvertisedAddress> Advertise(const std::string& bound, const std::string& host) {
+  VIPER_ASSIGN_OR_RETURN(auto listening, ParseHostPort(bound));
+  const uint16_t port = listening.second;
+  if (!host.empty()) {
+    const bool bracketed = host.front() == '[';
+    const std::string literal = !bracketed && host.find(':') != std::string::npos ? "[" + host + "]" : host;
+    auto parsed = ParseHostPort(literal + ":" + std::to_string(port));
+    if (!parsed.ok()) return parsed.status().WithContext("advertised host '" + host + "'");
+    VIPER_ASSIGN_OR_RETURN(detail::SockAddr resolved, detail::Resolve(parsed->first, port));
+    if (IsWildcard(resolved))
+      return Status::InvalidArgument("advertised host '" + host + "' is a wildcard: name the address other hosts reach");
+    return AdvertisedAddress{literal + ":" + std::to_string(port), "as told", IsLoopback(resolved.get())};
+  }
+  VIPER_ASSIGN_OR_RETURN(detail::SockAddr bound_address, detail::Resolve(listening.first, port));
+  if (!IsWildcard(bound_address)) return AdvertisedAddress{bound, "the listen address", IsLoopback(bound_address.get())};
+  std::string name, interface;
+  if (std::string a = AddressOfHostName(port, &name); !a.empty())
+    return AdvertisedAddress{a, "this host's name " + name + " resolves to it", false};
+  if (std::string a = AddressOfAnInterface(port, &interface); !a.empty())
+    return AdvertisedAddress{a, "the first address of interface " + interface +
+                                    (name.empty() ? "" : " (the host name " + name + " resolves to no non-loopback address of this host)"),
+                             false};
+  const bool v6 = bound_address.storage.ss_family == AF_INET6;
+  return AdvertisedAddress{fmt::format("{}:{}", v6 ? "[::1]" : "127.0.0.1", port),
+                           "loopback: this host has no other address that is up", true};
 }
 
 namespace detail {

@@ -209,4 +209,22 @@ Result<bool> IsLoopbackAddress(const std::string& host_port);
 // Errors as ParseHostPort, NotFound for an unknown host, and the bind's own failures.
 Result<bool> IsAddressOfThisHost(const std::string& host_port);
 
+// Where other hosts reach a listener bound to `bound` ("HOST:PORT" as Engine::listen_address
+// reports it): "HOST:PORT" with the bound port, and how HOST was chosen (for the node's log).
+// - `host` given (a name or an address; IPv6 with or without brackets): that host. It must
+//   resolve (NotFound) and must not be a wildcard or malformed (InvalidArgument).
+// - else a listener on one address: that address.
+// - else (0.0.0.0 or ::, every interface): this host's name, if it resolves to a non-loopback
+//   address a socket here can bind; else the first non-loopback address of an interface that is
+//   up (IPv4 before IPv6, link-local IPv6 skipped); else loopback (`loopback_only`: only this
+//   host can reach it).
+// Why: the address goes into the registry, replica lists and Publisher.address, which other
+// hosts connect to; "0.0.0.0:7300" there sends each of them to its own host.
+struct AdvertisedAddress {
+  std::string address;
+  std::string how;
+  bool loopback_only = false;
+};
+Result<AdvertisedAddress> Advertise(const std::string& bound, const std::string& host);
+
 }  // namespace viper::net

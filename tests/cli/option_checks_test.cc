@@ -200,6 +200,7 @@ const std::map<std::string, std::set<std::string>>& Flags();
 const std::vector<Option>& Table() {
   static const std::vector<Option> table = {
       {"serve", "--listen", Kind::kHostPort},
+      {"serve", "--advertise", Kind::kText, 0, 253},
       {"serve", "--store-dir", Kind::kPath},
       {"serve", "--keep-host-versions", Kind::kInteger, 1, 100000},
       {"serve", "--keep-file-versions", Kind::kInteger, 1, 100000},

@@ -1,6 +1,7 @@
 // ParseHostPort: accepted forms and clear errors for every malformed one; IsAddressOfThisHost.
 #include <arpa/inet.h>
 #include <ifaddrs.h>
+#include <net/if.h>
 #include <netinet/in.h>
 
 #include <gtest/gtest.h>
@@ -87,6 +88,50 @@ TEST(IsAddressOfThisHost, TellsThisHostsAddressesFromOthers) {
   ::freeifaddrs(list);
   EXPECT_GE(checked, 1);
   EXPECT_FALSE(IsAddressOfThisHost("not-an-address").ok());
+}
+
+
+// Where other hosts are told to reach a listener (the registry, replica lists, Node::address()).
+TEST(Advertise, TheListenAddressAHostAsToldOrThisHostsOwnForAWildcard) {
+  auto listen = Advertise("127.0.0.1:7300", "");
+  ASSERT_TRUE(listen.ok()) << listen.status().ToString();
+  EXPECT_EQ(listen->address, "127.0.0.1:7300");
+  EXPECT_TRUE(listen->loopback_only);
+  for (auto [host, want] : std::vector<std::pair<std::string, std::string>>{
+           {"10.1.2.3", "10.1.2.3:7300"}, {"localhost", "localhost:7300"}, {"fe80::1", "[fe80::1]:7300"},
+           {"[::1]", "[::1]:7300"}}) {
+    auto told = Advertise("0.0.0.0:7300", host);
+    ASSERT_TRUE(told.ok()) << host << ": " << told.status().ToString();
+    EXPECT_EQ(told->address, want);
+  }
+  for (const char* wildcard : {"0.0.0.0", "::", "[::]"}) {
+    auto refused = Advertise("0.0.0.0:7300", wildcard);
+    ASSERT_FALSE(refused.ok()) << wildcard;
+    EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(refused.status().message().find("is a wildcard"), std::string::npos) << refused.status().ToString();
+  }
+  EXPECT_EQ(Advertise("0.0.0.0:7300", "no-such-host.invalid").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(Advertise("0.0.0.0:7300", "a b").status().code(), StatusCode::kInvalidArgument);
+
+  // Every interface: one of this host's own addresses, not loopback where an interface is up.
+  bool has_other = false;
+  ifaddrs* list = nullptr;
+  ASSERT_EQ(::getifaddrs(&list), 0);
+  for (ifaddrs* a = list; a != nullptr; a = a->ifa_next)
+    if (a->ifa_addr != nullptr && a->ifa_addr->sa_family == AF_INET && (a->ifa_flags & IFF_UP) &&
+        !(a->ifa_flags & IFF_LOOPBACK))
+      has_other = true;
+  ::freeifaddrs(list);
+  for (const char* bound : {"0.0.0.0:7300", "[::]:7300"}) {
+    auto own = Advertise(bound, "");
+    ASSERT_TRUE(own.ok()) << bound << ": " << own.status().ToString();
+    std::printf("%s is advertised as %s (%s)\n", bound, own->address.c_str(), own->how.c_str());
+    EXPECT_TRUE(own->address.ends_with(":7300")) << own->address;
+    auto here = IsAddressOfThisHost(own->address);
+    ASSERT_TRUE(here.ok()) << here.status().ToString();
+    EXPECT_TRUE(*here) << own->address;
+    EXPECT_EQ(own->loopback_only, !has_other) << own->address;
+  }
 }
 
 }  // namespace

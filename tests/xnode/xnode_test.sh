@@ -338,7 +338,29 @@ test_partition() {
   stop "$PID_a8"
 }
 
-for t in ${XNODE_TESTS:-test_big test_kill test_relay test_auth test_failover test_failover_to_relay test_partition}; do
+# ---------------------------------------------------------------- 8. a node on every interface, found through Redis
+# A node listening on 0.0.0.0 registers the address other hosts reach (h1's), not the wildcard: a
+# consumer on h2 that knows only the registry gets the version. Told "0.0.0.0:7370", as before, it
+# connected to its own host.
+test_advertise() {
+  (exec "$VIPER_HOSTS_SCRIPT" exec h1 -- redis-server --bind $A --port 6390 --save "" --appendonly no \
+     --protected-mode no >"$TMP/redis.log" 2>&1) &
+  local redis=$!
+  PIDS+=($redis)
+  wait_for 10 on h1 redis-cli -h $A -p 6390 ping >/dev/null 2>&1 || { failed "redis-server on h1 did not start"; return; }
+  serve h1 a9 --listen 0.0.0.0:7370 --insecure --registry redis://$A:6390 || return
+  check "the node on 0.0.0.0 advertises h1's address ($(cat "$TMP/a9.addr"))" test "$(cat "$TMP/a9.addr")" = "$A:7370"
+  on h1 "$VIPER" publish adv "$TMP/mid1.safetensors" --connect 127.0.0.1:7370 >/dev/null || { failed "publish adv"; return; }
+  on h2 "$VIPER" watch adv --registry redis://$A:6390 --json --count 1 --timeout 30 >"$TMP/adv.json" 2>"$TMP/adv.err"
+  check "watch on h2 found the node through the registry alone and got the version (exit $?)" lines "$TMP/adv.json" 1
+  check "adv v1 on h2 came over the network" test "$(field "$TMP/adv.json" 0 path 2>/dev/null)" = remote
+  check "adv v1 on h2 is bit-exact" \
+    test "$(field "$TMP/adv.json" 0 checksum 2>/dev/null)" = "$(source_checksum $A 7370 adv 1 "$TMP/mid1.safetensors")"
+  stop "$PID_a9"
+  kill -TERM "$redis" 2>/dev/null; wait "$redis" 2>/dev/null
+}
+
+for t in ${XNODE_TESTS:-test_big test_kill test_relay test_auth test_failover test_failover_to_relay test_partition test_advertise}; do
   echo "== $t"
   start=$SECONDS
   $t

@@ -157,6 +157,10 @@ ViperCommand serve_command(
                      "--connect looks by default")
           ->capture_default_str()
           ->check(HostPort());
+      app.add_option("--advertise", flags->node.advertise,
+                     "HOST other hosts reach this node at, in the registry and replica lists (default: the --listen "
+                     "host or, for 0.0.0.0 / ::, this host's own address)")
+          ->check(Text(253));
       app.add_option("--store-dir", flags->node.store_dir, "File tier directory (persistence and fallback)")
           ->check(PathText());
       app.add_option("--keep-host-versions,--keep-host", flags->node.keep_host_versions,

@@ -7,6 +7,7 @@
 #include <unistd.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fmt/format.h>
@@ -144,7 +145,7 @@ Result<AdvertisedAddress> Advertise(const std::string& bound, const std::string&
 
 namespace detail {
 
-Result<SockAddr> Resolve(const std::string& host, uint16_t port) {
+Result<std::vector<SockAddr>> ResolveAll(const std::string& host, uint16_t port) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -153,21 +154,29 @@ Result<SockAddr> Resolve(const std::string& host, uint16_t port) {
   if (rc != 0 || found == nullptr) {
     return Status::NotFound(fmt::format("cannot resolve host '{}': {}", host, gai_strerror(rc)));
   }
-  SockAddr out;
-  // Prefer IPv4: UCX's TCP transports order inet before inet6 by default.
-  const addrinfo* pick = found;
-  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
-    if (a->ai_family == AF_INET) { pick = a; break; }
+  std::vector<SockAddr> out;
+  for (int family : {AF_INET, AF_INET6}) {
+    for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+      if (a->ai_family != family || a->ai_addrlen > sizeof(sockaddr_storage)) continue;
+      SockAddr s;
+      std::memcpy(&s.storage, a->ai_addr, a->ai_addrlen);
+      s.length = a->ai_addrlen;
+      if (family == AF_INET) reinterpret_cast<sockaddr_in*>(&s.storage)->sin_port = htons(port);
+      else reinterpret_cast<sockaddr_in6*>(&s.storage)->sin6_port = htons(port);
+      const bool seen = std::any_of(out.begin(), out.end(), [&](const SockAddr& o) {
+        return o.length == s.length && std::memcmp(&o.storage, &s.storage, s.length) == 0;
+      });
+      if (!seen) out.push_back(s);
+    }
   }
-  std::memcpy(&out.storage, pick->ai_addr, pick->ai_addrlen);
-  out.length = pick->ai_addrlen;
   freeaddrinfo(found);
-  if (out.storage.ss_family == AF_INET) {
-    reinterpret_cast<sockaddr_in*>(&out.storage)->sin_port = htons(port);
-  } else {
-    reinterpret_cast<sockaddr_in6*>(&out.storage)->sin6_port = htons(port);
-  }
+  if (out.empty()) return Status::NotFound(fmt::format("cannot resolve host '{}': no IPv4 or IPv6 address", host));
   return out;
+}
+
+Result<SockAddr> Resolve(const std::string& host, uint16_t port) {
+  VIPER_ASSIGN_OR_RETURN(std::vector<SockAddr> all, ResolveAll(host, port));
+  return all.front();
 }
 
 std::string FormatSockAddr(const sockaddr* address) {

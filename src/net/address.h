@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "viper/status.h"
 
@@ -17,8 +18,12 @@ struct SockAddr {
   const sockaddr* get() const { return reinterpret_cast<const sockaddr*>(&storage); }
 };
 
-// Resolves `host` (IPv4/IPv6 literal or name) with `port` to the first stream address.
+// Resolves `host` (IPv4/IPv6 literal or name) with `port` to the first stream address (IPv4
+// first: UCX's TCP transports order inet before inet6 by default).
 Result<SockAddr> Resolve(const std::string& host, uint16_t port);
+// Every stream address `host` resolves to, IPv4 ones first, each once: what a client tries in
+// turn. NotFound as Resolve.
+Result<std::vector<SockAddr>> ResolveAll(const std::string& host, uint16_t port);
 
 // "a.b.c.d:port" or "[v6]:port"; "?" for an unknown family.
 std::string FormatSockAddr(const sockaddr* address);

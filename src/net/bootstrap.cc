@@ -338,10 +338,10 @@ crypto::Mac AddressProof(std::string_view token, const Nonce& client_nonce, cons
                             ProofMessage(kAddressLabel, client_nonce, node_nonce, {client_address, node_address}));
 }
 
-Result<std::vector<std::byte>> ExchangeWorkerAddresses(const SockAddr& to, std::string_view token,
-                                                       std::span<const std::byte> ours,
-                                                       SteadyClock::time_point deadline, const std::string& what) {
-  const std::string node = FormatSockAddr(to.get());
+namespace {
+
+// A TCP connection to `to`, non-blocking; Unavailable naming the errno if it is refused or fails.
+Result<Fd> ConnectStream(const SockAddr& to, SteadyClock::time_point deadline, const std::string& what) {
   Fd fd(::socket(to.get()->sa_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (fd.get() < 0) return Status::FromErrno(what + ": socket");
   if (::connect(fd.get(), to.get(), to.length) != 0) {
@@ -352,6 +352,28 @@ Result<std::vector<std::byte>> ExchangeWorkerAddresses(const SockAddr& to, std::
     ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
     if (err != 0) return Status::Unavailable(what + ": " + std::strerror(err));
   }
+  return fd;
+}
+
+}  // namespace
+
+Result<std::vector<std::byte>> ExchangeWorkerAddresses(std::span<const SockAddr> candidates, std::string_view token,
+                                                       std::span<const std::byte> ours,
+                                                       SteadyClock::time_point deadline, const std::string& what) {
+  // A name may resolve to addresses the node does not listen on (localhost: 127.0.0.1 and ::1):
+  // the first that takes the connection is the node's. Only the TCP connection is retried; a
+  // node that answers and refuses is the answer.
+  Result<Fd> connected = Status::Unavailable(what + ": no address to connect to");
+  size_t at = 0;
+  for (; at < candidates.size(); ++at) {
+    const std::string where = candidates.size() == 1 ? what : what + " (" + FormatSockAddr(candidates[at].get()) + ")";
+    connected = ConnectStream(candidates[at], deadline, where);
+    if (connected.ok() || connected.status().code() != StatusCode::kUnavailable) break;
+  }
+  if (!connected.ok()) return connected.status();
+  const SockAddr& to = candidates[at];
+  const std::string node = FormatSockAddr(to.get());
+  Fd fd = std::move(connected).value();
   int one = 1;
   ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 

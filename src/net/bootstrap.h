@@ -129,11 +129,13 @@ crypto::Mac ClientProof(std::string_view token, const Nonce& client_nonce, const
 crypto::Mac AddressProof(std::string_view token, const Nonce& client_nonce, const Nonce& node_nonce,
                          std::span<const std::byte> client_address, std::span<const std::byte> node_address);
 
-// Client side: connects to `to`, runs the handshake with `token` (empty = none) and `ours`,
+// Client side: connects to the first of `to` (the addresses a host name resolves to, in order)
+// that accepts a TCP connection, runs the handshake with `token` (empty = none) and `ours`,
 // returns the node's worker address once the node accepted us. Blocks until `deadline` at most;
 // every failure names `what`; a refusal is PermissionDenied (token) or Unavailable (busy, other)
 // with "refused by HOST:PORT: <reason>"; a node that cannot prove the token is PermissionDenied.
-Result<std::vector<std::byte>> ExchangeWorkerAddresses(const SockAddr& to, std::string_view token,
+// REQUIRES: `to` is not empty.
+Result<std::vector<std::byte>> ExchangeWorkerAddresses(std::span<const SockAddr> to, std::string_view token,
                                                        std::span<const std::byte> ours,
                                                        std::chrono::steady_clock::time_point deadline,
                                                        const std::string& what);

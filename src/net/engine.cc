@@ -518,7 +518,7 @@ Result<PeerId> Engine::Connect(const std::string& host_port) {
   }
   Result<std::pair<std::string, uint16_t>> parsed = ParseHostPort(host_port);
   if (!parsed.ok()) return parsed.status().WithContext("connect");
-  Result<detail::SockAddr> addr = detail::Resolve(parsed->first, parsed->second);
+  Result<std::vector<detail::SockAddr>> addr = detail::ResolveAll(parsed->first, parsed->second);
   if (!addr.ok()) return addr.status().WithContext(fmt::format("connect to {}", host_port));
   Impl* p = impl_.get();
   // The worker addresses are exchanged here, on the caller's thread (bootstrap.h); the endpoint

@@ -26,33 +26,48 @@ namespace {
 using detail::CheckUcxWorkerAddress;
 using detail::ParseUcxWorkerAddress;
 
-// The worker address of a UCX worker made with the given UCX_* settings (as Viper's engine makes
-// them: tag, AM and wakeup features).
+// A UCX worker made with the given UCX_* settings (as Viper's engine makes them: tag, AM and
+// wakeup features), alive until destroyed: its address reaches it meanwhile.
+class LiveWorker {
+ public:
+  explicit LiveWorker(const std::vector<std::pair<std::string, std::string>>& env = {}) {
+    for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+    ucp_config_t* config = nullptr;
+    EXPECT_EQ(ucp_config_read(nullptr, nullptr, &config), UCS_OK);
+    for (const auto& [k, v] : env) ::unsetenv(k.c_str());
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES;
+    params.features = UCP_FEATURE_TAG | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+    EXPECT_EQ(ucp_init(&params, config, &context_), UCS_OK);
+    ucp_config_release(config);
+    ucp_worker_params_t wparams{};
+    wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wparams.thread_mode = UCS_THREAD_MODE_SINGLE;
+    EXPECT_EQ(ucp_worker_create(context_, &wparams, &worker_), UCS_OK);
+    ucp_address_t* address = nullptr;
+    size_t length = 0;
+    EXPECT_EQ(ucp_worker_get_address(worker_, &address, &length), UCS_OK);
+    const auto* first = reinterpret_cast<const std::byte*>(address);
+    address_.assign(first, first + length);
+    ucp_worker_release_address(worker_, address);
+  }
+  ~LiveWorker() {
+    ucp_worker_destroy(worker_);
+    ucp_cleanup(context_);
+  }
+  LiveWorker(const LiveWorker&) = delete;
+  LiveWorker& operator=(const LiveWorker&) = delete;
+  const std::vector<std::byte>& address() const { return address_; }
+
+ private:
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  std::vector<std::byte> address_;
+};
+
+// The worker address of a UCX worker made with the given UCX_* settings.
 std::vector<std::byte> RealAddress(const std::vector<std::pair<std::string, std::string>>& env) {
-  for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
-  ucp_config_t* config = nullptr;
-  EXPECT_EQ(ucp_config_read(nullptr, nullptr, &config), UCS_OK);
-  for (const auto& [k, v] : env) ::unsetenv(k.c_str());
-  ucp_params_t params{};
-  params.field_mask = UCP_PARAM_FIELD_FEATURES;
-  params.features = UCP_FEATURE_TAG | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
-  ucp_context_h context = nullptr;
-  EXPECT_EQ(ucp_init(&params, config, &context), UCS_OK);
-  ucp_config_release(config);
-  ucp_worker_params_t wparams{};
-  wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-  wparams.thread_mode = UCS_THREAD_MODE_SINGLE;
-  ucp_worker_h worker = nullptr;
-  EXPECT_EQ(ucp_worker_create(context, &wparams, &worker), UCS_OK);
-  ucp_address_t* address = nullptr;
-  size_t length = 0;
-  EXPECT_EQ(ucp_worker_get_address(worker, &address, &length), UCS_OK);
-  const auto* first = reinterpret_cast<const std::byte*>(address);
-  std::vector<std::byte> out(first, first + length);
-  ucp_worker_release_address(worker, address);
-  ucp_worker_destroy(worker);
-  ucp_cleanup(context);
-  return out;
+  return LiveWorker(env).address();
 }
 
 struct Flavour {
@@ -301,6 +316,37 @@ TEST_F(EngineTest, MalformedWorkerAddressesAreDroppedBeforeUcxUnpacksThem) {
   ASSERT_TRUE(peer.ok()) << peer.status().ToString();
   ASSERT_TRUE(client->Send(*peer, AsBytes("still serving")).ok());
   EXPECT_EQ(NextText(), "still serving");
+}
+
+
+// A host name may resolve to addresses the node does not listen on (localhost: 127.0.0.1 and
+// ::1, the node on one of them): the client tries each in turn and bootstraps with the first
+// that takes the connection. Here 127.0.0.2 (loopback, where nothing listens on the port) comes
+// first; before, the client tried only the first address a name resolved to.
+TEST_F(EngineTest, TheClientTriesEachAddressANameResolvesTo) {
+  EngineOptions options;
+  options.listen = "127.0.0.1:0";
+  auto engine = StartEngine(options);
+  ASSERT_TRUE(engine);
+  auto port = ParseHostPort(engine->listen_address());
+  ASSERT_TRUE(port.ok());
+  auto refused = detail::Resolve("127.0.0.2", port->second), listening = detail::Resolve("127.0.0.1", port->second);
+  ASSERT_TRUE(refused.ok() && listening.ok());
+  LiveWorker client;  // the node makes an endpoint to its address
+  const auto& ours = client.address();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  std::vector<detail::SockAddr> both = {*refused, *listening};
+  auto node_address = detail::ExchangeWorkerAddresses(both, "", ours, deadline, "connect");
+  ASSERT_TRUE(node_address.ok()) << node_address.status().ToString();
+  EXPECT_TRUE(ParseUcxWorkerAddress(*node_address).ok());
+  std::vector<detail::SockAddr> only_refused = {*refused};
+  auto none = detail::ExchangeWorkerAddresses(only_refused, "", ours, deadline, "connect");
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(none.status().message().find("refused"), std::string::npos) << none.status().ToString();
+  auto all = detail::ResolveAll("localhost", 7);
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  EXPECT_EQ(all->front().storage.ss_family, AF_INET);  // IPv4 first, as UCX orders them
 }
 
 }  // namespace

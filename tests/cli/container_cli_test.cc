@@ -17,6 +17,7 @@
 
 #include "api/process.h"
 #include "cli/run_viper.h"
+#include "cli/serve_process.h"
 #include "viper/snapshot.h"
 
 namespace viper {
@@ -29,26 +30,14 @@ using testing::RunProgram;
 
 std::string Viper() { return std::string(VIPER_BINARY_DIR) + "/bin/viper"; }
 
-// Starts `viper serve` on loopback, run through `shell` (a /bin/sh script whose "$@" is the serve
-// command) when given; returns its address ("" if it did not come up within 30 s).
+// Starts `viper serve` on loopback, run by `shell` (a /bin/sh script whose "$@" is the serve
+// command) in a mount namespace of its own when given; returns its address ("" if it did not come
+// up within 30 s).
 std::string StartServe(std::unique_ptr<Process>& serve, const std::filesystem::path& dir, const std::string& tag,
                        const std::vector<std::string>& extra = {}, const std::string& shell = "") {
-  const auto address_file = dir / (tag + ".address");
-  std::vector<std::string> argv;
-  if (!shell.empty()) argv = {"/usr/bin/unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", shell, "sh"};
-  for (const std::string& a : {Viper(), std::string("serve"), std::string("--listen"), std::string("127.0.0.1:0"),
-                               std::string("--segment-prefix"), "ctr" + tag, std::string("--address-file"),
-                               address_file.string()})
-    argv.push_back(a);
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  serve = std::make_unique<Process>(argv, dir / (tag + ".log"));
-  std::string address;
-  testing::WaitUntil([&] {
-    address = testing::ReadFile(address_file);
-    while (!address.empty() && (address.back() == '\n' || address.back() == ' ')) address.pop_back();
-    return !address.empty() || !serve->running();
-  }, 30s);
-  return address;
+  std::vector<std::string> wrapper;
+  if (!shell.empty()) wrapper = {"/usr/bin/unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", shell, "sh"};
+  return testing::StartServe(serve, dir, tag, "ctr" + tag, extra, wrapper);
 }
 
 // A one-tensor model of `bytes` bytes written to `dir`/`name`.safetensors; returns its path.

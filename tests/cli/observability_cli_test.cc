@@ -16,6 +16,7 @@
 #include "api/client.h"
 #include "api/process.h"
 #include "cli/run_viper.h"
+#include "cli/serve_process.h"
 #include "viper/metrics.h"
 #include "viper/node.h"
 #include "viper/snapshot.h"
@@ -28,24 +29,11 @@ using testing::Outcome;
 using testing::Process;
 using testing::RunViper;
 
-std::string Viper() { return std::string(VIPER_BINARY_DIR) + "/bin/viper"; }
-
 // Starts `viper serve` on loopback with `extra` arguments; returns its address ("" if it did not
 // come up within 30 s).
 std::string StartServe(std::unique_ptr<Process>& serve, const std::filesystem::path& dir, const std::string& tag,
                        std::vector<std::string> extra = {}) {
-  const auto address_file = dir / (tag + ".address");
-  std::vector<std::string> argv = {Viper(), "serve", "--listen", "127.0.0.1:0", "--segment-prefix", "obs" + tag,
-                                   "--address-file", address_file.string()};
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  serve = std::make_unique<Process>(argv, dir / (tag + ".log"));
-  std::string address;
-  testing::WaitUntil([&] {
-    address = testing::ReadFile(address_file);
-    while (!address.empty() && (address.back() == '\n' || address.back() == ' ')) address.pop_back();
-    return !address.empty() || !serve->running();
-  }, 30s);
-  return address;
+  return testing::StartServe(serve, dir, tag, "obs" + tag, extra);
 }
 
 struct Exposition {

@@ -16,20 +16,24 @@
 #include "net/engine.h"
 
 namespace viper::net {
+namespace {
+
+// 127.0.0.0/8, ::1, or v4-mapped 127/8.
+bool IsLoopback(const sockaddr* a) {
+  if (a->sa_family == AF_INET) return (ntohl(reinterpret_cast<const sockaddr_in*>(a)->sin_addr.s_addr) >> 24) == 127;
+  if (a->sa_family == AF_INET6) {
+    const in6_addr& v6 = reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr;
+    return IN6_IS_ADDR_LOOPBACK(&v6) || (IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127);
+  }
+  return false;
+}
+
+}  // namespace
 
 Result<bool> IsLoopbackAddress(const std::string& host_port) {
   VIPER_ASSIGN_OR_RETURN(auto parsed, ParseHostPort(host_port));
   VIPER_ASSIGN_OR_RETURN(detail::SockAddr addr, detail::Resolve(parsed.first, parsed.second));  // what a listener binds
-  if (addr.storage.ss_family == AF_INET) {
-    const auto* v4 = reinterpret_cast<const sockaddr_in*>(&addr.storage);
-    return (ntohl(v4->sin_addr.s_addr) >> 24) == 127;
-  }
-  if (addr.storage.ss_family == AF_INET6) {
-    const in6_addr& a = reinterpret_cast<const sockaddr_in6*>(&addr.storage)->sin6_addr;
-    if (IN6_IS_ADDR_LOOPBACK(&a)) return true;
-    return IN6_IS_ADDR_V4MAPPED(&a) && a.s6_addr[12] == 127;
-  }
-  return false;
+  return IsLoopback(addr.get());
 }
 
 Result<bool> IsAddressOfThisHost(const std::string& host_port) {
@@ -49,15 +53,6 @@ bool IsWildcard(const detail::SockAddr& a) {
     return reinterpret_cast<const sockaddr_in*>(&a.storage)->sin_addr.s_addr == htonl(INADDR_ANY);
   if (a.storage.ss_family == AF_INET6)
     return IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<const sockaddr_in6*>(&a.storage)->sin6_addr);
-  return false;
-}
-
-bool IsLoopback(const sockaddr* a) {
-  if (a->sa_family == AF_INET) return (ntohl(reinterpret_cast<const sockaddr_in*>(a)->sin_addr.s_addr) >> 24) == 127;
-  if (a->sa_family == AF_INET6) {
-    const in6_addr& v6 = reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr;
-    return IN6_IS_ADDR_LOOPBACK(&v6) || (IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127);
-  }
   return false;
 }
 

@@ -311,13 +311,16 @@ TEST(CutThrough, SealAndCommitCheckTheirPreconditions) {
 TEST(CutThrough, PublisherFeedsRemoteConsumersWhileItCopies) {
   // Half way through each copy, Publish waits until the remote consumer has received bytes of the
   // version (at most 10 s): its chunks go out while the publish is still running, however slowly
-  // this machine schedules the consumer.
-  std::atomic<uint64_t> paused{0}, received_while_copying{0};
+  // this machine schedules the consumer. The count to pass is the one before the version was
+  // published (each version is whole at both consumers before the next): a fast consumer may
+  // already have everything that landed by the time the hook runs, and nothing more lands while
+  // the hook waits.
+  std::atomic<uint64_t> paused{0}, received_while_copying{0}, sent_before_version{0};
   PublisherWithReaders p;
   ASSERT_NO_FATAL_FAILURE(p.Start(PublishMode::kAsync, [&](Node& n, uint64_t version, uint64_t landed, uint64_t size) {
     if (landed < size / 2 || paused.exchange(version) == version) return;
-    const uint64_t before = n.stats().bytes_sent_incoming;
-    if (WaitUntil([&] { return n.stats().bytes_sent_incoming > before; }, 10s)) received_while_copying++;
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    if (WaitUntil([&] { return n.stats().bytes_sent_incoming > sent_before_version.load(); }, 10s)) received_while_copying++;
   }));
   auto& publisher = p.publisher;
   Node& node = publisher->node();
@@ -333,6 +336,7 @@ TEST(CutThrough, PublisherFeedsRemoteConsumersWhileItCopies) {
       tensors.push_back({{"t" + std::to_string(t), DType::kU8, {static_cast<int64_t>(data[t].size())}}, data[t]});
     PublishInfo pi;
     pi.step = i;
+    sent_before_version = node.stats().bytes_sent_incoming;
     auto published = publisher->Publish(tensors, pi);
     ASSERT_TRUE(published.ok()) << published.status().ToString();
     for (Consumer* c : {&remote, &mapper}) {
@@ -366,12 +370,12 @@ TEST(CutThrough, ACommittedDraftReachesRemoteReadersWhileItIsSealed) {
   // Before the seal starts (sync: the seal runs in Commit, after the hook), Commit waits until the
   // remote consumer has received bytes of the version (at most 10 s). Every byte has landed, so
   // the node counts what it sends as bytes_sent (not bytes_sent_incoming); the mapper sends nothing.
-  std::atomic<uint64_t> received_before_seal{0};
+  // The count to pass is the one before Commit (a consumer may have it all before the hook runs).
+  std::atomic<uint64_t> received_before_seal{0}, sent_before_version{0};
   PublisherWithReaders p;
   ASSERT_NO_FATAL_FAILURE(p.Start(PublishMode::kSync, [&](Node& n, uint64_t, uint64_t landed, uint64_t size) {
     if (landed != size) return;
-    const uint64_t before = n.stats().bytes_sent;
-    if (WaitUntil([&] { return n.stats().bytes_sent > before; }, 10s)) received_before_seal++;
+    if (WaitUntil([&] { return n.stats().bytes_sent > sent_before_version.load(); }, 10s)) received_before_seal++;
   }));
   auto& publisher = p.publisher;
   Node& node = publisher->node();
@@ -391,6 +395,7 @@ TEST(CutThrough, ACommittedDraftReachesRemoteReadersWhileItIsSealed) {
     }
     PublishInfo pi;
     pi.step = i;
+    sent_before_version = node.stats().bytes_sent;
     auto committed = publisher->Commit(std::move(*draft), pi);
     ASSERT_TRUE(committed.ok()) << committed.status().ToString();
     EXPECT_EQ(committed->version, i);

@@ -21,20 +21,19 @@
 // which the caller holds as before (a kept mapping is not a lease).
 #pragma once
 
-#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
-#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "core/fd.h"
 #include "store/host_tier.h"
 #include "viper/status.h"
 
@@ -51,41 +50,30 @@ class SegmentMappings {
     uint64_t reused = 0;  // Map() calls served by a kept mapping
   };
 
-  // The first `size` bytes of segment `name`, read-only. Errors as
-  // MapSegmentReadOnly (InvalidArgument for a bad name or a segment smaller than `size`,
-  // NotFound, PermissionDenied for another user's segment).
+  // The first `size` bytes of segment `name`, read-only. Errors as OpenSegmentReadOnly
+  // (InvalidArgument for a bad name, a segment smaller than `size` or one that is not a regular
+  // file, NotFound, PermissionDenied for another user's segment).
   Result<MappedSegment> Map(const std::string& name, uint64_t size) {
-    if (size == 0 || name.empty() || name.size() > NAME_MAX || name.find('/') != std::string::npos ||
-        name.front() == '.') {
-      return MapSegmentReadOnly(name, size);  // its error message
-    }
-    int fd = ::shm_open(("/" + name).c_str(), O_RDONLY | O_CLOEXEC, 0);
-    if (fd < 0) return MapSegmentReadOnly(name, size);  // its error (foreign, gone); or it mapped meanwhile
     struct stat st {};
-    if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < size) {
-      ::close(fd);
-      return MapSegmentReadOnly(name, size);
-    }
+    VIPER_ASSIGN_OR_RETURN(Fd fd, OpenSegmentReadOnly(name, size, &st));
     std::lock_guard<std::mutex> lock(mu_);
     PruneLocked();
     for (auto& e : entries_) {
       if (e->dev != st.st_dev || e->ino != st.st_ino || e->length < size) continue;
-      ::close(fd);
       e->last_use = ++tick_;
       stats_.reused++;
       return MappedSegment{e->owner, std::span<const std::byte>(e->base, size)};
     }
     // The whole segment: a later version in it may be larger than this one.
     const uint64_t length = static_cast<uint64_t>(st.st_size);
-    void* base = ::mmap(nullptr, length, PROT_READ, MAP_SHARED, fd, 0);
+    void* base = ::mmap(nullptr, length, PROT_READ, MAP_SHARED, fd.get(), 0);
     if (base == MAP_FAILED) {
-      ::close(fd);
-      return MapSegmentReadOnly(name, size);  // its error (out of address space, ...)
+      return Status::FromErrno("segment " + name + ": mmap of " + std::to_string(length) + " bytes failed");
     }
     auto e = std::make_shared<Entry>();
     e->dev = st.st_dev;
     e->ino = st.st_ino;
-    e->fd = fd;
+    e->fd = std::move(fd);
     e->base = static_cast<const std::byte*>(base);
     e->length = length;
     e->owner = std::shared_ptr<const void>(base, [length](const void* p) { ::munmap(const_cast<void*>(p), length); });
@@ -127,23 +115,17 @@ class SegmentMappings {
   struct Entry {
     dev_t dev = 0;
     ino_t ino = 0;
-    int fd = -1;  // pins the inode while the mapping is kept
+    Fd fd;  // pins the inode while the mapping is kept
     const std::byte* base = nullptr;
     uint64_t length = 0;  // bytes mapped (the segment's size when mapped)
     uint64_t last_use = 0;
     std::shared_ptr<const void> owner;  // unmaps when the last version holding it goes
-    Entry() = default;
-    Entry(const Entry&) = delete;
-    Entry& operator=(const Entry&) = delete;
-    ~Entry() {
-      if (fd >= 0) ::close(fd);
-    }
   };
 
   void PruneLocked() {
     std::erase_if(entries_, [](const std::shared_ptr<Entry>& e) {
       struct stat st {};
-      return ::fstat(e->fd, &st) != 0 || st.st_nlink == 0;
+      return ::fstat(e->fd.get(), &st) != 0 || st.st_nlink == 0;
     });
   }
 

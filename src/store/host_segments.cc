@@ -78,31 +78,37 @@ std::vector<std::string> HostTier::FindStaleSegments(const std::string& prefix, 
   return stale;
 }
 
-Result<MappedSegment> MapSegmentReadOnly(const std::string& name, uint64_t size, bool populate) {
+Result<Fd> OpenSegmentReadOnly(const std::string& name, uint64_t size, struct stat* st) {
   if (name.empty() || name.size() > NAME_MAX || name.find('/') != std::string::npos || name.front() == '.') {
     return Status::InvalidArgument(fmt::format("'{}' is not a shared-memory segment name", name));
   }
   if (size == 0) return Status::InvalidArgument(fmt::format("segment {}: cannot map 0 bytes", name));
-  int fd = ::shm_open(("/" + name).c_str(), O_RDONLY | O_CLOEXEC, 0);
-  if (fd < 0 && errno == EACCES) return ForeignSegment(name);
-  if (fd < 0) {
+  Fd fd(::shm_open(("/" + name).c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0));
+  if (fd.get() < 0 && errno == EACCES) return ForeignSegment(name);
+  if (fd.get() < 0 && errno == ELOOP) {
+    return Status::InvalidArgument(fmt::format("segment {}: {}/{} is a symbolic link, not a segment", name, kShmDir, name));
+  }
+  if (fd.get() < 0) {
     return Status::FromErrno(fmt::format("segment {}: shm_open read-only failed (is its node still running?)", name));
   }
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    Status s = Status::FromErrno(fmt::format("segment {}: fstat failed", name));
-    ::close(fd);
-    return s;
+  if (::fstat(fd.get(), st) != 0) return Status::FromErrno(fmt::format("segment {}: fstat failed", name));
+  if (!S_ISREG(st->st_mode)) {
+    return Status::InvalidArgument(fmt::format("segment {}: {}/{} is not a regular file (mode {:o}, owner uid {})", name,
+                                               kShmDir, name, st->st_mode, st->st_uid));
   }
-  if (static_cast<uint64_t>(st.st_size) < size) {
-    ::close(fd);
+  if (static_cast<uint64_t>(st->st_size) < size) {
     return Status::InvalidArgument(fmt::format("segment {} is {}, smaller than the {} expected", name,
-                                               FormatBytes(static_cast<uint64_t>(st.st_size)), FormatBytes(size)));
+                                               FormatBytes(static_cast<uint64_t>(st->st_size)), FormatBytes(size)));
   }
-  void* base = ::mmap(nullptr, size, PROT_READ, MAP_SHARED | (populate ? MAP_POPULATE : 0), fd, 0);
-  int err = errno;
-  ::close(fd);  // the mapping keeps the segment alive
-  if (base == MAP_FAILED) return Status::FromErrno(fmt::format("segment {}: mmap of {} failed", name, FormatBytes(size)), err);
+  return fd;
+}
+
+Result<MappedSegment> MapSegmentReadOnly(const std::string& name, uint64_t size, bool populate) {
+  struct stat st {};
+  VIPER_ASSIGN_OR_RETURN(Fd fd, OpenSegmentReadOnly(name, size, &st));
+  void* base = ::mmap(nullptr, size, PROT_READ, MAP_SHARED | (populate ? MAP_POPULATE : 0), fd.get(), 0);
+  if (base == MAP_FAILED) return Status::FromErrno(fmt::format("segment {}: mmap of {} failed", name, FormatBytes(size)));
+  // The mapping keeps the segment alive; the descriptor closes here.
   MappedSegment out;
   out.owner = std::shared_ptr<const void>(base, [size](const void* p) { ::munmap(const_cast<void*>(p), size); });
   out.data = std::span<const std::byte>(static_cast<const std::byte*>(base), size);

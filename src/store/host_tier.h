@@ -21,6 +21,7 @@
 // WriteLease is destroyed (or committed) before the tier.
 #pragma once
 
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include <cstdint>
@@ -33,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "core/fd.h"
 #include "viper/host_tier_stats.h"
 #include "viper/status.h"
 
@@ -169,5 +171,13 @@ struct MappedSegment {
   std::span<const std::byte> data;
 };
 Result<MappedSegment> MapSegmentReadOnly(const std::string& name, uint64_t size, bool populate = false);
+
+// The descriptor of segment `name` opened read-only for mapping, and its fstat in *st: a regular
+// file of at least `size` bytes. The name comes from a node, but /dev/shm is shared by every user
+// of the host, so what is found under it is checked: the open does not follow a link
+// (O_NOFOLLOW), a FIFO planted under the name does not block it (O_NONBLOCK), and anything but a
+// regular file is refused. Errors as MapSegmentReadOnly, and PermissionDenied for another user's
+// segment this process may not read.
+Result<Fd> OpenSegmentReadOnly(const std::string& name, uint64_t size, struct stat* st);
 
 }  // namespace viper

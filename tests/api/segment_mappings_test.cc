@@ -3,13 +3,18 @@
 // segments the node unlinked, and keeps at most max_segments. Real /dev/shm segments.
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "segment_mappings.h"
@@ -109,6 +114,51 @@ TEST(SegmentMappings, RefusesWhatMapSegmentReadOnlyRefuses) {
   ASSERT_FALSE(missing.ok());
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound) << missing.status().ToString();
   EXPECT_EQ(mappings.kept(), 0u);
+}
+
+// /dev/shm is every user's: what another user put under a segment's name before the consumer
+// opened it is refused at once. A FIFO would block a plain read-only open until a writer came
+// (this test comes as the writer after 3 s, so an open that waits fails on time instead of
+// hanging), and a symbolic link is not followed.
+TEST(SegmentMappings, AFifoOrALinkUnderASegmentsNameIsRefusedAtOnce) {
+  const std::string fifo = Name("fifo"), link = Name("link"), path = "/dev/shm/" + fifo;
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0) << std::strerror(errno);
+  Segment target(Name("target"), 4096, 7);
+  ASSERT_EQ(::symlink(("/dev/shm/" + target.name()).c_str(), ("/dev/shm/" + link).c_str()), 0) << std::strerror(errno);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::thread writer([&] {
+    std::unique_lock<std::mutex> lock(mu);
+    if (cv.wait_for(lock, std::chrono::seconds(3), [&] { return done; })) return;
+    int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);  // releases an open waiting for a writer
+    if (fd >= 0) ::close(fd);
+  });
+  SegmentMappings mappings;
+  const auto start = std::chrono::steady_clock::now();
+  auto from_fifo = mappings.Map(fifo, 4096);
+  const auto waited = std::chrono::steady_clock::now() - start;
+  auto via_link = mappings.Map(link, 4096);
+  auto direct = MapSegmentReadOnly(fifo, 4096);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    done = true;
+  }
+  cv.notify_all();
+  writer.join();
+  ::unlink(path.c_str());
+  ::unlink(("/dev/shm/" + link).c_str());
+  EXPECT_LT(waited, std::chrono::seconds(2)) << "the open waited for a writer on the FIFO";
+  ASSERT_FALSE(from_fifo.ok());
+  EXPECT_EQ(from_fifo.status().code(), StatusCode::kInvalidArgument) << from_fifo.status().ToString();
+  EXPECT_NE(from_fifo.status().message().find("not a regular file"), std::string::npos) << from_fifo.status().ToString();
+  ASSERT_FALSE(direct.ok());
+  EXPECT_EQ(direct.status().code(), StatusCode::kInvalidArgument) << direct.status().ToString();
+  ASSERT_FALSE(via_link.ok());
+  EXPECT_EQ(via_link.status().code(), StatusCode::kInvalidArgument) << via_link.status().ToString();
+  EXPECT_NE(via_link.status().message().find("symbolic link"), std::string::npos) << via_link.status().ToString();
+  EXPECT_EQ(mappings.kept(), 0u);
+  EXPECT_TRUE(mappings.Map(target.name(), 4096).ok()) << "the segment itself maps";
 }
 
 }  // namespace

@@ -216,7 +216,8 @@ class Node {
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
 
-  std::string address() const;   // "host:port" peers connect to
+  std::string address() const;   // "host:port" peers connect to (advertised: NodeOptions::advertise)
+  std::string listen_address() const;  // "host:port" it listens on (a wildcard stays one)
   const std::string& host_key() const { return host_key_; }
   const NodeOptions& options() const { return options_; }
 

@@ -253,6 +253,7 @@ Status Node::Impl::Recover() {
 }
 
 std::string Node::address() const { return impl_->address; }
+std::string Node::listen_address() const { return impl_->engine->listen_address(); }
 HostTier& Node::host_tier() { return *impl_->host; }
 FileTier* Node::file_tier() { return impl_->files.get(); }
 

@@ -350,6 +350,8 @@ test_advertise() {
   wait_for 10 on h1 redis-cli -h $A -p 6390 ping >/dev/null 2>&1 || { failed "redis-server on h1 did not start"; return; }
   serve h1 a9 --listen 0.0.0.0:7370 --insecure --registry redis://$A:6390 || return
   check "the node on 0.0.0.0 advertises h1's address ($(cat "$TMP/a9.addr"))" test "$(cat "$TMP/a9.addr")" = "$A:7370"
+  check "viper serve says where it listens and what it advertises" \
+    grep -qF "a9 listening on 0.0.0.0:7370 (advertised as $A:7370)" "$TMP/a9.log"
   on h1 "$VIPER" publish adv "$TMP/mid1.safetensors" --connect 127.0.0.1:7370 >/dev/null || { failed "publish adv"; return; }
   on h2 "$VIPER" watch adv --registry redis://$A:6390 --json --count 1 --timeout 30 >"$TMP/adv.json" 2>"$TMP/adv.err"
   check "watch on h2 found the node through the registry alone and got the version (exit $?)" lines "$TMP/adv.json" 1

@@ -7,11 +7,9 @@ without page faults.
 
 Run: PYTHONPATH=<build>/python /usr/bin/python3 -m pytest tests/python/test_load_into.py
 """
-import ctypes
 import subprocess
 import sys
 import textwrap
-import time
 
 import numpy as np
 import pytest
@@ -197,30 +195,34 @@ def test_prepare_checks_its_arguments():
         assert pub.announced_version == 0  # nothing is published
 
 
-def _memcpy_cpu_s(dst, src, nbytes):
-    start = time.thread_time()
-    ctypes.memmove(dst, src, nbytes)
-    return time.thread_time() - start
-
-
-def test_load_into_costs_about_one_memcpy(pair):
-    """CPU time of the calling thread (the copy runs on it), not wall time: other processes on the
-    machine do not count. 64 MiB, versions in segments mapped before: 0.66x a memcpy's CPU (one
-    streaming copy from a kept mapping); 1.31x before (torch copy_ from a fresh mapping)."""
+def test_a_plain_cpu_target_is_filled_by_the_streaming_copy_from_a_kept_mapping(pair, monkeypatch):
+    """What makes load_into cost about one memcpy (64 MiB: 0.66x a memcpy's CPU; 1.31x with torch's
+    copy_ from a fresh mapping): a target of the version's own dtype never goes through
+    Tensor.copy_, and a version in a segment mapped before reuses the mapping. The figure itself is
+    measured by the demo beside a warm memcpy (docs/BENCHMARKS.md), not asserted here: CPU time on
+    a shared 2-core VM moved by more than the 10% such a check could allow."""
     pub, sub = pair
-    n = 64 << 20
-    weight = torch.ones(n // 4)
-    module = {"w": torch.zeros(n // 4)}
-    scratch_a, scratch_b = np.ones(n, np.uint8), np.ones(n, np.uint8)
-    loads, copies = [], []
+    copied = []
+    torch_copy = torch.Tensor.copy_
+
+    def counting_copy(self, *args, **kwargs):
+        copied.append(tuple(self.shape))
+        return torch_copy(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "copy_", counting_copy)
+    n = 1 << 20
+    module = {"w": torch.zeros(n), "as_f64": torch.zeros(7, dtype=torch.float64)}
+    pointer = module["w"].data_ptr()
     for v in range(1, 9):
-        weight.fill_(float(v))
-        pub.publish({"w": weight}, step=v)
+        pub.publish({"w": torch.full((n,), float(v)), "as_f64": torch.full((7,), float(v))}, step=v)
         sub.wait_for(v, timeout=30)
-        start = time.thread_time()
+        before = sub.stats()
+        copied.clear()
         sub.load_into(module)
-        loads.append(time.thread_time() - start)
-        copies.append(_memcpy_cpu_s(scratch_a.ctypes.data, scratch_b.ctypes.data, n))
-        assert float(module["w"][0]) == v and float(module["w"][-1]) == v
-    later = loads[4:]  # versions in segments mapped before
-    assert min(later) <= 1.1 * min(copies), f"load_into CPU {later} s against memcpy {copies} s"
+        assert copied == [(7,)], f"version {v}: Tensor.copy_ filled {copied}, only the converted target should be"
+        assert module["w"].data_ptr() == pointer and float(module["w"][0]) == v and float(module["w"][-1]) == v
+        assert torch.equal(module["as_f64"], torch.full((7,), float(v), dtype=torch.float64))
+        assert sub.stats()["segments_reused"] + sub.stats()["segments_mapped"] == \
+            before["segments_reused"] + before["segments_mapped"], "load_into mapped again"
+    stats = sub.stats()
+    assert stats["segments_mapped"] <= 4 and stats["segments_reused"] >= 4, stats

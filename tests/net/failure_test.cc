@@ -99,16 +99,22 @@ TEST_F(EngineTest, PeerKilledMidTransferEndsEveryReceive) {
 // 60 rounds aborted; without them, none of 1200 kills did.
 TEST_F(EngineTest, SenderOutlivesReceiversKilledMidTransfer) {
   auto engine = StartEngine();
-  constexpr size_t kChunk = 4u << 20, kChunks = 16, kReceivers = 6;
+  constexpr size_t kChunks = 16, kReceivers = 6;
 #if defined(__SANITIZE_THREAD__)
-  constexpr int kRounds = 15;  // 100 s for 60 under TSan: fewer, for the races; release runs all 60
+  // Fewer rounds and 1 MiB chunks, for the races: with 4 MiB chunks the first chunk to land took
+  // 3-5 s under TSan (six 64 MiB streams share the instrumented progress thread), and 15 rounds
+  // took 218 s of the TSan stage's 335 s (2026-11-29). Release runs all 60 with 4 MiB chunks.
+  constexpr int kRounds = 15;
+  constexpr size_t kChunk = 1u << 20;
 #elif defined(__SANITIZE_ADDRESS__)
   // 172 s for 60 under ASan beside the rest of the suite (2026-11-29: the file ran past its 180 s
   // limit), 63 s in release alone: each round starts six helper processes. What ASan adds is
   // memory errors on the same paths, which 20 rounds walk; release runs all 60.
   constexpr int kRounds = 20;
+  constexpr size_t kChunk = 4u << 20;
 #else
   constexpr int kRounds = 60;
+  constexpr size_t kChunk = 4u << 20;
 #endif
   std::vector<std::byte> data(kChunk * kChunks);
   const std::string receive = "cmd:recv-bulk 100 " + std::to_string(data.size()) + " " + std::to_string(kChunk) + " 8 5";

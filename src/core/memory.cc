@@ -68,10 +68,16 @@ void PrefaultForWrite(void* base, size_t size) {
 #ifndef MADV_POPULATE_WRITE
   constexpr int MADV_POPULATE_WRITE = 23;  // <linux/mman.h> of Linux 5.14; older headers lack it
 #endif
-  if (size == 0 || ::madvise(base, size, MADV_POPULATE_WRITE) == 0 || errno != EINVAL) return;
+  if (size == 0) return;
+  const bool populated = ::madvise(base, size, MADV_POPULATE_WRITE) == 0;
+  if (!populated && errno != EINVAL) return;  // out of memory: the pages stay lazy
+  // One write per page as well, of the byte already there. On our VMs (Linux 6.18 guests,
+  // 2026-11-29) the populate maps the pages, yet the first write into each still costs the
+  // hypervisor's fault: 300 MiB took 0.05 s to populate and then 0.47 s to fill, against 0.02 s
+  // once every page was written. Where the populate did it all, these writes hit mapped pages.
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   volatile std::byte* p = static_cast<std::byte*>(base);
-  for (size_t i = 0; i < size; i += page) p[i] = std::byte{0};
+  for (size_t i = 0; i < size; i += page) p[i] = p[i];
 }
 
 }  // namespace viper

@@ -16,9 +16,9 @@ namespace viper {
 // docs/BENCHMARKS.md). Elsewhere it is memcpy.
 void StreamingCopy(std::span<std::byte> dst, std::span<const std::byte> src);
 
-// Faults in every page of a writable mapping now, in one kernel pass (MADV_POPULATE_WRITE, Linux
-// 5.14+; a kernel without it gets one write per page, which must then be harmless: memory that
-// holds nothing yet). Best effort: out of memory the pages stay lazy and fault in on first use.
+// Faults in every page of a writable mapping now: one kernel pass (MADV_POPULATE_WRITE, Linux
+// 5.14+), then one write per page of the byte it holds (contents are kept; nothing else may write
+// the range meanwhile). Best effort: out of memory the pages stay lazy and fault in on first use.
 // Why: the first write into fresh pages runs at ~1.8 GB/s on our VMs, into faulted ones at
 // ~11 GB/s; 1.7 GB of a fresh /dev/shm segment took 0.98-4.8 s to fill by faulting against
 // 0.34 s to populate + 0.14 s to fill (docs/ARCHITECTURE.md, "Host tier: segment

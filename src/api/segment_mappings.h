@@ -67,8 +67,9 @@ class SegmentMappings {
     // The whole segment: a later version in it may be larger than this one.
     const uint64_t length = static_cast<uint64_t>(st.st_size);
     void* base = ::mmap(nullptr, length, PROT_READ, MAP_SHARED, fd.get(), 0);
+    const int err = errno;
     if (base == MAP_FAILED) {
-      return Status::FromErrno("segment " + name + ": mmap of " + std::to_string(length) + " bytes failed");
+      return Status::FromErrno("segment " + name + ": mmap of " + std::to_string(length) + " bytes failed", err);
     }
     auto e = std::make_shared<Entry>();
     e->dev = st.st_dev;

@@ -84,12 +84,13 @@ Result<Fd> OpenSegmentReadOnly(const std::string& name, uint64_t size, struct st
   }
   if (size == 0) return Status::InvalidArgument(fmt::format("segment {}: cannot map 0 bytes", name));
   Fd fd(::shm_open(("/" + name).c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0));
-  if (fd.get() < 0 && errno == EACCES) return ForeignSegment(name);
-  if (fd.get() < 0 && errno == ELOOP) {
+  const int err = errno;
+  if (fd.get() < 0 && err == EACCES) return ForeignSegment(name);
+  if (fd.get() < 0 && err == ELOOP) {
     return Status::InvalidArgument(fmt::format("segment {}: {}/{} is a symbolic link, not a segment", name, kShmDir, name));
   }
   if (fd.get() < 0) {
-    return Status::FromErrno(fmt::format("segment {}: shm_open read-only failed (is its node still running?)", name));
+    return Status::FromErrno(fmt::format("segment {}: shm_open read-only failed (is its node still running?)", name), err);
   }
   if (::fstat(fd.get(), st) != 0) return Status::FromErrno(fmt::format("segment {}: fstat failed", name));
   if (!S_ISREG(st->st_mode)) {
@@ -107,7 +108,8 @@ Result<MappedSegment> MapSegmentReadOnly(const std::string& name, uint64_t size,
   struct stat st {};
   VIPER_ASSIGN_OR_RETURN(Fd fd, OpenSegmentReadOnly(name, size, &st));
   void* base = ::mmap(nullptr, size, PROT_READ, MAP_SHARED | (populate ? MAP_POPULATE : 0), fd.get(), 0);
-  if (base == MAP_FAILED) return Status::FromErrno(fmt::format("segment {}: mmap of {} failed", name, FormatBytes(size)));
+  const int err = errno;
+  if (base == MAP_FAILED) return Status::FromErrno(fmt::format("segment {}: mmap of {} failed", name, FormatBytes(size)), err);
   // The mapping keeps the segment alive; the descriptor closes here.
   MappedSegment out;
   out.owner = std::shared_ptr<const void>(base, [size](const void* p) { ::munmap(const_cast<void*>(p), size); });

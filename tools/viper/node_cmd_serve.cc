@@ -120,11 +120,10 @@ int RunServe(const ServeFlags& flags) {
   }
   if (!options.registry.empty())
     std::printf("viper serve: registering in %s (TTL %.1f s)\n", options.registry.c_str(), flags.registry_ttl_s);
-  const std::string listening = (*node)->listen_address(), advertised = (*node)->address();
-  std::printf("viper serve: %s listening on %s%s%s%s%s\n", options.name.empty() ? "node" : options.name.c_str(),
-              listening.c_str(), advertised == listening ? "" : " (advertised as ",
-              advertised == listening ? "" : advertised.c_str(), advertised == listening ? "" : ")",
-              options.store_dir.empty() ? "" : (", file tier " + options.store_dir.string()).c_str());
+  std::string where = (*node)->listen_address();
+  if ((*node)->address() != where) where += " (advertised as " + (*node)->address() + ")";
+  if (!options.store_dir.empty()) where += ", file tier " + options.store_dir.string();
+  std::printf("viper serve: %s listening on %s\n", options.name.empty() ? "node" : options.name.c_str(), where.c_str());
   for (const auto& v : (*node)->List())
     std::printf("viper serve: serving %s version %llu (%llu bytes)\n", v.model.c_str(),
                 static_cast<unsigned long long>(v.version), static_cast<unsigned long long>(v.size));

@@ -32,7 +32,9 @@ def test_cache_bench_quick_on_hosts(tmp_path):
     for mode, row in rows.items():
         assert row["ranks"] == 2 and len(row["epoch_s"]) == 2, row
         # Every byte read crossed the shaped link: the first epoch reads the whole data set.
-        assert 1.0 <= row["source_fraction"][0] <= 1.3, row
+        assert row["source_fraction"][0] >= 1.0, row
+    # The cache reads each sample from the source once (1.3: HTTP and TCP/IP overhead on 32 KiB samples).
+    assert rows["cache"]["source_fraction"][0] <= 1.3, rows["cache"]
     for mode in ("cache", "viper"):
         assert rows[mode]["epoch_samples"] == [160, 160], rows[mode]
     assert rows["cache"]["later_source_fraction"] <= 0.05, rows["cache"]
@@ -40,4 +42,6 @@ def test_cache_bench_quick_on_hosts(tmp_path):
     for mode in ("viper", "torch"):
         # Every epoch reads the whole data set (the readers' read-ahead moves some bytes of one
         # epoch into the window of the one before: the sum is what holds).
-        assert sum(rows[mode]["source_fraction"]) >= 0.95 * 2, rows[mode]
+        # The per-rank loader's readers run on into the next epoch while the rank waits at the
+        # bench's barrier for the other one, so its first epoch alone may show up to twice the set.
+        assert 0.95 * 2 <= sum(rows[mode]["source_fraction"]) <= 1.3 * 2, rows[mode]

@@ -35,15 +35,16 @@ std::shared_ptr<Scheduler> EpochScheduler() {
   return s.ok() ? std::shared_ptr<Scheduler>(std::move(s).value()) : nullptr;
 }
 
-// ACKs arrive on the node's engine thread shortly after each version went live.
-bool WaitUntilAcked(const Scheduler& scheduler) {
-  auto deadline = std::chrono::steady_clock::now() + 5s;
+// ACKs arrive on the node's engine thread shortly after each version went live: the t_c the
+// scheduler measured from them, or 0 if it still holds the initial estimate after 10 s.
+int64_t WaitForMeasuredTc(const Scheduler& scheduler) {
+  auto deadline = std::chrono::steady_clock::now() + 10s;
   while (std::chrono::steady_clock::now() < deadline) {
     int64_t t_c = scheduler.state().t_c_ns;
-    if (t_c != kInitialTcNs) return t_c > 0 && t_c < 1'000'000'000;
+    if (t_c != kInitialTcNs) return t_c;
     std::this_thread::sleep_for(10ms);
   }
-  return false;
+  return 0;
 }
 
 TEST(PublisherPolicy, PublishesWhenDueAndLearnsTheCostsFromPublishesAndAcks) {
@@ -93,8 +94,9 @@ TEST(PublisherPolicy, PublishesWhenDueAndLearnsTheCostsFromPublishesAndAcks) {
   // Measured costs replaced the initial estimates: sub-second on one host.
   EXPECT_GT(state.t_p_ns, 0);
   EXPECT_LT(state.t_p_ns, 1'000'000'000);
-  bool acked = WaitUntilAcked(*scheduler);
-  EXPECT_TRUE(acked) << "t_c still " << scheduler->state().t_c_ns << " ns";
+  const int64_t t_c = WaitForMeasuredTc(*scheduler);
+  EXPECT_GT(t_c, 0) << "t_c still the initial estimate";
+  EXPECT_LT(t_c, 1'000'000'000);
 }
 
 // ack_on_live = false: the subscriber says nothing when a version goes live here; t_c is measured
@@ -117,6 +119,7 @@ TEST(PublisherPolicy, ManualAckMeasuresTcUpToTheApplicationsAck) {
   ASSERT_TRUE(sub.ok()) << sub.status().ToString();
   std::vector<float> weights(1024, 1.0f);
   std::vector<TensorData> tensors = {{{"w", DType::kF32, {1024}}, std::as_bytes(std::span<const float>(weights))}};
+  const auto before_publish = std::chrono::steady_clock::now();
   auto r = (*pub)->PublishIfDue(5, 1.0, tensors);  // s: the warm-up model
   ASSERT_TRUE(r.ok() && r->has_value());
   auto live = (*sub)->WaitFor((*r)->version, 10s);
@@ -128,8 +131,13 @@ TEST(PublisherPolicy, ManualAckMeasuresTcUpToTheApplicationsAck) {
     EXPECT_TRUE((*sub)->Ack((*r)->version).ok());
   });
   app.join();
-  ASSERT_TRUE(WaitUntilAcked(*scheduler)) << "t_c still " << scheduler->state().t_c_ns << " ns";
-  EXPECT_GE(scheduler->state().t_c_ns, 500'000'000);  // publish returned -> the application's Ack
+  const int64_t t_c = WaitForMeasuredTc(*scheduler);
+  const int64_t waited_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - before_publish).count();
+  // publish returned -> the application's Ack: at least the 500 ms the test held it, at most the
+  // time that passed here (a bound that holds however slowly this machine runs).
+  EXPECT_GE(t_c, 500'000'000);
+  EXPECT_LE(t_c, waited_ns);
 }
 
 TEST(PublisherPolicy, DueWithoutASchedulerIsAnError) {

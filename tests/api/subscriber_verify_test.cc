@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "process.h"
 #include "viper/publisher.h"
 #include "viper/subscriber.h"
 
@@ -58,7 +59,9 @@ TEST_P(SubscriberVerify, LocalBytesAreTrustedByDefaultAndCheckedWithVerifyLocal)
   ASSERT_NE(strict, nullptr);
   auto refused = strict->WaitFor(1, 3s);
   EXPECT_EQ(refused.status().code(), StatusCode::kTimeout);
-  EXPECT_EQ(strict->last_error().code(), StatusCode::kCorruption) << strict->last_error().ToString();
+  // The refusal itself may come later than 3 s on a loaded machine: waited for, not sampled.
+  EXPECT_TRUE(testing::WaitUntil([&] { return strict->last_error().code() == StatusCode::kCorruption; }, 30s))
+      << strict->last_error().ToString();
   EXPECT_NE(strict->last_error().message().find("checksum"), std::string::npos) << strict->last_error().ToString();
   EXPECT_EQ(strict->latest(), nullptr);
 
@@ -80,7 +83,8 @@ TEST(SubscriberVerifyRemote, TransferredBytesAreVerifiedByDefault) {
   auto checking = StartSubscriber(*pub, FetchPath::kRemote, /*verify_local=*/false);
   ASSERT_NE(checking, nullptr);
   EXPECT_EQ(checking->WaitFor(1, 3s).status().code(), StatusCode::kTimeout);
-  EXPECT_EQ(checking->last_error().code(), StatusCode::kCorruption) << checking->last_error().ToString();
+  EXPECT_TRUE(testing::WaitUntil([&] { return checking->last_error().code() == StatusCode::kCorruption; }, 30s))
+      << checking->last_error().ToString();
 
   SubscriberOptions options;
   options.model = "m";

@@ -272,6 +272,10 @@ TEST(PrefetchTest, MemoryCapHolds) {
   TempDir dir;
   auto src = Tree(dir, 1, 100, 10000);
   auto p = StartOrDie(src, {.readers = 8, .buffer_samples = 64, .max_buffer_bytes = 50000});
+  // The readers read ahead before the first sample is taken (waited for, with a deadline, not
+  // left to how the readers and the consumer below happen to be scheduled).
+  auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (p->stats().buffered_bytes < 30000 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(2ms);
   size_t n = 0;
   while (true) {
     auto s = p->Next();
@@ -408,8 +412,11 @@ TEST(PrefetchTest, TunerGivesBackWhatTheConsumerDoesNotNeed) {
   TempDir dir;
   auto src = Tree(dir, 1, 300, 256);
   auto p = StartOrDie(src, {.epochs = 0, .readers = 8, .buffer_samples = 64, .tune_interval = 30ms});
+  // At least 2.5 s of the slow consumer; then on until both came down, for a tuner that runs late
+  // on a loaded machine (20 s at most: a tuner that never gives back still fails).
   auto t0 = std::chrono::steady_clock::now();
-  while (std::chrono::steady_clock::now() - t0 < 2500ms) {
+  auto gave_back = [&] { return p->stats().readers < 8 && p->stats().buffer_samples < 64; };
+  while (std::chrono::steady_clock::now() - t0 < 2500ms || (!gave_back() && std::chrono::steady_clock::now() - t0 < 20s)) {
     ASSERT_TRUE(p->Next().ok());
     std::this_thread::sleep_for(2ms);
   }

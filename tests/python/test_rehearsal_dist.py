@@ -174,8 +174,10 @@ def test_a_rank_that_dies_does_not_hang_mix(tmp_path):
         assert len(o["mix_s"]) == 30
         # A fetch of the dead shard fails (connection reset, or the cache's 2 s timeout); mix()
         # waits for it at most max_wait (1 s), then draws from the live shards. The wait is the
-        # bound; a mix() as a whole also shares two CPUs with three ranks, so it only must not hang.
-        assert o["stats"]["wait_max_seconds"] <= 1.0 + 0.1, o["stats"]
+        # bound (0.5 s of it for the waiting thread's wake-up on two loaded CPUs: still short of
+        # the 2 s a wait for the failed fetch would take); a mix() as a whole also shares two CPUs
+        # with three ranks, so it only must not hang.
+        assert o["stats"]["wait_max_seconds"] <= 1.0 + 0.5, o["stats"]
         assert max(o["mix_s"]) < 10.0, o["mix_s"]
         assert o["stats"]["live"] == live and str(dead) in o["stats"]["down"], o["stats"]
         assert {d[0] for d in o["drawn"][-40 * 5:]} == {0, 1}, "the dead shard is left out of the draws"

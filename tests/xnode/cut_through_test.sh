@@ -86,7 +86,7 @@ test_killed_mid_copy() {
   # chunks when the producer is killed.
   produce p2 7410 --versions 1 --tensor-bytes $((64 << 20)) --hang-in-copy 2 --wait-peers 1
   wait_for 20 test -s "$TMP/p2.addr" || { failed "the producer never listened"; return; }
-  on h2 "$VIPER" watch m --connect $A:7410 --path remote --json --count 2 --timeout 8 >"$TMP/w2.json" 2>"$TMP/w2.err" &
+  on h2 "$VIPER" watch m --connect $A:7410 --path remote --json --count 2 --timeout 20 >"$TMP/w2.json" 2>"$TMP/w2.err" &
   local watch=$!
   PIDS+=($watch)
   wait_for 30 grep -qs "copying 2" "$TMP/p2.state" || { failed "the producer never reached the middle of version 2"; return; }

@@ -249,16 +249,18 @@ test_failover_to_relay() {
   wait_for 10 bash -c "'$VIPER_HOSTS_SCRIPT' exec h1 -- '$VIPER' ls --connect $A:7350 --json | grep -q 'node:$B:7351'"
   on h1 "$VIPER" ls --connect $A:7350 --json >"$TMP/fr1.ls"
   check "A lists B as a node holding fr v1" grep -q "node:$B:7351" "$TMP/fr1.ls"
-  # Only the traffic from A to h3 is slowed (~4 s for the 48 MiB version).
+  # Only the traffic from A to h3 is slowed (~16 s for the 48 MiB version): the kill below must land
+  # while h3 is still receiving from A, after B relayed v2 and A's copy was pulled and checked.
   on h1 tc qdisc add dev eth0 root handle 1: htb default 1
   on h1 tc class add dev eth0 parent 1: classid 1:1 htb rate 10gbit
-  on h1 tc class add dev eth0 parent 1: classid 1:3 htb rate 100mbit
+  on h1 tc class add dev eth0 parent 1: classid 1:3 htb rate 25mbit
   on h1 tc filter add dev eth0 parent 1: protocol ip u32 match ip dst 10.77.0.3/32 flowid 1:3
   on h1 "$VIPER" publish fr "$TMP/mid2.safetensors" --connect $A:7350 >/dev/null || { failed "publish fr v2"; return; }
   wait_for 10 grep -q "relayed fr version 2" "$TMP/b7.log" || { failed "relay never got fr v2"; cat "$TMP/b7.log"; return; }
   local want
   want=$(source_checksum $A 7350 fr 2 "$TMP/mid2.safetensors")
   check "A holds fr v2 as published" test -n "$want"
+  check "h3 was still receiving fr v2 from A when A was killed" test "$(wc -l <"$TMP/fr.json")" -eq 1
   kill -KILL "$PID_a7"
   wait "$PID_a7"
   check "node A died of SIGKILL" test $? -eq 137

@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -92,6 +93,10 @@ struct SchedulerOptions {
   // so far (smoothed), replayed forward. fit.horizon is forced to `end`.
   FitOptions fit = RobustFitOptions();
   OptimalOptions optimal;  // bounds the optimal planner's work
+
+  // The time source of every measurement above (t_train, duration_ns): steady_clock::now when
+  // empty. A simulation or a replay of a run passes its own, which must not go backwards.
+  std::function<std::chrono::steady_clock::time_point()> clock;
 };
 
 // What the scheduler knows and plans. A snapshot (copy) taken under the lock.
@@ -189,6 +194,7 @@ class Scheduler {
 
  private:
   explicit Scheduler(SchedulerOptions options);
+  std::chrono::steady_clock::time_point Now() const;  // options_.clock, else steady_clock
   void MeasureLocked(int64_t iteration);
   bool PlanDueLocked(int64_t iteration) const;
   void PlanLocked(int64_t iteration, bool move_end = true);

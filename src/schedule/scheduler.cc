@@ -137,7 +137,7 @@ Status Scheduler::Observe(int64_t iteration, double loss) {
     return Status::InvalidArgument(fmt::format("scheduler: iteration {} does not follow {} (must increase)", iteration,
                                                samples_.empty() ? -1 : samples_.back().iteration));
   }
-  if (!run_start_) run_start_ = std::chrono::steady_clock::now();
+  if (!run_start_) run_start_ = Now();
   MeasureLocked(iteration);
   samples_.push_back({iteration, loss});
   state_.iteration = iteration;
@@ -145,8 +145,12 @@ Status Scheduler::Observe(int64_t iteration, double loss) {
   return Status::OK();
 }
 
+std::chrono::steady_clock::time_point Scheduler::Now() const {
+  return options_.clock ? options_.clock() : std::chrono::steady_clock::now();
+}
+
 void Scheduler::MeasureLocked(int64_t iteration) {
-  const auto now = std::chrono::steady_clock::now();
+  const auto now = Now();
   if (last_time_ && !samples_.empty()) {
     const int64_t dt = std::chrono::duration_cast<std::chrono::nanoseconds>(now - *last_time_).count();
     since_checkpoint_ = checkpoint_in_interval_ ? 0 : since_checkpoint_ < 0 ? -1 : since_checkpoint_ + 1;
@@ -221,7 +225,7 @@ bool Scheduler::PlanDueLocked(int64_t iteration) const {
 void Scheduler::MoveEndLocked(int64_t iteration) {
   if (options_.duration_ns <= 0 || !run_start_ || state_.t_train_ns <= 0) return;
   const int64_t elapsed =
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - *run_start_).count();
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Now() - *run_start_).count();
   const int64_t left = std::max<int64_t>(0, options_.duration_ns - elapsed);
   end_ = std::max(iteration + 1, iteration + left / state_.t_train_ns);
   state_.end = end_;
@@ -369,7 +373,7 @@ SchedulerCheckpoint Scheduler::Checkpoint() const {
   c.taken = state_.taken;
   c.last_asked = last_asked_;
   if (run_start_) {
-    c.elapsed_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - *run_start_).count();
+    c.elapsed_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Now() - *run_start_).count();
   }
   c.end = end_;
   c.plans = state_.plans;
@@ -429,7 +433,7 @@ Status Scheduler::Resume(const SchedulerCheckpoint& c) {
   while (n.latency_ns_window_.size() > kReportWindow) n.latency_ns_window_.pop_front();
   n.last_asked_ = c.last_asked;
   // last_time_ stays unset: the interval across the restart is not a training interval.
-  if (c.elapsed_ns >= 0) n.run_start_ = std::chrono::steady_clock::now() - std::chrono::nanoseconds(c.elapsed_ns);
+  if (c.elapsed_ns >= 0) n.run_start_ = n.Now() - std::chrono::nanoseconds(c.elapsed_ns);
   n.state_ = SchedulerState{};
 
   // Re-make the last successful plan where it was made: the losses up to it, the estimates and

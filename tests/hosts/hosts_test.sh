@@ -135,8 +135,11 @@ test_failing_command() {
   check "no leftovers after a failing command" no_leftovers "$p"
   # A daemon left running inside a host (own session, so not in CMD's process group) must be
   # ended by the cleanup, or its namespace would live on.
+  # CMD returns once the daemon has written its pid (10 s at most), however slowly it starts.
+  rm -f "$TMP/orphan"
   check "run with a daemon left inside h1" expect_rc 0 "$HOSTS" run 2 --prefix "$p" -- \
-    sh -c "\"\$VIPER_HOSTS_SCRIPT\" exec h1 -- setsid sh -c 'echo \$\$ > $TMP/orphan; exec sleep 300' & sleep 0.5"
+    sh -c "\"\$VIPER_HOSTS_SCRIPT\" exec h1 -- setsid sh -c 'echo \$\$ > $TMP/orphan; exec sleep 300' &
+      i=0; while [ ! -s $TMP/orphan ] && [ \$i -lt 200 ]; do sleep 0.05; i=\$((i + 1)); done"
   check "the daemon left inside h1 was ended" not_running "$(cat "$TMP/orphan")"
   check "no leftovers after a left-over daemon" no_leftovers "$p"
 }

@@ -74,6 +74,9 @@ def test_relabels_every_version_with_deltas_and_takes_a_version_mid_pass(tmp_pat
         v2 = pub.publish(model.state_dict(), step=2).version
         wait_until(lambda: store.stats()["version"] == v2 and store.stats()["done"] >= 100, 30,
                    lambda: f"v2 taken and 100 labels done: {store.stats()}")
+        # Slower still while v3 is on its way: at most 10 batches are left, 5 s for v3 to be
+        # published, fetched as a delta and taken on a loaded machine.
+        os.environ["VIPER_NDSYNTH_SLEEP"] = "0.5"
         synth.perturb(model, seed=3, scale=0.5)
         v3 = pub.publish(model.state_dict(), step=3).version
         # The pass stays slow until the store has taken v3 (at its next batch boundary): v3's fetch

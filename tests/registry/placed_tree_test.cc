@@ -187,8 +187,14 @@ TEST_P(PlacedTree, KilledRelaysChildrenReattachThroughTheRegistry) {
   for (double ms : heal_ms) figures += " " + std::to_string(static_cast<int>(ms));
   std::printf("re-attached after a relay's kill -9, ms:%s\n", figures.c_str());
   // The figure against its target (<= 2 s) is the benchmark's (`viper bench --fanout --auto`); here a
-  // bound that catches a relay that never healed by itself, with room for a loaded sanitizer build.
-  for (double ms : heal_ms) EXPECT_LT(ms, 4 * kTtlS * 1000) << "about one heartbeat, with room for a loaded machine";
+  // bound that catches a relay that never healed by itself, with room for a loaded machine. Under a
+  // sanitizer (seven instrumented nodes and Redis on 2 vCPUs) the bound is the wait's above.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  constexpr double kHealBoundMs = 10'000;
+#else
+  constexpr double kHealBoundMs = 4 * kTtlS * 1000;
+#endif
+  for (double ms : heal_ms) EXPECT_LT(ms, kHealBoundMs) << "about one heartbeat, with room for a loaded machine";
 }
 
 // 1: a chain (the default: docs/ARCHITECTURE.md "Placement and healing"); 2: a binary tree.

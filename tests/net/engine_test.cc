@@ -195,7 +195,14 @@ TEST_F(EngineTest, IdleCpuIsNearZeroWithAConnectedPeer) {
   ASSERT_TRUE(peer.ok()) << peer.status().ToString();
   ASSERT_TRUE(engine->Send(*peer, AsBytes("warm up")).ok());
   EXPECT_EQ(NextText(), "warm up");
-  std::this_thread::sleep_for(200ms);  // past the spin phase
+  // Past the spin phase and start-up: settled once a 200 ms window used under 5% of a CPU on
+  // either side (10 s at most, for a sanitizer build on a loaded machine). A spinning progress
+  // thread never settles.
+  for (auto deadline = std::chrono::steady_clock::now() + 10s; std::chrono::steady_clock::now() < deadline;) {
+    const double self_start = ProcessCpuSeconds(), helper_start = helper->process.CpuSeconds();
+    std::this_thread::sleep_for(200ms);
+    if (ProcessCpuSeconds() - self_start < 0.01 && helper->process.CpuSeconds() - helper_start < 0.01) break;
+  }
   uint64_t wakeups0 = engine->stats().wakeups;
   double self0 = ProcessCpuSeconds(), helper0 = helper->process.CpuSeconds();
   auto t0 = std::chrono::steady_clock::now();

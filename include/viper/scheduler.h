@@ -95,7 +95,8 @@ struct SchedulerOptions {
   OptimalOptions optimal;  // bounds the optimal planner's work
 
   // The time source of every measurement above (t_train, duration_ns): steady_clock::now when
-  // empty. A simulation or a replay of a run passes its own, which must not go backwards.
+  // empty. A simulation or a replay of a run passes its own, which must not go backwards. It is
+  // called under the scheduler's lock, so it must not call the scheduler.
   std::function<std::chrono::steady_clock::time_point()> clock;
 };
 

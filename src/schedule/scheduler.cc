@@ -224,8 +224,7 @@ bool Scheduler::PlanDueLocked(int64_t iteration) const {
 
 void Scheduler::MoveEndLocked(int64_t iteration) {
   if (options_.duration_ns <= 0 || !run_start_ || state_.t_train_ns <= 0) return;
-  const int64_t elapsed =
-      std::chrono::duration_cast<std::chrono::nanoseconds>(Now() - *run_start_).count();
+  const int64_t elapsed = std::chrono::duration_cast<std::chrono::nanoseconds>(Now() - *run_start_).count();
   const int64_t left = std::max<int64_t>(0, options_.duration_ns - elapsed);
   end_ = std::max(iteration + 1, iteration + left / state_.t_train_ns);
   state_.end = end_;

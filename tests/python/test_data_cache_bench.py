@@ -40,8 +40,7 @@ def test_cache_bench_quick_on_hosts(tmp_path):
     assert rows["cache"]["later_source_fraction"] <= 0.05, rows["cache"]
     assert rows["cache"]["remote_hits"] > 0, rows["cache"]
     for mode in ("viper", "torch"):
-        # Every epoch reads the whole data set (the readers' read-ahead moves some bytes of one
-        # epoch into the window of the one before: the sum is what holds).
-        # The per-rank loader's readers run on into the next epoch while the rank waits at the
-        # bench's barrier for the other one, so its first epoch alone may show up to twice the set.
+        # Every epoch reads the whole data set, once. The sum is what holds: the per-rank loader's
+        # readers run on into the next epoch while the rank waits at the bench's barrier for the
+        # other one, so its first epoch alone may show part of the second's bytes.
         assert 0.95 * 2 <= sum(rows[mode]["source_fraction"]) <= 1.3 * 2, rows[mode]

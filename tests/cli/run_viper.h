@@ -4,10 +4,12 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <thread>
 #include <fstream>
@@ -28,19 +30,21 @@ struct Outcome {
 inline Outcome RunProgram(const std::string& exe, const std::vector<std::string>& args, const std::filesystem::path& dir,
                           std::chrono::milliseconds timeout = std::chrono::milliseconds(0), bool* timed_out = nullptr) {
   const auto out_path = dir / "stdout", err_path = dir / "stderr";
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    ::dup2(out, 1);
-    ::dup2(err, 2);
-    std::vector<char*> argv;
-    argv.push_back(const_cast<char*>(exe.c_str()));
-    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    ::execv(exe.c_str(), argv.data());
-    ::_exit(127);
-  }
+  // posix_spawn, not fork: glibc starts the child without copying the test's page tables, which
+  // under ASan (terabytes of shadow mappings) made every run of the option table cost 0.4 s
+  // instead of the instrumented program's own 0.18 s.
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  posix_spawn_file_actions_addopen(&actions, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  std::vector<char*> argv;
+  argv.push_back(const_cast<char*>(exe.c_str()));
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  const int spawned = ::posix_spawn(&pid, exe.c_str(), &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (spawned != 0) return {127, "", "posix_spawn " + exe + ": " + std::strerror(spawned) + "\n"};
   int status = 0;
   if (timed_out != nullptr) *timed_out = false;
   if (timeout.count() > 0) {

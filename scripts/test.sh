@@ -62,7 +62,7 @@ configure() {  # configure BUILD_DIR CMAKE_ARGS...
 }
 
 # The concurrent suites get the sanitizer that finds their bugs; the others run under ASan only.
-TSAN_TESTS=(host_tier_test client_lifetime_test viper_net_engine_test viper_net_failure_test viper_net_shutdown_test node_test subscriber_verify_test subscriber_callback_test publisher_policy_test schedule_scheduler_test copy_hash_test buffer_pool_test publisher_spare_test prefetch_test sample_cache_test rehearsal_test fanout_test cut_through_test delta_node_test subscriber_spare_test registry_conformance_test redis_fleet_test redis_kill_test churn_test gpu_logic_on_emulator_test)
+TSAN_TESTS=(host_tier_test registry_agent_test client_lifetime_test viper_net_engine_test viper_net_failure_test viper_net_shutdown_test node_test subscriber_verify_test subscriber_callback_test publisher_policy_test schedule_scheduler_test copy_hash_test buffer_pool_test publisher_spare_test prefetch_test sample_cache_test rehearsal_test fanout_test cut_through_test delta_node_test subscriber_spare_test registry_conformance_test redis_fleet_test redis_kill_test churn_test gpu_logic_on_emulator_test)
 
 run_release() {
   begin "release build and full suite"

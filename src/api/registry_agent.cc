@@ -115,6 +115,19 @@ Status RegistryAgent::Sync(bool full, bool announce_all) {
       announce_all = true;
     }
   }
+  // The announcements asked for so far are taken before the catalog is read: the node lists a
+  // version in its catalog before it calls Announce, so each of these models' new version is in
+  // the catalog read below, and one announced while this pass runs waits for the next pass (which
+  // Announce makes due). Taken after the read (as before), an Announce that came in between named
+  // a version the pass's catalog lacked, and the pass dropped it as "no longer held": the version
+  // was registered by the next pass but never announced, and a consumer that found no holder at
+  // start (it waits for the watch, without polling) never heard of it (test_network_trust's
+  // password-file case under CI's load; RegistryAgent.AnAnnounceDuringAPassIsNotLost).
+  std::set<std::string> models;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    models.swap(to_announce_);
+  }
   std::map<Key, proto::VersionInfo> now;
   std::map<std::string, const proto::VersionInfo*> newest;
   for (auto& info : catalog_()) {
@@ -158,14 +171,11 @@ Status RegistryAgent::Sync(bool full, bool announce_all) {
     if (!now.contains(it->first)) st = registry_->Remove(self_.id, it->first.first, it->first.second);
   if (!st.ok()) {
     registered_.clear();  // unknown what landed: everything is put again next time
+    std::lock_guard<std::mutex> lock(mu_);
+    to_announce_.insert(models.begin(), models.end());  // and announced then
     return st;
   }
   registered_ = now;
-  std::set<std::string> models;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    models.swap(to_announce_);
-  }
   if (announce_all)
     for (const auto& [model, info] : newest) models.insert(model);
   for (auto it = models.begin(); it != models.end(); ++it) {

@@ -2,11 +2,10 @@
 // registry, here the embedded one, with a catalog the test controls.
 #include <gtest/gtest.h>
 
-#include <atomic>
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
-#include <thread>
 #include <vector>
 
 #include "registry/registry_test_util.h"

@@ -432,7 +432,7 @@ void ExpectRefused(const Outcome& r, const std::string& command, const std::stri
   EXPECT_NE(r.err.find("must be"), std::string::npos) << "states the rule: " << r.err;
 }
 
-// Under a sanitizer each bad value runs an instrumented bin/viper (0.2-0.5 s to start and exit,
+// Under a sanitizer each bad value runs an instrumented bin/viper (about 0.2 s to start and exit,
 // against 0.01 s in release): all of them took 249 s of the ASan stage (2026-11-29), a quarter
 // of its tests' time. There each option tries every third of its values, starting at an offset
 // that moves from option to option: every option and every class of value still runs under the

@@ -31,7 +31,7 @@ inline Outcome RunProgram(const std::string& exe, const std::vector<std::string>
                           std::chrono::milliseconds timeout = std::chrono::milliseconds(0), bool* timed_out = nullptr) {
   const auto out_path = dir / "stdout", err_path = dir / "stderr";
   // posix_spawn, not fork: glibc starts the child without copying the test's page tables, which
-  // under ASan (terabytes of shadow mappings) made every run of the option table cost 0.4 s
+  // under ASan (terabytes of shadow mappings) made every run of the option table cost 0.33 s
   // instead of the instrumented program's own 0.18 s.
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);

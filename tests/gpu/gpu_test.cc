@@ -146,11 +146,13 @@ TEST(Gpu, PublishKeepsTheLayoutAndSealsTheHostCopy) {
 // stream's thread, and at 256 MiB the random bytes, checksums and copies took 24 s of each
 // stage's run (2026-11-29); at 64 MiB a copy still takes milliseconds against Publish's
 // microseconds of queueing.
-size_t OrderingTestBytes() {
+// Whether the driver Viper loads is the CUDA emulator (VIPER_CUDA_LIBRARY names it).
+bool OnTheEmulator() {
   const char* library = std::getenv("VIPER_CUDA_LIBRARY");
-  const bool emulated = library != nullptr && std::strstr(library, "viper_cuda_emulator") != nullptr;
-  return emulated ? 64u << 20 : 256u << 20;
+  return library != nullptr && std::strstr(library, "viper_cuda_emulator") != nullptr;
 }
+
+size_t OrderingTestBytes() { return OnTheEmulator() ? 64u << 20 : 256u << 20; }
 
 TEST(Gpu, PublishIsOrderedAfterTheProducersStreamWithoutWaitingForIt) {
   // The producer queues an upload (pattern A or B in turn) and publishes at once: the
@@ -682,7 +684,7 @@ Fn EmulatorHook(const char* name) {
   if (library == nullptr) return nullptr;
   void* handle = dlopen(library, RTLD_NOW | RTLD_NOLOAD);  // the driver Viper loaded
   Fn fn = handle ? reinterpret_cast<Fn>(dlsym(handle, name)) : nullptr;
-  if (std::strstr(library, "viper_cuda_emulator") != nullptr) {
+  if (OnTheEmulator()) {
     EXPECT_NE(fn, nullptr) << "the emulator " << library << " lacks " << name;
   }
   return fn;

@@ -18,7 +18,8 @@
 # load_into) with VIPER_FAIL_ON_SKIP=1: without a GPU that is a failure, not a skip.
 # Sizes: GPU_CHECK_SIZES (default 1.7G,8G); reps: GPU_CHECK_REPS (default 5), torch reps
 # GPU_CHECK_TORCH_REPS (default 2; 0 skips the torch baseline); GPU_CHECK_BENCH=0 skips the bench;
-# GPU_CHECK_TEST_LIMIT: gpu_test's time limit in seconds (default 180).
+# GPU_CHECK_TEST_LIMIT: gpu_test's time limit in seconds (default 180); GPU_CHECK_BENCH_LIMIT: the
+# bench's (default 240: 8 GB pins two 8 GB host twins, about 0.7 s per GiB on that machine).
 # GPU_CHECK_HOSTS=SIZES also runs `viper bench --hosts 2` at those sizes (two network namespaces made
 # by PACK/hosts.sh; needs root and `ip netns`; JSON to $OUT/hosts-bench.json): the host-to-host
 # figures on a machine whose CPUs do not limit them (the VM that builds this project has two).
@@ -59,7 +60,7 @@ step "gpu_test" ${GPU_CHECK_TEST_LIMIT:-180} env VIPER_FAIL_ON_SKIP=1 VIPER_GPU_
 [ -x "$pack/bin/gpu_node_test" ] && step "gpu_node_test (no-driver path)" 60 env VIPER_CUDA_LIBRARY=/nonexistent/libcuda.so.1 "$pack/run" gpu_node_test
 # The figures first: where device time runs short, they matter most.
 [ "${GPU_CHECK_BENCH:-1}" = 1 ] && \
-step "viper bench --gpu" 160 "$pack/run" viper bench --gpu --sizes "$sizes" --reps "$reps" --json "$OUT/gpu-bench.json"
+step "viper bench --gpu" ${GPU_CHECK_BENCH_LIMIT:-240} "$pack/run" viper bench --gpu --sizes "$sizes" --reps "$reps" --json "$OUT/gpu-bench.json"
 [ -n "${GPU_CHECK_HOSTS:-}" ] && \
 step "viper bench --hosts 2" 150 "$pack/run" viper bench --hosts 2 --sizes "$GPU_CHECK_HOSTS" --reps "$reps" \
   --hosts-script "$pack/hosts.sh" --file-dir /var/tmp --json "$OUT/hosts-bench.json"

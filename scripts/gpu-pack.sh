@@ -3,7 +3,7 @@
 # libraries: OUT/bin (viper, viper-bench, viper_gpu_peer, viper_gpu_subscriber, gpu_test, gpu_node_test), OUT/lib (every shared library they load,
 # found by ldd, but the C and C++ runtimes), OUT/ucx (UCX's transport modules, which UCX opens
 # itself), OUT/run (sets LD_LIBRARY_PATH and UCX_MODULE_DIR, then runs a program of OUT/bin),
-# OUT/gpu-check.sh, OUT/hosts.sh (for the host-to-host bench), OUT/gpu_torch_baseline.py, OUT/gpu_cases.py, and OUT/python with
+# OUT/gpu-check.sh, OUT/hosts.sh (for the host-to-host bench) and OUT/tools (ip and sysctl, for hosts.sh where that machine lacks them), OUT/gpu_torch_baseline.py, OUT/gpu_cases.py, and OUT/python with
 # OUT/gpu-python-build.sh (the Python package's sources, built there for that machine's python3 by
 # gpu-check.sh). Then, there: `bash OUT/gpu-check.sh OUT`.
 #
@@ -32,10 +32,28 @@ ucx=/usr/lib/x86_64-linux-gnu/ucx
 if [ -d "$ucx" ]; then
   for m in "$ucx"/libuct_*.so.0 "$ucx"/libucx_*.so.0; do [ -e "$m" ] && { cp -L "$m" "$out/ucx/"; deps "$m"; }; done
 fi
+# ip and sysctl for hosts.sh (the host-to-host bench), used only where that machine has none: they
+# come last on PATH, each a wrapper that finds its libraries in OUT/tools/lib (kept apart from
+# OUT/lib, which every packed program loads first).
+mkdir -p "$out/tools/bin" "$out/tools/lib" "$out/tools/real"
+for t in ip sysctl; do
+  p=$(command -v "$t" || true)
+  [ -n "$p" ] || continue
+  cp -L "$p" "$out/tools/real/$t"
+  ldd "$p" | awk '/=> \// {print $1, $3}' | while read -r name path; do
+    [[ $name =~ $skip ]] || cp -L "$path" "$out/tools/lib/$name"
+  done
+  cat >"$out/tools/bin/$t" <<TOOL
+#!/usr/bin/env bash
+here=\$(cd "\$(dirname "\${BASH_SOURCE[0]}")/.." && pwd)
+LD_LIBRARY_PATH="\$here/lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}" exec "\$here/real/$t" "\$@"
+TOOL
+  chmod +x "$out/tools/bin/$t"
+done
 cat >"$out/run" <<'RUN'
 #!/usr/bin/env bash
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" UCX_MODULE_DIR="$here/ucx" PATH="$here/bin:$PATH"
+export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" UCX_MODULE_DIR="$here/ucx" PATH="$here/bin:$PATH:$here/tools/bin"
 prog=$1; shift
 exec "$here/bin/$prog" "$@"
 RUN

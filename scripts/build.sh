@@ -7,6 +7,10 @@
 # directory (python3 -m site --user-site; no sudo). To install instead: docs/INSTALL.md.
 #
 #   scripts/build.sh            VIPER_JOBS sets the build parallelism (default: number of cores)
+#
+# VIPER_BUILD_SANITIZED_TESTS=OFF (as scripts/test.sh's release stage sets it) leaves out the C++
+# tests that the sanitizer builds run too; ON puts them back. Unset, build/ keeps what it had
+# (ON in a new build/).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -16,7 +20,7 @@ jobs=${VIPER_JOBS:-$(nproc)}
 # (tools/viper-bench/cmd_bench.cc: 12.2 s to compile instead of 17.3 s at -g).
 cmake -S "$root" -B "$root/build" -G "$("$root/scripts/cmake-generator.sh" "$root/build")" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" \
-  -DVIPER_WITH_UCX=ON -DVIPER_WITH_PYTHON=ON >/dev/null
+  -DVIPER_WITH_UCX=ON -DVIPER_WITH_PYTHON=ON ${VIPER_BUILD_SANITIZED_TESTS:+-DVIPER_BUILD_SANITIZED_TESTS=$VIPER_BUILD_SANITIZED_TESTS} >/dev/null
 cmake --build "$root/build" -j"$jobs" | grep -vE '^\[ *[0-9]+(%|/[0-9]+)\]|^(Consolidate|Scanning|Built target|ninja: no work)' || true
 # grep filters progress lines only; a failed build must still fail this script:
 cmake --build "$root/build" -j"$jobs" >/dev/null

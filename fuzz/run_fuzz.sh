@@ -32,6 +32,7 @@ for source in "${sources[@]}"; do targets+=("$(basename "$source" .cc)"); done
 
 cmake -S "$root" -B "$build" -G "$("$root/scripts/cmake-generator.sh" "$build")" \
   -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" \
   -DVIPER_FUZZ=ON -DVIPER_BUILD_TESTS=OFF -DVIPER_BUILD_BENCH=OFF -DVIPER_WITH_PYTHON=OFF >/dev/null
 cmake --build "$build" -j"$jobs" --target "${targets[@]}"
 

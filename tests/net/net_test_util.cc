@@ -5,7 +5,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
+#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -85,9 +85,12 @@ std::optional<ChildProcess> ChildProcess::Start(const std::vector<std::string>& 
   int out_pipe[2];
   if (pipe2(in_pipe, O_CLOEXEC) != 0) return std::nullopt;
   if (pipe2(out_pipe, O_CLOEXEC) != 0) return std::nullopt;
-  // Everything the child needs is built before fork: after it only async-signal-safe calls.
+  // setpriv (util-linux) sets the parent-death signal, then execs the program.
+  static const std::string kSetpriv = "/usr/bin/setpriv";
+  std::vector<std::string> wrapped = {kSetpriv, "--pdeathsig", "KILL", "--"};
+  wrapped.insert(wrapped.end(), argv.begin(), argv.end());
   std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  for (const std::string& a : wrapped) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   std::vector<std::string> env_strings;
   for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
@@ -106,19 +109,17 @@ std::optional<ChildProcess> ChildProcess::Start(const std::vector<std::string>& 
   std::vector<char*> envp;
   for (std::string& e : env_strings) envp.push_back(e.data());
   envp.push_back(nullptr);
-  pid_t parent = getpid();
-  pid_t pid = fork();
-  if (pid < 0) {
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, in_pipe[0], 0);
+  posix_spawn_file_actions_adddup2(&actions, out_pipe[1], 1);
+  pid_t pid = -1;
+  const int spawned = posix_spawn(&pid, args[0], &actions, nullptr, args.data(), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  if (spawned != 0) {
+    for (int fd : {in_pipe[0], in_pipe[1], out_pipe[0], out_pipe[1]}) close(fd);
     if (!ucx_dir.empty()) rmdir(ucx_dir.c_str());
     return std::nullopt;
-  }
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(127);
-    dup2(in_pipe[0], 0);
-    dup2(out_pipe[1], 1);
-    execve(args[0], args.data(), envp.data());
-    _exit(127);
   }
   close(in_pipe[0]);
   close(out_pipe[1]);

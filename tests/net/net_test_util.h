@@ -31,9 +31,11 @@ std::string AsString(std::span<const std::byte> bytes);
 // The helper binary's path (next to the running test binary).
 std::string HelperPath(const char* name = "viper_net_test_peer");
 
-// A child process started with fork+exec; its stdout is a pipe read line by line, its stdin a
-// pipe whose closing tells a well-behaved helper to exit. Killed (SIGKILL) on destruction if it
-// does not exit within a few seconds.
+// A child process started with posix_spawn through `setpriv --pdeathsig KILL` (killed if the
+// thread that started it exits); its stdout is a pipe read line by line, its stdin a pipe whose
+// closing tells a well-behaved helper to exit. Killed (SIGKILL) on destruction if it does not exit
+// within a few seconds. posix_spawn, not fork: a fork copies the test's page tables, which under
+// the sanitizers (their shadow mappings) cost about a third of a second per child.
 //
 // UCX's shared-memory file: UCX creates /dev/shm/ucx_shm_posix_<random> when it creates a worker
 // and unlinks it at once (peers map it through /proc/PID/fd), so a child SIGKILLed in between

@@ -3,9 +3,10 @@
 #
 #   scripts/test.sh [STAGE...]      stages, in order (default: all of them)
 #     release  RelWithDebInfo build in build/ and the tests that need it: Python, network-namespace
-#              hosts, `viper bench`, installs, and the fault suite's 50 kill rounds (the other C++
-#              tests are built and run by asan, so each runs once: VIPER_BUILD_SANITIZED_TESTS=OFF here, and CTest lists them "Not Run
-#              (Disabled)"; `cmake -DVIPER_BUILD_SANITIZED_TESTS=ON build` puts them back)
+#              hosts, `viper bench`, installs, and the fault suite's 50 kill rounds. The other C++
+#              tests are built and run by asan, so each runs once (VIPER_BUILD_SANITIZED_TESTS=OFF
+#              here; CTest lists them "Not Run (Disabled)"; `cmake -DVIPER_BUILD_SANITIZED_TESTS=ON
+#              build` puts them back)
 #     asan     AddressSanitizer + UndefinedBehaviorSanitizer build in build-asan/, every C++ test
 #              but the network-namespace ones (without the benchmarks: VIPER_BUILD_BENCH=OFF
 #              builds no `viper bench`)
@@ -68,7 +69,7 @@ configure() {  # configure BUILD_DIR CMAKE_ARGS...
 TSAN_TESTS=(host_tier_test registry_agent_test client_lifetime_test viper_net_engine_test viper_net_failure_test viper_net_shutdown_test node_test subscriber_verify_test subscriber_callback_test publisher_policy_test schedule_scheduler_test copy_hash_test buffer_pool_test publisher_spare_test prefetch_test sample_cache_test rehearsal_test fanout_test cut_through_test delta_node_test subscriber_spare_test registry_conformance_test redis_fleet_test redis_kill_test churn_test gpu_logic_on_emulator_test)
 
 run_release() {
-  begin "release build and full suite"
+  begin "release build and the tests that need it"
   # The same build/ as scripts/demo.sh, with the Python package, without the tests asan runs:
   # 29% of this build's compile time and 43% of its test time (2-vCPU VM, 2026-11-29).
   VIPER_BUILD_SANITIZED_TESTS=OFF "$root/scripts/build.sh"

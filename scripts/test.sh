@@ -71,7 +71,7 @@ TSAN_TESTS=(host_tier_test registry_agent_test client_lifetime_test viper_net_en
 run_release() {
   begin "release build and the tests that need it"
   # The same build/ as scripts/demo.sh, with the Python package, without the tests asan runs:
-  # 29% of this build's compile time and 43% of its test time (2-vCPU VM, 2026-11-29).
+  # 28% of this build's compile time and a third of its test time (2-vCPU VM, 2026-11-29).
   VIPER_BUILD_SANITIZED_TESTS=OFF "$root/scripts/build.sh"
   (cd "$root/build" && ctest -j"$jobs" --output-on-failure --timeout 900)
   end release

@@ -14,10 +14,11 @@ build=${2:-build}
 root=$(cd "$(dirname "$0")/.." && pwd)
 rm -rf "$out"; mkdir -p "$out/bin" "$out/lib" "$out/ucx"
 skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libstdc\+\+|libgcc_s)'
-deps() {
+deps() {  # deps FILE [DIR]: copies the shared libraries FILE loads into DIR (default OUT/lib)
+  local dir=${2:-$out/lib}
   ldd "$1" | awk '/=> \// {print $1, $3}' | while read -r name path; do
     [[ $name =~ $skip ]] && continue
-    [ -e "$out/lib/$name" ] || { cp -L "$path" "$out/lib/$name"; deps "$path"; }
+    [ -e "$dir/$name" ] || { cp -L "$path" "$dir/$name"; deps "$path" "$dir"; }
   done
 }
 for p in "$build/bin/viper" "$build/bin/viper-bench" "$build/bin/viper_gpu_peer" "$build/bin/viper_gpu_subscriber" \
@@ -40,9 +41,7 @@ for t in ip sysctl; do
   p=$(command -v "$t" || true)
   [ -n "$p" ] || continue
   cp -L "$p" "$out/tools/real/$t"
-  ldd "$p" | awk '/=> \// {print $1, $3}' | while read -r name path; do
-    [[ $name =~ $skip ]] || cp -L "$path" "$out/tools/lib/$name"
-  done
+  deps "$p" "$out/tools/lib"
   cat >"$out/tools/bin/$t" <<TOOL
 #!/usr/bin/env bash
 here=\$(cd "\$(dirname "\${BASH_SOURCE[0]}")/.." && pwd)
